@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Build the test cluster's binaries from the Go module proxy into a cache keyed by version.
+#
+#   scripts/cluster/build.sh [etcd|kube-apiserver|all]    (default: all)
+#
+# Output: ${FORGE_CACHE:-$HOME/.cache/forge}/bin/<name>-<version>/<name>
+# A binary that is already there is reused; a new pinned version builds a new directory.
+# Module and build caches live in ${FORGE_CACHE}/go/{mod,build} so nothing touches $HOME/go.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+cache="${FORGE_CACHE:-$HOME/.cache/forge}"
+export GOMODCACHE="$cache/go/mod"
+export GOCACHE="$cache/go/build"
+export GOFLAGS="-trimpath -modcacherw -buildvcs=false"
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+export CGO_ENABLED=0
+jobs="${FORGE_BUILD_JOBS:-$(nproc)}"
+
+log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# atomic install: build into a temp dir next to the target, then rename
+finish() { # <tmpdir> <outdir>
+  rm -rf "$2"
+  mv "$1" "$2"
+}
+
+build_etcd() {
+  local out="$cache/bin/etcd-$ETCD_VERSION"
+  if [[ -x "$out/etcd" ]]; then log "etcd $ETCD_VERSION: cached ($out/etcd)"; return; fi
+  local src="$cache/src/etcd-$ETCD_VERSION"
+  rm -rf "$src"; mkdir -p "$src"
+  # The etcd server module's root is package main, and its go.mod has replace directives,
+  # so `go install module@version` refuses it. A wrapper module that requires it works:
+  # the server's own requirements name the matching go.etcd.io/etcd/{api,client,pkg} versions.
+  cat >"$src/go.mod" <<GOMOD
+module forge.local/cluster/etcd
+
+go 1.24
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+GOMOD
+  log "etcd $ETCD_VERSION: resolving modules"
+  (cd "$src" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
+  log "etcd $ETCD_VERSION: compiling"
+  local tmp="$out.tmp.$$"; mkdir -p "$tmp"
+  (cd "$src" && go build -p "$jobs" -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
+  "$tmp/etcd" --version >&2
+  finish "$tmp" "$out"
+  log "etcd $ETCD_VERSION: built $out/etcd"
+}
+
+build_kube_apiserver() {
+  local v="$KUBERNETES_VERSION"
+  local out="$cache/bin/kube-apiserver-$v"
+  if [[ -x "$out/kube-apiserver" ]]; then log "kube-apiserver $v: cached ($out/kube-apiserver)"; return; fi
+  local src="$cache/src/kube-apiserver-$v"
+  rm -rf "$src"; mkdir -p "$src"
+  # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with
+  # ./staging/src/k8s.io/<name>. Those replaces do not apply to a module that requires it,
+  # so derive the list from the pinned go.mod and point each one at the published
+  # v0.<minor>.<patch> of the same release (v1.34.4 -> v0.34.4).
+  log "kube-apiserver $v: reading k8s.io/kubernetes@$v go.mod"
+  local gomod
+  gomod="$(cd "$src" && go mod download -json "k8s.io/kubernetes@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  local staging="v0.${v#v1.}"
+  {
+    echo "module forge.local/cluster/kube-apiserver"
+    echo
+    echo "go 1.24.0"
+    echo
+    echo "require k8s.io/kubernetes $v"
+    echo
+    go mod edit -json "$gomod" | STAGING="$staging" python3 -c '
+import json, os, sys
+mod = json.load(sys.stdin)
+staging = os.environ["STAGING"]
+n = 0
+for r in mod.get("Replace") or []:
+    old, new = r["Old"]["Path"], r["New"]["Path"]
+    if new.startswith("./staging/src/"):
+        print(f"replace {old} => {old} {staging}")
+        n += 1
+    else:
+        sys.exit(f"unexpected replace in k8s.io/kubernetes go.mod: {old} => {new}")
+if n == 0:
+    sys.exit("no staging replaces found in k8s.io/kubernetes go.mod")
+'
+  } >"$src/go.mod"
+  log "kube-apiserver $v: $(grep -c '^replace' "$src/go.mod") staging modules replaced with $staging"
+  log "kube-apiserver $v: resolving modules"
+  (cd "$src" && go get "k8s.io/kubernetes/cmd/kube-apiserver@$v")
+  local minor="${v#v1.}"; minor="${minor%%.*}"
+  local commit
+  commit="$(cd "$src" && go mod download -json "k8s.io/kubernetes@$v" | python3 -c 'import json,sys; print((json.load(sys.stdin).get("Origin") or {}).get("Hash",""))')"
+  local date; date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  local ld="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
+    [[ -n "$commit" ]] && ld+=" -X $pkg.gitCommit=$commit"
+  done
+  log "kube-apiserver $v: compiling (the long pole: 10-30 min on 2 cores the first time)"
+  local tmp="$out.tmp.$$"; mkdir -p "$tmp"
+  (cd "$src" && go build -p "$jobs" -ldflags "$ld" -o "$tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
+  "$tmp/kube-apiserver" --version >&2
+  finish "$tmp" "$out"
+  log "kube-apiserver $v: built $out/kube-apiserver"
+}
+
+what="${1:-all}"
+case "$what" in
+  etcd) build_etcd ;;
+  kube-apiserver) build_kube_apiserver ;;
+  all) build_etcd; build_kube_apiserver ;;
+  *) echo "usage: $0 [etcd|kube-apiserver|all]" >&2; exit 2 ;;
+esac
