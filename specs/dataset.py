@@ -1,0 +1,141 @@
+"""`Dataset`: a pinned version of the data a Model trains on, with its cleaning and labeling."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, model_validator
+
+from specs.base import Digest, ImportRef, SpecModel
+
+DataFormat = Literal["sklearn", "csv", "parquet", "npz", "text"]
+SKLEARN_DATASETS = ("digits", "iris", "wine", "breast_cancer", "diabetes")
+
+
+class Source(SpecModel):
+    """Where the data comes from. Nothing is downloaded at run time."""
+
+    uri: str = Field(
+        pattern=r"^(sklearn://[a-z_]+|file://.+|s3://.+|gs://.+|pvc://.+|text://.+)$",
+        description="`sklearn://digits` (a data set scikit-learn ships), `file://path` (relative to "
+        "the repository), `s3://…`, `gs://…`, `pvc://claim/path` or `text://path` (text to tokenise).",
+        examples=["sklearn://digits", "file://data/reviews.parquet"],
+    )
+    format: DataFormat = Field(description="How the bytes are read.")
+
+    @model_validator(mode="after")
+    def _sklearn_name(self) -> "Source":
+        if self.uri.startswith("sklearn://"):
+            name = self.uri.removeprefix("sklearn://")
+            if name not in SKLEARN_DATASETS:
+                raise ValueError(
+                    f"unknown scikit-learn data set {name!r}; expected one of {', '.join(SKLEARN_DATASETS)}"
+                )
+            if self.format != "sklearn":
+                raise ValueError("a `sklearn://` source needs `format: sklearn`")
+        return self
+
+
+class Splits(SpecModel):
+    """Fractions of the rows used for training, validation and the held-out test."""
+
+    train: float = Field(default=0.8, gt=0, lt=1, description="Fraction used for training.")
+    validation: float = Field(default=0.1, ge=0, lt=1, description="Fraction used for early stopping/HPO.")
+    test: float = Field(default=0.1, gt=0, lt=1, description="Held-out fraction for offline evaluation.")
+    seed: int = Field(default=0, ge=0, description="Seed of the shuffle before splitting.")
+
+    @model_validator(mode="after")
+    def _sum_to_one(self) -> "Splits":
+        total = self.train + self.validation + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"train + validation + test must be 1.0, got {total:g}")
+        return self
+
+
+class DropMissing(SpecModel):
+    """Drop rows with a missing value in any (or the given) column."""
+
+    op: Literal["dropMissing"] = Field(description="Step type.")
+    columns: list[str] = Field(default_factory=list, description="Columns to check; empty means all.")
+
+
+class Deduplicate(SpecModel):
+    """Drop exact duplicate rows."""
+
+    op: Literal["deduplicate"] = Field(description="Step type.")
+
+
+class Clip(SpecModel):
+    """Clip feature values into a range."""
+
+    op: Literal["clip"] = Field(description="Step type.")
+    min: float = Field(description="Lower bound.")
+    max: float = Field(description="Upper bound.")
+    columns: list[str] = Field(default_factory=list, description="Columns to clip; empty means all features.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Clip":
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max:g}) is below min ({self.min:g})")
+        return self
+
+
+class Standardize(SpecModel):
+    """Scale features to zero mean and unit variance, fitted on the training split only."""
+
+    op: Literal["standardize"] = Field(description="Step type.")
+
+
+class Filter(SpecModel):
+    """Keep rows for which a pandas query expression is true."""
+
+    op: Literal["filter"] = Field(description="Step type.")
+    query: str = Field(min_length=1, description="A pandas `DataFrame.query` expression.")
+
+
+CleaningStep = Annotated[
+    Union[DropMissing, Deduplicate, Clip, Standardize, Filter], Field(discriminator="op")
+]
+
+
+class Labeling(SpecModel):
+    """Where labels come from: a column, or a function that labels each row."""
+
+    column: str | None = Field(default=None, description="Column that holds the label (CSV/Parquet).")
+    function: ImportRef | None = Field(
+        default=None, description="A `module:function` called with a DataFrame, returning labels."
+    )
+    classes: list[str] = Field(
+        default_factory=list, description="Class names in label order, used by reports and serving."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Labeling":
+        if self.column and self.function:
+            raise ValueError("give `column` or `function`, not both")
+        return self
+
+
+class DatasetSpec(SpecModel):
+    """A versioned data set. The content digest pins it: when it moves, models retrain."""
+
+    source: Source = Field(description="Where the data comes from.")
+    version: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$", description="Human version label, e.g. `2024-06-01` or `v3`."
+    )
+    digest: Digest = Field(
+        description="sha256 of the data's canonical bytes. The prepare step checks it and fails on a "
+        "mismatch; a change of digest is what tells the plan to retrain."
+    )
+    splits: Splits = Field(default_factory=Splits, description="Train/validation/test split.")
+    cleaning: list[CleaningStep] = Field(default_factory=list, description="Cleaning steps, run in order.")
+    labeling: Labeling = Field(default_factory=Labeling, description="Where labels come from.")
+    features: list[str] = Field(
+        default_factory=list, description="Feature columns (CSV/Parquet); empty means every non-label column."
+    )
+
+    @model_validator(mode="after")
+    def _tabular_label(self) -> "DatasetSpec":
+        if self.source.format in ("csv", "parquet") and not (self.labeling.column or self.labeling.function):
+            raise ValueError("a CSV or Parquet data set needs `labeling.column` or `labeling.function`")
+        return self

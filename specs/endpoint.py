@@ -1,0 +1,72 @@
+"""`Endpoint`: serve a model version behind the Open Inference (v2) protocol, rolled out by a policy."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from specs.base import Name, Quantity, SpecModel
+
+
+class ResourceList(SpecModel):
+    """CPU, memory and accelerators of one model server."""
+
+    cpu: Quantity | None = Field(default=None, description="CPU, e.g. `500m`.")
+    memory: Quantity | None = Field(default=None, description="Memory, e.g. `512Mi`.")
+    gpus: int = Field(default=0, ge=0, le=64, description="Accelerators (of the Compute pool's resource name).")
+
+
+class Resources(SpecModel):
+    """Requests and limits of one model server."""
+
+    requests: ResourceList = Field(default_factory=lambda: ResourceList(cpu="250m", memory="256Mi"), description="Requested resources.")
+    limits: ResourceList = Field(default_factory=ResourceList, description="Resource limits.")
+
+
+class Autoscaling(SpecModel):
+    """Horizontal autoscaling of the stable predictor."""
+
+    min_replicas: int = Field(ge=1, le=1000, description="Fewest replicas.")
+    max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
+    target_cpu_utilization: int = Field(default=70, ge=1, le=100, description="Average CPU percent to aim for.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Autoscaling":
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"maxReplicas ({self.max_replicas}) is below minReplicas ({self.min_replicas})")
+        return self
+
+
+class Batching(SpecModel):
+    """Dynamic (adaptive) batching: requests arriving close together run as one batch."""
+
+    enabled: bool = Field(default=True, description="Batch concurrent requests.")
+    max_batch_size: int = Field(default=16, ge=1, le=4096, description="Largest batch.")
+    max_latency_ms: float = Field(default=5.0, gt=0, le=10_000, description="Longest a request waits for its batch to fill.")
+
+
+class FaultInjection(SpecModel):
+    """Injected faults for rollback drills: never set this in production."""
+
+    error_rate: float = Field(default=0.0, ge=0, le=1, description="Fraction of requests answered with HTTP 500.")
+    added_latency_ms: float = Field(default=0.0, ge=0, le=60_000, description="Latency added to every request.")
+
+
+class EndpointSpec(SpecModel):
+    """A served model. When the model's version changes, the rollout policy moves traffic to it."""
+
+    model_ref: Name = Field(description="Name of the Model to serve.")
+    variant: Name = Field(default="base", description="`base` (uncompressed) or a Compression variant's name.")
+    rollout_policy_ref: Name | None = Field(
+        default=None, description="Name of the RolloutPolicy; default the Environment's `defaults.rolloutPolicyRef`."
+    )
+    compute_ref: Name | None = Field(default=None, description="Compute pool for the servers; default CPU nodes.")
+    replicas: int = Field(default=1, ge=0, le=1000, description="Replicas of the stable predictor.")
+    resources: Resources = Field(default_factory=Resources, description="Resources of each server.")
+    autoscaling: Autoscaling | None = Field(default=None, description="Horizontal autoscaling; none keeps `replicas`.")
+    batching: Batching = Field(default_factory=Batching, description="Dynamic batching.")
+    protocol: Literal["v2", "seldon"] = Field(
+        default="v2", description="`v2` (Open Inference protocol, MLServer) or `seldon` (Seldon v1 wrapper)."
+    )
+    fault_injection: FaultInjection | None = Field(default=None, description="Injected faults for drills.")

@@ -1,0 +1,99 @@
+"""`Environment`: where specs become live — the embedded `local` target or a Kubernetes cluster."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from specs.base import Name, SpecModel
+
+TargetType = Literal["local", "kubernetes"]
+
+
+class LocalSettings(SpecModel):
+    """Settings of the embedded `local` target (one machine, no cluster)."""
+
+    state_dir: str = Field(
+        default=".forge",
+        description="Folder, relative to the repository root, holding the SQLite state, "
+        "artifacts, model registry and logs.",
+    )
+    max_parallel_steps: int = Field(
+        default=1, ge=1, le=64, description="Workflow steps run at the same time on this machine."
+    )
+    scrape_interval: str = Field(
+        default="1s",
+        pattern=r"^\d+(ms|s|m)$",
+        description="How often the local Prometheus scrapes the model servers and the router.",
+    )
+
+
+class KubernetesSettings(SpecModel):
+    """Settings of the `kubernetes` target; unset values behave as `kubectl` does."""
+
+    kubeconfig: str | None = Field(
+        default=None, description="Path of the kubeconfig; default `$KUBECONFIG` or `~/.kube/config`."
+    )
+    context: str | None = Field(default=None, description="Kubeconfig context; default the current one.")
+    namespace: Name = Field(description="Namespace that holds every object rendered for this environment.")
+    service_account: Name | None = Field(
+        default=None, description="ServiceAccount the workflow pods run as."
+    )
+
+
+class PrometheusSettings(SpecModel):
+    """How the rollout gates reach Prometheus."""
+
+    url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="Base URL of the Prometheus HTTP API. The `local` target starts its own and "
+        "leaves this unset.",
+    )
+    timeout: str = Field(default="5s", pattern=r"^\d+(ms|s|m)$", description="Timeout of one query.")
+
+
+class EnvironmentDefaults(SpecModel):
+    """References used by specs that leave them out."""
+
+    compute_ref: Name | None = Field(default=None, description="Compute pool for Models without `computeRef`.")
+    rollout_policy_ref: Name | None = Field(
+        default=None, description="RolloutPolicy for Endpoints without `rolloutPolicyRef`."
+    )
+
+
+class EnvironmentSpec(SpecModel):
+    """Where the specs are made live, and the settings that go with it."""
+
+    target: TargetType = Field(
+        default="local",
+        description="`local` runs everything on this machine; `kubernetes` applies to a cluster.",
+    )
+    default: bool = Field(
+        default=False, description="Chosen when `--env` is not given (at most one per repository)."
+    )
+    local: LocalSettings = Field(default_factory=LocalSettings, description="Settings of the `local` target.")
+    kubernetes: KubernetesSettings | None = Field(
+        default=None, description="Settings of the `kubernetes` target (required when `target: kubernetes`)."
+    )
+    prometheus: PrometheusSettings = Field(
+        default_factory=PrometheusSettings, description="Prometheus that the rollout gates query."
+    )
+    image_registry: str = Field(
+        default="ghcr.io/forge-dev",
+        pattern=r"^[a-z0-9.\-:/_]+$",
+        description="Registry and path prefix of the runtime images (`<registry>/forge-train:<tag>`).",
+    )
+    image_tag: str = Field(
+        default="0.1.0", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$", description="Tag of the runtime images."
+    )
+    defaults: EnvironmentDefaults = Field(
+        default_factory=EnvironmentDefaults, description="References used where a spec leaves them out."
+    )
+
+    @model_validator(mode="after")
+    def _target_settings(self) -> "EnvironmentSpec":
+        if self.target == "kubernetes" and self.kubernetes is None:
+            raise ValueError("`target: kubernetes` needs a `kubernetes:` section with at least `namespace`")
+        return self

@@ -1,0 +1,245 @@
+"""`Model`: what to train (architecture, hyperparameters), on what data and compute, how to
+distribute it, how to search hyperparameters and which offline thresholds gate it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, model_validator
+
+from specs.base import ImportRef, Name, Precision, SpecModel, Threshold
+
+
+class MLP(SpecModel):
+    """A multi-layer perceptron for tabular/flattened inputs."""
+
+    type: Literal["mlp"] = Field(description="Architecture family.")
+    hidden_sizes: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=lambda: [128, 64], min_length=1, description="Width of each hidden layer."
+    )
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout after each hidden layer.")
+
+
+class CNN(SpecModel):
+    """A small convolutional network for images (conv → BN → ReLU blocks, then a linear head)."""
+
+    type: Literal["cnn"] = Field(description="Architecture family.")
+    channels: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [16, 32], min_length=1, description="Output channels of each conv block."
+    )
+    image_size: int = Field(default=8, ge=4, le=1024, description="Side of the square input image in pixels.")
+    in_channels: int = Field(default=1, ge=1, le=16, description="Input channels (1 grey, 3 RGB).")
+
+
+class GPT(SpecModel):
+    """A GPT-style decoder-only language model."""
+
+    type: Literal["gpt"] = Field(description="Architecture family.")
+    layers: int = Field(default=4, ge=1, le=256, description="Transformer blocks.")
+    d_model: int = Field(default=256, ge=8, le=65536, description="Hidden size.")
+    heads: int = Field(default=4, ge=1, le=256, description="Attention heads; must divide `dModel`.")
+    context_length: int = Field(default=128, ge=8, le=1_048_576, description="Tokens per training sequence.")
+    vocab_size: int = Field(default=256, ge=2, le=1_048_576, description="Vocabulary size (256 = bytes).")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "GPT":
+        if self.d_model % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide dModel ({self.d_model})")
+        return self
+
+
+class CustomArchitecture(SpecModel):
+    """A user-supplied architecture built by a Python callable."""
+
+    type: Literal["custom"] = Field(description="Architecture family.")
+    entrypoint: ImportRef = Field(description="`module:function` returning a `torch.nn.Module`.")
+    options: dict[str, int | float | str | bool] = Field(
+        default_factory=dict, description="Keyword arguments passed to the entrypoint."
+    )
+
+
+Architecture = Annotated[Union[MLP, CNN, GPT, CustomArchitecture], Field(discriminator="type")]
+
+
+class Hyperparameters(SpecModel):
+    """Training hyperparameters. A change here retrains the model."""
+
+    learning_rate: float = Field(default=1e-3, gt=0, le=10, description="Peak learning rate.")
+    batch_size: int = Field(default=64, ge=1, le=1_048_576, description="Samples per step per data-parallel rank.")
+    epochs: int = Field(default=10, ge=1, le=100_000, description="Passes over the training split.")
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many optimizer steps.")
+    optimizer: Literal["adamw", "adam", "sgd"] = Field(default="adamw", description="Optimizer.")
+    weight_decay: float = Field(default=0.0, ge=0, le=1, description="Decoupled weight decay.")
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="Momentum (sgd only).")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=4096, description="Micro-batches per optimizer step.")
+    seed: int = Field(default=0, ge=0, description="Seed of every random generator: runs are reproducible.")
+
+
+Parallelism = Literal["none", "ddp", "deepspeed"]
+
+
+class Distributed(SpecModel):
+    """How training is spread over devices and nodes."""
+
+    strategy: Parallelism = Field(
+        default="none",
+        description="`none` (one process), `ddp` (torchrun, PyTorch DistributedDataParallel) or "
+        "`deepspeed` (ZeRO).",
+    )
+    data_parallel: int | None = Field(
+        default=None, ge=1, description="Data-parallel ranks; default derived from model size and the pool."
+    )
+    tensor_parallel: int = Field(default=1, ge=1, le=64, description="Tensor-parallel degree.")
+    pipeline_parallel: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel stages.")
+    zero_stage: int = Field(default=0, ge=0, le=3, description="DeepSpeed ZeRO stage (0–3).")
+    offload: Literal["none", "optimizer", "optimizer+parameters"] = Field(
+        default="none",
+        description="ZeRO-Offload to CPU memory: the optimizer state (stage ≥ 1) or also the parameters (stage 3).",
+    )
+    elastic: bool = Field(
+        default=False, description="Multi-node jobs may run with fewer nodes than asked (min 1) and grow."
+    )
+
+    @model_validator(mode="after")
+    def _zero_rules(self) -> "Distributed":
+        if self.zero_stage > 0 and self.strategy != "deepspeed":
+            raise ValueError(f"zeroStage {self.zero_stage} needs `strategy: deepspeed`")
+        if self.offload != "none" and self.strategy != "deepspeed":
+            raise ValueError("offload needs `strategy: deepspeed`")
+        if self.offload == "optimizer" and self.zero_stage < 1:
+            raise ValueError("optimizer offload needs zeroStage 1 or more")
+        if self.offload == "optimizer+parameters" and self.zero_stage != 3:
+            raise ValueError("parameter offload needs zeroStage 3")
+        return self
+
+
+class Uniform(SpecModel):
+    """A float drawn uniformly (or log-uniformly) between `min` and `max`."""
+
+    type: Literal["uniform", "logUniform"] = Field(description="`uniform` or `logUniform`.")
+    min: float = Field(description="Lower bound.")
+    max: float = Field(description="Upper bound.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Uniform":
+        if self.max <= self.min:
+            raise ValueError(f"max ({self.max:g}) must be above min ({self.min:g})")
+        if self.type == "logUniform" and self.min <= 0:
+            raise ValueError("a logUniform range needs min > 0")
+        return self
+
+
+class IntRange(SpecModel):
+    """An integer between `min` and `max` inclusive."""
+
+    type: Literal["int"] = Field(description="Integer range.")
+    min: int = Field(description="Lower bound.")
+    max: int = Field(description="Upper bound.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "IntRange":
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min})")
+        return self
+
+
+class Choice(SpecModel):
+    """One of a list of values."""
+
+    type: Literal["choice"] = Field(description="A list of values.")
+    values: list[float | int | str] = Field(min_length=1, description="The values to choose from.")
+
+
+SearchDimension = Annotated[Union[Uniform, IntRange, Choice], Field(discriminator="type")]
+_SEARCHABLE = set(Hyperparameters.model_fields) - {"seed"}
+
+
+class Search(SpecModel):
+    """Hyperparameter search: a fan-out of trials and a pick-best step."""
+
+    algorithm: Literal["grid", "random", "bayesian"] = Field(default="random", description="How trials are chosen.")
+    trials: int = Field(default=4, ge=1, le=1000, description="Number of trials (grid: at most this many).")
+    parallelism: int = Field(default=2, ge=1, le=256, description="Trials run at the same time.")
+    metric: str = Field(default="accuracy", description="Validation metric that picks the best trial.")
+    goal: Literal["maximize", "minimize"] = Field(default="maximize", description="Whether higher is better.")
+    space: dict[str, SearchDimension] = Field(
+        min_length=1, description="Hyperparameter (camelCase name) → range to search."
+    )
+
+    @model_validator(mode="after")
+    def _known_parameters(self) -> "Search":
+        known = {Hyperparameters.model_fields[n].alias for n in _SEARCHABLE}
+        for name in self.space:
+            if name not in known:
+                raise ValueError(
+                    f"search space names unknown hyperparameter {name!r}; expected one of {', '.join(sorted(known))}"
+                )
+        if self.algorithm == "grid":
+            for name, dim in self.space.items():
+                if not isinstance(dim, Choice):
+                    raise ValueError(f"grid search needs `type: choice` for every dimension ({name!r} is {dim.type})")
+        return self
+
+
+EvaluationMetric = Literal["accuracy", "f1", "precision", "recall", "loss", "perplexity", "latencyP99Ms"]
+
+
+class ModelThreshold(Threshold):
+    """An offline gate: the evaluate step fails, and nothing is compressed, registered or served,
+    unless the metric on the held-out split meets it."""
+
+    metric: EvaluationMetric = Field(description="Metric on the held-out test split.")  # type: ignore[assignment]
+
+
+class Evaluation(SpecModel):
+    """Offline evaluation on the held-out split."""
+
+    thresholds: list[ModelThreshold] = Field(default_factory=list, description="Bounds every one of which must hold.")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "Evaluation":
+        seen: set[str] = set()
+        for t in self.thresholds:
+            if t.metric in seen:
+                raise ValueError(f"metric {t.metric!r} has two thresholds; merge them into one with min and max")
+            seen.add(t.metric)
+        return self
+
+
+class ModelSpec(SpecModel):
+    """A trainable model and the workflow that produces it: prepare → train → evaluate → compress → register."""
+
+    dataset_ref: Name = Field(description="Name of the Dataset to train on.")
+    compute_ref: Name | None = Field(
+        default=None, description="Name of the Compute pool; default the Environment's `defaults.computeRef`."
+    )
+    compression_ref: Name | None = Field(default=None, description="Name of the Compression to run after evaluation.")
+    architecture: Architecture = Field(description="Architecture and its shape.")
+    parameters: int | None = Field(
+        default=None,
+        ge=1,
+        description="Parameter count used for scheduling; default computed from the architecture "
+        "(required for `custom`).",
+    )
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters, description="Training hyperparameters.")
+    precision: Precision = Field(
+        default="fp32", description="`fp32`, or mixed precision `bf16` / `fp16` (fp16 uses loss scaling)."
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in the backward pass to save memory."
+    )
+    distributed: Distributed = Field(default_factory=Distributed, description="Distribution strategy.")
+    search: Search | None = Field(default=None, description="Hyperparameter search; none trains once.")
+    evaluation: Evaluation = Field(default_factory=Evaluation, description="Offline evaluation gates.")
+    retries: int = Field(default=2, ge=0, le=10, description="Retries of a failed step, with exponential backoff.")
+
+    @model_validator(mode="after")
+    def _custom_needs_size(self) -> "ModelSpec":
+        if isinstance(self.architecture, CustomArchitecture) and self.parameters is None:
+            raise ValueError("a `custom` architecture needs `parameters` (its size) for scheduling")
+        if self.search is not None and self.search.parallelism > self.search.trials:
+            raise ValueError(
+                f"search.parallelism ({self.search.parallelism}) exceeds search.trials ({self.search.trials})"
+            )
+        return self

@@ -1,0 +1,122 @@
+"""The configs that rendered workflow steps and model servers hand to the runtimes.
+
+This is the seam between `renderers/` (which build these values, purely) and `runtimes/` (which
+read them): both import only `specs`. A step receives its config as JSON (`--config FILE` or
+`--config-json TEXT`). Every path in a config is relative to the workspace root — the
+`FORGE_WORKSPACE` environment variable (`/forge/workspace` in the runtime images, where the
+workflow's shared volume is mounted; `.forge/workspace` for the local target) — so the same
+rendered manifest runs in a cluster and on one machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from specs.base import Name, SpecModel
+from specs.compression import HardwareTarget, Variant
+from specs.dataset import DatasetSpec
+from specs.endpoint import Batching, FaultInjection
+from specs.model import ModelSpec, ModelThreshold
+
+WORKSPACE_ENV = "FORGE_WORKSPACE"
+DEFAULT_WORKSPACE = "/forge/workspace"
+
+
+class StepConfig(SpecModel):
+    """Fields common to every step config."""
+
+    step: str = Field(description="The step's kind.")
+    cache_key: str = Field(default="", description="Content-addressed key of this step (sha256 hex).")
+
+
+class PrepareConfig(StepConfig):
+    """Read, check (digest), clean, label and split a Dataset into `output/{train,validation,test}.npz`."""
+
+    step: Literal["prepare"] = "prepare"
+    dataset: Name = Field(description="Dataset name.")
+    spec: DatasetSpec = Field(description="The Dataset spec.")
+    output: str = Field(description="Folder to write the splits and `meta.json` into.")
+    verify_digest: bool = Field(default=True, description="Fail when the data's digest differs from the spec.")
+
+
+class TrainConfig(StepConfig):
+    """Train one Model (or one hyperparameter-search trial) on prepared data."""
+
+    step: Literal["train"] = "train"
+    model: Name = Field(description="Model name.")
+    version: str = Field(description="Model version being trained (content-addressed).")
+    spec: ModelSpec = Field(description="The Model spec.")
+    overrides: dict[str, float | int | str] = Field(
+        default_factory=dict, description="Hyperparameters (camelCase) replacing the spec's, for a search trial."
+    )
+    data: str = Field(description="Folder of the prepared splits.")
+    output: str = Field(description="Folder for `model.pt`, `model.json`, `metrics.json` and checkpoints.")
+    deepspeed: dict[str, Any] | None = Field(default=None, description="DeepSpeed config JSON (strategy deepspeed).")
+    checkpoint_every: int = Field(default=50, ge=1, description="Optimizer steps between checkpoints.")
+
+
+class PickBestConfig(StepConfig):
+    """Choose the best trial of a hyperparameter search and copy it to `output`."""
+
+    step: Literal["pick-best"] = "pick-best"
+    model: Name = Field(description="Model name.")
+    trials: list[str] = Field(min_length=1, description="Output folders of the trials.")
+    metric: str = Field(description="Validation metric to compare.")
+    goal: Literal["maximize", "minimize"] = Field(description="Whether higher is better.")
+    output: str = Field(description="Folder receiving the best trial's model.")
+
+
+class EvaluateConfig(StepConfig):
+    """Measure a trained model on the held-out split and check the offline thresholds."""
+
+    step: Literal["evaluate"] = "evaluate"
+    model: Name = Field(description="Model name.")
+    model_dir: str = Field(description="Folder of the trained model.")
+    data: str = Field(description="Folder of the prepared splits.")
+    thresholds: list[ModelThreshold] = Field(default_factory=list, description="Offline gates.")
+    output: str = Field(description="Folder for `metrics.json`.")
+
+
+class CompressConfig(StepConfig):
+    """Build one compressed variant of an evaluated model."""
+
+    step: Literal["compress"] = "compress"
+    model: Name = Field(description="Model name.")
+    variant: Variant = Field(description="The variant and its stages.")
+    model_dir: str = Field(description="Folder of the evaluated base model.")
+    data: str = Field(description="Folder of the prepared splits.")
+    teachers: dict[str, str] = Field(default_factory=dict, description="Teacher Model name → its model folder.")
+    hardware_target: HardwareTarget = Field(description="Hardware the variant is built for.")
+    max_accuracy_drop: float = Field(description="Most accuracy (points) the variant may lose.")
+    output: str = Field(description="Folder for the variant's model and `report.json`.")
+
+
+class RegisterConfig(StepConfig):
+    """Record a model version and its variants in the registry."""
+
+    step: Literal["register"] = "register"
+    model: Name = Field(description="Model name.")
+    version: str = Field(description="Model version.")
+    variants: dict[str, str] = Field(description="Variant name (`base` included) → model folder.")
+    output: str = Field(description="Registry folder of this version.")
+
+
+class ServeConfig(SpecModel):
+    """One model server of an Endpoint's predictor."""
+
+    endpoint: Name = Field(description="Endpoint name (a metrics label).")
+    namespace: str = Field(default="default", description="Namespace (a metrics label).")
+    model: Name = Field(description="Model name.")
+    version: str = Field(description="Model version served (a metrics label).")
+    variant: Name = Field(default="base", description="Compression variant served.")
+    role: Literal["stable", "canary"] = Field(default="stable", description="Predictor role (a metrics label).")
+    model_dir: str = Field(description="Folder of the served model.")
+    batching: Batching = Field(default_factory=Batching, description="Dynamic batching.")
+    fault_injection: FaultInjection | None = Field(default=None, description="Injected faults for drills.")
+    host: str = Field(default="0.0.0.0", description="Listen address.")
+    port: int = Field(default=8080, ge=0, le=65535, description="HTTP port (0 picks a free one).")
+
+
+AnyStepConfig = PrepareConfig | TrainConfig | PickBestConfig | EvaluateConfig | CompressConfig | RegisterConfig
