@@ -1,0 +1,1 @@
+"""The `forgectl` command line."""

@@ -1,0 +1,3 @@
+from forgectl.cli import main
+
+main()

@@ -1,0 +1,257 @@
+"""Load specs: files → YAML documents → typed Forge documents → a checked :class:`SpecSet`.
+
+Every problem becomes a :class:`Diagnostic` with file, line, column and field path, and loading goes
+on past the first one so a user sees them all at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_camel
+
+from reconciler.diagnostics import Diagnostic, SpecError
+from reconciler.sources import SourceFile, files_from_git, files_from_paths
+from reconciler.yamlsource import RawDocument, _dotted, decode, parse_documents
+from specs import API_VERSION, KINDS, Document, SpecSet, check_references
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a document was defined."""
+
+    file: str
+    line: int
+
+
+@dataclass
+class LoadResult:
+    """What loading produced: the documents that validated, where each came from, and problems."""
+
+    specs: SpecSet
+    diagnostics: list[Diagnostic]
+    origins: dict[tuple[str, str], Origin] = field(default_factory=dict)
+    files: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """True when there is no error."""
+        return not any(d.severity.value == "error" for d in self.diagnostics)
+
+
+def load(paths: list[str], rev: str | None = None) -> LoadResult:
+    """Load the specs under ``paths`` from the working tree, or at git revision ``rev``."""
+    files = files_from_git(paths, rev) if rev else files_from_paths(paths)
+    return load_files(files)
+
+
+def load_or_raise(paths: list[str], rev: str | None = None) -> LoadResult:
+    """Like :func:`load`, raising :class:`SpecError` when there is any error."""
+    result = load(paths, rev)
+    if not result.ok:
+        raise SpecError(result.diagnostics)
+    return result
+
+
+def load_files(files: Iterable[SourceFile]) -> LoadResult:
+    """Load already-read spec files (pure apart from CPU: no I/O happens here)."""
+    diagnostics: list[Diagnostic] = []
+    documents: list[Document] = []
+    raws: dict[tuple[str, str], RawDocument] = {}
+    count = 0
+    for source in files:
+        count += 1
+        text, problems = decode(source.data, source.path)
+        diagnostics += problems
+        if text is None:
+            continue
+        parsed, problems = parse_documents(text, source.path)
+        diagnostics += problems
+        for raw in parsed:
+            doc = _validate(raw, diagnostics)
+            if doc is None:
+                continue
+            key = (doc.kind, doc.name)  # type: ignore[attr-defined]
+            if key in raws:
+                first = raws[key]
+                line, col = raw.position(("metadata", "name"))
+                diagnostics.append(
+                    Diagnostic(raw.file, line, col, f"duplicate {key[0]} {key[1]!r}: already defined at {first.file}:{first.line}",
+                               "metadata.name", "names are unique per kind; rename one of them")
+                )
+                continue
+            raws[key] = raw
+            documents.append(doc)
+    specs = SpecSet(tuple(documents))
+    for problem in check_references(specs):
+        raw = raws[(problem.kind, problem.name)]
+        line, col = raw.position(problem.path)
+        diagnostics.append(Diagnostic(raw.file, line, col, problem.message, _dotted(problem.path)))
+    origins = {key: Origin(raw.file, raw.line) for key, raw in raws.items()}
+    return LoadResult(specs, sorted(set(diagnostics)), origins, count)
+
+
+def _validate(raw: RawDocument, diagnostics: list[Diagnostic]) -> Document | None:
+    """Check the envelope (mapping, apiVersion, kind), then validate against the kind's model."""
+    data = raw.data
+
+    def report(path: tuple[str | int, ...], message: str, hint: str = "", *, key: bool = False) -> None:
+        line, col = raw.position(path, key=key)
+        diagnostics.append(Diagnostic(raw.file, line, col, message, _dotted(path), hint))
+
+    if data is None:
+        return None  # already reported (too large / unreadable)
+    if not isinstance(data, dict):
+        what = "a list" if isinstance(data, list) else f"a {type(data).__name__} value"
+        report((), f"a document must be a mapping with apiVersion, kind, metadata and spec, not {what}")
+        return None
+    api_version = data.get("apiVersion")
+    kind = data.get("kind")
+    ok = True
+    if api_version is None:
+        report((), "missing `apiVersion`", f"add `apiVersion: {API_VERSION}`")
+        ok = False
+    elif api_version != API_VERSION:
+        report(("apiVersion",), f"unknown apiVersion {api_version!r}; expected {API_VERSION!r}")
+        ok = False
+    if kind is None:
+        report((), "missing `kind`", f"one of {', '.join(KINDS)}")
+        ok = False
+    elif not isinstance(kind, str) or kind not in KINDS:
+        report(("kind",), f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}", _did_you_mean(str(kind), KINDS))
+        ok = False
+    if not ok:
+        return None
+    cls = KINDS[kind]
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            path, message, hint, at_key = _explain(cls, data, err)
+            report(path, message, hint, key=at_key)
+        return None
+
+
+def _explain(cls: type[BaseModel], data: Any, err: dict[str, Any]) -> tuple[tuple[str | int, ...], str, str, bool]:
+    """Turn one pydantic error into (path in the data, message, hint, whether to point at the key)."""
+    loc = tuple(err["loc"])
+    path = _data_path(data, loc)
+    kind = err["type"]
+    msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    given = err.get("input")
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        name = str(loc[-1])
+        allowed = _fields_at(cls, loc)
+        return path, f"unknown field `{name}`", _did_you_mean(name, allowed, allowed_note=True), True
+    if kind == "missing":
+        field_name = str(loc[-1])
+        return path[:-1], f"missing required field `{field_name}`", "", False
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        disc = ctx.get("discriminator", "type").strip("'")
+        tags = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", "")))
+        if kind == "union_tag_not_found":
+            return path, f"missing `{disc}`; expected one of {', '.join(tags)}", "", False
+        tag = str(ctx.get("tag"))
+        return path + (disc,), f"unknown {disc} {tag!r}; expected one of {', '.join(tags)}", _did_you_mean(tag, tags), False
+    if kind in ("literal_error", "enum"):
+        options = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        return path, f"{given!r} is not allowed; expected one of {', '.join(options)}", _did_you_mean(str(given), options), False
+    hint = ""
+    if kind == "string_type" and given is not None and not isinstance(given, (dict, list)):
+        hint = f"YAML read this as {type(given).__name__}; quote it: '{given}'"
+    elif kind == "string_pattern_mismatch" and "pattern" in ctx:
+        msg = f"{given!r} does not match the expected format"
+        hint = _pattern_hint(str(ctx["pattern"]))
+    elif kind in ("int_type", "int_parsing", "float_type", "float_parsing", "bool_type", "bool_parsing"):
+        expected = {"int": "an integer", "float": "a number", "bool": "true or false"}[kind.split("_")[0]]
+        msg = f"expected {expected}, got {given!r}"
+    return path, msg, hint, False
+
+
+def _pattern_hint(pattern: str) -> str:
+    hints = {
+        "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$": "names are DNS-1123 labels: lower-case letters, digits and '-', "
+        "starting and ending with a letter or digit, at most 63 characters",
+        "^sha256:[0-9a-f]{64}$": "a digest is `sha256:` followed by 64 lower-case hex digits",
+    }
+    if pattern in hints:
+        return hints[pattern]
+    if "ms|s|m|h" in pattern:
+        return "a duration is a number and a unit: 500ms, 30s, 5m or 1h"
+    return f"expected to match {pattern}"
+
+
+def _data_path(data: Any, loc: tuple[Any, ...]) -> tuple[str | int, ...]:
+    """Follow ``loc`` through ``data``, dropping pydantic's union-member tags that are not keys."""
+    path: list[str | int] = []
+    cur = data
+    for part in loc:
+        if isinstance(cur, dict) and part in cur:
+            path.append(part)
+            cur = cur[part]
+        elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
+            path.append(part)
+            cur = cur[part]
+        elif isinstance(cur, dict) and part == loc[-1]:
+            path.append(part)  # a missing or unknown key: point at it by name
+            cur = None
+    return tuple(path)
+
+
+def _members(tp: Any) -> list[Any]:
+    """Flatten Annotated / Optional / Union annotations into their member types."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _members(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(tp) for m in _members(arg)]
+    return [tp]
+
+
+def _fields_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names (aliases) allowed in the mapping that holds ``loc[-1]``."""
+    current: list[Any] = [root]
+    for part in loc[:-1]:
+        following: list[Any] = []
+        tagged: list[Any] = []
+        for tp in (m for t in current for m in _members(t)):
+            origin = typing.get_origin(tp)
+            if isinstance(tp, type) and issubclass(tp, BaseModel):
+                for info in tp.model_fields.values():
+                    if info.alias == part:
+                        following.append(info.annotation)
+                    elif typing.get_origin(info.annotation) is typing.Literal and part in typing.get_args(info.annotation):
+                        tagged.append(tp)
+            elif origin is list and isinstance(part, int):
+                following.append(typing.get_args(tp)[0])
+            elif origin is dict:
+                following.append(typing.get_args(tp)[1])
+        current = following or tagged
+    names: list[str] = []
+    for tp in (m for t in current for m in _members(t)):
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            names += [info.alias or n for n, info in tp.model_fields.items()]
+    return sorted(set(names))
+
+
+def _did_you_mean(given: str, options: Iterable[str], *, allowed_note: bool = False) -> str:
+    options = list(options)
+    camel = to_camel(given)
+    if camel != given and camel in options:
+        return f"did you mean `{camel}`? (keys are camelCase)"
+    close = difflib.get_close_matches(given, options, n=1, cutoff=0.6)
+    if not close:
+        lowered = {o.lower(): o for o in options}
+        close = [lowered[given.lower()]] if given.lower() in lowered else []
+    if close:
+        return f"did you mean `{close[0]}`?"
+    if allowed_note and options:
+        return "allowed here: " + ", ".join(options)
+    return ""

@@ -1,0 +1,193 @@
+"""YAML → plain data, keeping the source position of every key and value.
+
+PyYAML composes a node graph that knows its marks; we build the Python values ourselves from that
+graph so that every value's path (``("spec", "hyperparameters", "learningRate")``) maps to its line
+and column, duplicate keys are reported instead of silently overwritten, and hostile input (alias
+bombs, deep nesting, huge files, bad bytes) becomes a diagnostic rather than a hang or a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from reconciler.diagnostics import Diagnostic
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_NODES = 100_000
+MAX_DEPTH = 64
+
+Path = tuple[str | int, ...]
+Position = tuple[int, int]
+
+
+@dataclass
+class RawDocument:
+    """One YAML document as plain data, with the position of each value and each mapping key."""
+
+    file: str
+    index: int
+    line: int
+    column: int
+    data: Any
+    values: dict[Path, Position] = field(default_factory=dict)
+    keys: dict[Path, Position] = field(default_factory=dict)
+
+    def position(self, path: Path, *, key: bool = False) -> Position:
+        """Line and column of ``path`` (its key when ``key``), else of its nearest ancestor."""
+        table = self.keys if key else self.values
+        if path in table:
+            return table[path]
+        for cut in range(len(path) - 1, -1, -1):
+            prefix = path[:cut]
+            if prefix in self.values:
+                return self.values[prefix]
+        return (self.line, self.column)
+
+
+class _TooLarge(Exception):
+    def __init__(self, node: Node, message: str) -> None:
+        self.node = node
+        self.message = message
+
+
+class _Builder:
+    """Builds Python values from a composed node, recording positions."""
+
+    def __init__(self, doc: RawDocument, diagnostics: list[Diagnostic]) -> None:
+        self.doc = doc
+        self.diagnostics = diagnostics
+        self.count = 0
+        self.constructor = yaml.constructor.SafeConstructor()
+
+    def build(self, node: Node, path: Path, depth: int) -> Any:
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise _TooLarge(node, f"document expands to more than {MAX_NODES} values (an alias bomb?)")
+        if depth > MAX_DEPTH:
+            raise _TooLarge(node, f"document is nested deeper than {MAX_DEPTH} levels")
+        self.doc.values.setdefault(path, _pos(node))
+        if isinstance(node, MappingNode):
+            return self._mapping(node, path, depth)
+        if isinstance(node, SequenceNode):
+            return [self.build(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
+        try:
+            return self.constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            self._error(node, path, f"cannot read this value: {getattr(exc, 'problem', exc)}")
+            return None
+
+    def _mapping(self, node: MappingNode, path: Path, depth: int) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, ScalarNode):
+                self._error(key_node, path, "a mapping key must be a plain string, not a list or mapping")
+                continue
+            key = key_node.value
+            if key_node.tag != "tag:yaml.org,2002:str" and key_node.tag != "tag:yaml.org,2002:merge":
+                key = str(self.constructor.construct_object(key_node))
+            if key in result:
+                first = self.doc.keys[path + (key,)]
+                self._error(
+                    key_node, path + (key,), f"duplicate key `{key}` (first defined on line {first[0]})",
+                    hint="remove one of the two; YAML would silently keep only the last",
+                )
+                continue
+            self.doc.keys[path + (key,)] = _pos(key_node)
+            result[key] = self.build(value_node, path + (key,), depth + 1)
+        return result
+
+    def _error(self, node: Node, path: Path, message: str, hint: str = "") -> None:
+        line, col = _pos(node)
+        self.diagnostics.append(Diagnostic(self.doc.file, line, col, message, _dotted(path), hint))
+
+
+def _pos(node: Node) -> Position:
+    return (node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+def _dotted(path: Path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def decode(data: bytes, file: str) -> tuple[str | None, list[Diagnostic]]:
+    """Decode a spec file's bytes as UTF-8 (a BOM is allowed), or say where it is not."""
+    if len(data) > MAX_FILE_BYTES:
+        return None, [
+            Diagnostic(file, 1, 1, f"file is {len(data):,} bytes; spec files may be at most {MAX_FILE_BYTES:,}",
+                       hint="split it into several files")
+        ]
+    try:
+        return data.decode("utf-8-sig"), []
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        return None, [
+            Diagnostic(file, line, col, f"file is not valid UTF-8 (byte 0x{data[exc.start]:02x})",
+                       hint="save the file as UTF-8")
+        ]
+
+
+def parse_documents(text: str, file: str) -> tuple[list[RawDocument], list[Diagnostic]]:
+    """Every non-empty document of a YAML stream, with positions, and the problems found."""
+    documents: list[RawDocument] = []
+    diagnostics: list[Diagnostic] = []
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        return [], [Diagnostic(file, line, 1, "file contains a NUL character; is it binary?")]
+    loader = yaml.SafeLoader(text)
+    index = 0
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None or (isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
+                index += 1
+                continue
+            line, col = _pos(node)
+            doc = RawDocument(file, index, line, col, None)
+            try:
+                doc.data = _Builder(doc, diagnostics).build(node, (), 0)
+            except _TooLarge as exc:
+                l2, c2 = _pos(exc.node)
+                diagnostics.append(Diagnostic(file, l2, c2, exc.message))
+                doc.data = None
+            documents.append(doc)
+            index += 1
+    except yaml.MarkedYAMLError as exc:
+        diagnostics.append(_yaml_error(exc, file))
+    except yaml.YAMLError as exc:  # errors without a mark (rare: reader errors)
+        diagnostics.append(Diagnostic(file, 1, 1, f"invalid YAML: {exc}"))
+    except RecursionError:
+        diagnostics.append(Diagnostic(file, 1, 1, f"document is nested deeper than {MAX_DEPTH} levels"))
+    finally:
+        loader.dispose()
+    if not documents and not diagnostics:
+        diagnostics.append(
+            Diagnostic(file, 1, 1, "file holds no document",
+                       hint="a spec file needs apiVersion, kind, metadata and spec; delete empty files")
+        )
+    return documents, diagnostics
+
+
+def _yaml_error(exc: yaml.MarkedYAMLError, file: str) -> Diagnostic:
+    mark = exc.problem_mark or exc.context_mark
+    line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+    problem = exc.problem or "syntax error"
+    message = f"invalid YAML: {problem}"
+    if exc.context:
+        message += f" ({exc.context}"
+        if exc.context_mark and exc.context_mark is not mark:
+            message += f" on line {exc.context_mark.line + 1}"
+        message += ")"
+    hint = ""
+    if "'\\t'" in problem or "\\t" in problem:
+        hint = "YAML indentation must use spaces, not tabs"
+    elif "mapping values are not allowed" in problem:
+        hint = "a value containing ': ' must be quoted, or the indentation is off"
+    return Diagnostic(file, line, col, message, hint=hint)
