@@ -64,6 +64,7 @@ def load_files(files: Iterable[SourceFile]) -> LoadResult:
     diagnostics: list[Diagnostic] = []
     documents: list[Document] = []
     raws: dict[tuple[str, str], RawDocument] = {}
+    invalid: set[tuple[str, str]] = set()  # documents that exist but did not validate
     count = 0
     for source in files:
         count += 1
@@ -76,6 +77,8 @@ def load_files(files: Iterable[SourceFile]) -> LoadResult:
         for raw in parsed:
             doc = _validate(raw, diagnostics)
             if doc is None:
+                if isinstance(raw.data, dict) and isinstance(raw.data.get("metadata"), dict):
+                    invalid.add((str(raw.data.get("kind")), str(raw.data["metadata"].get("name"))))
                 continue
             key = (doc.kind, doc.name)  # type: ignore[attr-defined]
             if key in raws:
@@ -90,6 +93,8 @@ def load_files(files: Iterable[SourceFile]) -> LoadResult:
             documents.append(doc)
     specs = SpecSet(tuple(documents))
     for problem in check_references(specs):
+        if problem.target in invalid:
+            continue  # already reported where that document is; don't cascade
         raw = raws[(problem.kind, problem.name)]
         line, col = raw.position(problem.path)
         diagnostics.append(Diagnostic(raw.file, line, col, problem.message, _dotted(problem.path)))

@@ -46,6 +46,8 @@ def files_from_paths(paths: list[str]) -> list[SourceFile]:
                         found[str(full)] = full
         else:
             raise ForgeError(f"{raw}: no such file or folder")
+    if not found:
+        raise ForgeError(f"no spec files (*.yaml, *.yml) under {', '.join(paths)}")
     files = []
     for display, path in sorted(found.items()):
         try:

@@ -49,8 +49,8 @@ class RawDocument:
 
 
 class _TooLarge(Exception):
-    def __init__(self, node: Node, message: str) -> None:
-        self.node = node
+    def __init__(self, path: Path, message: str) -> None:
+        self.path = path
         self.message = message
 
 
@@ -66,9 +66,9 @@ class _Builder:
     def build(self, node: Node, path: Path, depth: int) -> Any:
         self.count += 1
         if self.count > MAX_NODES:
-            raise _TooLarge(node, f"document expands to more than {MAX_NODES} values (an alias bomb?)")
+            raise _TooLarge(path, f"document expands to more than {MAX_NODES} values (an alias bomb?)")
         if depth > MAX_DEPTH:
-            raise _TooLarge(node, f"document is nested deeper than {MAX_DEPTH} levels")
+            raise _TooLarge(path, f"document is nested deeper than {MAX_DEPTH} levels")
         self.doc.values.setdefault(path, _pos(node))
         if isinstance(node, MappingNode):
             return self._mapping(node, path, depth)
@@ -141,9 +141,10 @@ def parse_documents(text: str, file: str) -> tuple[list[RawDocument], list[Diagn
     if "\x00" in text:
         line = text[: text.index("\x00")].count("\n") + 1
         return [], [Diagnostic(file, line, 1, "file contains a NUL character; is it binary?")]
-    loader = yaml.SafeLoader(text)
     index = 0
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)
         while loader.check_node():
             node = loader.get_node()
             if node is None or (isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
@@ -154,19 +155,29 @@ def parse_documents(text: str, file: str) -> tuple[list[RawDocument], list[Diagn
             try:
                 doc.data = _Builder(doc, diagnostics).build(node, (), 0)
             except _TooLarge as exc:
-                l2, c2 = _pos(exc.node)
-                diagnostics.append(Diagnostic(file, l2, c2, exc.message))
+                # Point at the top-level key whose value blew up: an alias's own mark is where
+                # the anchor was defined, which is not where the problem is.
+                l2, c2 = doc.position(exc.path[:1])
+                diagnostics.append(Diagnostic(file, l2, c2, exc.message, _dotted(exc.path[:1])))
                 doc.data = None
             documents.append(doc)
             index += 1
     except yaml.MarkedYAMLError as exc:
         diagnostics.append(_yaml_error(exc, file))
-    except yaml.YAMLError as exc:  # errors without a mark (rare: reader errors)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow
+        line = text[: exc.position].count("\n") + 1
+        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        diagnostics.append(
+            Diagnostic(file, line, col, f"character {exc.character!r} is not allowed in YAML",
+                       hint="remove control characters; is this file binary?")
+        )
+    except yaml.YAMLError as exc:  # errors without a mark
         diagnostics.append(Diagnostic(file, 1, 1, f"invalid YAML: {exc}"))
     except RecursionError:
         diagnostics.append(Diagnostic(file, 1, 1, f"document is nested deeper than {MAX_DEPTH} levels"))
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not documents and not diagnostics:
         diagnostics.append(
             Diagnostic(file, 1, 1, "file holds no document",

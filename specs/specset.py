@@ -28,12 +28,14 @@ D = TypeVar("D", bound=Document)
 
 @dataclass(frozen=True)
 class ReferenceProblem:
-    """A reference that cannot be resolved, or a cycle, found in one document."""
+    """A reference that cannot be resolved, or a cycle, found in one document. ``target`` is the
+    (kind, name) referred to, for a dangling reference."""
 
     kind: str
     name: str
     path: tuple[str | int, ...]
     message: str
+    target: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,8 @@ def check_references(specs: SpecSet) -> list[ReferenceProblem]:
         if name is not None and specs.get(kind, name) is None:
             known = ", ".join(d.name for d in specs.of(kind)) or "none defined"
             problems.append(
-                ReferenceProblem(doc.kind, doc.name, path, f"{kind.__name__} {name!r} is not defined (known: {known})")  # type: ignore[attr-defined]
+                ReferenceProblem(doc.kind, doc.name, path, f"{kind.__name__} {name!r} is not defined (known: {known})",  # type: ignore[attr-defined]
+                                 target=(kind.__name__, name))
             )
 
     envs = specs.of(Environment)
