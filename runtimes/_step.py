@@ -1,0 +1,114 @@
+"""What every step shares: reading its config, resolving workspace paths, logging, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from runtimes.errors import StepFailed
+from specs.stepconfig import DEFAULT_WORKSPACE, WORKSPACE_ENV
+
+C = TypeVar("C", bound=BaseModel)
+log = logging.getLogger("forge.runtimes")
+
+
+def workspace() -> Path:
+    """The workspace root: ``$FORGE_WORKSPACE`` (default ``/forge/workspace``)."""
+    return Path(os.environ.get(WORKSPACE_ENV, DEFAULT_WORKSPACE))
+
+
+def source_root() -> Path:
+    """Root that ``file://`` and ``text://`` URIs are relative to: ``$FORGE_SOURCE_ROOT`` or the cwd."""
+    return Path(os.environ.get("FORGE_SOURCE_ROOT", os.getcwd()))
+
+
+def in_workspace(relative: str) -> Path:
+    """Resolve a config path (relative to the workspace; absolute paths are kept as given)."""
+    path = Path(relative)
+    return path if path.is_absolute() else workspace() / path
+
+
+def forge_cache() -> Path:
+    return Path(os.environ.get("FORGE_CACHE", Path.home() / ".cache" / "forge"))
+
+
+def setup_logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("FORGE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def parse_config(cls: type[C], argv: list[str] | None, prog: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> tuple[C, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="path of the step's JSON config")
+    source.add_argument("--config-json", help="the step's JSON config, inline")
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args(argv)
+    if args.config is not None:
+        try:
+            text = Path(args.config).read_text()
+        except OSError as exc:
+            raise StepFailed(f"cannot read config {args.config}: {exc.strerror}") from None
+    else:
+        text = args.config_json
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StepFailed(f"config is not JSON: {exc}") from None
+    try:
+        return cls.model_validate(data), args
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise StepFailed(f"invalid {cls.__name__}: {problems}") from None
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write JSON atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(value, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StepFailed(f"missing {path}") from None
+    except json.JSONDecodeError as exc:
+        raise StepFailed(f"{path} is not JSON: {exc}") from None
+
+
+def emit(event: str, **fields: Any) -> None:
+    """One machine-readable JSON line on stdout (progress bars in the CLI read these)."""
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def run_step(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    """Run a step's main; turn a :class:`StepFailed` into its message and exit code."""
+    setup_logging()
+    try:
+        return int(main(argv) or 0)
+    except StepFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130

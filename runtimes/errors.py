@@ -1,0 +1,27 @@
+"""Failures of a step, each with its exit code.
+
+    StepFailed                (exit 1)  anything the user can fix: bad config, missing data, …
+    ├── DigestMismatch        (exit 2)  the data's digest differs from the Dataset spec's
+    ├── ThresholdsFailed      (exit 3)  evaluate: an offline threshold does not hold
+    └── VariantRejected       (exit 4)  compress: the variant lost more accuracy than allowed
+"""
+
+from __future__ import annotations
+
+
+class StepFailed(Exception):
+    """A failure with one clear message; the dispatcher prints it and exits with ``exit_code``."""
+
+    exit_code = 1
+
+
+class DigestMismatch(StepFailed):
+    exit_code = 2
+
+
+class ThresholdsFailed(StepFailed):
+    exit_code = 3
+
+
+class VariantRejected(StepFailed):
+    exit_code = 4

@@ -1,0 +1,143 @@
+"""Shared training and measuring primitives: tensors of a split, losses, metrics, a small fit loop.
+
+The full trainer (checkpoints, DDP, DeepSpeed) is ``runtimes.train``; compression's fine-tuning,
+distillation and quantization-aware training use the small :func:`fit` here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtimes._step import forge_cache
+
+
+def torch_env() -> None:
+    """Process-wide settings: DeepSpeed's op build cache under the forge cache; deterministic math."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(forge_cache() / "torch_extensions"))
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def split_tensors(split: dict[str, np.ndarray], meta: dict[str, Any], context_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of a prepared split. Text becomes windows of ``context_length + 1`` bytes."""
+    if meta["task"] == "lm":
+        ctx = int(context_length or 128)
+        tokens = torch.from_numpy(split["tokens"].astype(np.int64))
+        n = (len(tokens) - 1) // ctx
+        if n <= 0:
+            return torch.zeros((0, ctx), dtype=torch.long), torch.zeros((0, ctx), dtype=torch.long)
+        x = tokens[: n * ctx].view(n, ctx)
+        y = tokens[1 : n * ctx + 1].view(n, ctx)
+        return x, y
+    x = torch.from_numpy(split["x"].astype(np.float32))
+    y = torch.from_numpy(split["y"])
+    y = y.float() if meta["task"] == "regression" else y.long()
+    return x, y
+
+
+def loss_fn(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if task == "regression":
+        return lambda out, y: F.mse_loss(out.float().squeeze(-1), y)
+    if task == "lm":
+        return lambda out, y: F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
+    return lambda out, y: F.cross_entropy(out.float(), y)
+
+
+@torch.no_grad()
+def predict(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+    if hasattr(model, "training") and getattr(model, "training", False):
+        model.eval()  # type: ignore[union-attr]
+    outs = [model(x[i : i + batch_size]).float() for i in range(0, len(x), batch_size)]
+    return torch.cat(outs) if outs else torch.zeros(0)
+
+
+def measure(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor, task: str) -> dict[str, float]:
+    """Loss and task metrics of a model on (x, y)."""
+    if len(x) == 0:
+        return {}
+    out = predict(model, x)
+    loss = float(loss_fn(task)(out, y))
+    if task == "regression":
+        return {"loss": loss, "mse": loss}
+    if task == "lm":
+        return {"loss": loss, "perplexity": float(math.exp(min(loss, 50))), "accuracy": float((out.argmax(-1) == y).float().mean())}
+    pred = out.argmax(-1)
+    metrics = {"loss": loss, "accuracy": float((pred == y).float().mean())}
+    classes = sorted(set(y.tolist()) | set(pred.tolist()))
+    precisions, recalls, f1s = [], [], []
+    for c in classes:
+        tp = int(((pred == c) & (y == c)).sum())
+        fp = int(((pred == c) & (y != c)).sum())
+        fn = int(((pred != c) & (y == c)).sum())
+        p = tp / (tp + fp) if tp + fp else 0.0
+        r = tp / (tp + fn) if tp + fn else 0.0
+        precisions.append(p)
+        recalls.append(r)
+        f1s.append(2 * p * r / (p + r) if p + r else 0.0)
+    metrics.update(precision=float(np.mean(precisions)), recall=float(np.mean(recalls)), f1=float(np.mean(f1s)))
+    return metrics
+
+
+def latency_ms(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, runs: int = 200, batch: int = 1) -> dict[str, float]:
+    """CPU latency of one forward pass at ``batch`` rows: median and p99 in milliseconds."""
+    sample = x[:batch]
+    times = []
+    with torch.no_grad():
+        for _ in range(min(20, runs)):
+            model(sample)
+        for i in range(runs):
+            start = time.perf_counter()
+            model(x[(i * batch) % max(1, len(x) - batch) :][:batch] if len(x) > batch else sample)
+            times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return {"p50": times[len(times) // 2], "p99": times[min(len(times) - 1, int(len(times) * 0.99))]}
+
+
+def fit(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    log: Callable[[str], None] | None = None,
+) -> nn.Module:
+    """A plain AdamW loop with a cosine schedule; ``loss(out, y, x)`` (x for distillation)."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    steps = max(1, epochs * math.ceil(len(x) / batch_size))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    model.train()
+    for epoch in range(epochs):
+        perm = torch.randperm(len(x), generator=gen)
+        total = 0.0
+        for i in range(0, len(x), batch_size):
+            idx = perm[i : i + batch_size]
+            out = model(x[idx])
+            value = loss(out, y[idx], x[idx])
+            opt.zero_grad(set_to_none=True)
+            value.backward()
+            opt.step()
+            sched.step()
+            total += float(value) * len(idx)
+        if log:
+            log(f"epoch {epoch + 1}/{epochs} loss {total / len(x):.4f}")
+    model.eval()
+    return model

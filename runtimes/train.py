@@ -1,0 +1,437 @@
+"""``python -m runtimes train``: train one Model (or one search trial) on prepared data.
+
+Single process, DDP under ``torchrun`` (gloo on CPU, NCCL on GPUs) or DeepSpeed ZeRO 0–3 from
+the rendered config (``DS_ACCELERATOR=cpu`` and gloo on a CPU machine). Mixed precision: bf16
+autocast, or fp16 autocast with a GradScaler. Gradient checkpointing and accumulation.
+Deterministic for a seed: the batch order of an epoch is a function of (seed, epoch), and the
+checkpoint holds the RNG state, so a run killed and resumed ends with the same weights as one
+that never stopped.
+
+Writes into ``output``: ``model.pt`` + ``model.json`` (the bundle), ``metrics.json``,
+``checkpoints/last.pt`` (or ``checkpoints/deepspeed/``) every ``checkpointEvery`` optimizer steps,
+and ``progress.json`` (the last progress event). Progress goes to stdout as JSON lines:
+``{"event": "progress", "step": 40, "total": 600, "epoch": 2, "loss": 0.31, "lr": 0.002}``,
+then ``{"event": "done", ...}``; ``{"event": "resume", "step": N}`` when it picks up a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from runtimes._step import emit, in_workspace, parse_config, run_step, write_json
+from runtimes.errors import StepFailed
+from specs.model import Hyperparameters
+from specs.stepconfig import TrainConfig
+
+log = logging.getLogger("forge.train")
+
+
+def effective_hyperparameters(config: TrainConfig) -> Hyperparameters:
+    values = {**config.spec.hyperparameters.to_yaml_dict(), **config.overrides}
+    for key in ("batchSize", "epochs", "maxSteps", "warmupSteps", "gradientAccumulationSteps", "seed"):
+        if isinstance(values.get(key), float) and float(values[key]).is_integer():
+            values[key] = int(values[key])
+    try:
+        return Hyperparameters.model_validate(values)
+    except Exception as exc:
+        raise StepFailed(f"overrides do not make valid hyperparameters: {exc}") from None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _single_process_env() -> None:
+    """A one-process 'world' for DeepSpeed when no launcher set one up."""
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+
+
+def _config_fingerprint(config: TrainConfig) -> str:
+    data = config.model_dump(mode="json", by_alias=True, exclude={"checkpoint_every", "output"})
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def deepspeed_config(config: TrainConfig, hp: Hyperparameters, cpu: bool) -> dict[str, Any]:
+    """The rendered DeepSpeed config, with what the spec implies filled in where it is silent."""
+    ds = json.loads(json.dumps(config.deepspeed or {}))
+    dist = config.spec.distributed
+    ds.setdefault("train_micro_batch_size_per_gpu", hp.batch_size)
+    ds.setdefault("gradient_accumulation_steps", hp.gradient_accumulation_steps)
+    ds.pop("train_batch_size", None)  # derived by DeepSpeed from the two above and the world size
+    zero = ds.setdefault("zero_optimization", {})
+    zero.setdefault("stage", dist.zero_stage)
+    if dist.offload in ("optimizer", "optimizer+parameters"):
+        zero.setdefault("offload_optimizer", {"device": "cpu"})
+    if dist.offload == "optimizer+parameters":
+        zero.setdefault("offload_param", {"device": "cpu"})
+    if config.spec.precision == "bf16":
+        ds.setdefault("bf16", {"enabled": True})
+    elif config.spec.precision == "fp16":
+        if cpu:
+            raise StepFailed("DeepSpeed on CPU cannot train in fp16; use precision bf16 or fp32")
+        ds.setdefault("fp16", {"enabled": True})
+    ds.setdefault("steps_per_print", 10**9)
+    ds.setdefault("wall_clock_breakdown", False)
+    return ds
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, _ = parse_config(TrainConfig, argv, "python -m runtimes train")
+    from runtimes.learn import torch_env
+
+    torch_env()
+    strategy = config.spec.distributed.strategy
+    if strategy == "deepspeed":
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return Trainer(config).run()
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig):
+        import torch
+
+        from runtimes.data import load_prepared
+
+        self.config = config
+        self.hp = effective_hyperparameters(config)
+        self.strategy = config.spec.distributed.strategy
+        self.out = in_workspace(config.output)
+        self.data = load_prepared(in_workspace(config.data), ("train", "validation"))
+        self.meta = self.data.meta
+        self.cuda = torch.cuda.is_available()
+        self.device = torch.device("cpu")
+        self.rank, self.world = 0, 1
+        self.fingerprint = _config_fingerprint(config)
+
+    # -- set-up -------------------------------------------------------------------------------
+    def _init_distributed(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.strategy == "deepspeed":
+            import deepspeed
+
+            _single_process_env()
+            deepspeed.init_distributed(dist_backend="nccl" if self.cuda else "gloo")
+        elif self.strategy == "ddp" or world > 1:
+            if "RANK" not in os.environ:
+                _single_process_env()  # ddp asked for but not under torchrun: a world of one
+            dist.init_process_group(backend="nccl" if self.cuda else "gloo")
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            if not self.cuda and self.world > 1:
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", self.world))))
+        if self.cuda:
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            self.device = torch.device("cuda", local)
+
+    def run(self) -> int:
+        import torch
+
+        from runtimes.learn import loss_fn, measure, seed_everything, split_tensors
+        from runtimes.models import build_model, count_parameters, resolve_architecture
+
+        self._init_distributed()
+        hp, spec = self.hp, self.config.spec
+        seed_everything(hp.seed)
+        arch = resolve_architecture(spec.architecture)
+        ctx = arch.get("contextLength")
+        x, y = split_tensors(self.data.split("train"), self.meta, ctx)
+        if len(x) == 0:
+            raise StepFailed("the training split is empty")
+        model = build_model(arch, self.meta)
+        if spec.gradient_checkpointing:
+            if hasattr(model, "gradient_checkpointing"):
+                model.gradient_checkpointing = True
+            else:
+                log.warning("gradientCheckpointing: custom model %s has no `gradient_checkpointing` switch; ignored", type(model).__name__)
+        model.to(self.device)
+        params = count_parameters(model)
+        task = self.meta["task"]
+        criterion = loss_fn(task)
+        if self.rank == 0:
+            log.info("training %s v%s: %s, %d parameters, %d samples, strategy %s, precision %s, world %d",
+                     self.config.model, self.config.version, arch["type"], params, len(x), self.strategy, spec.precision, self.world)
+
+        local = math.ceil(len(x) / self.world)
+        micro_per_epoch = math.ceil(local / hp.batch_size)
+        steps_per_epoch = math.ceil(micro_per_epoch / hp.gradient_accumulation_steps)
+        total = hp.epochs * steps_per_epoch
+        if hp.max_steps is not None:
+            total = min(total, hp.max_steps)
+
+        def lr_at(step: int) -> float:
+            if hp.warmup_steps and step < hp.warmup_steps:
+                return (step + 1) / hp.warmup_steps
+            progress = (step - hp.warmup_steps) / max(1, total - hp.warmup_steps)
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+        optimizer = self._optimizer(model)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+        ckpt_dir = self.out / "checkpoints"
+        if self.rank == 0:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+
+        engine = None
+        ddp_model = model
+        scaler = None
+        autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+        if self.strategy == "deepspeed":
+            import deepspeed
+
+            ds_cfg = deepspeed_config(self.config, hp, cpu=not self.cuda)
+            engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
+            ddp_model = engine
+            autocast_dtype = None  # DeepSpeed casts the model itself (bf16/fp16 sections)
+            input_dtype = torch.bfloat16 if ds_cfg.get("bf16", {}).get("enabled") else (torch.float16 if ds_cfg.get("fp16", {}).get("enabled") else None)
+        else:
+            input_dtype = None
+            if self.world > 1:
+                from torch.nn.parallel import DistributedDataParallel
+
+                ddp_model = DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None)
+            if spec.precision == "fp16":
+                scaler = torch.amp.GradScaler(self.device.type)
+
+        state = {"step": 0, "epoch": 0, "micro": 0}
+        state = self._resume(model, optimizer, scheduler, scaler, engine, ckpt_dir, state)
+        resumed_from = state["step"]
+
+        start = time.perf_counter()
+        samples = 0
+        last_loss = float("nan")
+        report_every = max(1, total // 50)
+        ddp_model.train()
+        done = state["step"] >= total
+        for epoch in range(state["epoch"], hp.epochs):
+            if done:
+                break
+            gen = torch.Generator().manual_seed(hp.seed * 100_003 + epoch)
+            perm = torch.randperm(len(x), generator=gen)[self.rank :: self.world]
+            first = state["micro"] if epoch == state["epoch"] else 0
+            running, count = 0.0, 0
+            for i in range(first, micro_per_epoch):
+                idx = perm[i * hp.batch_size : (i + 1) * hp.batch_size]
+                if len(idx) == 0:
+                    continue
+                xb, yb = x[idx].to(self.device), y[idx].to(self.device)
+                if input_dtype is not None and xb.is_floating_point():
+                    xb = xb.to(input_dtype)
+                boundary = (i + 1) % hp.gradient_accumulation_steps == 0 or i == micro_per_epoch - 1
+                if engine is not None:
+                    loss = criterion(engine(xb), yb)
+                    engine.backward(loss)
+                    engine.step()
+                    boundary = engine.is_gradient_accumulation_boundary() or i == micro_per_epoch - 1
+                else:
+                    sync = contextlib.nullcontext() if boundary or self.world == 1 else ddp_model.no_sync()
+                    with sync:
+                        with torch.autocast(self.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                            out = ddp_model(xb)
+                        loss = criterion(out, yb)
+                        scaled = loss / hp.gradient_accumulation_steps
+                        (scaler.scale(scaled) if scaler else scaled).backward()
+                    if boundary:
+                        if scaler:
+                            scaler.step(optimizer)
+                            scaler.update()
+                        else:
+                            optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                        scheduler.step()
+                running += float(loss.detach()) * len(idx)
+                count += len(idx)
+                samples += len(idx) * self.world
+                if not boundary:
+                    continue
+                state["step"] += 1
+                last_loss = running / max(1, count)
+                if self.rank == 0 and (state["step"] % report_every == 0 or state["step"] == total):
+                    event = {"step": state["step"], "total": total, "epoch": epoch + 1, "loss": round(last_loss, 6), "lr": optimizer.param_groups[0]["lr"]}
+                    emit("progress", **event)
+                    write_json(self.out / "progress.json", {"event": "progress", **event})
+                if state["step"] % self.config.checkpoint_every == 0 or state["step"] >= total:
+                    micro_next = i + 1
+                    ep = epoch
+                    if micro_next >= micro_per_epoch:
+                        ep, micro_next = epoch + 1, 0
+                    self._checkpoint(model, optimizer, scheduler, scaler, engine, ckpt_dir, {"step": state["step"], "epoch": ep, "micro": micro_next})
+                if state["step"] >= total:
+                    done = True
+                    break
+            if count and self.rank == 0:
+                log.info("epoch %d/%d: loss %.4f", epoch + 1, hp.epochs, running / count)
+        elapsed = time.perf_counter() - start
+
+        final = self._final_weights(model, engine)
+        if self.rank == 0:
+            from runtimes.models import build_model as _build, save_bundle
+
+            clean = _build(arch, self.meta)
+            clean.load_state_dict(final)
+            clean.eval()
+            vx, vy = split_tensors(self.data.split("validation"), self.meta, ctx)
+            val = measure(clean, vx, vy, task) if len(vx) else {}
+            tx, ty = x, y
+            train_metrics = measure(clean, tx[:4096], ty[:4096], task)
+            info = {
+                "model": self.config.model,
+                "version": self.config.version,
+                "architecture": arch,
+                "task": task,
+                "inputKind": self.meta.get("inputKind", "features"),
+                "numFeatures": self.meta.get("numFeatures"),
+                "numClasses": self.meta.get("numClasses"),
+                "classes": self.meta.get("classes", []),
+                "imageShape": self.meta.get("imageShape"),
+                "transform": self.meta.get("transform", {}),
+                "dataDigest": self.meta.get("digest"),
+                "precision": spec.precision,
+                "parameters": count_parameters(clean),
+                "compression": [],
+            }
+            save_bundle(self.out, clean, info)
+            metrics = {
+                "model": self.config.model,
+                "version": self.config.version,
+                **val,
+                "validation": val,
+                "train": train_metrics,
+                "steps": state["step"],
+                "resumedFromStep": resumed_from,
+                "seconds": round(elapsed, 3),
+                "samplesPerSecond": round(samples / elapsed, 1) if elapsed > 0 else None,
+                "parameters": info["parameters"],
+                "strategy": self.strategy,
+                "zeroStage": spec.distributed.zero_stage if self.strategy == "deepspeed" else None,
+                "worldSize": self.world,
+                "precision": spec.precision,
+                "hyperparameters": self.hp.to_yaml_dict(),
+            }
+            write_json(self.out / "metrics.json", metrics)
+            emit("done", steps=state["step"], total=total, seconds=round(elapsed, 3), **{k: v for k, v in val.items()})
+            log.info("done: %d steps in %.1fs; validation %s", state["step"], elapsed, json.dumps({k: round(v, 4) for k, v in val.items()}))
+        self._barrier()
+        return 0
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _optimizer(self, model: Any) -> Any:
+        import torch
+
+        hp = self.hp
+        params = [p for p in model.parameters() if p.requires_grad]
+        if hp.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=hp.learning_rate, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        if hp.optimizer == "adam":
+            return torch.optim.Adam(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
+        return torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+    def _rng(self) -> dict[str, Any]:
+        import torch
+
+        return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if self.cuda else None}
+
+    def _set_rng(self, rng: dict[str, Any]) -> None:
+        import torch
+
+        torch.set_rng_state(rng["cpu"])
+        if self.cuda and rng.get("cuda") is not None:
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _checkpoint(self, model, optimizer, scheduler, scaler, engine, ckpt_dir: Path, position: dict[str, int]) -> None:
+        import torch
+
+        client = {**position, "fingerprint": self.fingerprint}
+        if engine is not None:
+            client["rng"] = self._rng()
+            engine.save_checkpoint(str(ckpt_dir / "deepspeed"), tag="last", client_state=client)
+        elif self.rank == 0:
+            payload = {
+                **client,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict() if scaler else None,
+                "rng": self._rng(),
+            }
+            tmp = ckpt_dir / "last.pt.tmp"
+            torch.save(payload, tmp)
+            os.replace(tmp, ckpt_dir / "last.pt")
+        if self.rank == 0:
+            log.info("checkpoint at step %d", position["step"])
+        self._barrier()
+
+    def _resume(self, model, optimizer, scheduler, scaler, engine, ckpt_dir: Path, state: dict[str, int]) -> dict[str, int]:
+        import torch
+
+        if engine is not None:
+            if not (ckpt_dir / "deepspeed" / "latest").exists():
+                return state
+            path, client = engine.load_checkpoint(str(ckpt_dir / "deepspeed"), tag="last")
+            if path is None or client.get("fingerprint") != self.fingerprint:
+                log.warning("ignoring checkpoint of a different config in %s", ckpt_dir)
+                return state
+            payload = client
+        else:
+            file = ckpt_dir / "last.pt"
+            if not file.exists():
+                return state
+            payload = torch.load(file, map_location=self.device, weights_only=False)
+            if payload.get("fingerprint") != self.fingerprint:
+                log.warning("ignoring checkpoint of a different config at %s", file)
+                return state
+            model.load_state_dict(payload["model"])
+            optimizer.load_state_dict(payload["optimizer"])
+            scheduler.load_state_dict(payload["scheduler"])
+            if scaler is not None and payload.get("scaler"):
+                scaler.load_state_dict(payload["scaler"])
+        self._set_rng(payload["rng"])
+        if self.rank == 0:
+            log.info("resuming from checkpoint at step %d (epoch %d)", payload["step"], payload["epoch"] + 1)
+            emit("resume", step=payload["step"])
+        return {"step": payload["step"], "epoch": payload["epoch"], "micro": payload["micro"]}
+
+    def _final_weights(self, model, engine) -> dict[str, Any]:
+        """Full fp32 weights on CPU (gathered from ZeRO-3 partitions when needed)."""
+        if engine is not None and engine.zero_optimization_stage() == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+                return {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
+        return {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def run(argv: list[str] | None = None) -> int:
+    return run_step(main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run())
