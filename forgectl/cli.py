@@ -94,6 +94,50 @@ def schema(
     sys.stdout.write(generated["forge.schema.json"])
 
 
+EnvOpt = Annotated[Optional[str], typer.Option("--env", "-e", help="Environment to use (default: the one marked default, else `local`).")]
+
+
+def _load_for(paths: list[str] | None, rev: str | None, env_name: str | None):  # type: ignore[no-untyped-def]
+    """Load specs (raising on any problem) and pick the environment."""
+    from reconciler.loader import load_or_raise
+    from specs import Environment
+
+    result = load_or_raise(paths or ["."], rev)
+    env = result.specs.environment(env_name)
+    if env is None:
+        names = ", ".join(e.name for e in result.specs.of(Environment)) or "none defined"
+        wanted = f"environment {env_name!r}" if env_name else "a default environment"
+        raise ForgeError(f"no {wanted} in the specs (environments: {names}); pass --env NAME")
+    return result, env
+
+
+@app.command()
+def render(
+    paths: PathsArg = None,
+    rev: RevOpt = None,
+    env: EnvOpt = None,
+    out_dir: Annotated[Optional[Path], typer.Option("-o", "--out", help="Write one file per object into this folder.")] = None,
+) -> None:
+    """Render the specs into Kubernetes manifests (YAML on stdout, or one file per object)."""
+    from reconciler.manifests import file_name, to_yaml, to_yaml_stream
+    from reconciler.sources import revision_of
+    from renderers import RenderContext, SchedulingError
+    from renderers import render as render_specs
+
+    result, environment = _load_for(paths, rev, env)
+    try:
+        rendered = render_specs(result.specs, RenderContext(environment, revision_of(paths or ["."], rev)))
+    except SchedulingError as exc:
+        raise ForgeError(str(exc)) from exc
+    if out_dir is None:
+        sys.stdout.write(to_yaml_stream(rendered.manifests))
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for obj in rendered.manifests:
+        (out_dir / file_name(obj)).write_text(to_yaml(obj))
+    err.print(f"wrote {len(rendered.manifests)} manifests to {out_dir}")
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into one message and exit 1."""
     try:

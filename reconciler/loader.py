@@ -135,7 +135,7 @@ def _validate(raw: RawDocument, diagnostics: list[Diagnostic]) -> Document | Non
         return None
     cls = KINDS[kind]
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, by_alias=True, by_name=False)
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             path, message, hint, at_key = _explain(cls, data, err)

@@ -94,3 +94,17 @@ def files_from_git(paths: list[str], rev: str) -> list[SourceFile]:
         if not matched:
             raise ForgeError(f"{raw}: no spec files at revision {rev}")
     return [SourceFile(p, d) for p, d in sorted(files.items())]
+
+
+def revision_of(paths: list[str], rev: str | None) -> str | None:
+    """The commit the specs come from: ``rev`` resolved, else the working tree's HEAD with
+    `-dirty` when it has uncommitted changes; None outside a git repository."""
+    start = Path(paths[0] if paths else ".").resolve()
+    try:
+        repo = git.Repo(start if start.is_dir() else start.parent, search_parent_directories=True)
+        if rev:
+            return repo.commit(rev).hexsha[:12]
+        head = repo.head.commit.hexsha[:12]
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.BadName, ValueError, git.GitCommandError):
+        return None
+    return head + ("-dirty" if repo.is_dirty(untracked_files=False) else "")

@@ -77,7 +77,10 @@ class SpecModel(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         alias_generator=to_camel,
-        populate_by_name=False,
+        # Python code may construct models by field name; YAML is validated with
+        # `by_name=False` (see the loader), so a spec must use the camelCase keys.
+        validate_by_name=True,
+        validate_by_alias=True,
         strict=False,
         validate_default=True,
         frozen=True,

@@ -158,7 +158,11 @@ _SEARCHABLE = set(Hyperparameters.model_fields) - {"seed"}
 class Search(SpecModel):
     """Hyperparameter search: a fan-out of trials and a pick-best step."""
 
-    algorithm: Literal["grid", "random", "bayesian"] = Field(default="random", description="How trials are chosen.")
+    algorithm: Literal["grid", "random"] = Field(
+        default="random",
+        description="`grid` (every combination of `choice` values, at most `trials`) or `random` "
+        "(seeded, so the same spec always renders the same trials).",
+    )
     trials: int = Field(default=4, ge=1, le=1000, description="Number of trials (grid: at most this many).")
     parallelism: int = Field(default=2, ge=1, le=256, description="Trials run at the same time.")
     metric: str = Field(default="accuracy", description="Validation metric that picks the best trial.")

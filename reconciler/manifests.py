@@ -1,0 +1,39 @@
+"""Manifests as text: stable YAML for `forgectl render` and golden files."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import yaml
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, no aliases, long lines kept whole (configs are single JSON strings)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(obj: Any) -> str:
+    """One object as YAML, keys in the order the renderer built them."""
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1 << 20, allow_unicode=True)
+
+
+def to_yaml_stream(objects: Iterable[Any]) -> str:
+    """Several objects as one multi-document YAML stream."""
+    return "".join("---\n" + to_yaml(o) for o in objects)
+
+
+def file_name(obj: dict[str, Any]) -> str:
+    """`<kind>-<namespace>-<name>.yaml`, lower-case, for `render -o DIR`."""
+    meta = obj.get("metadata", {})
+    parts = [obj.get("kind", "object").lower(), meta.get("namespace", ""), meta.get("name", "")]
+    return "-".join(p for p in parts if p) + ".yaml"

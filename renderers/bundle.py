@@ -1,0 +1,93 @@
+"""Render a whole SpecSet for one Environment: every manifest, in a stable order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from renderers.labels import ENVIRONMENT, GIT_REVISION, MANAGED_BY, MANAGER, PRUNE
+from renderers.monitoring import render_podmonitor, render_rules
+from renderers.seldon import ServingState, render_seldon
+from renderers.versions import model_version
+from renderers.workflow import WORKSPACE_PVC, RenderedWorkflow, render_workflow
+from specs import Endpoint, Environment, Model, SpecSet
+
+#: Apply order: prerequisites first, endpoints last (a sort key, not control flow).
+KIND_ORDER = {
+    "Namespace": 0,
+    "PersistentVolumeClaim": 1,
+    "Workflow": 2,
+    "PodMonitor": 3,
+    "PrometheusRule": 4,
+    "SeldonDeployment": 5,
+}
+TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """What rendering needs besides the specs: the environment, the git revision to stamp, and
+    the live serving state of each endpoint (from the rollout controller)."""
+
+    environment: Environment
+    revision: str | None = None
+    serving: Mapping[str, ServingState] = field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        """Namespace of every namespaced object of this environment."""
+        k8s = self.environment.spec.kubernetes
+        return k8s.namespace if k8s else f"forge-{self.environment.name}"
+
+
+@dataclass
+class Rendered:
+    """The manifests of a SpecSet, plus what plans and targets want to know about them."""
+
+    manifests: list[dict[str, Any]]
+    workflows: dict[str, RenderedWorkflow]
+    versions: dict[str, str]
+
+
+def sort_key(obj: Mapping[str, Any]) -> tuple[int, str, str, str]:
+    """Order of objects in a render and in an apply."""
+    meta = obj.get("metadata", {})
+    return (KIND_ORDER.get(obj.get("kind", ""), 99), obj.get("kind", ""), meta.get("namespace", ""), meta.get("name", ""))
+
+
+def _ordered(obj: dict[str, Any]) -> dict[str, Any]:
+    return {**{k: obj[k] for k in TOP_KEYS if k in obj}, **{k: v for k, v in sorted(obj.items()) if k not in TOP_KEYS}}
+
+
+def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
+    """Every manifest for ``ctx.environment``: the namespace and workspace volume, one Workflow per
+    Model version, and per Endpoint a SeldonDeployment, a PodMonitor and a PrometheusRule."""
+    env = ctx.environment
+    ns = ctx.namespace
+    base_labels = {MANAGED_BY: MANAGER, ENVIRONMENT: env.name}
+    annotations = {PRUNE: "disabled", **({GIT_REVISION: ctx.revision} if ctx.revision else {})}
+    manifests: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace",
+         "metadata": {"name": ns, "labels": dict(sorted(base_labels.items())), "annotations": dict(sorted(annotations.items()))}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+         "metadata": {"name": WORKSPACE_PVC, "namespace": ns, "labels": dict(sorted(base_labels.items())),
+                      "annotations": dict(sorted(annotations.items()))},
+         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "20Gi"}}}},
+    ]
+    workflows: dict[str, RenderedWorkflow] = {}
+    versions: dict[str, str] = {}
+    for model in specs.of(Model):
+        wf = render_workflow(specs, model, env, ns, ctx.revision)
+        workflows[model.name] = wf
+        versions[model.name] = wf.version
+        manifests.append(wf.manifest)
+    for endpoint in specs.of(Endpoint):
+        model = specs.model_of(endpoint)
+        desired = versions.get(model.name) or model_version(specs, model, env.spec.image_tag)
+        state = ctx.serving.get(endpoint.name, ServingState(stable=desired))
+        manifests.append(render_seldon(specs, endpoint, env, ns, ctx.revision, state))
+        manifests.append(render_podmonitor(endpoint, env, ns, ctx.revision))
+        policy = specs.policy_of(endpoint, env)
+        if policy is not None and policy.spec.metrics:
+            manifests.append(render_rules(endpoint, policy, env, ns, ctx.revision))
+    return Rendered(sorted((_ordered(m) for m in manifests), key=sort_key), workflows, versions)

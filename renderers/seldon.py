@@ -1,0 +1,107 @@
+"""Endpoint → Seldon Core v1 `SeldonDeployment`: a stable predictor and, during a rollout, a canary
+predictor, with traffic weights; served by Forge's serve runtime over the Open Inference (v2)
+protocol, labelled so Prometheus can select by endpoint, model version, variant and role."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, VARIANT, canonical_json, owner_metadata
+from renderers.workflow import WORKSPACE_PVC, image, registry_dir
+from specs import Endpoint, Environment, SpecSet
+from specs.stepconfig import DEFAULT_WORKSPACE, WORKSPACE_ENV, ServeConfig
+
+SERVE_PORT = 9000
+INFERENCE_PRIORITY = {"high": "forge-medium", "medium": "forge-medium", "low": "forge-low"}
+
+
+@dataclass(frozen=True)
+class ServingState:
+    """What is live for an endpoint, as the rollout controller last left it.
+
+    ``stable`` is the version serving most traffic; ``canary`` (with ``canary_weight`` percent of
+    traffic) is the version being rolled out, if any. The renderer takes this as an argument, so
+    rendering stays pure and the controller alone decides weights."""
+
+    stable: str
+    canary: str | None = None
+    canary_weight: int = 0
+
+
+def _predictor(endpoint: Endpoint, env: Environment, namespace: str, model: str, version: str,
+               role: str, traffic: int, replicas: int) -> dict[str, Any]:
+    spec = endpoint.spec
+    config = ServeConfig(
+        endpoint=endpoint.name, namespace=namespace, model=model, version=version, variant=spec.variant,
+        role=role,  # type: ignore[arg-type]
+        model_dir=registry_dir(model, version, spec.variant), batching=spec.batching,
+        fault_injection=spec.fault_injection, host="0.0.0.0", port=SERVE_PORT,
+    )
+    runtime = "forge-serve-seldon" if spec.protocol == "seldon" else "forge-serve"
+    step = "serve-seldon" if spec.protocol == "seldon" else "serve"
+    resources: dict[str, Any] = {}
+    for part in ("requests", "limits"):
+        rl = getattr(spec.resources, part)
+        values = {k: v for k, v in (("cpu", rl.cpu), ("memory", rl.memory)) if v is not None}
+        if rl.gpus:
+            values["nvidia.com/gpu"] = str(rl.gpus)
+        if values:
+            resources[part] = values
+    labels = {ENDPOINT: endpoint.name, MODEL_VERSION: version, VARIANT: spec.variant, ROLE: role}
+    container = {
+        "name": "model",
+        "image": image(env, runtime),
+        "command": ["python", "-m", "runtimes"],
+        "args": [step, "--config-json", canonical_json(config.model_dump(mode="json", by_alias=True))],
+        "env": [{"name": WORKSPACE_ENV, "value": DEFAULT_WORKSPACE}],
+        "ports": [{"name": "http", "containerPort": SERVE_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": SERVE_PORT}, "periodSeconds": 2},
+        "resources": resources,
+        "volumeMounts": [{"name": "workspace", "mountPath": DEFAULT_WORKSPACE, "readOnly": True}],
+    }
+    component: dict[str, Any] = {
+        "metadata": {"labels": labels},
+        "spec": {
+            "priorityClassName": INFERENCE_PRIORITY["medium"],
+            "containers": [container],
+            "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC, "readOnly": True}}],
+        },
+    }
+    if spec.autoscaling and role == "stable":
+        component["hpaSpec"] = {
+            "minReplicas": spec.autoscaling.min_replicas,
+            "maxReplicas": spec.autoscaling.max_replicas,
+            "metricsv2": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": spec.autoscaling.target_cpu_utilization}}}],
+        }
+    return {
+        "name": role,
+        "replicas": replicas,
+        "traffic": traffic,
+        "labels": labels,
+        "componentSpecs": [component],
+        "graph": {"name": "model", "type": "MODEL", "endpoint": {"type": "REST", "httpPort": SERVE_PORT}, "children": []},
+    }
+
+
+def render_seldon(specs: SpecSet, endpoint: Endpoint, env: Environment, namespace: str, revision: str | None,
+                  state: ServingState) -> dict[str, Any]:
+    """The SeldonDeployment of an Endpoint in the given serving state."""
+    model = specs.model_of(endpoint)
+    replicas = endpoint.spec.replicas
+    predictors = [_predictor(endpoint, env, namespace, model.name, state.stable, "stable", 100 - state.canary_weight, replicas)]
+    if state.canary is not None and state.canary != state.stable:
+        predictors.append(_predictor(endpoint, env, namespace, model.name, state.canary, "canary", state.canary_weight, max(1, min(replicas, 1))))
+    else:
+        predictors[0]["traffic"] = 100
+    return {
+        "apiVersion": "machinelearning.seldon.io/v1",
+        "kind": "SeldonDeployment",
+        "metadata": owner_metadata(endpoint, name=endpoint.name, namespace=namespace, environment=env.name,
+                                   revision=revision, labels={ENDPOINT: endpoint.name}),
+        "spec": {
+            "name": endpoint.name,
+            "protocol": "v2" if endpoint.spec.protocol == "v2" else "seldon",
+            "predictors": predictors,
+        },
+    }
