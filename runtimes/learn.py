@@ -60,10 +60,15 @@ def loss_fn(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
 
 @torch.no_grad()
 def predict(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
-    if hasattr(model, "training") and getattr(model, "training", False):
+    if getattr(model, "training", False) and not _is_exported(model):
         model.eval()  # type: ignore[union-attr]
     outs = [model(x[i : i + batch_size]).float() for i in range(0, len(x), batch_size)]
     return torch.cat(outs) if outs else torch.zeros(0)
+
+
+def _is_exported(model: object) -> bool:
+    """torch.export / PT2E graph modules refuse .eval(); they are traced in inference mode."""
+    return type(model).__name__ == "GraphModule" or hasattr(model, "meta") and "_exported" in str(type(model))
 
 
 def measure(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor, task: str) -> dict[str, float]:

@@ -9,10 +9,11 @@ over byte tokens), used by the serving benchmark.
 A model bundle is a folder:
 
 - ``model.json``: ``format`` (``forge-model/v1``), ``kind`` (``state_dict`` | ``pt2e`` |
-  ``pickle``), the *resolved* architecture (after pruning, the smaller shapes), task, input kind,
+  ``int8`` | ``pickle``), the *resolved* architecture (after pruning, the smaller shapes), task, input kind,
   classes, the feature transform from prepare, parameter count, and what compression applied;
-- ``model.pt``: the weights (``state_dict``), the whole quantized module (``pickle``, torch.ao
-  eager INT8) or, for ``pt2e``, ``model.pt2`` (a ``torch.export`` program, INC's PT2E INT8 path).
+- ``model.pt``: the weights (``state_dict``), the INT8 state dict of a torch.ao recipe recorded
+  in ``quantization`` (``int8``; the loader rebuilds the quantized skeleton), a whole pickled
+  module (``pickle``, INC with IPEX) or, for ``pt2e``, ``model.pt2`` (a ``torch.export`` program, INC's PT2E INT8 path).
 """
 
 from __future__ import annotations
@@ -224,6 +225,9 @@ def save_bundle(folder: Path, model: nn.Module, info: dict[str, Any], kind: str 
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         torch.save(state, path)
         info.setdefault("parameters", count_parameters(model))
+    elif kind == "int8":
+        path = folder / "model.pt"
+        torch.save(model.state_dict(), path)
     elif kind == "pickle":
         path = folder / "model.pt"
         torch.save(model, path)
@@ -257,7 +261,16 @@ def load_bundle(folder: Path) -> tuple[nn.Module, dict[str, Any]]:
     if kind == "state_dict":
         model = build_model(info["architecture"], info)
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    elif kind == "int8":
+        from runtimes.quantization import int8_skeleton
+
+        float_model = build_model(info["architecture"], info)
+        model = int8_skeleton(float_model, info["architecture"], info.get("quantization") or {})
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     elif kind == "pickle":
+        engine = (info.get("quantization") or {}).get("engine")
+        if engine and engine in torch.backends.quantized.supported_engines:
+            torch.backends.quantized.engine = engine
         # Quantized torch.ao modules: the whole module is pickled (our own file, never user input).
         model = torch.load(path, map_location="cpu", weights_only=False)
     elif kind == "pt2e":
