@@ -1,0 +1,63 @@
+"""Prometheus metrics of a model server and fault injection for rollback drills.
+
+The metric names are part of Forge's contract: the rollout gates' PromQL templates
+(``specs.rollout.BUILTIN_TEMPLATES``) query them. Every series carries the labels ``endpoint``,
+``namespace``, ``version``, ``variant`` and ``role`` (stable|canary):
+
+- ``forge_requests_total{code}``: inference requests by HTTP status code (counter);
+- ``forge_request_duration_seconds``: end-to-end latency of an inference request (histogram);
+- ``forge_batch_size``: rows per model invocation, after dynamic batching (histogram).
+
+Works with prometheus-client 0.8 (the seldon environment) and current releases.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+LABELS = ("endpoint", "namespace", "version", "variant", "role")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class Telemetry:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, config: Any):
+        self.labels = {
+            "endpoint": config.endpoint,
+            "namespace": config.namespace,
+            "version": config.version,
+            "variant": config.variant,
+            "role": config.role,
+        }
+        self.registry = CollectorRegistry()
+        self._requests = Counter("forge_requests", "Inference requests by HTTP status code.", (*LABELS, "code"), registry=self.registry)
+        self._duration = Histogram("forge_request_duration_seconds", "End-to-end latency of inference requests.", LABELS, buckets=LATENCY_BUCKETS, registry=self.registry)
+        self._batch = Histogram("forge_batch_size", "Rows per model invocation (after dynamic batching).", LABELS, buckets=BATCH_BUCKETS, registry=self.registry)
+        faults = config.fault_injection
+        self.error_rate = float(faults.error_rate) if faults else 0.0
+        self.added_latency_s = float(faults.added_latency_ms) / 1000.0 if faults else 0.0
+        self._rng = random.Random()
+
+    def observe_request(self, code: int, seconds: float) -> None:
+        self._requests.labels(**self.labels, code=str(code)).inc()
+        self._duration.labels(**self.labels).observe(seconds)
+
+    def observe_batch(self, rows: int) -> None:
+        self._batch.labels(**self.labels).observe(rows)
+
+    def inject_error(self) -> bool:
+        """True for the fraction ``error_rate`` of requests (answered with HTTP 500)."""
+        return self.error_rate > 0 and self._rng.random() < self.error_rate
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def is_inference(self, path: str) -> bool:
+        """Requests that count: v2 ``/v2/models/…/infer`` and Seldon ``/predict`` / ``/api/v1.0/predictions``."""
+        return path.endswith("/infer") or path in ("/predict", "/api/v1.0/predictions", "/api/v0.1/predictions")
