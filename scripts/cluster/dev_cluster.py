@@ -1,0 +1,91 @@
+"""CLI behind scripts/dev-cluster (the logic lives in tests/clusterkit.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests import clusterkit  # noqa: E402
+
+
+def _exports(cluster: clusterkit.Cluster, prom_url: str | None) -> str:
+    lines = [f"export KUBECONFIG={shlex.quote(cluster.kubeconfig)}"]
+    if prom_url:
+        lines.append(f"export FORGE_PROMETHEUS_URL={shlex.quote(prom_url)}")
+    return "\n".join(lines)
+
+
+def _prom_state(sd: Path) -> dict | None:
+    p = sd / "prometheus.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/dev-cluster", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    start = sub.add_parser("start", help="start etcd + kube-apiserver (+ CRDs, + Prometheus)")
+    start.add_argument("--prometheus", action="store_true", help="also start a Prometheus (1 s scrape interval)")
+    start.add_argument("--no-crds", action="store_true", help="do not install the CRDs")
+    sub.add_parser("stop", help="stop what start started, by PID, and remove its data")
+    sub.add_parser("env", help="print the export lines")
+    sub.add_parser("status", help="print the saved state as JSON")
+    sub.add_parser("build", help="build (or reuse) the binaries only")
+    args = ap.parse_args(argv)
+    sd = clusterkit.default_state_dir()
+    try:
+        if args.cmd == "build":
+            for name, path in clusterkit.ensure_binaries().items():
+                print(f"{name}: {path}")
+            return 0
+        if args.cmd == "start":
+            t0 = time.monotonic()
+            cluster = clusterkit.Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False)
+            prom_url = None
+            if args.prometheus:
+                prom = clusterkit.Prometheus.start(state_dir=sd / "prometheus", die_with_parent=False)
+                (sd / "prometheus.json").write_text(json.dumps(asdict(prom)))
+                prom_url = prom.url
+            v = cluster.version()
+            print(f"# kube-apiserver {v.get('gitVersion')} at {cluster.server}; etcd {cluster.versions['ETCD_VERSION']}",
+                  file=sys.stderr)
+            if prom_url:
+                print(f"# prometheus at {prom_url}", file=sys.stderr)
+            print(f"# started in {time.monotonic() - t0:.1f} s (state: {sd})", file=sys.stderr)
+            print(_exports(cluster, prom_url))
+            return 0
+        if args.cmd == "env":
+            cluster = clusterkit.Cluster.load(sd)
+            ps = _prom_state(sd)
+            print(_exports(cluster, f"http://127.0.0.1:{ps['port']}" if ps else None))
+            return 0
+        if args.cmd == "status":
+            cluster = clusterkit.Cluster.load(sd)
+            doc = asdict(cluster) | {"alive": cluster.alive(), "prometheus": _prom_state(sd)}
+            print(json.dumps(doc, indent=2))
+            return 0 if cluster.alive() else 1
+        if args.cmd == "stop":
+            ps = _prom_state(sd)
+            if ps:
+                clusterkit.Prometheus(**ps).stop()
+            try:
+                cluster = clusterkit.Cluster.load(sd)
+            except clusterkit.ClusterError as e:
+                print(f"dev-cluster: {e}", file=sys.stderr)
+                return 0
+            cluster.stop()
+            return 0
+    except clusterkit.ClusterError as e:
+        print(f"dev-cluster: error: {e}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

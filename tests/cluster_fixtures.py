@@ -1,0 +1,182 @@
+"""pytest plugin: a real kube-apiserver + etcd + CRDs and a real Prometheus for Forge's tests.
+
+Register it once, in the top-level ``tests/conftest.py``::
+
+    pytest_plugins = ["tests.cluster_fixtures"]
+
+Fixtures (see docs/test-cluster.md):
+
+* ``kube_cluster`` (session) -> :class:`tests.clusterkit.Cluster`: ``.kubeconfig``, ``.server``,
+  ``.api_client(kubeconfig=None)``, ``.version()``, ``.user_kubeconfig(user, groups)``.
+* ``k8s_api`` (session) -> ``kubernetes.client.ApiClient`` for the admin.
+* ``namespace`` (function) -> ``str``: a fresh namespace, emptied and removed after the test.
+* ``restricted_kubeconfig`` (function) -> ``pathlib.Path``: a kubeconfig whose user ``forgectl``
+  holds exactly docs/rbac/forgectl-role.yaml in ``namespace`` (its default namespace).
+* ``prometheus`` (function) -> :class:`tests.clusterkit.Prometheus`: one server per session,
+  reset for each test (running again, no targets, no series): ``.url``, ``.set_targets()``,
+  ``.pause()``/``.resume()`` for outage tests, ``.query()``, ``.wait_for_targets()``.
+  ``prometheus_server`` (session) is the same object without the reset.
+
+Tests that use ``kube_cluster`` (directly or through another fixture) are marked ``cluster``
+and tests that use ``prometheus`` are marked ``prometheus`` automatically, so
+``pytest -m "not cluster"`` runs without building or starting anything.
+
+Environment: ``FORGE_KUBECONFIG_EXTERNAL=<path>`` uses that cluster instead of starting one
+(it must already have the CRDs; ``restricted_kubeconfig`` is then skipped, it needs the client
+CA); ``FORGE_CACHE`` moves the build cache.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests import clusterkit
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & {"kube_cluster", "k8s_api", "namespace", "restricted_kubeconfig"}:
+            item.add_marker(pytest.mark.cluster)
+        if names & {"prometheus", "prometheus_server"}:
+            item.add_marker(pytest.mark.prometheus)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> Iterator[clusterkit.Cluster]:
+    external = clusterkit.Cluster.external_from_env()
+    if external is not None:
+        yield external
+        return
+    state_dir = tempfile.mkdtemp(prefix="forge-test-cluster-")
+    cluster = clusterkit.Cluster.start(state_dir, die_with_parent=True)
+    try:
+        yield cluster
+    finally:
+        cluster.stop(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def k8s_api(kube_cluster: clusterkit.Cluster):
+    client = kube_cluster.api_client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+# namespaced kinds the namespace fixture empties before removing the namespace (no
+# kube-controller-manager runs, so nothing else would: the namespace would stay Terminating)
+_NAMESPACED = (
+    ("argoproj.io/v1alpha1", "workflows"), ("argoproj.io/v1alpha1", "workflowtemplates"),
+    ("argoproj.io/v1alpha1", "cronworkflows"),
+    ("machinelearning.seldon.io/v1", "seldondeployments"),
+    ("monitoring.coreos.com/v1", "servicemonitors"), ("monitoring.coreos.com/v1", "podmonitors"),
+    ("monitoring.coreos.com/v1", "prometheusrules"),
+    ("kubeflow.org/v1", "pytorchjobs"),
+    ("coordination.k8s.io/v1", "leases"), ("events.k8s.io/v1", "events"),
+    ("rbac.authorization.k8s.io/v1", "rolebindings"), ("rbac.authorization.k8s.io/v1", "roles"),
+    ("v1", "configmaps"), ("v1", "secrets"), ("v1", "services"), ("v1", "serviceaccounts"),
+    ("v1", "pods"), ("apps/v1", "deployments"),
+)
+
+
+def delete_namespace(cluster: clusterkit.Cluster, name: str) -> None:
+    """Delete every object of the known kinds in ``name``, then the namespace itself."""
+    raw = cluster.raw_client()
+    for gv, plural in _NAMESPACED:
+        prefix = "/api/v1" if gv == "v1" else f"/apis/{gv}"
+        raw.request("DELETE", f"{prefix}/namespaces/{name}/{plural}")  # 404 when a CRD is absent
+    status, _ = raw.request("DELETE", f"/api/v1/namespaces/{name}")
+    if status == 404:
+        return
+    # without a namespace controller the "kubernetes" finalizer is never removed: do it here
+    for _ in range(50):
+        status, ns = raw.request("GET", f"/api/v1/namespaces/{name}")
+        if status == 404:
+            return
+        ns["spec"]["finalizers"] = []
+        status, _ = raw.request("PUT", f"/api/v1/namespaces/{name}/finalize", json.dumps(ns).encode())
+        if status in (200, 404):
+            return
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def namespace(kube_cluster: clusterkit.Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{base}-{uuid.uuid4().hex[:6]}"
+    raw = kube_cluster.raw_client()
+    body = {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"forge.dev/test": "true"}}}
+    status, resp = raw.request("POST", "/api/v1/namespaces", json.dumps(body).encode())
+    if status != 201:
+        raise clusterkit.ClusterError(f"creating namespace {name}: HTTP {status}: {resp}")
+    try:
+        yield name
+    finally:
+        if not kube_cluster.external:
+            delete_namespace(kube_cluster, name)
+        else:
+            raw.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture(scope="session")
+def _forgectl_rbac(kube_cluster: clusterkit.Cluster) -> None:
+    if kube_cluster.external:
+        pytest.skip("restricted_kubeconfig needs the client CA of a cluster started by the tests")
+    clusterkit.install_forgectl_rbac(kube_cluster)
+
+
+@pytest.fixture
+def restricted_kubeconfig(kube_cluster: clusterkit.Cluster, namespace: str, _forgectl_rbac: None) -> Path:
+    """Kubeconfig for user ``forgectl`` (group ``forge:controllers``) bound to ClusterRole
+    ``forgectl`` in ``namespace`` only, plus cluster-wide ``forgectl-namespace-reader``."""
+    clusterkit.bind_forgectl(kube_cluster, namespace)
+    path = kube_cluster.user_kubeconfig(clusterkit.FORGECTL_USER, [clusterkit.FORGECTL_GROUP], namespace)
+    _wait_allowed(kube_cluster, path, namespace)
+    return path
+
+
+def _wait_allowed(cluster: clusterkit.Cluster, kubeconfig: Path, namespace: str, timeout: float = 10.0) -> None:
+    """RBAC is served from an informer cache: wait until the new binding is visible."""
+    from kubernetes import client
+
+    api = cluster.api_client(kubeconfig)
+    try:
+        authz = client.AuthorizationV1Api(api)
+        review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(
+                namespace=namespace, verb="create", group="argoproj.io", resource="workflows")))
+        deadline = time.monotonic() + timeout
+        while not authz.create_self_subject_access_review(review).status.allowed:
+            if time.monotonic() > deadline:
+                raise clusterkit.ClusterError(f"RoleBinding forgectl in {namespace} not effective after {timeout} s")
+            time.sleep(0.05)
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def prometheus_server() -> Iterator[clusterkit.Prometheus]:
+    """The session's Prometheus as is (no per-test reset): for session/module-scoped fixtures."""
+    prom = clusterkit.Prometheus.start(die_with_parent=True)
+    try:
+        yield prom
+    finally:
+        prom.stop()
+
+
+@pytest.fixture
+def prometheus(prometheus_server: clusterkit.Prometheus) -> clusterkit.Prometheus:
+    """The session's Prometheus, running, with no scrape targets and no stored series."""
+    prometheus_server.reset()
+    return prometheus_server
