@@ -6,6 +6,7 @@ Each command is a thin shell over the library: load → render → diff → plan
 
 from __future__ import annotations
 
+import json
 import sys
 from enum import Enum
 from pathlib import Path
@@ -136,6 +137,201 @@ def render(
     for obj in rendered.manifests:
         (out_dir / file_name(obj)).write_text(to_yaml(obj))
     err.print(f"wrote {len(rendered.manifests)} manifests to {out_dir}")
+
+
+class PlanOutput(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+
+
+KubeconfigOpt = Annotated[Optional[str], typer.Option("--kubeconfig", help="Kubeconfig file (default $KUBECONFIG, then ~/.kube/config).")]
+ContextOpt = Annotated[Optional[str], typer.Option("--context", help="Kubeconfig context (default: the current one).")]
+NamespaceOpt = Annotated[Optional[str], typer.Option("--namespace", "-n", help="Namespace (default: the environment's).")]
+
+
+def _print_plan(plan_json: dict, output: PlanOutput, *, verbose: bool = False) -> None:
+    from reconciler import views
+
+    if output is PlanOutput.json:
+        print(json.dumps(plan_json, indent=2, sort_keys=False))
+    elif output is PlanOutput.markdown:
+        print(views.markdown(plan_json))
+    else:
+        out.print(views.text(plan_json, verbose=verbose))
+
+
+def _open(env_spec, kubeconfig, context, namespace):  # type: ignore[no-untyped-def]
+    from reconciler.session import TargetOptions, namespace_of, open_target
+
+    options = TargetOptions(kubeconfig, context, namespace)
+    return open_target(env_spec, options), namespace_of(env_spec, options)
+
+
+@app.command()
+def plan(
+    paths: PathsArg = None,
+    rev: RevOpt = None,
+    env: EnvOpt = None,
+    base: Annotated[Optional[str], typer.Option("--base", help="Pull-request mode: compare the specs at this git revision…")] = None,
+    head: Annotated[Optional[str], typer.Option("--head", help="…with this revision (default: the working tree).")] = None,
+    save: Annotated[Optional[Path], typer.Option("-out", "--out", help="Save the plan as JSON, to apply exactly it later.")] = None,
+    output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text, json or markdown.")] = PlanOutput.text,
+    detailed_exitcode: Annotated[bool, typer.Option("--detailed-exitcode", help="Exit 0 with no changes, 2 with changes, 1 on error.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also list unchanged objects.")] = False,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Show what applying the specs would change, and why."""
+    from reconciler.session import make_plan
+    from reconciler.sources import revision_of
+
+    if base is not None:
+        plan_json = _pull_request_plan(paths, base, head, env, kubeconfig, context, namespace)
+    else:
+        result, environment = _load_for(paths, rev, env)
+        target, ns = _open(environment, kubeconfig, context, namespace)
+        the_plan, _ = make_plan(result.specs, environment, target, ns, revision_of(paths or ["."], rev))
+        plan_json = the_plan.to_json()
+        if save is not None:
+            save.write_text(json.dumps(plan_json, indent=2) + "\n")
+    _print_plan(plan_json, output, verbose=verbose)
+    if save is not None and output is PlanOutput.text:
+        err.print(f"saved the plan to {save}; apply exactly it with `forgectl apply {save}`")
+    changed = any(plan_json["summary"][a] for a in ("create", "update", "delete"))
+    raise typer.Exit(2 if detailed_exitcode and changed else 0)
+
+
+def _pull_request_plan(paths, base, head, env_name, kubeconfig, context, namespace) -> dict:  # type: ignore[no-untyped-def]
+    """The manifest-level diff between two revisions (no cluster needed), plus the spec-level
+    changes as notes, plus the live plan when the environment's cluster answers."""
+    from reconciler.errors import TargetError
+    from reconciler.plan import build_plan
+    from reconciler.reasons import spec_changes
+    from reconciler.session import make_plan
+    from reconciler.sources import revision_of
+    from renderers import RenderContext
+    from renderers import render as render_specs
+    from specs import Environment
+
+    old, old_env = _load_for(paths, base, env_name)
+    new, new_env = _load_for(paths, head, env_name)
+    old_rendered = render_specs(old.specs, RenderContext(old_env))
+    new_rendered = render_specs(new.specs, RenderContext(new_env))
+    the_plan = build_plan(new_rendered.manifests, old_rendered.manifests, environment=new_env.name,
+                          target="git", revision=revision_of(paths or ["."], head), exact=True)
+    notes = []
+    old_docs = {(d.kind, d.name): d for d in old.specs}  # type: ignore[attr-defined]
+    new_docs = {(d.kind, d.name): d for d in new.specs}  # type: ignore[attr-defined]
+    for key in sorted(set(old_docs) | set(new_docs)):
+        a, b = old_docs.get(key), new_docs.get(key)
+        if a is None:
+            notes.append(f"spec {key[0]} `{key[1]}` added")
+        elif b is None:
+            notes.append(f"spec {key[0]} `{key[1]}` removed")
+        else:
+            for line in spec_changes(a.model_dump(mode="json", by_alias=True)["spec"], b.model_dump(mode="json", by_alias=True)["spec"]):
+                notes.append(f"spec {key[0]} `{key[1]}`: {line}")
+    from dataclasses import replace
+
+    plan_json = replace(the_plan, notes=tuple(notes)).to_json()
+    plan_json["base"] = base
+    plan_json["head"] = head or "working tree"
+    if isinstance(new_env, Environment) and new_env.spec.target == "kubernetes":
+        try:
+            target, ns = _open(new_env, kubeconfig, context, namespace)
+            live_plan, _ = make_plan(new.specs, new_env, target, ns, None)
+            plan_json["live"] = live_plan.to_json()
+            plan_json["notes"].append(f"live: {live_plan.counts()} against the cluster")
+        except (TargetError, ForgeError) as exc:
+            plan_json["notes"].append(f"no live diff: {str(exc).splitlines()[0]}")
+    else:
+        plan_json["notes"].append("no live diff: the environment's target is not a cluster")
+    return plan_json
+
+
+@app.command()
+def diff(
+    paths: PathsArg = None,
+    env: EnvOpt = None,
+    output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text, json or markdown.")] = PlanOutput.text,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Show drift: live objects that differ from what the specs render (exit 2 when any)."""
+    from reconciler.session import make_plan
+
+    result, environment = _load_for(paths, None, env)
+    target, ns = _open(environment, kubeconfig, context, namespace)
+    the_plan, _ = make_plan(result.specs, environment, target, ns, None)
+    _print_plan(the_plan.to_json(), output)
+    raise typer.Exit(2 if the_plan.has_changes else 0)
+
+
+@app.command()
+def apply(
+    paths: PathsArg = None,
+    rev: RevOpt = None,
+    env: EnvOpt = None,
+    auto_approve: Annotated[bool, typer.Option("--auto-approve", help="Apply without asking for confirmation.")] = False,
+    output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text or json.")] = PlanOutput.text,
+    specs_dir: Annotated[Optional[list[str]], typer.Option("--specs", help="With a saved plan: where the specs (for the environment's settings) are; default the current folder.")] = None,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Apply the specs (or a saved plan file): show the plan, confirm, then make it so."""
+    from reconciler.apply import apply_plan
+    from reconciler.plan import Plan
+    from reconciler.session import ensure_fresh, make_plan
+    from reconciler.sources import revision_of
+
+    saved = None
+    if paths and len(paths) == 1 and paths[0].endswith(".json") and Path(paths[0]).is_file():
+        try:
+            saved = Plan.from_json(json.loads(Path(paths[0]).read_text()))
+        except (ValueError, KeyError) as exc:
+            raise ForgeError(f"{paths[0]}: not a saved Forge plan ({exc})") from exc
+        # The plan holds the objects; the specs are read only for the environment's settings.
+        result, environment = _load_for(specs_dir or ["."], None, env or saved.environment)
+    else:
+        result, environment = _load_for(paths, rev, env)
+    target, ns = _open(environment, kubeconfig, context, namespace)
+    with target.lock():
+        if saved is not None:
+            ensure_fresh(saved, target)
+            the_plan = saved
+        else:
+            the_plan, _ = make_plan(result.specs, environment, target, ns, revision_of(paths or ["."], rev))
+        plan_json = the_plan.to_json()
+        if output is PlanOutput.text:
+            _print_plan(plan_json, output)
+        if not the_plan.has_changes:
+            if output is PlanOutput.json:
+                print(json.dumps({"plan": plan_json, "changeset": None}, indent=2))
+            raise typer.Exit(0)
+        if not auto_approve:
+            if not sys.stdin.isatty():
+                raise ForgeError("refusing to apply without confirmation: stdin is not a terminal; pass --auto-approve")
+            if not typer.confirm("Apply these changes?", default=False):
+                err.print("Apply cancelled.")
+                raise typer.Exit(1)
+        from reconciler.errors import ApplyFailed
+
+        try:
+            changeset = apply_plan(the_plan, target)
+        except ApplyFailed as exc:
+            if output is PlanOutput.json:
+                print(json.dumps({"plan": plan_json, "changeset": exc.changeset.to_json(), "error": str(exc)}, indent=2))
+            raise
+    if output is PlanOutput.json:
+        print(json.dumps({"plan": plan_json, "changeset": changeset.to_json()}, indent=2))
+    else:
+        s = changeset.to_json()["summary"]
+        out.print(f"[bold green]Apply complete:[/bold green] {s['created']} created, {s['configured']} configured, "
+                  f"{s['deleted']} deleted, {s['unchanged']} unchanged.")
 
 
 def main() -> None:

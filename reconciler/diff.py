@@ -1,0 +1,187 @@
+"""Pure field-level diff of a desired manifest against its live object.
+
+What counts as a difference is decided by what Forge manages, not by a list of ignored fields:
+
+* a field Forge renders must be present in the live object with the same value (fields the API
+  server defaults or other controllers add around it are not Forge's business);
+* a field the live object's `managedFields` say `forgectl` owns, but which Forge no longer
+  renders, is a removal (server-side apply would remove it);
+* where that still reports a change, the caller can settle it with a server-side dry-run apply
+  (:func:`same_after_apply`): if applying would leave the object as it is, there is no change.
+
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+from renderers.labels import GIT_REVISION
+
+MANAGER = "forgectl"
+#: Annotations that describe where an object came from rather than what it is: stamping a new
+#: git revision alone must not rewrite every object.
+PROVENANCE_ANNOTATIONS = frozenset({GIT_REVISION})
+#: Metadata the server maintains on every object.
+VOLATILE_METADATA = frozenset(
+    {"managedFields", "resourceVersion", "generation", "uid", "creationTimestamp", "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences", "finalizers"}
+)
+
+Op = Literal["add", "remove", "change"]
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One changed field: where (dotted path), how, and the values before and after."""
+
+    op: Op
+    path: str
+    old: Any = None
+    new: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict for saved plans and `--output json`."""
+        return {"op": self.op, "path": self.path, "old": self.old, "new": self.new}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "FieldChange":
+        """Inverse of :meth:`to_json`."""
+        return cls(data["op"], data["path"], data.get("old"), data.get("new"))
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    safe = key if key.replace("-", "").replace("_", "").isalnum() else json.dumps(key)
+    return f"{path}.{safe}" if path else safe
+
+
+def _equal_scalars(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return a == b
+
+
+def _compare(desired: Any, live: Any, path: str, out: list[FieldChange]) -> None:
+    if isinstance(desired, dict):
+        if not isinstance(live, dict):
+            out.append(FieldChange("change", path, live, desired))
+            return
+        for key, value in desired.items():
+            if key not in live:
+                out.append(FieldChange("add", _join(path, key), None, value))
+            else:
+                _compare(value, live[key], _join(path, key), out)
+    elif isinstance(desired, list):
+        if not isinstance(live, list) or len(live) != len(desired):
+            out.append(FieldChange("change", path, live, desired))
+            return
+        for i, (d, l) in enumerate(zip(desired, live)):
+            _compare(d, l, _join(path, i), out)
+    elif not _equal_scalars(desired, live):
+        out.append(FieldChange("change", path, live, desired))
+
+
+def comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of an object a diff looks at: labels, annotations (less provenance) and every
+    top-level field but `status`."""
+    meta = obj.get("metadata", {})
+    out: dict[str, Any] = {
+        "metadata": {
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": {k: v for k, v in (meta.get("annotations") or {}).items() if k not in PROVENANCE_ANNOTATIONS},
+        }
+    }
+    for key, value in obj.items():
+        if key not in ("apiVersion", "kind", "metadata", "status"):
+            out[key] = value
+    return out
+
+
+def owned_paths(live: Mapping[str, Any], manager: str = MANAGER) -> set[tuple[str, ...]]:
+    """Leaf field paths that ``manager`` owns by server-side apply, from `managedFields`.
+
+    Lists keyed by `k:`/`v:`/`i:` entries are treated as one leaf at the list's path: Forge always
+    renders whole lists, so the list as a whole is what it owns."""
+    paths: set[tuple[str, ...]] = set()
+
+    def walk(node: Mapping[str, Any], prefix: tuple[str, ...]) -> None:
+        children = {k: v for k, v in node.items() if k != "."}
+        if not children:
+            paths.add(prefix)
+            return
+        if any(not k.startswith("f:") for k in children):
+            paths.add(prefix)
+            return
+        for key, child in children.items():
+            walk(child or {}, prefix + (key[2:],))
+
+    for entry in live.get("metadata", {}).get("managedFields") or []:
+        if entry.get("manager") == manager and entry.get("operation") == "Apply":
+            walk(entry.get("fieldsV1") or {}, ())
+    return {p for p in paths if p}
+
+
+def _present(obj: Any, path: tuple[str, ...]) -> bool:
+    for key in path:
+        if not isinstance(obj, dict) or key not in obj:
+            return False
+        obj = obj[key]
+    return True
+
+
+def _get(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        obj = obj[key]
+    return obj
+
+
+def _removed(desired: Any, live: Any, path: str, out: list[FieldChange]) -> None:
+    if isinstance(desired, dict) and isinstance(live, dict):
+        for key, value in live.items():
+            if key not in desired:
+                out.append(FieldChange("remove", _join(path, key), value, None))
+            else:
+                _removed(desired[key], value, _join(path, key), out)
+
+
+def field_diff(desired: Mapping[str, Any], live: Mapping[str, Any], manager: str = MANAGER, *, exact: bool = False) -> list[FieldChange]:
+    """Every difference between ``desired`` and ``live`` that applying ``desired`` would make.
+    With ``exact``, fields only ``live`` has are removals too (two renders compared in a pull
+    request, where no server adds defaults)."""
+    out: list[FieldChange] = []
+    want = comparable(desired)
+    have = comparable(live)
+    _compare(want, have, "", out)
+    if exact:
+        _removed(want, have, "", out)
+        return out
+    for path in sorted(owned_paths(live, manager)):
+        if path[0] in ("apiVersion", "kind", "status") or (path[0] == "metadata" and path[1:2] not in (("labels",), ("annotations",))):
+            continue
+        if path[:2] == ("metadata", "annotations") and len(path) > 2 and path[2] in PROVENANCE_ANNOTATIONS:
+            continue
+        if not _present(want, path) and _present(have, path):
+            out.append(FieldChange("remove", ".".join(path), _get(have, path), None))
+    return out
+
+
+def strip_volatile(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An object without server-maintained metadata and status, for whole-object comparisons."""
+    meta = {k: v for k, v in obj.get("metadata", {}).items() if k not in VOLATILE_METADATA}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in PROVENANCE_ANNOTATIONS}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    return {**{k: v for k, v in obj.items() if k not in ("metadata", "status")}, "metadata": meta}
+
+
+def same_after_apply(dry_run_result: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """True when a server-side dry-run apply of the desired object leaves ``live`` as it is: the
+    apparent differences were the server's own normalisation (defaults, pruning, formats)."""
+    return strip_volatile(dry_run_result) == strip_volatile(live)

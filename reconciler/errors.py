@@ -1,0 +1,79 @@
+"""Errors of planning and applying. Retry decisions are made on these types, never on text.
+
+    ForgeError (reconciler.diagnostics)
+    ├── TargetError                   the target refused or failed an operation on an object
+    │   ├── ForbiddenError            RBAC said no (403): names verb, resource, namespace
+    │   ├── ConflictError             409: the object changed under us
+    │   ├── InvalidObjectError        422: the API server rejected the object (names the fields)
+    │   └── TransientError            worth retrying: connection reset, 429, 500/502/503/504
+    │       └── UnreachableError      still failing after the retries: names the URL
+    ├── StalePlanError                a saved plan's live state moved since it was made
+    ├── LockHeldError                 another apply holds the environment's lease
+    ├── ApplyFailed                   an apply stopped part-way: carries what was and wasn't done
+    └── TargetNotAvailable            the environment's target cannot be used here
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reconciler.diagnostics import ForgeError
+
+
+class TargetError(ForgeError):
+    """An operation on the target failed."""
+
+    def __init__(self, message: str, *, status: int | None = None, ref: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.ref = ref
+
+
+class ForbiddenError(TargetError):
+    """The credential may not do this (HTTP 403)."""
+
+    def __init__(self, verb: str, resource: str, namespace: str | None, detail: str = "") -> None:
+        where = f" in namespace {namespace!r}" if namespace else " (cluster-scoped)"
+        super().__init__(
+            f"forbidden: cannot {verb} {resource}{where}. {detail}".rstrip()
+            + "\n  The credential needs the role in docs/rbac/forgectl-role.yaml (bind it to your user or "
+            "service account in this namespace).",
+            status=403,
+        )
+        self.verb, self.resource, self.namespace = verb, resource, namespace
+
+
+class ConflictError(TargetError):
+    """The object was modified concurrently (HTTP 409)."""
+
+
+class InvalidObjectError(TargetError):
+    """The API server rejected the object (HTTP 422), e.g. against a CRD schema."""
+
+
+class TransientError(TargetError):
+    """A failure that may pass: retried with backoff."""
+
+
+class UnreachableError(TransientError):
+    """The API server could not be reached, even after retries."""
+
+
+class StalePlanError(ForgeError):
+    """The live state moved since a saved plan was made."""
+
+
+class LockHeldError(ForgeError):
+    """Another apply holds the environment's lock."""
+
+
+class TargetNotAvailable(ForgeError):
+    """The selected environment's target cannot be used (not configured, not built yet…)."""
+
+
+class ApplyFailed(ForgeError):
+    """An apply stopped part-way; ``changeset`` says what was applied and what was not."""
+
+    def __init__(self, message: str, changeset: Any) -> None:
+        super().__init__(message)
+        self.changeset = changeset

@@ -1,0 +1,201 @@
+"""The Plan: a plain value listing typed changes — create, update, delete, no-op — each with the
+object's identity, before, after, a field-level diff and the human reasons for it.
+
+`build_plan` pairs desired with live objects, normalizes and compares (pure). Reasons explain;
+nothing at apply time branches on them. A Plan round-trips through JSON so it can be saved,
+reviewed, and applied later exactly as reviewed (refused when the live state moved since).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any, Iterable, Mapping
+
+from reconciler.diff import FieldChange, field_diff, same_after_apply
+from reconciler.reasons import reasons_for
+from reconciler.resources import ObjectRef
+from renderers.bundle import sort_key
+from renderers.labels import KIND, NAME, PRUNE
+
+PLAN_FORMAT = 1
+
+
+class Action(str, Enum):
+    """What applying a change does to its object."""
+
+    CREATE = "create"
+    UPDATE = "update"
+    DELETE = "delete"
+    NOOP = "no-op"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One object's change."""
+
+    ref: ObjectRef
+    action: Action
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    diff: tuple[FieldChange, ...] = ()
+    reasons: tuple[str, ...] = ()
+    live_version: str | None = None
+
+    @property
+    def spec(self) -> tuple[str, str]:
+        """(kind, name) of the spec this object was rendered from, or ("", "") for shared objects."""
+        meta = (self.after or self.before or {}).get("metadata", {})
+        labels = meta.get("labels") or {}
+        return labels.get(KIND, ""), labels.get(NAME, "")
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict (for saved plans and `--output json`)."""
+        return {
+            "ref": self.ref.to_json(),
+            "action": self.action.value,
+            "spec": {"kind": self.spec[0], "name": self.spec[1]},
+            "before": self.before,
+            "after": self.after,
+            "diff": [d.to_json() for d in self.diff],
+            "reasons": list(self.reasons),
+            "liveVersion": self.live_version,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Change":
+        """Inverse of :meth:`to_json`."""
+        ref = data["ref"]
+        return cls(
+            ObjectRef(ref["kind"], ref["namespace"], ref["name"]),
+            Action(data["action"]),
+            data.get("before"),
+            data.get("after"),
+            tuple(FieldChange.from_json(d) for d in data.get("diff", [])),
+            tuple(data.get("reasons", [])),
+            data.get("liveVersion"),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every change for one environment, and the live state it was computed against."""
+
+    environment: str
+    target: str
+    changes: tuple[Change, ...]
+    live_fingerprint: str = ""
+    revision: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def has_changes(self) -> bool:
+        """True when applying would write anything."""
+        return any(c.action is not Action.NOOP for c in self.changes)
+
+    def counts(self) -> dict[str, int]:
+        """How many changes of each action."""
+        out = {a.value: 0 for a in Action}
+        for change in self.changes:
+            out[change.action.value] += 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as plain data; the human views render from this."""
+        return {
+            "format": PLAN_FORMAT,
+            "environment": self.environment,
+            "target": self.target,
+            "revision": self.revision,
+            "liveFingerprint": self.live_fingerprint,
+            "summary": self.counts(),
+            "notes": list(self.notes),
+            "changes": [c.to_json() for c in self.changes],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Plan":
+        """Inverse of :meth:`to_json`; rejects other formats."""
+        if data.get("format") != PLAN_FORMAT:
+            raise ValueError(f"not a Forge plan of format {PLAN_FORMAT}")
+        return cls(
+            data["environment"],
+            data["target"],
+            tuple(Change.from_json(c) for c in data["changes"]),
+            data.get("liveFingerprint", ""),
+            data.get("revision"),
+            tuple(data.get("notes", [])),
+        )
+
+
+def fingerprint(live: Iterable[Mapping[str, Any]]) -> str:
+    """A digest of the identities and resourceVersions of the live objects: it moves when
+    anything Forge owns is created, changed or deleted."""
+    items = sorted(
+        (str(ObjectRef.of(o)), str(o.get("metadata", {}).get("resourceVersion", ""))) for o in live
+    )
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+
+def _prunable(obj: Mapping[str, Any]) -> bool:
+    return (obj.get("metadata", {}).get("annotations") or {}).get(PRUNE) != "disabled"
+
+
+def build_plan(
+    desired: Iterable[Mapping[str, Any]],
+    live: Iterable[Mapping[str, Any]],
+    *,
+    environment: str,
+    target: str,
+    revision: str | None = None,
+    exact: bool = False,
+) -> Plan:
+    """Pair desired with live by identity and compare: missing live → create; different → update;
+    equal → no-op; live and owned but no longer desired → delete (unless it opts out of pruning)."""
+    live_list = list(live)
+    live_by_ref = {ObjectRef.of(o): o for o in live_list}
+    desired_by_ref = {ObjectRef.of(o): dict(o) for o in desired}
+    changes: list[Change] = []
+    for ref, want in desired_by_ref.items():
+        have = live_by_ref.get(ref)
+        if have is None:
+            changes.append(Change(ref, Action.CREATE, None, want))
+            continue
+        diff = tuple(field_diff(want, have, exact=exact))
+        version = have.get("metadata", {}).get("resourceVersion")
+        action = Action.UPDATE if diff else Action.NOOP
+        changes.append(Change(ref, action, dict(have), want, diff, live_version=version))
+    for ref, have in live_by_ref.items():
+        if ref in desired_by_ref:
+            continue
+        version = have.get("metadata", {}).get("resourceVersion")
+        if _prunable(have):
+            changes.append(Change(ref, Action.DELETE, dict(have), None, live_version=version))
+        else:
+            changes.append(Change(ref, Action.NOOP, dict(have), None, (), (f"kept: annotated {PRUNE}: disabled",), version))
+    changes.sort(key=lambda c: _order(c))
+    with_reasons = tuple(replace(c, reasons=c.reasons + tuple(reasons_for(c, changes))) for c in changes)
+    return Plan(environment, target, with_reasons, fingerprint(live_list), revision)
+
+
+def _order(change: Change) -> tuple[int, Any]:
+    obj = change.after or change.before or {}
+    # Deletions go last, in reverse dependency order.
+    if change.action is Action.DELETE:
+        key = sort_key(obj)
+        return (1, (-key[0], key[1], key[2], key[3]))
+    return (0, sort_key(obj))
+
+
+def settle(plan: Plan, dry_runs: Mapping[ObjectRef, Mapping[str, Any]]) -> Plan:
+    """Turn updates into no-ops where a server-side dry-run apply showed that applying would leave
+    the live object unchanged (the server's own defaults and formats, not drift)."""
+    settled = []
+    for change in plan.changes:
+        result = dry_runs.get(change.ref)
+        if change.action is Action.UPDATE and result is not None and change.before is not None and same_after_apply(result, change.before):
+            change = replace(change, action=Action.NOOP, diff=(), reasons=())
+        settled.append(change)
+    return replace(plan, changes=tuple(settled))

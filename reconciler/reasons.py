@@ -1,0 +1,153 @@
+"""Human reasons for a change, traced back to the specs (pure).
+
+A Workflow's steps carry their rendered configs, so comparing a model's new Workflow with the one
+it supersedes tells *why* it re-runs: a dataset digest moved, a hyperparameter changed — and which
+steps will be cache hits. Reasons explain; nothing at apply time branches on them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from renderers.labels import KIND, MODEL_VERSION, NAME, ROLE
+
+if TYPE_CHECKING:
+    from reconciler.plan import Change
+
+
+def workflow_steps(workflow: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Step name → {"key": memoize key, "config": step config} of a rendered Workflow."""
+    steps: dict[str, dict[str, Any]] = {}
+    for template in workflow.get("spec", {}).get("templates", []):
+        container = template.get("container")
+        if not container or "memoize" not in template:
+            continue
+        args = container.get("args") or []
+        config: dict[str, Any] = {}
+        if "--config-json" in args:
+            try:
+                config = json.loads(args[args.index("--config-json") + 1])
+            except (ValueError, IndexError):
+                config = {}
+        steps[template["name"]] = {"key": template["memoize"].get("key", ""), "config": config}
+    return steps
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: value}
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (list, dict, str)) and not isinstance(value, str) else str(value)
+
+
+def spec_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """"`path` old → new" for every leaf that differs between two spec dicts."""
+    a, b = _flatten(old), _flatten(new)
+    lines = []
+    for path in sorted(set(a) | set(b)):
+        if a.get(path) != b.get(path):
+            lines.append(f"`{path}` {_fmt(a.get(path, '∅'))} → {_fmt(b.get(path, '∅'))}")
+    return lines
+
+
+def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
+    return ((obj or {}).get("metadata", {}).get("labels")) or {}
+
+
+def _workflow_reasons(change: "Change", changes: Iterable["Change"]) -> list[str]:
+    from reconciler.plan import Action
+
+    model = _labels(change.after or change.before).get(NAME, "?")
+    siblings = [c for c in changes if c.ref.kind == "Workflow" and c is not change and _labels(c.after or c.before).get(NAME) == model]
+    if change.action is Action.DELETE:
+        newer = [c for c in siblings if c.action is Action.CREATE]
+        if newer:
+            return [f"superseded by version {_labels(newer[0].after).get(MODEL_VERSION)} of model `{model}`"]
+        return [f"model `{model}` is no longer in the specs"]
+    if change.action is not Action.CREATE or change.after is None:
+        return []
+    version = _labels(change.after).get(MODEL_VERSION, "?")
+    previous = next((c.before for c in siblings if c.before is not None), None)
+    new_steps = workflow_steps(change.after)
+    if previous is None:
+        return [f"new model `{model}` version {version}: " + " → ".join(new_steps) + " will run"]
+    old_steps = workflow_steps(previous)
+    reasons: list[str] = []
+    old_prep = old_steps.get("prepare-data", {}).get("config", {})
+    new_prep = new_steps.get("prepare-data", {}).get("config", {})
+    old_digest = old_prep.get("spec", {}).get("digest")
+    new_digest = new_prep.get("spec", {}).get("digest")
+    if old_digest and new_digest and old_digest != new_digest:
+        reasons.append(f"dataset `{new_prep.get('dataset')}` digest changed {old_digest[:19]}… → {new_digest[:19]}… → retrain model `{model}`")
+    old_train = next((s["config"] for n, s in old_steps.items() if n in ("train", "train-trial-0")), {})
+    new_train = next((s["config"] for n, s in new_steps.items() if n in ("train", "train-trial-0")), {})
+    reasons += spec_changes(old_train.get("spec", {}), new_train.get("spec", {}))
+    for name, kind in (("compress", "variant"),):
+        old_v = {n: s["config"].get(kind) for n, s in old_steps.items() if n.startswith(name)}
+        new_v = {n: s["config"].get(kind) for n, s in new_steps.items() if n.startswith(name)}
+        for step in sorted(set(old_v) | set(new_v)):
+            if old_v.get(step) != new_v.get(step):
+                reasons.append(f"compression `{step.removeprefix('compress-')}` changed")
+    old_keys = {s["key"] for s in old_steps.values()}
+    hits = [n for n, s in new_steps.items() if s["key"] in old_keys]
+    runs = [n for n in new_steps if n not in hits]
+    if hits:
+        reasons.append("cache hit (unchanged since the last run): " + ", ".join(hits))
+    if runs:
+        reasons.append("will run: " + ", ".join(runs))
+    if not reasons:
+        reasons.append(f"model `{model}` version {version} (runtime or rendering changed)")
+    return reasons
+
+
+def _seldon_reasons(change: "Change") -> list[str]:
+    from reconciler.plan import Action
+
+    if change.action is Action.CREATE and change.after is not None:
+        versions = {p["name"]: p["labels"].get(MODEL_VERSION) for p in change.after.get("spec", {}).get("predictors", [])}
+        return [f"serve version {versions.get('stable')} as stable"]
+    if change.action is not Action.UPDATE or change.before is None or change.after is None:
+        return []
+
+    def by_role(obj: Mapping[str, Any]) -> dict[str, tuple[str | None, int]]:
+        return {p.get("labels", {}).get(ROLE, p["name"]): (p.get("labels", {}).get(MODEL_VERSION), p.get("traffic", 0))
+                for p in obj.get("spec", {}).get("predictors", [])}
+
+    old, new = by_role(change.before), by_role(change.after)
+    reasons = []
+    for role in ("stable", "canary"):
+        if old.get(role) != new.get(role):
+            o, n = old.get(role), new.get(role)
+            if n is None:
+                reasons.append(f"{role} removed (was version {o[0]})" if o else f"{role} removed")
+            elif o is None:
+                reasons.append(f"{role}: version {n[0]} at {n[1]} % of traffic")
+            else:
+                reasons.append(f"{role}: version {o[0]} → {n[0]}, traffic {o[1]} % → {n[1]} %")
+    return reasons
+
+
+def reasons_for(change: "Change", changes: Iterable["Change"]) -> list[str]:
+    """The reasons for ``change`` given every change of the plan."""
+    from reconciler.plan import Action
+
+    if change.ref.kind == "Workflow":
+        return _workflow_reasons(change, list(changes))
+    if change.ref.kind == "SeldonDeployment":
+        reasons = _seldon_reasons(change)
+        if reasons:
+            return reasons
+    if change.action is Action.UPDATE:
+        kind, name = _labels(change.after).get(KIND), _labels(change.after).get(NAME)
+        owner = f" ({kind} `{name}` changed)" if kind else ""
+        return [f"{len(change.diff)} field{'s' if len(change.diff) != 1 else ''} differ from the live object{owner}"]
+    if change.action is Action.DELETE:
+        return ["owned by Forge and no longer rendered from the specs"]
+    return []

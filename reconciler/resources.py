@@ -1,0 +1,72 @@
+"""The kinds Forge renders and owns: their API group, version, plural and scope, and object
+identities (`ObjectRef`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Where a kind lives in the Kubernetes API."""
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        """`group/version`, or `version` for the core group."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        """REST path of the collection (or of one object when ``name`` is given)."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        return f"{base}/{name}" if name else base
+
+
+#: Every kind Forge may own, in apply order (the renderers' sort key is the same order).
+OWNED: tuple[Resource, ...] = (
+    Resource("", "v1", "Namespace", "namespaces", namespaced=False),
+    Resource("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+    Resource("argoproj.io", "v1alpha1", "Workflow", "workflows"),
+    Resource("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors"),
+    Resource("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules"),
+    Resource("machinelearning.seldon.io", "v1", "SeldonDeployment", "seldondeployments"),
+)
+BY_KIND: dict[str, Resource] = {r.kind: r for r in OWNED}
+LEASE = Resource("coordination.k8s.io", "v1", "Lease", "leases")
+EVENT = Resource("", "v1", "Event", "events")
+
+
+@dataclass(frozen=True, order=True)
+class ObjectRef:
+    """Identity of an object: kind, namespace and name (the API group follows from the kind)."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> "ObjectRef":
+        """The identity of a manifest."""
+        meta = obj.get("metadata", {})
+        return cls(obj["kind"], meta.get("namespace", "") or "", meta["name"])
+
+    @property
+    def resource(self) -> Resource:
+        """The API resource of this kind."""
+        return BY_KIND[self.kind]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}" if self.namespace else f"{self.kind} {self.name}"
+
+    def to_json(self) -> dict[str, str]:
+        """A plain dict for saved plans."""
+        return {"kind": self.kind, "namespace": self.namespace, "name": self.name}

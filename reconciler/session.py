@@ -1,0 +1,123 @@
+"""The impure edge of planning: choose the target, read the live state, render against it, build
+the plan and settle it with server-side dry runs; check a saved plan is still fresh."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from reconciler.errors import StalePlanError, TargetNotAvailable
+from reconciler.plan import Action, Plan, build_plan, fingerprint, settle
+from reconciler.resources import ObjectRef
+from reconciler.targets.base import Target
+from renderers import RenderContext, ServingState, render
+from renderers.bundle import Rendered
+from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE
+from renderers.versions import model_version
+from specs import Endpoint, Environment, SpecSet
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """kubectl-style overrides from the command line."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+
+
+def namespace_of(env: Environment, options: TargetOptions) -> str:
+    """The namespace an environment uses: `--namespace`, else its spec, else `forge-<env>`."""
+    if options.namespace:
+        return options.namespace
+    return env.spec.kubernetes.namespace if env.spec.kubernetes else f"forge-{env.name}"
+
+
+def open_target(env: Environment, options: TargetOptions = TargetOptions()) -> Target:
+    """The target of an environment."""
+    if env.spec.target == "kubernetes":
+        from reconciler.targets.kubernetes import KubernetesTarget
+
+        k8s = env.spec.kubernetes
+        return KubernetesTarget(
+            env.name,
+            namespace_of(env, options),
+            kubeconfig=options.kubeconfig or (k8s.kubeconfig if k8s else None),
+            context=options.context or (k8s.context if k8s else None),
+        )
+    try:
+        from reconciler.targets.local import LocalTarget  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise TargetNotAvailable(
+            f"environment {env.name!r} uses the `local` target, which is not built yet; "
+            "use an environment with `target: kubernetes` (e.g. --env cluster)"
+        ) from exc
+    return LocalTarget(env, namespace_of(env, options))  # pragma: no cover
+
+
+def serving_states(live: Iterable[Mapping[str, Any]]) -> dict[str, ServingState]:
+    """What each endpoint serves now, read from its live SeldonDeployment's predictors."""
+    states: dict[str, ServingState] = {}
+    for obj in live:
+        if obj.get("kind") != "SeldonDeployment":
+            continue
+        endpoint = (obj.get("metadata", {}).get("labels") or {}).get(ENDPOINT)
+        roles = {}
+        for predictor in obj.get("spec", {}).get("predictors", []):
+            labels = predictor.get("labels") or {}
+            roles[labels.get(ROLE, predictor.get("name"))] = (labels.get(MODEL_VERSION), int(predictor.get("traffic", 0)))
+        if endpoint and "stable" in roles and roles["stable"][0]:
+            canary = roles.get("canary")
+            states[endpoint] = ServingState(roles["stable"][0], canary[0] if canary else None, canary[1] if canary else 0)
+    return states
+
+
+def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: str | None,
+                  live: Iterable[Mapping[str, Any]]) -> Rendered:
+    """Render the specs against what is live: an endpoint whose model has a new version keeps its
+    stable version and gets the new one as a canary (at the weight the rollout controller set)."""
+    current = serving_states(live)
+    serving: dict[str, ServingState] = {}
+    for endpoint in specs.of(Endpoint):
+        want = model_version(specs, specs.model_of(endpoint), env.spec.image_tag)
+        state = current.get(endpoint.name)
+        if state is None or state.stable == want:
+            serving[endpoint.name] = ServingState(want)
+        else:
+            weight = state.canary_weight if state.canary == want else 0
+            serving[endpoint.name] = ServingState(state.stable, want, weight)
+    return render(specs, RenderContext(_with_namespace(env, namespace), revision, serving))
+
+
+def _with_namespace(env: Environment, namespace: str) -> Environment:
+    if env.spec.kubernetes is None or env.spec.kubernetes.namespace == namespace:
+        return env
+    k8s = env.spec.kubernetes.model_copy(update={"namespace": namespace})
+    return env.model_copy(update={"spec": env.spec.model_copy(update={"kubernetes": k8s})})
+
+
+def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None) -> tuple[Plan, Rendered]:
+    """Read live (one LIST per kind), render, diff, and settle apparent updates by dry run."""
+    live = target.read_live()
+    rendered = desired_state(specs, env, namespace, revision, live)
+    plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision)
+    dry_runs: dict[ObjectRef, dict[str, Any]] = {}
+    for change in plan.changes:
+        if change.action is Action.UPDATE and change.after is not None:
+            dry_runs[change.ref] = target.apply(change.after, dry_run=True)
+    return settle(plan, dry_runs), rendered
+
+
+def ensure_fresh(plan: Plan, target: Target) -> None:
+    """Refuse a saved plan whose live state moved since it was made."""
+    live = target.read_live()
+    if fingerprint(live) == plan.live_fingerprint:
+        return
+    planned = {c.ref: c.live_version for c in plan.changes if c.before is not None}
+    now = {ObjectRef.of(o): o.get("metadata", {}).get("resourceVersion") for o in live}
+    moved = sorted(str(r) for r in set(planned) | set(now) if planned.get(r) != now.get(r))
+    raise StalePlanError(
+        "the saved plan is stale: the live state changed since it was made ("
+        + (", ".join(moved[:5]) + (" …" if len(moved) > 5 else "") if moved else "objects changed")
+        + "); run `forgectl plan` again and review the new plan"
+    )

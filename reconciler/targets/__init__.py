@@ -1,0 +1,1 @@
+"""Targets: where rendered manifests become live (see `base.Target`)."""

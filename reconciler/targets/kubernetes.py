@@ -1,0 +1,260 @@
+"""The `kubernetes` target: a real cluster through the `kubernetes` client.
+
+* reads what Forge owns with one LIST per kind and a label selector — never a GET per object;
+* writes with server-side apply (field manager `forgectl`, forced, so drift made by hand is
+  taken back), and server-side dry runs to settle apparent differences;
+* guards each apply with a `coordination.k8s.io` Lease per environment;
+* retries transient failures (connection errors, 429, 5xx) with backoff, decided by error type.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import time
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator, Mapping
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from reconciler.errors import (
+    ConflictError,
+    ForbiddenError,
+    InvalidObjectError,
+    LockHeldError,
+    TargetError,
+    TargetNotAvailable,
+    TransientError,
+    UnreachableError,
+)
+from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
+from renderers.labels import MANAGER, owner_selector
+
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+LEASE_SECONDS = 300
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _micro(ts: datetime) -> str:
+    return ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_micro(text: str) -> datetime:
+    return datetime.strptime(text.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
+
+
+class KubernetesTarget:
+    """A namespace of a real cluster (see module docstring)."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        environment: str,
+        namespace: str,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        retries: int = 4,
+        backoff: float = 0.5,
+        timeout: float = 30.0,
+    ) -> None:
+        self.environment = environment
+        self.namespace = namespace
+        self.retries = retries
+        self.backoff = backoff
+        self.timeout = timeout
+        path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
+        cfg = k8s.Configuration()
+        try:
+            k8s_config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+        except (ConfigException, FileNotFoundError, OSError) as exc:
+            where = f"context {context!r} of " if context else ""
+            raise TargetNotAvailable(f"cannot load {where}kubeconfig {path}: {exc}") from exc
+        cfg.retries = False  # retries are ours, by error type
+        self.server = cfg.host
+        self.api = k8s.ApiClient(cfg)
+
+    # -- transport --------------------------------------------------------------------------
+    def _call(self, method: str, path: str, *, verb: str, ref: str, namespace: str | None,
+              query: list[tuple[str, str]] | None = None, body: Any = None,
+              content_type: str = "application/json") -> Any:
+        """One API request with bounded retries of transient failures; errors become typed."""
+        attempt = 0
+        while True:
+            try:
+                method_, url, headers, data, post = self.api.param_serialize(
+                    method, path, query_params=query or [],
+                    header_params={"Content-Type": content_type, "Accept": "application/json"},
+                    body=body, auth_settings=["BearerToken"],
+                )
+                resp = self.api.call_api(method_, url, headers, data, post, _request_timeout=self.timeout)
+                payload = resp.read()
+                if resp.status < 400:
+                    return json.loads(payload) if payload else None
+                error = self._translate(resp.status, payload, resp.reason, verb, ref, namespace)
+            except ApiException as exc:
+                error = self._translate(exc.status or 0, exc.body, exc.reason, verb, ref, namespace)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                error = TransientError(f"{method} {self.server}{path}: {exc.__class__.__name__}: {exc}")
+            if not isinstance(error, TransientError) or attempt >= self.retries:
+                if isinstance(error, TransientError) and not isinstance(error, UnreachableError):
+                    raise UnreachableError(
+                        f"the Kubernetes API server at {self.server} did not answer after {attempt + 1} attempts: {error}"
+                    ) from error
+                raise error
+            time.sleep(self.backoff * (2**attempt))
+            attempt += 1
+
+    def _translate(self, status: int, body: bytes | str | None, reason: str | None, verb: str, ref: str,
+                   namespace: str | None) -> TargetError:
+        try:
+            detail = json.loads(body or "{}")
+        except (ValueError, TypeError):
+            detail = {}
+        message = detail.get("message") or reason or f"HTTP {status}"
+        if status == 403:
+            return ForbiddenError(verb, ref, namespace, message)
+        if status == 409:
+            return ConflictError(f"{ref}: conflict: {message}", status=409)
+        if status == 422:
+            causes = detail.get("details", {}).get("causes") or []
+            fields = "; ".join(f"{c.get('field', '?')}: {c.get('message', '')}" for c in causes)
+            return InvalidObjectError(f"{ref} rejected by the API server: {fields or message}", status=422)
+        if status in TRANSIENT_STATUS:
+            return TransientError(f"{ref}: HTTP {status}: {message}", status=status)
+        return TargetError(f"{verb} {ref}: HTTP {status}: {message}", status=status)
+
+    # -- Target -------------------------------------------------------------------------------
+    def list_kind(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
+        """LIST one kind with a label selector (in this namespace, or cluster-wide for cluster-scoped kinds)."""
+        query = [("labelSelector", selector)]
+        if not resource.namespaced:  # of cluster-scoped kinds, only this environment's namespace
+            query.append(("fieldSelector", f"metadata.name={self.namespace}"))
+        data = self._call(
+            "GET", resource.path(self.namespace), verb="list", ref=resource.plural,
+            namespace=self.namespace if resource.namespaced else None, query=query,
+        )
+        items = data.get("items", []) if data else []
+        for item in items:  # LIST responses leave out apiVersion/kind on items
+            item.setdefault("apiVersion", resource.api_version)
+            item.setdefault("kind", resource.kind)
+        return items
+
+    def read_live(self) -> list[dict[str, Any]]:
+        """Every object Forge owns in this environment: one LIST per kind."""
+        selector = owner_selector(self.environment)
+        live: list[dict[str, Any]] = []
+        for resource in OWNED:
+            try:
+                live += self.list_kind(resource, selector)
+            except TargetError as exc:
+                if exc.status == 404 and resource.kind != "Namespace":
+                    continue  # the namespace (or the CRD) does not exist yet: nothing of ours there
+                raise
+        return live
+
+    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply with field manager `forgectl`, forced: Forge owns what it renders."""
+        ref = ObjectRef.of(obj)
+        resource = ref.resource
+        query = [("fieldManager", MANAGER), ("force", "true")]
+        if dry_run:
+            query.append(("dryRun", "All"))
+        return self._call(
+            "PATCH", resource.path(ref.namespace, ref.name), verb="patch", ref=str(ref),
+            namespace=ref.namespace or None, query=query, body=json.dumps(obj),
+            content_type="application/apply-patch+yaml",
+        )
+
+    def delete(self, ref: ObjectRef, *, uid: str | None = None) -> None:
+        """Delete one object, only while its uid matches (so a re-created object is never hit)."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self._call("DELETE", ref.resource.path(ref.namespace, ref.name), verb="delete", ref=str(ref),
+                       namespace=ref.namespace or None, body=body)
+        except TargetError as exc:
+            if exc.status != 404:
+                raise
+
+    def get(self, ref: ObjectRef) -> dict[str, Any] | None:
+        """One object, or None (used for the lease and by tests; plans never GET per object)."""
+        try:
+            return self._call("GET", ref.resource.path(ref.namespace, ref.name), verb="get", ref=str(ref),
+                              namespace=ref.namespace or None)
+        except TargetError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # -- locking ------------------------------------------------------------------------------
+    def _lease_path(self, name: str | None = None) -> str:
+        return LEASE.path(self.namespace, name)
+
+    def _ensure_namespace(self) -> None:
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}})
+
+    @contextmanager
+    def lock(self, holder: str | None = None) -> Iterator[None]:
+        """Hold the Lease `forgectl-<environment>` while applying. A live lease held by someone
+        else refuses the apply, naming the holder and since when; an expired one is taken over."""
+        holder = holder or f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
+        name = f"forgectl-{self.environment}"
+        ref = f"Lease {self.namespace}/{name}"
+        now = _now()
+        spec = {"holderIdentity": holder, "leaseDurationSeconds": LEASE_SECONDS,
+                "acquireTime": _micro(now), "renewTime": _micro(now)}
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "namespace": self.namespace, "labels": {"app.kubernetes.io/managed-by": MANAGER}},
+                "spec": spec}
+        try:
+            self._call("POST", self._lease_path(), verb="create", ref=ref, namespace=self.namespace, body=body)
+        except TargetError as exc:
+            if exc.status == 404:  # the namespace does not exist yet
+                self._ensure_namespace()
+                self._call("POST", self._lease_path(), verb="create", ref=ref, namespace=self.namespace, body=body)
+            elif exc.status == 409:
+                self._take_over(name, ref, body)
+            else:
+                raise
+        try:
+            yield
+        finally:
+            try:
+                current = self._call("GET", self._lease_path(name), verb="get", ref=ref, namespace=self.namespace)
+                if current and current.get("spec", {}).get("holderIdentity") == holder:
+                    self._call("DELETE", self._lease_path(name), verb="delete", ref=ref, namespace=self.namespace,
+                               body={"preconditions": {"resourceVersion": current["metadata"]["resourceVersion"]}})
+            except TargetError:
+                pass  # the lease expires by itself
+
+    def _take_over(self, name: str, ref: str, body: dict[str, Any]) -> None:
+        current = self._call("GET", self._lease_path(name), verb="get", ref=ref, namespace=self.namespace)
+        spec = current.get("spec", {})
+        renewed = spec.get("renewTime") or spec.get("acquireTime")
+        duration = int(spec.get("leaseDurationSeconds") or LEASE_SECONDS)
+        if spec.get("holderIdentity") and renewed and _parse_micro(renewed) + timedelta(seconds=duration) > _now():
+            since = spec.get("acquireTime") or renewed
+            raise LockHeldError(
+                f"environment {self.environment!r} is locked by {spec['holderIdentity']} since {since} "
+                f"(Lease {self.namespace}/{name}, expires {duration}s after its last renewal); "
+                "wait for that apply to finish, or delete the Lease if its holder is gone"
+            )
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        try:  # optimistic concurrency: only one taker wins
+            self._call("PUT", self._lease_path(name), verb="update", ref=ref, namespace=self.namespace, body=body)
+        except ConflictError as exc:
+            raise LockHeldError(f"environment {self.environment!r}: another apply took the expired lock first") from exc
+
