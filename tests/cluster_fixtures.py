@@ -28,6 +28,7 @@ CA); ``FORGE_CACHE`` moves the build cache.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tempfile
@@ -41,6 +42,16 @@ import pytest
 from tests import clusterkit
 
 
+_started: list[str] = []  # one line per component started by this session, for the summary
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if _started:
+        terminalreporter.write_sep("-", "forge test cluster")
+        for line in _started:
+            terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
@@ -50,14 +61,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.prometheus)
 
 
+@contextlib.contextmanager
+def _uncaptured(config: pytest.Config) -> Iterator[None]:
+    """Let the first build's progress reach the terminal (it can take minutes)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is None:
+        yield
+        return
+    with capman.global_and_fixture_disabled():
+        yield
+
+
 @pytest.fixture(scope="session")
-def kube_cluster() -> Iterator[clusterkit.Cluster]:
+def kube_cluster(pytestconfig: pytest.Config) -> Iterator[clusterkit.Cluster]:
     external = clusterkit.Cluster.external_from_env()
     if external is not None:
         yield external
         return
+    with _uncaptured(pytestconfig):
+        clusterkit.ensure_binaries()
     state_dir = tempfile.mkdtemp(prefix="forge-test-cluster-")
-    cluster = clusterkit.Cluster.start(state_dir, die_with_parent=True)
+    cluster = clusterkit.Cluster.start(state_dir, die_with_parent=True, log=lambda msg: None)
+    _started.append(f"kube-apiserver {cluster.versions['KUBERNETES_VERSION']} + etcd {cluster.versions['ETCD_VERSION']} "
+                    f"+ {len(cluster.crds)} CRDs ready in {cluster.start_seconds:.1f} s at {cluster.server}")
+    _started.extend("  note: " + n for n in cluster.notes if "refused by the module proxy" not in n)
+    refused = sorted({n.split(" is refused")[0] for n in cluster.notes if "refused by the module proxy" in n})
+    if refused:
+        _started.append("  note: refused by the module proxy, taken from checksum-verified reference copies: "
+                        + ", ".join(refused))
     try:
         yield cluster
     finally:
@@ -166,9 +197,12 @@ def _wait_allowed(cluster: clusterkit.Cluster, kubeconfig: Path, namespace: str,
 
 
 @pytest.fixture(scope="session")
-def prometheus_server() -> Iterator[clusterkit.Prometheus]:
+def prometheus_server(pytestconfig: pytest.Config) -> Iterator[clusterkit.Prometheus]:
     """The session's Prometheus as is (no per-test reset): for session/module-scoped fixtures."""
+    with _uncaptured(pytestconfig):
+        clusterkit.ensure_prometheus()  # apt-get install on first use
     prom = clusterkit.Prometheus.start(die_with_parent=True)
+    _started.append(f"prometheus at {prom.url} (1 s scrape interval)")
     try:
         yield prom
     finally:

@@ -94,7 +94,7 @@ def ensure_binaries(log: Log = _stderr_log) -> dict[str, Path]:
     if missing:
         if shutil.which("go") is None:
             raise ClusterError("Go is needed to build " + ", ".join(missing) + " (not on PATH)")
-        log(f"building {', '.join(missing)} (first time only; kube-apiserver takes 10-30 min on 2 cores)")
+        log(f"building {', '.join(missing)} (first time only; kube-apiserver takes about 6 min on 2 idle cores)")
         t0 = time.monotonic()
         for name in missing:
             proc = subprocess.run([str(SCRIPTS / "build.sh"), name], stdout=sys.stderr, stderr=sys.stderr)
@@ -507,7 +507,21 @@ class Cluster:
 
         ``die_with_parent``: the servers get SIGTERM when the calling process dies (use it from
         pytest and benchmarks; ``scripts/dev-cluster start`` leaves it off so they outlive it).
+        A port taken by someone else between choosing it and binding it means a retry on new ports.
         """
+        for attempt in range(3):
+            try:
+                return cls._start_once(state_dir, install_crds=install_crds,
+                                       die_with_parent=die_with_parent, log=log)
+            except ClusterError as e:
+                if "address already in use" not in str(e) or attempt == 2:
+                    raise
+                log("a chosen port was taken meanwhile; retrying on new ports")
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_once(cls, state_dir: str | os.PathLike[str] | None, *, install_crds: bool,
+                    die_with_parent: bool, log: Log) -> "Cluster":
         bins = ensure_binaries(log)
         sd = Path(state_dir) if state_dir else default_state_dir()
         if (sd / "state.json").exists():
@@ -873,8 +887,15 @@ class Prometheus:
         prom.sd_dir.mkdir(exist_ok=True)
         prom._write_config()
         prom.set_targets(list(targets))
-        prom.resume()
-        return prom
+        for attempt in range(3):
+            try:
+                prom.resume()
+                return prom
+            except ClusterError as e:
+                if "address already in use" not in str(e) or attempt == 2:
+                    raise
+                prom.port = free_port()  # taken between choosing and binding: choose again
+        raise AssertionError("unreachable")
 
     def _write_config(self) -> None:
         iv = self.scrape_interval
