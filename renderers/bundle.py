@@ -67,8 +67,9 @@ def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
     base_labels = {MANAGED_BY: MANAGER, ENVIRONMENT: env.name}
     annotations = {PRUNE: "disabled", **({GIT_REVISION: ctx.revision} if ctx.revision else {})}
     manifests: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace",
-         "metadata": {"name": ns, "labels": dict(sorted(base_labels.items())), "annotations": dict(sorted(annotations.items()))}},
+        # The namespace is only ensured to exist: it carries no ownership labels, so Forge never
+        # prunes it and never needs cluster-wide rights to patch one a platform team created.
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
         {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
          "metadata": {"name": WORKSPACE_PVC, "namespace": ns, "labels": dict(sorted(base_labels.items())),
                       "annotations": dict(sorted(annotations.items()))},

@@ -138,9 +138,8 @@ class KubernetesTarget:
     # -- Target -------------------------------------------------------------------------------
     def list_kind(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
         """LIST one kind with a label selector (in this namespace, or cluster-wide for cluster-scoped kinds)."""
-        query = [("labelSelector", selector)]
-        if not resource.namespaced:  # of cluster-scoped kinds, only this environment's namespace
-            query.append(("fieldSelector", f"metadata.name={self.namespace}"))
+        # The environment's Namespace is found by name: Forge ensures it exists, never owns it.
+        query = [("labelSelector", selector)] if resource.namespaced else [("fieldSelector", f"metadata.name={self.namespace}")]
         data = self._call(
             "GET", resource.path(self.namespace), verb="list", ref=resource.plural,
             namespace=self.namespace if resource.namespaced else None, query=query,

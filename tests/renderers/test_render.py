@@ -60,11 +60,14 @@ def test_every_object_carries_ownership_metadata() -> None:
     env = specs.environment("cluster")
     assert env is not None
     for obj in render(specs, RenderContext(env, revision="abc")).manifests:
+        if obj["kind"] == "Namespace":
+            assert obj["metadata"] == {"name": "forge-quickstart"}  # ensured, never owned
+            continue
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/managed-by"] == "forgectl"
         assert labels["forge.dev/environment"] == "cluster"
         assert obj["metadata"]["annotations"]["forge.dev/git-revision"] == "abc"
-        if obj["kind"] not in ("Namespace", "PersistentVolumeClaim"):
+        if obj["kind"] != "PersistentVolumeClaim":
             assert labels["forge.dev/kind"] in ("Model", "Endpoint")
             assert len(obj["metadata"]["annotations"]["forge.dev/spec-digest"]) == 64
 

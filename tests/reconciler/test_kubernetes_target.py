@@ -1,0 +1,228 @@
+"""plan / apply / prune / drift against the real kube-apiserver with the real CRDs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reconciler.apply import Outcome, apply_plan
+from reconciler.errors import ApplyFailed, ForbiddenError, LockHeldError, StalePlanError, UnreachableError
+from reconciler.loader import load_or_raise
+from reconciler.plan import Action, Plan
+from reconciler.resources import ObjectRef
+from reconciler.session import TargetOptions, ensure_fresh, make_plan, open_target
+from specs import Environment
+
+ROOT = Path(__file__).resolve().parents[2]
+FORGECTL = [sys.executable, "-m", "forgectl"]
+
+
+def copy_example(tmp_path: Path, name: str = "quickstart") -> Path:
+    dst = tmp_path / name
+    shutil.copytree(ROOT / "examples" / name, dst)
+    return dst
+
+
+def plan_for(specs_dir: Path, kubeconfig: str, namespace: str) -> tuple[Plan, object]:
+    result = load_or_raise([str(specs_dir)])
+    env = result.specs.get(Environment, "cluster")
+    assert env is not None
+    target = open_target(env, TargetOptions(kubeconfig=kubeconfig, namespace=namespace))
+    plan, _ = make_plan(result.specs, env, target, namespace, None)
+    return plan, target
+
+
+def forgectl(*args: str, kubeconfig: str, cwd: Path | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "NO_COLOR": "1", "COLUMNS": "200"}
+    proc = subprocess.run([*FORGECTL, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"forgectl {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def live_versions(target) -> dict[ObjectRef, str]:  # type: ignore[no-untyped-def]
+    return {ObjectRef.of(o): o["metadata"]["resourceVersion"] for o in target.read_live()}
+
+
+def set_learning_rate(specs_dir: Path, value: str) -> None:
+    model = specs_dir / "model.yaml"
+    model.write_text(model.read_text().replace("learningRate: 0.002", f"learningRate: {value}"))
+
+
+def test_create_then_noop_with_zero_writes(kube_cluster, namespace, tmp_path) -> None:
+    specs = copy_example(tmp_path)
+    plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
+    assert plan.counts()["create"] == 5 and plan.counts()["no-op"] == 1  # the test's namespace exists
+    changeset = apply_plan(plan, target)
+    assert changeset.count(Outcome.CREATED) == 5
+    before = live_versions(target)
+    sd = next(o for o in target.read_live() if o["kind"] == "SeldonDeployment")
+    managers = {(m["manager"], m["operation"]) for m in sd["metadata"]["managedFields"]}
+    assert ("forgectl", "Apply") in managers
+
+    again, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
+    assert not again.has_changes, [(str(c.ref), c.diff) for c in again.changes if c.action is not Action.NOOP]
+    changeset = apply_plan(again, target)
+    assert changeset.count(Outcome.UNCHANGED) == 6
+    assert live_versions(target) == before  # nothing was written
+
+
+def test_hyperparameter_change_explains_itself(kube_cluster, namespace, tmp_path) -> None:
+    specs = copy_example(tmp_path)
+    plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
+    apply_plan(plan, target)
+    set_learning_rate(specs, "0.005")
+    plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
+    by_kind = {(c.ref.kind, c.action) for c in plan.changes}
+    assert ("Workflow", Action.CREATE) in by_kind and ("Workflow", Action.DELETE) in by_kind
+    created = next(c for c in plan.changes if c.ref.kind == "Workflow" and c.action is Action.CREATE)
+    assert "`hyperparameters.learningRate` 0.002 → 0.005" in created.reasons
+    assert "cache hit (unchanged since the last run): prepare-data" in created.reasons
+    assert any(r.startswith("will run: train, evaluate") for r in created.reasons)
+    sd = next(c for c in plan.changes if c.ref.kind == "SeldonDeployment")
+    assert sd.action is Action.UPDATE and any(r.startswith("canary: version") for r in sd.reasons)
+    apply_plan(plan, target)
+    assert not plan_for(specs, kube_cluster.kubeconfig, namespace)[0].has_changes
+
+
+def test_prune_only_what_forge_owns(kube_cluster, namespace, tmp_path) -> None:
+    specs = copy_example(tmp_path)
+    plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
+    apply_plan(plan, target)
+    # Not Forge's: same kind, no ownership labels.
+    target.apply({"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+                  "metadata": {"name": "someone-elses", "namespace": namespace},
+                  "spec": {"selector": {"matchLabels": {"app": "x"}}, "podMetricsEndpoints": [{"port": "http"}]}})
+    # Forge's, but opted out of pruning.
+    subprocess.run(["kubectl", "--kubeconfig", kube_cluster.kubeconfig, "-n", namespace, "annotate", "prometheusrule",
+                    "digits-rollout", "forge.dev/prune=disabled"], check=True, capture_output=True)
+    (specs / "endpoint.yaml").unlink()
+    plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
+    deleted = {str(c.ref) for c in plan.changes if c.action is Action.DELETE}
+    assert deleted == {f"SeldonDeployment {namespace}/digits", f"PodMonitor {namespace}/digits"}
+    kept = next(c for c in plan.changes if c.ref.kind == "PrometheusRule")
+    assert kept.action is Action.NOOP and "kept: annotated forge.dev/prune: disabled" in kept.reasons
+    apply_plan(plan, target)
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in target.read_live()}
+    assert ("SeldonDeployment", "digits") not in kinds and ("PrometheusRule", "digits-rollout") in kinds
+    assert target.get(ObjectRef("PodMonitor", namespace, "someone-elses")) is not None
+
+
+def test_drift_is_shown_and_repaired(kube_cluster, namespace, tmp_path) -> None:
+    specs = copy_example(tmp_path)
+    forgectl("apply", str(specs), "--env", "cluster", "-n", namespace, "--auto-approve", kubeconfig=kube_cluster.kubeconfig, check=True)
+    subprocess.run(["kubectl", "--kubeconfig", kube_cluster.kubeconfig, "-n", namespace, "patch", "seldondeployment", "digits",
+                    "--type", "json", "-p", '[{"op":"replace","path":"/spec/predictors/0/replicas","value":4}]'], check=True, capture_output=True)
+    drift = forgectl("diff", str(specs), "--env", "cluster", "-n", namespace, "--output", "json", kubeconfig=kube_cluster.kubeconfig)
+    assert drift.returncode == 2, drift.stderr
+    [change] = [c for c in json.loads(drift.stdout)["changes"] if c["action"] != "no-op"]
+    assert change["ref"]["kind"] == "SeldonDeployment"
+    assert {"op": "change", "path": "spec.predictors[0].replicas", "old": 4, "new": 1} in change["diff"]
+    forgectl("apply", str(specs), "--env", "cluster", "-n", namespace, "--auto-approve", kubeconfig=kube_cluster.kubeconfig, check=True)
+    clean = forgectl("plan", str(specs), "--env", "cluster", "-n", namespace, "--detailed-exitcode", kubeconfig=kube_cluster.kubeconfig)
+    assert clean.returncode == 0, clean.stdout
+
+
+def test_stale_saved_plan_is_refused(kube_cluster, namespace, tmp_path) -> None:
+    specs = copy_example(tmp_path)
+    forgectl("apply", str(specs), "--env", "cluster", "-n", namespace, "--auto-approve", kubeconfig=kube_cluster.kubeconfig, check=True)
+    set_learning_rate(specs, "0.004")
+    saved = tmp_path / "plan.json"
+    forgectl("plan", str(specs), "--env", "cluster", "-n", namespace, "-out", str(saved), kubeconfig=kube_cluster.kubeconfig, check=True)
+    # Someone changes the live state after the review.
+    subprocess.run(["kubectl", "--kubeconfig", kube_cluster.kubeconfig, "-n", namespace, "label", "podmonitor", "digits", "touched=yes"],
+                   check=True, capture_output=True)
+    stale = forgectl("apply", str(saved), "--specs", str(specs), "--env", "cluster", "-n", namespace, "--auto-approve",
+                     kubeconfig=kube_cluster.kubeconfig)
+    assert stale.returncode == 1
+    assert "the saved plan is stale" in stale.stderr and f"PodMonitor {namespace}/digits" in stale.stderr
+    # A fresh plan applies exactly as saved.
+    forgectl("plan", str(specs), "--env", "cluster", "-n", namespace, "-out", str(saved), kubeconfig=kube_cluster.kubeconfig, check=True)
+    ok = forgectl("apply", str(saved), "--specs", str(specs), "--env", "cluster", "-n", namespace, "--auto-approve",
+                  kubeconfig=kube_cluster.kubeconfig, check=True)
+    assert "Apply complete: 1 created, 1 configured, 1 deleted" in ok.stdout
+
+
+def test_concurrent_apply_is_refused_and_expired_lock_taken_over(kube_cluster, namespace, tmp_path) -> None:
+    specs = copy_example(tmp_path)
+    _, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
+    with target.lock("alice@laptop:1"):
+        with pytest.raises(LockHeldError, match=r"locked by alice@laptop:1 since 20"):
+            with target.lock("bob@ci:2"):
+                pass
+        refused = forgectl("apply", str(specs), "--env", "cluster", "-n", namespace, "--auto-approve", kubeconfig=kube_cluster.kubeconfig)
+        assert refused.returncode == 1 and "locked by alice@laptop:1" in refused.stderr
+    # An expired lease (its holder died) is taken over.
+    from reconciler.targets.kubernetes import _micro
+
+    old = "2020-01-01T00:00:00.000000Z"
+    target._call("POST", target._lease_path(), verb="create", ref="lease", namespace=namespace, body={
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "forgectl-cluster", "namespace": namespace},
+        "spec": {"holderIdentity": "dead@host:9", "leaseDurationSeconds": 10, "acquireTime": old, "renewTime": old}})
+    with target.lock("carol@host:3"):
+        lease = target._call("GET", target._lease_path("forgectl-cluster"), verb="get", ref="lease", namespace=namespace)
+        assert lease["spec"]["holderIdentity"] == "carol@host:3"
+    assert _micro  # imported for the timestamp format
+
+
+def test_forbidden_error_names_verb_resource_and_namespace(kube_cluster, namespace, restricted_kubeconfig, tmp_path) -> None:
+    specs = copy_example(tmp_path)
+    other = f"{namespace}-elsewhere"[:63]
+    result = load_or_raise([str(specs)])
+    env = result.specs.get(Environment, "cluster")
+    target = open_target(env, TargetOptions(kubeconfig=str(restricted_kubeconfig), namespace=other))  # type: ignore[arg-type]
+    with pytest.raises(ForbiddenError) as err:
+        target.read_live()
+    text = str(err.value)
+    assert "cannot list" in text and f"namespace {other!r}" in text and "docs/rbac/forgectl-role.yaml" in text
+
+
+def test_api_server_stopped_mid_apply_then_rerun_converges(kube_cluster, namespace, tmp_path) -> None:
+    if kube_cluster.external:
+        pytest.skip("needs the test's own API server process")
+    specs = copy_example(tmp_path)
+    result = load_or_raise([str(specs)])
+    env = result.specs.get(Environment, "cluster")
+    from reconciler.targets.kubernetes import KubernetesTarget
+
+    target = KubernetesTarget("cluster", namespace, kubeconfig=kube_cluster.kubeconfig, retries=1, backoff=0.1, timeout=2.0)
+    plan, _ = make_plan(result.specs, env, target, namespace, None)  # type: ignore[arg-type]
+    pid = kube_cluster.pids["kube-apiserver"]
+    stopped = []
+
+    def stop_after_first(change, outcome) -> None:  # type: ignore[no-untyped-def]
+        if not stopped:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(True)
+
+    try:
+        with pytest.raises(ApplyFailed) as err:
+            apply_plan(plan, target, progress=stop_after_first)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert isinstance(err.value.__cause__, UnreachableError)
+    assert kube_cluster.server in str(err.value)
+    changeset = err.value.changeset
+    assert changeset.count(Outcome.CREATED) == 1 and changeset.count(Outcome.FAILED) == 1
+    assert changeset.count(Outcome.NOT_ATTEMPTED) == 3
+    time.sleep(0.5)
+    plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
+    apply_plan(plan, target)
+    assert not plan_for(specs, kube_cluster.kubeconfig, namespace)[0].has_changes
+
+
+@pytest.mark.parametrize("example", ["quickstart", "llm-finetune", "edge-vision"])
+def test_every_example_has_no_diff_after_apply(kube_cluster, namespace, tmp_path, example) -> None:
+    specs = copy_example(tmp_path, example)
+    forgectl("apply", str(specs), "--env", "cluster", "-n", namespace, "--auto-approve", kubeconfig=kube_cluster.kubeconfig, check=True)
+    proc = forgectl("plan", str(specs), "--env", "cluster", "-n", namespace, "--detailed-exitcode", kubeconfig=kube_cluster.kubeconfig)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "No changes." in proc.stdout
