@@ -37,7 +37,10 @@ from reconciler.errors import (
 from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
 from renderers.labels import MANAGER, owner_selector
 
-TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+#: Statuses worth retrying. A 500 is retried only with a timeout reason: the API server also answers
+#: 500 for objects it cannot convert (e.g. a server-side apply of a wrongly typed field).
+TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
+TRANSIENT_REASONS = frozenset({"ServerTimeout", "Timeout", "TooManyRequests"})
 LEASE_SECONDS = 300
 
 
@@ -106,12 +109,11 @@ class KubernetesTarget:
             except ApiException as exc:
                 error = self._translate(exc.status or 0, exc.body, exc.reason, verb, ref, namespace)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
-                error = TransientError(f"{method} {self.server}{path}: {exc.__class__.__name__}: {exc}")
+                error = UnreachableError(
+                    f"the Kubernetes API server at {self.server} did not answer ({method} {path}: "
+                    f"{exc.__class__.__name__}) after {attempt + 1} attempt{'s' if attempt else ''}"
+                )
             if not isinstance(error, TransientError) or attempt >= self.retries:
-                if isinstance(error, TransientError) and not isinstance(error, UnreachableError):
-                    raise UnreachableError(
-                        f"the Kubernetes API server at {self.server} did not answer after {attempt + 1} attempts: {error}"
-                    ) from error
                 raise error
             time.sleep(self.backoff * (2**attempt))
             attempt += 1
@@ -131,7 +133,7 @@ class KubernetesTarget:
             causes = detail.get("details", {}).get("causes") or []
             fields = "; ".join(f"{c.get('field', '?')}: {c.get('message', '')}" for c in causes)
             return InvalidObjectError(f"{ref} rejected by the API server: {fields or message}", status=422)
-        if status in TRANSIENT_STATUS:
+        if status in TRANSIENT_STATUS or detail.get("reason") in TRANSIENT_REASONS:
             return TransientError(f"{ref}: HTTP {status}: {message}", status=status)
         return TargetError(f"{verb} {ref}: HTTP {status}: {message}", status=status)
 
