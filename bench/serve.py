@@ -27,7 +27,7 @@ import time
 from urllib.parse import urlparse
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._runtime import ROOT, ensure_runtime_env  # noqa: E402
+from runtimes.benchsupport import ROOT, ensure_runtime_env  # noqa: E402
 
 MAX_REQUESTS = 200_000
 

@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._runtime import ensure_runtime_env  # noqa: E402
+from runtimes.benchsupport import ensure_runtime_env  # noqa: E402
 
 
 def build(fused: bool, layers: int = 12, d: int = 768, heads: int = 12, ctx: int = 1024, vocab: int = 50304):

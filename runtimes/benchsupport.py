@@ -1,4 +1,5 @@
-"""Benchmarks run inside the cached runtime environment: re-exec there when torch is missing."""
+"""Support of bench/*.py: run inside the cached runtime environment (re-exec there when torch is
+missing) and run a step in-process. Imports nothing heavy at module level."""
 
 from __future__ import annotations
 
