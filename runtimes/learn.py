@@ -113,6 +113,27 @@ def latency_ms(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, r
     return {"p50": times[len(times) // 2], "p99": times[min(len(times) - 1, int(len(times) * 0.99))]}
 
 
+def compare_latency(a: Callable[[torch.Tensor], torch.Tensor], b: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rounds: int = 7, runs: int = 40) -> tuple[float, float]:
+    """Batch-1 latency (ms) of two models, measured in alternating rounds; each figure is the
+    lowest per-round median, which is robust to other load on a shared CPU."""
+    sample = x[:1]
+    best = [float("inf"), float("inf")]
+    with torch.no_grad():
+        for model in (a, b):
+            for _ in range(10):
+                model(sample)
+        for _ in range(rounds):
+            for i, model in enumerate((a, b)):
+                times = []
+                for _ in range(runs):
+                    start = time.perf_counter()
+                    model(sample)
+                    times.append((time.perf_counter() - start) * 1000)
+                times.sort()
+                best[i] = min(best[i], times[len(times) // 2])
+    return best[0], best[1]
+
+
 def fit(
     model: nn.Module,
     x: torch.Tensor,
