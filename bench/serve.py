@@ -43,7 +43,9 @@ def build_model(ws: str, seq_len: int) -> None:
     info = {"model": "tiny-encoder", "version": "bench", "architecture": arch, "task": "classification", "inputKind": "tokens",
             "numClasses": 2, "classes": ["neg", "pos"], "transform": {}}
     model = build(arch, info).eval()
-    save_bundle(os.path.join(ws, "model"), model, info)
+    from pathlib import Path
+
+    save_bundle(Path(ws) / "model", model, info)
 
 
 def start_server(ws: str, batching: dict) -> tuple[subprocess.Popen, str]:
