@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -469,6 +470,27 @@ class RawClient:
 # --------------------------------------------------------------------------------------------
 
 
+# Bump when a change to the servers' flags or the CRD patches makes older snapshots wrong.
+SNAPSHOT_FORMAT = 1
+
+
+def snapshot_dir() -> Path:
+    """Where the etcd data of a fresh cluster with the pinned CRDs is cached.
+
+    Keyed by the pinned server versions, every CRD's source digest and patch, and
+    SNAPSHOT_FORMAT; anything else changes the key and the next start makes a new one.
+    """
+    v = versions()
+    key = {
+        "format": SNAPSHOT_FORMAT,
+        "kubernetes": v["KUBERNETES_VERSION"], "etcd": v["ETCD_VERSION"],
+        "crds": [[c.sha256, c.patch or ""] for c in CRD_SOURCES],
+        "patches": {n: hashlib.sha256(inspect.getsource(f).encode()).hexdigest() for n, f in CRD_PATCHES.items()},
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "etcd-snapshots" / f"k8s-{v['KUBERNETES_VERSION']}-etcd-{v['ETCD_VERSION']}-{digest}"
+
+
 def default_state_dir() -> Path:
     return Path(os.environ.get("FORGE_DEV_CLUSTER_DIR") or f"/tmp/forge-dev-cluster-{os.getuid()}")
 
@@ -489,6 +511,8 @@ class Cluster:
     notes: list[str] = field(default_factory=list)
     start_seconds: float = 0.0
     external: bool = False
+    etcd_peer_port: int = 0
+    die_with_parent: bool = False
 
     # ---- paths -------------------------------------------------------------------------
     @property
@@ -552,55 +576,38 @@ class Cluster:
         etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
         while len({etcd_port, etcd_peer, api_port}) < 3:
             etcd_peer, api_port = free_port(), free_port()
-        etcd_url = f"http://127.0.0.1:{etcd_port}"
         server = f"https://127.0.0.1:{api_port}"
-        cluster = cls(state_dir=str(sd), server=server, kubeconfig=str(sd / "kubeconfig"), etcd_url=etcd_url,
-                      exes={k: str(v) for k, v in bins.items()}, versions=versions())
+        cluster = cls(state_dir=str(sd), server=server, kubeconfig=str(sd / "kubeconfig"),
+                      etcd_url=f"http://127.0.0.1:{etcd_port}", etcd_peer_port=etcd_peer,
+                      exes={k: str(v) for k, v in bins.items()}, versions=versions(),
+                      die_with_parent=die_with_parent)
+        write_kubeconfig(Path(cluster.kubeconfig), server, pki / "serving-ca.crt", pki / "admin.crt",
+                         pki / "admin.key", "forge-admin")
+        snap = snapshot_dir() if install_crds else None
+        restored = snap is not None and (snap / "member").is_dir()
+        if restored:
+            # etcd data saved right after an earlier start installed the same CRDs: the API
+            # server then only loads them, instead of validating and establishing 5 MB of schemas
+            shutil.copytree(snap, sd / "etcd")
         try:
-            # etcd: plain HTTP on loopback only, as envtest does; big requests for the Argo CRDs
-            cluster.pids["etcd"], cluster.starts["etcd"] = spawn([
-                str(bins["etcd"]), "--name=forge-dev", f"--data-dir={sd / 'etcd'}",
-                f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-cluster=forge-dev=http://127.0.0.1:{etcd_peer}",
-                "--max-request-bytes=8388608", "--quota-backend-bytes=4294967296",
-                "--unsafe-no-fsync=true", "--log-level=warn",
-            ], sd / "logs" / "etcd.log", die_with_parent=die_with_parent)
-            cluster._save()
-            cls._wait_etcd(cluster, sd)
-
-            cluster.pids["kube-apiserver"], cluster.starts["kube-apiserver"] = spawn([
-                str(bins["kube-apiserver"]),
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
-                f"--cert-dir={sd / 'apiserver-certs'}",
-                f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-                f"--client-ca-file={pki / 'client-ca.crt'}",
-                "--authorization-mode=RBAC",
-                f"--service-account-key-file={pki / 'sa.pub'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--allow-privileged=true",
-                # no controller-manager runs, so nothing would create the default ServiceAccount
-                "--disable-admission-plugins=ServiceAccount",
-                "--v=0",
-            ], sd / "logs" / "kube-apiserver.log", die_with_parent=die_with_parent)
-            cluster._save()
-            write_kubeconfig(Path(cluster.kubeconfig), server, pki / "serving-ca.crt", pki / "admin.crt",
-                             pki / "admin.key", "forge-admin")
-            raw = cluster.raw_client()
-            cluster._wait_ready(raw)
+            cluster._spawn_servers()
             log(f"kube-apiserver ready at {server} after {time.monotonic() - t0:.1f} s")
             if crd_future is not None:
                 crds, notes = crd_future.result()
                 cluster.notes.extend(notes)
                 for n in notes:
                     log("note: " + n)
-                cluster._install_crds(raw, crds, pool)
+                raw = cluster.raw_client()
+                missing = cluster._unserved_crds(raw, crds) if restored else crds
+                if missing:
+                    cluster._create_crds(raw, missing, pool)
+                cluster._wait_crds(raw, crds)
                 cluster.crds = [asdict(c) for c in crds]
-                log(f"{len(crds)} CRDs established after {time.monotonic() - t0:.1f} s")
+                how = "from the cached etcd snapshot" if restored and not missing else "installed"
+                log(f"{len(crds)} CRDs established ({how}) after {time.monotonic() - t0:.1f} s")
+                if snap is not None and not restored:
+                    cluster._save_snapshot(snap)
+                    log(f"saved an etcd snapshot with the CRDs for the next start ({time.monotonic() - t0:.1f} s)")
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             cluster.stop(quiet=True, keep_logs=True)
@@ -609,6 +616,57 @@ class Cluster:
         cluster.start_seconds = round(time.monotonic() - t0, 2)
         cluster._save()
         return cluster
+
+    def _spawn_servers(self) -> None:
+        """Start etcd, then kube-apiserver, on this cluster's ports and data; wait for /readyz."""
+        sd = Path(self.state_dir)
+        pki = self.pki
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+        # etcd: plain HTTP on loopback only, as envtest does; big requests for the Argo CRDs
+        self.pids["etcd"], self.starts["etcd"] = spawn([
+            self.exes["etcd"], "--name=forge-dev", f"--data-dir={sd / 'etcd'}",
+            f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=forge-dev={peer}",
+            "--max-request-bytes=8388608", "--quota-backend-bytes=4294967296",
+            "--unsafe-no-fsync=true", "--log-level=warn",
+        ], sd / "logs" / "etcd.log", die_with_parent=self.die_with_parent)
+        self._save()
+        self._wait_etcd(self, sd)
+        port = self.server.rsplit(":", 1)[1]
+        self.pids["kube-apiserver"], self.starts["kube-apiserver"] = spawn([
+            self.exes["kube-apiserver"],
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+            f"--cert-dir={sd / 'apiserver-certs'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'client-ca.crt'}",
+            "--authorization-mode=RBAC",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            # no controller-manager runs, so nothing would create the default ServiceAccount
+            "--disable-admission-plugins=ServiceAccount",
+            "--v=0",
+        ], sd / "logs" / "kube-apiserver.log", die_with_parent=self.die_with_parent)
+        self._save()
+        self._wait_ready(self.raw_client())
+
+    def _save_snapshot(self, snap: Path) -> None:
+        """Stop both servers, copy etcd's data to ``snap`` (atomically), start them again."""
+        for name in ("kube-apiserver", "etcd"):
+            kill_pid(self.pids[name], self.starts[name])
+        snap.parent.mkdir(parents=True, exist_ok=True)
+        tmp = snap.parent / f".{snap.name}.tmp.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(Path(self.state_dir) / "etcd", tmp)
+        try:
+            tmp.rename(snap)
+        except OSError:  # another session saved it first
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._spawn_servers()
 
     @staticmethod
     def _wait_etcd(cluster: "Cluster", sd: Path, timeout: float = 30.0) -> None:
@@ -639,8 +697,8 @@ class Cluster:
             time.sleep(0.1)
         raise ClusterError(f"kube-apiserver not ready in {timeout:.0f} s ({last}):\n" + _tail(log_path))
 
-    def _install_crds(self, raw: RawClient, crds: list[FetchedCrd], pool: concurrent.futures.Executor,
-                      timeout: float = 120.0) -> None:
+    def _create_crds(self, raw: RawClient, crds: list[FetchedCrd], pool: concurrent.futures.Executor,
+                     timeout: float = 120.0) -> None:
         base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
         def create(crd: FetchedCrd) -> None:
@@ -654,31 +712,45 @@ class Cluster:
                 raise ClusterError(f"installing CRD {crd.name}: HTTP {status}: {str(resp)[:2000]}")
 
         list(pool.map(create, crds))
-        # Discovery lists a CRD's resource only once the CRD is Established, and polling it is
-        # cheap; polling the CRDs themselves (1.2 MB each for Argo) would eat the CPU the
-        # apiserver needs to establish them.
-        pending: dict[str, tuple[str, str]] = {}
+
+    @staticmethod
+    def _discovery_paths(crds: list[FetchedCrd]) -> dict[str, tuple[str, str]]:
+        out: dict[str, tuple[str, str]] = {}
         for crd in crds:
             spec = json.loads(Path(crd.json_path).read_text())["spec"]
             version = next(v["name"] for v in spec["versions"] if v.get("served"))
-            pending[crd.name] = (f"/apis/{spec['group']}/{version}", spec["names"]["plural"])
+            out[crd.name] = (f"/apis/{spec['group']}/{version}", spec["names"]["plural"])
+        return out
+
+    def _served(self, raw: RawClient, pending: dict[str, tuple[str, str]]) -> set[str]:
+        served_names: set[str] = set()
+        for path in sorted({p for p, _ in pending.values()}):
+            status, doc = raw.request("GET", path)
+            served = {r.get("name") for r in (doc or {}).get("resources", [])} if status == 200 else set()
+            served_names |= {n for n, (p, plural) in pending.items() if p == path and plural in served}
+        return served_names
+
+    def _unserved_crds(self, raw: RawClient, crds: list[FetchedCrd]) -> list[FetchedCrd]:
+        served = self._served(raw, self._discovery_paths(crds))
+        return [c for c in crds if c.name not in served]
+
+    def _wait_crds(self, raw: RawClient, crds: list[FetchedCrd], timeout: float = 120.0) -> None:
+        """Wait until every CRD is Established and served.
+
+        The apiserver's discovery lists a CRD's resource only once the CRD's Established
+        condition is true (apiextensions-apiserver's DiscoveryController skips the others), and
+        polling discovery is cheap; polling the CRDs themselves (1.2 MB each for Argo) would eat
+        the CPU the apiserver needs to establish them.  (The tests check the condition itself.)
+        """
+        pending = self._discovery_paths(crds)
         deadline = time.monotonic() + timeout
         while pending:
-            for path in sorted({p for p, _ in pending.values()}):
-                status, doc = raw.request("GET", path)
-                served = {r.get("name") for r in (doc or {}).get("resources", [])} if status == 200 else set()
-                for name, (p, plural) in list(pending.items()):
-                    if p == path and plural in served:
-                        del pending[name]
+            for name in self._served(raw, pending):
+                del pending[name]
             if pending:
                 if time.monotonic() > deadline:
                     raise ClusterError(f"CRDs not Established in {timeout:.0f} s: {sorted(pending)}")
                 time.sleep(0.2)
-        for crd in crds:  # one final check of the condition itself
-            status, obj = raw.request("GET", f"{base}/{crd.name}")
-            conds = {c["type"]: c["status"] for c in ((obj or {}).get("status") or {}).get("conditions") or []}
-            if conds.get("Established") != "True":
-                raise ClusterError(f"CRD {crd.name} is served but not Established: {conds}")
 
     @classmethod
     def load(cls, state_dir: str | os.PathLike[str] | None = None) -> "Cluster":
