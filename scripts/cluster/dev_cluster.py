@@ -46,6 +46,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "start":
             t0 = time.monotonic()
+            ps = _prom_state(sd)
+            if ps:  # left from an earlier start: end it unless that cluster still runs
+                try:
+                    running = clusterkit.Cluster.load(sd).alive()
+                except clusterkit.ClusterError:
+                    running = False
+                if running:
+                    raise clusterkit.ClusterError(f"a cluster is already running from {sd}; stop it first")
+                clusterkit.Prometheus(**ps).stop()
             cluster = clusterkit.Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False)
             prom_url = None
             if args.prometheus:
