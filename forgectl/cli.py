@@ -334,6 +334,178 @@ def apply(
                   f"{s['deleted']} deleted, {s['unchanged']} unchanged.")
 
 
+rollout_app = typer.Typer(help="Inspect and steer rollouts: status, promote, abort, retry.", no_args_is_help=True)
+app.add_typer(rollout_app, name="rollout")
+
+
+def _controller(paths, env, kubeconfig, context, namespace):  # type: ignore[no-untyped-def]
+    """Specs, environment, the rollout backend and controller of an environment."""
+    from reconciler.prometheus import Prometheus
+    from reconciler.rollout import Controller
+    from reconciler.sources import revision_of
+    from reconciler.targets.kubernetes_rollout import KubernetesRolloutBackend
+
+    result, environment = _load_for(paths, None, env)
+    target, ns = _open(environment, kubeconfig, context, namespace)
+    if environment.spec.target != "kubernetes":
+        raise ForgeError("the rollout controller of the `local` target is not built yet; use --env cluster")
+    backend = KubernetesRolloutBackend(target, result.specs, environment, revision_of(paths or ["."], None))  # type: ignore[arg-type]
+    url = environment.spec.prometheus.url
+    from specs import duration_seconds
+
+    prometheus = Prometheus(url, timeout=duration_seconds(environment.spec.prometheus.timeout)) if url else None
+    controller = Controller(backend, prometheus, ns, on_rollback=_writeback_hook(result, environment, backend, paths))
+    return result, environment, backend, controller
+
+
+def _writeback_hook(result, environment, backend, paths):  # type: ignore[no-untyped-def]
+    """After a rollback, commit the model spec of the stable version to a branch, when the policy asks."""
+    from reconciler.writeback import write_back
+    from specs import Model
+
+    def hook(endpoint, state) -> str:  # type: ignore[no-untyped-def]
+        policy = result.specs.policy_of(endpoint, environment)
+        if policy is None or not policy.spec.git_writeback.enabled:
+            return ""
+        model = result.specs.model_of(endpoint)
+        revision = backend.stable_revision(model.name, state.stable)
+        if not revision:
+            return f"write-back skipped: the revision of stable version {state.stable} is unknown"
+        origin = result.origins[("Model", model.name)]
+        branch = policy.spec.git_writeback.branch.format(endpoint=endpoint.name)
+        try:
+            sha = write_back(Path(origin.file).parent, [origin.file], revision, branch,
+                             f"Revert model {model.name} to {state.stable}: canary {state.canary} rolled back\n\n{state.reason}")
+        except Exception as exc:  # git failures must not stop the rollback itself
+            return f"write-back failed: {exc}"
+        return f"committed {sha[:12]} on branch {branch}"
+
+    return hook
+
+
+def _endpoints(result, environment, only=None):  # type: ignore[no-untyped-def]
+    from renderers.versions import model_version
+    from specs import Endpoint
+
+    for endpoint in result.specs.of(Endpoint):
+        if only and endpoint.name != only:
+            continue
+        model = result.specs.model_of(endpoint)
+        yield endpoint, model.name, model_version(result.specs, model, environment.spec.image_tag), result.specs.policy_of(endpoint, environment)
+
+
+@app.command()
+def reconcile(
+    paths: PathsArg = None,
+    env: EnvOpt = None,
+    watch: Annotated[bool, typer.Option("--watch", help="Keep reconciling every --interval until interrupted.")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between passes with --watch.")] = 1.0,
+    passes: Annotated[int, typer.Option("--passes", help="With --watch, stop after this many passes (0: never).")] = 0,
+    output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text or json.")] = PlanOutput.text,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Run the rollout controller: one pass over every endpoint, or continuously with --watch."""
+    import time as _time
+
+    result, environment, backend, controller = _controller(paths, env, kubeconfig, context, namespace)
+    count = 0
+    last: dict[str, str] = {}
+    while True:
+        backend.refresh()
+        states = {}
+        for endpoint, model, version, policy in _endpoints(result, environment):
+            state = controller.reconcile(endpoint, version, model, policy)
+            if state is not None:
+                states[endpoint.name] = state
+                line = f"{endpoint.name}: {state.phase.value} step {state.step + 1} canary {state.weight} % — {state.reason}"
+                if output is PlanOutput.text and last.get(endpoint.name) != line:
+                    out.print(line, markup=False)
+                    last[endpoint.name] = line
+        if output is PlanOutput.json:
+            print(json.dumps({k: v.to_json() for k, v in states.items()}))
+        count += 1
+        if not watch or (passes and count >= passes):
+            return
+        _time.sleep(interval)
+
+
+def _one(paths, env, kubeconfig, context, namespace, endpoint_name):  # type: ignore[no-untyped-def]
+    result, environment, backend, controller = _controller(paths, env, kubeconfig, context, namespace)
+    backend.refresh()
+    found = list(_endpoints(result, environment, endpoint_name))
+    if not found:
+        raise ForgeError(f"no Endpoint {endpoint_name!r} in the specs")
+    state = backend.load_state(endpoint_name)
+    return controller, backend, found[0], state
+
+
+EndpointArg = Annotated[str, typer.Argument(help="Endpoint name.")]
+SpecsOpt = Annotated[Optional[list[str]], typer.Option("--specs", help="Spec files or folders (default: current folder).")]
+
+
+@rollout_app.command("status")
+def rollout_status(
+    endpoint: EndpointArg,
+    specs_paths: SpecsOpt = None,
+    env: EnvOpt = None,
+    output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text or json.")] = PlanOutput.text,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Step, weights, last analysis values and the reason for the last transition."""
+    _, backend, (ep, model, version, policy), state = _one(specs_paths, env, kubeconfig, context, namespace, endpoint)
+    serving = backend.serving(endpoint)
+    data = {"endpoint": endpoint, "model": model, "desiredVersion": version,
+            "serving": None if serving is None else {"stable": serving.stable, "canary": serving.canary,
+                                                     "weights": {"stable": 100 - serving.canary_weight, "canary": serving.canary_weight}},
+            "rollout": state.to_json() if state else None}
+    if output is PlanOutput.json:
+        print(json.dumps(data, indent=2))
+        return
+    from reconciler import views
+
+    out.print(views.rollout_text(data))
+
+
+@rollout_app.command("promote")
+def rollout_promote(endpoint: EndpointArg, specs_paths: SpecsOpt = None, env: EnvOpt = None,
+                    kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None) -> None:
+    """Promote the canary now (skipping the remaining steps)."""
+    controller, backend, (ep, *_), state = _one(specs_paths, env, kubeconfig, context, namespace, endpoint)
+    if state is None or state.canary is None or state.phase.value in ("Promoted", "RolledBack", "Aborted", "Idle"):
+        raise ForgeError(f"endpoint {endpoint!r} has no rollout in progress")
+    state = controller.promote(ep, state, "promoted by hand")
+    backend.save_state(endpoint, state)
+    out.print(state.reason, markup=False)
+
+
+@rollout_app.command("abort")
+def rollout_abort(endpoint: EndpointArg, specs_paths: SpecsOpt = None, env: EnvOpt = None,
+                  kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None) -> None:
+    """Roll back now: all traffic to stable, canary removed."""
+    controller, backend, (ep, *_), state = _one(specs_paths, env, kubeconfig, context, namespace, endpoint)
+    if state is None or state.canary is None or state.phase.value in ("Promoted", "RolledBack", "Aborted", "Idle"):
+        raise ForgeError(f"endpoint {endpoint!r} has no rollout in progress")
+    state = controller.abort(ep, state)
+    backend.save_state(endpoint, state)
+    out.print(state.reason, markup=False)
+
+
+@rollout_app.command("retry")
+def rollout_retry(endpoint: EndpointArg, specs_paths: SpecsOpt = None, env: EnvOpt = None,
+                  kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None) -> None:
+    """Start a rolled-back or aborted rollout again."""
+    controller, backend, (ep, *_), state = _one(specs_paths, env, kubeconfig, context, namespace, endpoint)
+    if state is None or state.phase.value not in ("RolledBack", "Aborted"):
+        raise ForgeError(f"endpoint {endpoint!r} has no rolled-back or aborted rollout to retry")
+    state = controller.retry(state)
+    backend.save_state(endpoint, state)
+    out.print(f"{endpoint}: retrying {state.canary}; run `forgectl reconcile` (or --watch) to proceed", markup=False)
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into one message and exit 1."""
     try:

@@ -151,9 +151,11 @@ def build_plan(
     target: str,
     revision: str | None = None,
     exact: bool = False,
+    keep: Mapping[ObjectRef, str] | None = None,
 ) -> Plan:
     """Pair desired with live by identity and compare: missing live → create; different → update;
-    equal → no-op; live and owned but no longer desired → delete (unless it opts out of pruning)."""
+    equal → no-op; live and owned but no longer desired → delete, unless it opts out of pruning or
+    ``keep`` names it (with the reason)."""
     live_list = list(live)
     live_by_ref = {ObjectRef.of(o): o for o in live_list}
     desired_by_ref = {ObjectRef.of(o): dict(o) for o in desired}
@@ -171,7 +173,9 @@ def build_plan(
         if ref in desired_by_ref:
             continue
         version = have.get("metadata", {}).get("resourceVersion")
-        if _prunable(have):
+        if keep and ref in keep:
+            changes.append(Change(ref, Action.NOOP, dict(have), None, (), (keep[ref],), version))
+        elif _prunable(have):
             changes.append(Change(ref, Action.DELETE, dict(have), None, live_version=version))
         else:
             changes.append(Change(ref, Action.NOOP, dict(have), None, (), (f"kept: annotated {PRUNE}: disabled",), version))

@@ -76,13 +76,21 @@ def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: st
                   live: Iterable[Mapping[str, Any]]) -> Rendered:
     """Render the specs against what is live: an endpoint whose model has a new version keeps its
     stable version and gets the new one as a canary (at the weight the rollout controller set)."""
+    from reconciler.rollout import Phase
+    from reconciler.targets.kubernetes_rollout import rollout_state_of
+
+    live = list(live)
     current = serving_states(live)
+    rollouts = {(o["metadata"].get("labels") or {}).get(ENDPOINT): rollout_state_of(o) for o in live if o.get("kind") == "SeldonDeployment"}
     serving: dict[str, ServingState] = {}
     for endpoint in specs.of(Endpoint):
         want = model_version(specs, specs.model_of(endpoint), env.spec.image_tag)
         state = current.get(endpoint.name)
+        rollout = rollouts.get(endpoint.name)
         if state is None or state.stable == want:
             serving[endpoint.name] = ServingState(want)
+        elif rollout is not None and rollout.canary == want and rollout.phase in (Phase.ROLLED_BACK, Phase.ABORTED):
+            serving[endpoint.name] = ServingState(state.stable)  # rolled back: `rollout retry` to try again
         else:
             weight = state.canary_weight if state.canary == want else 0
             serving[endpoint.name] = ServingState(state.stable, want, weight)
@@ -100,12 +108,31 @@ def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, 
     """Read live (one LIST per kind), render, diff, and settle apparent updates by dry run."""
     live = target.read_live()
     rendered = desired_state(specs, env, namespace, revision, live)
-    plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision)
+    plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision,
+                      keep=in_use(live))
     dry_runs: dict[ObjectRef, dict[str, Any]] = {}
     for change in plan.changes:
         if change.action is Action.UPDATE and change.after is not None:
             dry_runs[change.ref] = target.apply(change.after, dry_run=True)
     return settle(plan, dry_runs), rendered
+
+
+def in_use(live: Iterable[Mapping[str, Any]]) -> dict[ObjectRef, str]:
+    """Workflows of model versions that an endpoint still serves: kept (with the reason) until
+    no endpoint serves them, so a rollback knows where its stable version came from."""
+    serving = serving_states(live)
+    versions = {}
+    for endpoint, state in serving.items():
+        versions[state.stable] = endpoint
+        if state.canary:
+            versions[state.canary] = endpoint
+    kept = {}
+    for obj in live:
+        if obj.get("kind") == "Workflow":
+            version = (obj["metadata"].get("labels") or {}).get(MODEL_VERSION)
+            if version in versions:
+                kept[ObjectRef.of(obj)] = f"kept: version {version} still serves endpoint `{versions[version]}`"
+    return kept
 
 
 def ensure_fresh(plan: Plan, target: Target) -> None:

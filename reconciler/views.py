@@ -112,3 +112,33 @@ def markdown(plan: Mapping[str, Any], *, title: str = "Forge plan") -> str:
     for note in plan.get("notes", []):
         out.append(f"> {note}")
     return "\n".join(out)
+
+
+def rollout_text(status: Mapping[str, Any]) -> str:
+    """`forgectl rollout status` for a terminal: phase, step, weights, last analysis, last reason."""
+    lines = [f"[bold]Endpoint[/bold] {status['endpoint']} (model `{status['model']}`, specs want {status['desiredVersion']})"]
+    serving = status.get("serving")
+    if serving is None:
+        lines.append("  not applied yet")
+        return "\n".join(lines)
+    w = serving["weights"]
+    lines.append(f"  stable  {serving['stable']}  [green]{'█' * (w['stable'] // 5)}[/green] {w['stable']} %")
+    if serving.get("canary"):
+        lines.append(f"  canary  {serving['canary']}  [yellow]{'█' * (w['canary'] // 5)}[/yellow] {w['canary']} %")
+    rollout = status.get("rollout")
+    if not rollout:
+        lines.append("  no rollout recorded")
+        return "\n".join(lines)
+    colour = {"Promoted": "green", "RolledBack": "red", "Aborted": "red", "Holding": "yellow"}.get(rollout["phase"], "cyan")
+    lines.append(f"  phase   [{colour}]{rollout['phase']}[/{colour}]  step {rollout['step'] + 1}  canary weight {rollout['weight']} %")
+    for m in rollout.get("last_analysis", []):
+        value = "—" if m.get("value") is None else f"{m['value']:.4g}"
+        v = m["verdict"]
+        style = {"pass": "green", "fail": "red"}.get(v, "yellow")
+        lines.append(f"  [{style}]{v:<12}[/{style}] {m['metric']} = {value}  (want {m['threshold']}): {_escape(m['detail'])}")
+    lines.append(f"  why     {_escape(rollout['reason'])}")
+    if rollout.get("writeback"):
+        lines.append(f"  git     {_escape(rollout['writeback'])}")
+    for entry in rollout.get("history", [])[-5:]:
+        lines.append(f"  [dim]{entry['from']} → {entry['to']}: {_escape(entry['reason'])}[/dim]")
+    return "\n".join(lines)

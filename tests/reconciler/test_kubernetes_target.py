@@ -82,7 +82,9 @@ def test_hyperparameter_change_explains_itself(kube_cluster, namespace, tmp_path
     set_learning_rate(specs, "0.005")
     plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
     by_kind = {(c.ref.kind, c.action) for c in plan.changes}
-    assert ("Workflow", Action.CREATE) in by_kind and ("Workflow", Action.DELETE) in by_kind
+    assert ("Workflow", Action.CREATE) in by_kind and ("Workflow", Action.DELETE) not in by_kind
+    kept = next(c for c in plan.changes if c.ref.kind == "Workflow" and c.after is None)
+    assert kept.action is Action.NOOP and kept.reasons[0].endswith("still serves endpoint `digits`")
     created = next(c for c in plan.changes if c.ref.kind == "Workflow" and c.action is Action.CREATE)
     assert "`hyperparameters.learningRate` 0.002 → 0.005" in created.reasons
     assert "cache hit (unchanged since the last run): prepare-data" in created.reasons
@@ -148,7 +150,7 @@ def test_stale_saved_plan_is_refused(kube_cluster, namespace, tmp_path) -> None:
     forgectl("plan", str(specs), "--env", "cluster", "-n", namespace, "-out", str(saved), kubeconfig=kube_cluster.kubeconfig, check=True)
     ok = forgectl("apply", str(saved), "--specs", str(specs), "--env", "cluster", "-n", namespace, "--auto-approve",
                   kubeconfig=kube_cluster.kubeconfig, check=True)
-    assert "Apply complete: 1 created, 1 configured, 1 deleted" in ok.stdout
+    assert "Apply complete: 1 created, 1 configured, 0 deleted" in ok.stdout
 
 
 def test_concurrent_apply_is_refused_and_expired_lock_taken_over(kube_cluster, namespace, tmp_path) -> None:

@@ -1,0 +1,52 @@
+"""Prometheus queries for the rollout gates, through `prometheus-api-client`.
+
+A query answers a number, "no data" (None) or raises :class:`PrometheusUnavailable`; the
+analysis turns the last two into *inconclusive*, never into a failure by itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import requests
+from urllib3.util.retry import Retry
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+
+from reconciler.diagnostics import ForgeError
+
+
+class PrometheusUnavailable(ForgeError):
+    """Prometheus could not answer (down, timeout, HTTP error, bad query)."""
+
+
+class Prometheus:
+    """A Prometheus server's HTTP API."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        # One quick retry at most: a down Prometheus must read as "inconclusive" within seconds.
+        self.client = PrometheusConnect(url=self.url, disable_ssl=True, retry=Retry(total=1, backoff_factor=0.1))
+
+    def value(self, query: str) -> float | None:
+        """The query's instant value: a single number, or None when there are no samples.
+
+        Several series (a query without an aggregation) are summed, so a template that forgot a
+        `sum()` still answers one number."""
+        try:
+            result = self.client.custom_query(query=query, params={"timeout": f"{self.timeout:g}s"}, timeout=self.timeout)
+        except (requests.exceptions.RequestException, PrometheusApiClientException, ValueError) as exc:
+            raise PrometheusUnavailable(f"{self.url}: {exc.__class__.__name__}: {str(exc)[:200]}") from exc
+        if not result:
+            return None
+        values = []
+        for series in result:
+            raw = series.get("value", [None, None])[1]
+            try:
+                values.append(float(raw))
+            except (TypeError, ValueError):
+                continue
+        if not values:
+            return None
+        total = sum(values)
+        return None if math.isnan(total) else total

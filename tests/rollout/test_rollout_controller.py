@@ -1,0 +1,324 @@
+"""The rollout controller against the real API server, a real Prometheus and real model servers.
+
+The serving runtime runs as local processes (stable and canary, labelled as Seldon would label
+them); a small traffic generator sends requests to them in the proportions the live
+SeldonDeployment says (what the mesh does in a cluster); Prometheus scrapes them every second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import git
+import pytest
+
+from reconciler.apply import apply_plan
+from reconciler.loader import load_or_raise
+from reconciler.prometheus import Prometheus
+from reconciler.rollout import Controller, Phase
+from reconciler.session import TargetOptions, make_plan, open_target
+from reconciler.sources import revision_of
+from reconciler.targets.kubernetes_rollout import KubernetesRolloutBackend
+from renderers.versions import model_version
+from specs import Endpoint, Environment, Model
+from tests.runtimes.conftest import digits, runtime_python, server_factory  # noqa: F401  (fixtures)
+from tests.runtimes.helpers import Runner
+
+ROOT = Path(__file__).resolve().parents[2]
+ZERO = [0.0] * 64
+
+
+@dataclass
+class Traffic:
+    """Requests split between stable and canary by the live weights, counted per role."""
+
+    stable_url: str
+    canary_url: str
+    weight: int = 0
+    sent: dict[str, int] = field(default_factory=lambda: {"stable": 0, "canary": 0})
+    failed: dict[str, int] = field(default_factory=lambda: {"stable": 0, "canary": 0})
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, rate: float = 40.0) -> None:
+        rng = random.Random(1)
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": ZERO}]}).encode()
+        while not self.stop.is_set():
+            role = "canary" if rng.random() * 100 < self.weight else "stable"
+            url = (self.canary_url if role == "canary" else self.stable_url) + "/v2/models/digits-mlp/infer"
+            req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"}, method="POST")
+            self.sent[role] += 1
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    resp.read()
+            except (urllib.error.URLError, OSError):
+                self.failed[role] += 1
+            time.sleep(1.0 / rate)
+
+
+@dataclass
+class Rollout:
+    specs_dir: Path
+    namespace: str
+    kubeconfig: str
+    prometheus: Any
+    runner: Runner
+    stable: str = ""
+    canary: str = ""
+
+    def load(self):  # type: ignore[no-untyped-def]
+        result = load_or_raise([str(self.specs_dir)])
+        env = result.specs.get(Environment, "cluster")
+        return result, env
+
+    def apply(self) -> None:
+        result, env = self.load()
+        target = open_target(env, TargetOptions(kubeconfig=self.kubeconfig, namespace=self.namespace))
+        plan, _ = make_plan(result.specs, env, target, self.namespace, revision_of([str(self.specs_dir)], None))
+        apply_plan(plan, target)
+
+    def controller(self, on_rollback=None):  # type: ignore[no-untyped-def]
+        result, env = self.load()
+        target = open_target(env, TargetOptions(kubeconfig=self.kubeconfig, namespace=self.namespace))
+        backend = KubernetesRolloutBackend(target, result.specs, env, revision_of([str(self.specs_dir)], None))  # type: ignore[arg-type]
+        controller = Controller(backend, Prometheus(self.prometheus.url, timeout=2), self.namespace, on_rollback=on_rollback)
+        endpoint = result.specs.get(Endpoint, "digits")
+        policy = result.specs.policy_of(endpoint, env)
+        model = result.specs.get(Model, "digits-mlp")
+        version = model_version(result.specs, model, env.spec.image_tag)  # type: ignore[arg-type]
+        return controller, backend, endpoint, policy, version
+
+    def finish_workflow(self, version: str, phase: str = "Succeeded") -> None:
+        """What Argo's controller would do when the version's workflow ends (no kubelet here)."""
+        out = subprocess.run(["kubectl", "--kubeconfig", self.kubeconfig, "-n", self.namespace, "get", "workflows",
+                              "-l", f"forge.dev/model-version={version}", "-o", "name"], capture_output=True, text=True, check=True)
+        name = out.stdout.strip()
+        assert name, f"no workflow for {version}"
+        subprocess.run(["kubectl", "--kubeconfig", self.kubeconfig, "-n", self.namespace, "patch", name, "--type", "merge",
+                        "-p", json.dumps({"status": {"phase": phase, "message": "evaluate: accuracy 0.91 < 0.95" if phase == "Failed" else ""}})],
+                       check=True, capture_output=True)
+
+
+def _set(specs_dir: Path, old: str, new: str, file: str = "model.yaml") -> None:
+    path = specs_dir / file
+    path.write_text(path.read_text().replace(old, new))
+
+
+@pytest.fixture
+def rollout(kube_cluster, namespace, prometheus, digits, tmp_path) -> Rollout:  # noqa: F811
+    """Quick-start applied at version 1 (stable, workflow done), then a hyperparameter change
+    applied: version 2 is the canary at weight 0, its workflow done. In a real git repository."""
+    specs_dir = tmp_path / "repo" / "specs"
+    shutil.copytree(ROOT / "examples" / "quickstart", specs_dir)
+    _set(specs_dir, "url: http://prometheus-operated.monitoring.svc:9090", f"url: {prometheus.url}", "environments.yaml")
+    # Quicker analysis for tests: same shape as the example, shorter pauses.
+    _set(specs_dir, "pause: 5s", "pause: 2s", "rollout.yaml")
+    repo = git.Repo.init(specs_dir.parent)
+    repo.config_writer().set_value("user", "name", "T").set_value("user", "email", "t@example.com").release()
+    repo.index.add(["specs"])
+    repo.index.commit("version 1")
+    r = Rollout(specs_dir, namespace, kube_cluster.kubeconfig, prometheus, digits)
+    r.apply()
+    _, _, _, _, r.stable = r.controller()
+    r.finish_workflow(r.stable)
+    _set(specs_dir, "learningRate: 0.002", "learningRate: 0.003")
+    repo.index.add(["specs/model.yaml"])
+    repo.index.commit("version 2: learning rate 0.003")
+    r.apply()
+    _, _, _, _, r.canary = r.controller()
+    assert r.canary != r.stable
+    return r
+
+
+def serve(r: Rollout, server_factory, role: str, version: str, error_rate: float = 0.0):  # type: ignore[no-untyped-def]  # noqa: F811
+    config = {"endpoint": "digits", "namespace": r.namespace, "model": "digits-mlp", "version": version, "variant": "base",
+              "role": role, "modelDir": "models/base", "host": "127.0.0.1", "port": 0,
+              "batching": {"enabled": True, "maxBatchSize": 8, "maxLatencyMs": 2}}
+    if error_rate:
+        config["faultInjection"] = {"errorRate": error_rate, "addedLatencyMs": 0}
+    return server_factory(r.runner, "serve", config)
+
+
+def start_traffic(r: Rollout, server_factory, canary_error_rate: float = 0.0) -> Traffic:  # noqa: F811
+    stable = serve(r, server_factory, "stable", r.stable)
+    canary = serve(r, server_factory, "canary", r.canary, canary_error_rate)
+    r.prometheus.set_targets([stable.url.removeprefix("http://"), canary.url.removeprefix("http://")])
+    traffic = Traffic(stable.url, canary.url)
+    threading.Thread(target=traffic.run, daemon=True).start()
+    return traffic
+
+
+def drive(r: Rollout, traffic: Traffic, until: set[Phase], timeout: float, on_rollback=None, hook=None):  # type: ignore[no-untyped-def]
+    controller, backend, endpoint, policy, version = r.controller(on_rollback)
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        backend.refresh()
+        state = controller.reconcile(endpoint, version, "digits-mlp", policy)
+        serving = backend.serving("digits")
+        traffic.weight = serving.canary_weight if serving and serving.canary else 0
+        if hook:
+            hook(state, r)
+        if state is not None and state.phase in until:
+            return state, backend
+        time.sleep(0.5)
+    raise AssertionError(f"rollout did not reach {until} in {timeout}s: {state}")
+
+
+def test_offline_gate_holds_traffic_until_the_workflow_succeeds(rollout: Rollout) -> None:
+    controller, backend, endpoint, policy, version = rollout.controller()
+    backend.refresh()
+    state = controller.reconcile(endpoint, version, "digits-mlp", policy)
+    assert state is not None and state.phase is Phase.WAITING and state.weight == 0
+    assert "waiting for the offline gate" in state.reason
+    rollout.finish_workflow(rollout.canary, "Failed")
+    backend.refresh()
+    state = controller.reconcile(endpoint, version, "digits-mlp", policy)
+    assert state is not None and state.phase is Phase.ROLLED_BACK
+    assert "offline evaluation failed" in state.reason and "accuracy 0.91 < 0.95" in state.reason
+
+
+def test_healthy_canary_promotes_through_every_step(rollout: Rollout, server_factory) -> None:  # noqa: F811
+    rollout.finish_workflow(rollout.canary)
+    traffic = start_traffic(rollout, server_factory)
+    try:
+        state, backend = drive(rollout, traffic, {Phase.PROMOTED, Phase.ROLLED_BACK}, timeout=150)
+    finally:
+        traffic.stop.set()
+    assert state.phase is Phase.PROMOTED, state.reason
+    weights = [h["weight"] for h in state.history if h["to"] == "Progressing"]
+    steps = [h for h in state.history if h["reason"].startswith("step ") and "passed" in h["reason"]]
+    assert len(steps) >= 1 and any("success-rate=1" in h["reason"] for h in state.history)
+    serving = backend.serving("digits")
+    assert serving.stable == rollout.canary and serving.canary is None
+    assert traffic.failed["stable"] == 0 and traffic.failed["canary"] == 0
+    status = subprocess.run([sys.executable, "-m", "forgectl", "rollout", "status", "digits", "--specs", str(rollout.specs_dir),
+                             "--env", "cluster", "-n", rollout.namespace, "--kubeconfig", rollout.kubeconfig, "-o", "json"],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    data = json.loads(status.stdout)
+    assert data["rollout"]["phase"] == "Promoted" and data["serving"]["weights"] == {"stable": 100, "canary": 0}
+    assert weights[:1] == [10] or weights[:1] == [0]
+
+
+def test_failing_canary_rolls_back_and_stable_keeps_serving(rollout: Rollout, server_factory) -> None:  # noqa: F811
+    rollout.finish_workflow(rollout.canary)
+    traffic = start_traffic(rollout, server_factory, canary_error_rate=0.5)
+    repo = git.Repo(rollout.specs_dir.parent)
+
+    def writeback(endpoint, state) -> str:  # type: ignore[no-untyped-def]
+        from reconciler.writeback import write_back
+
+        sha = write_back(rollout.specs_dir, [str(rollout.specs_dir / "model.yaml")], repo.commit("HEAD~1").hexsha[:12],
+                         "forge/rollback-digits", f"Revert model digits-mlp to {state.stable}")
+        return f"committed {sha[:12]} on branch forge/rollback-digits"
+
+    try:
+        state, backend = drive(rollout, traffic, {Phase.PROMOTED, Phase.ROLLED_BACK}, timeout=90, on_rollback=writeback)
+        after = dict(traffic.sent)
+        time.sleep(2)
+    finally:
+        traffic.stop.set()
+    assert state.phase is Phase.ROLLED_BACK, state.reason
+    assert "success-rate" in state.reason and "failureLimit 1" in state.reason and "query: sum(rate(forge_requests_total" in state.reason
+    serving = backend.serving("digits")
+    assert serving.stable == rollout.stable and serving.canary is None and serving.canary_weight == 0
+    assert traffic.failed["stable"] == 0 and traffic.sent["stable"] > after["stable"] - 1  # stable served throughout
+    # The rollback is a Kubernetes Event …
+    events = subprocess.run(["kubectl", "--kubeconfig", rollout.kubeconfig, "-n", rollout.namespace, "get", "events",
+                             "-o", "json"], capture_output=True, text=True, check=True)
+    reasons = {e["reason"] for e in json.loads(events.stdout)["items"]}
+    assert "RolledBack" in reasons
+    # … and git agrees: the revert is committed on its branch, the user's checkout untouched.
+    branch = repo.heads["forge/rollback-digits"]
+    assert "learningRate: 0.002" in (branch.commit.tree / "specs" / "model.yaml").data_stream.read().decode()
+    assert "learningRate: 0.003" in (rollout.specs_dir / "model.yaml").read_text()
+    assert state.writeback.startswith("committed ")
+    # `apply` now keeps the rolled-back version out of traffic until `rollout retry`.
+    rollout.apply()
+    _, backend, *_ = rollout.controller()
+    backend.refresh()
+    assert backend.serving("digits").canary is None
+
+
+def test_prometheus_down_holds_then_resumes(rollout: Rollout, server_factory) -> None:  # noqa: F811
+    rollout.finish_workflow(rollout.canary)
+    traffic = start_traffic(rollout, server_factory)
+    paused = {}
+
+    def outage(state, r) -> None:  # type: ignore[no-untyped-def]
+        if state is not None and state.phase is Phase.PROGRESSING and state.step == 0 and not paused:
+            r.prometheus.pause()
+            paused["at"] = time.monotonic()
+
+    try:
+        state, backend = drive(rollout, traffic, {Phase.HOLDING, Phase.PROMOTED, Phase.ROLLED_BACK}, timeout=60, hook=outage)
+        assert state.phase is Phase.HOLDING and "Prometheus unreachable" in state.reason
+        weight = state.weight
+        # Holding: several more passes change nothing — no promotion, no rollback.
+        controller, backend, endpoint, policy, version = rollout.controller()
+        for _ in range(6):
+            backend.refresh()
+            held = controller.reconcile(endpoint, version, "digits-mlp", policy)
+            assert held.phase is Phase.HOLDING and held.weight == weight
+            time.sleep(0.5)
+        rollout.prometheus.resume()
+        state, backend = drive(rollout, traffic, {Phase.PROMOTED, Phase.ROLLED_BACK}, timeout=150)
+    finally:
+        traffic.stop.set()
+        if rollout.prometheus.url:
+            try:
+                rollout.prometheus.resume()
+            except Exception:
+                pass
+    assert state.phase is Phase.PROMOTED, state.reason
+    assert any(h["to"] == "Holding" for h in state.history) and any("has data again" in h["reason"] for h in state.history)
+
+
+def test_controller_killed_mid_rollout_resumes_from_the_same_step(rollout: Rollout, server_factory) -> None:  # noqa: F811
+    rollout.finish_workflow(rollout.canary)
+    traffic = start_traffic(rollout, server_factory)
+    env = {**os.environ, "NO_COLOR": "1"}
+    cmd = [sys.executable, "-m", "forgectl", "reconcile", str(rollout.specs_dir), "--env", "cluster", "-n", rollout.namespace,
+           "--kubeconfig", rollout.kubeconfig, "--watch", "--interval", "0.5"]
+    _, backend, *_ = rollout.controller()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        step_at_kill = None
+        while time.monotonic() < deadline:
+            backend.refresh()
+            serving = backend.serving("digits")
+            traffic.weight = serving.canary_weight if serving and serving.canary else 0
+            state = backend.load_state("digits")
+            if state is not None and state.phase is Phase.PROGRESSING and state.step == 1:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=10)
+                step_at_kill = state.step
+                break
+            time.sleep(0.3)
+        assert step_at_kill == 1, proc.stderr.read() if proc.stderr else ""
+        backend.refresh()
+        saved = backend.load_state("digits")
+        assert saved.step == 1 and saved.weight == 50
+        entered_before = sum(1 for h in saved.history if h["to"] == "Progressing" and "step 1/" in h["reason"])
+        state, backend = drive(rollout, traffic, {Phase.PROMOTED, Phase.ROLLED_BACK}, timeout=120)
+    finally:
+        traffic.stop.set()
+        if proc.poll() is None:
+            proc.kill()
+    assert state.phase is Phase.PROMOTED, state.reason
+    # It continued: step 1 was entered once, before the kill, never again.
+    assert sum(1 for h in state.history if h["to"] == "Progressing" and "step 1/" in h["reason"]) == entered_before == 1
