@@ -1,0 +1,138 @@
+"""The local target's state: one SQLite database under `.forge/` — live manifests, workflow runs
+and step cache, processes (PID + start time), rollout states. WAL mode, so `forgectl status`
+reads while an apply writes."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from reconciler.resources import ObjectRef
+from reconciler.targets.local.processes import ProcessRecord
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS objects (ref TEXT PRIMARY KEY, kind TEXT, namespace TEXT, name TEXT,
+                                    manifest TEXT NOT NULL, resource_version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS processes (name TEXT PRIMARY KEY, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS step_cache (key TEXT PRIMARY KEY, step TEXT, workflow TEXT, output TEXT, finished REAL);
+CREATE TABLE IF NOT EXISTS steps (workflow TEXT, step TEXT, status TEXT, attempts INTEGER, started REAL,
+                                  finished REAL, exit_code INTEGER, cached INTEGER, log TEXT, message TEXT,
+                                  PRIMARY KEY (workflow, step));
+CREATE TABLE IF NOT EXISTS workflows (name TEXT PRIMARY KEY, phase TEXT, started REAL, finished REAL, message TEXT);
+CREATE TABLE IF NOT EXISTS rollouts (endpoint TEXT PRIMARY KEY, state TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class StateDB:
+    """The local target's database (see module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    # -- objects ----------------------------------------------------------------------------
+    def objects(self) -> list[dict[str, Any]]:
+        """Every stored manifest, with its resourceVersion."""
+        return [json.loads(m) for (m,) in self.db.execute("SELECT manifest FROM objects ORDER BY ref")]
+
+    def get(self, ref: ObjectRef) -> dict[str, Any] | None:
+        """One stored manifest."""
+        row = self.db.execute("SELECT manifest FROM objects WHERE ref = ?", (str(ref),)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store a manifest; its resourceVersion moves only when its content changed (so an
+        unchanged apply writes nothing, as on a real API server)."""
+        ref = ObjectRef.of(obj)
+        content = _content(obj)
+        with self.tx() as db:
+            row = db.execute("SELECT manifest FROM objects WHERE ref = ?", (str(ref),)).fetchone()
+            uid = f"local-{time.time_ns():x}"
+            if row:
+                old = json.loads(row[0])
+                if _content(old) == content:
+                    return old
+                uid = old["metadata"].get("uid", uid)
+            rv = self._next_rv(db)
+            stored = {**content, "metadata": {**content["metadata"], "uid": uid, "resourceVersion": str(rv)}}
+            db.execute("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?)",
+                       (str(ref), ref.kind, ref.namespace, ref.name, json.dumps(stored), rv))
+            return stored
+
+    def _next_rv(self, db: sqlite3.Connection) -> int:
+        row = db.execute("SELECT value FROM kv WHERE key = 'resourceVersion'").fetchone()
+        rv = int(row[0]) + 1 if row else 1
+        db.execute("INSERT OR REPLACE INTO kv VALUES ('resourceVersion', ?)", (str(rv),))
+        return rv
+
+    def delete(self, ref: ObjectRef) -> None:
+        """Forget one manifest."""
+        with self.tx() as db:
+            db.execute("DELETE FROM objects WHERE ref = ?", (str(ref),))
+
+    # -- processes ----------------------------------------------------------------------------
+    def processes(self) -> list[ProcessRecord]:
+        """Every recorded process."""
+        return [ProcessRecord(**json.loads(r)) for (r,) in self.db.execute("SELECT record FROM processes ORDER BY name")]
+
+    def process(self, name: str) -> ProcessRecord | None:
+        """One recorded process."""
+        row = self.db.execute("SELECT record FROM processes WHERE name = ?", (name,)).fetchone()
+        return ProcessRecord(**json.loads(row[0])) if row else None
+
+    def record_process(self, record: ProcessRecord) -> None:
+        """Remember a started process."""
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO processes VALUES (?, ?)", (record.name, json.dumps(record.to_json())))
+
+    def forget_process(self, name: str) -> None:
+        """Forget a stopped process."""
+        with self.tx() as db:
+            db.execute("DELETE FROM processes WHERE name = ?", (name,))
+
+    # -- key/value ------------------------------------------------------------------------------
+    def kv_get(self, key: str) -> Any:
+        """A small JSON value."""
+        row = self.db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def kv_set(self, key: str, value: Any) -> None:
+        """Store a small JSON value."""
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, json.dumps(value)))
+
+    # -- rollouts -------------------------------------------------------------------------------
+    def rollout(self, endpoint: str) -> dict[str, Any] | None:
+        """The stored rollout state of an endpoint."""
+        row = self.db.execute("SELECT state FROM rollouts WHERE endpoint = ?", (endpoint,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def set_rollout(self, endpoint: str, state: dict[str, Any]) -> None:
+        """Store an endpoint's rollout state."""
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?)", (endpoint, json.dumps(state)))
+
+
+def _content(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in obj.get("metadata", {}).items() if k not in ("resourceVersion", "uid")}
+    return {**{k: v for k, v in obj.items() if k != "metadata"}, "metadata": meta}
