@@ -161,10 +161,10 @@ def _print_plan(plan_json: dict, output: PlanOutput, *, verbose: bool = False) -
         out.print(views.text(plan_json, verbose=verbose))
 
 
-def _open(env_spec, kubeconfig, context, namespace):  # type: ignore[no-untyped-def]
+def _open(env_spec, kubeconfig, context, namespace, progress=None):  # type: ignore[no-untyped-def]
     from reconciler.session import TargetOptions, namespace_of, open_target
 
-    options = TargetOptions(kubeconfig, context, namespace)
+    options = TargetOptions(kubeconfig, context, namespace, progress)
     return open_target(env_spec, options), namespace_of(env_spec, options)
 
 
@@ -298,7 +298,13 @@ def apply(
         result, environment = _load_for(specs_dir or ["."], None, env or saved.environment)
     else:
         result, environment = _load_for(paths, rev, env)
-    target, ns = _open(environment, kubeconfig, context, namespace)
+    from contextlib import nullcontext
+
+    from forgectl.progress import StepProgress
+
+    bars = StepProgress(err) if output is PlanOutput.text and environment.spec.target == "local" else None
+    target, ns = _open(environment, kubeconfig, context, namespace, bars)
+    started = __import__("time").monotonic()
     with target.lock():
         if saved is not None:
             ensure_fresh(saved, target)
@@ -321,7 +327,8 @@ def apply(
         from reconciler.errors import ApplyFailed
 
         try:
-            changeset = apply_plan(the_plan, target)
+            with bars if bars is not None else nullcontext():
+                changeset = apply_plan(the_plan, target)
         except ApplyFailed as exc:
             if output is PlanOutput.json:
                 print(json.dumps({"plan": plan_json, "changeset": exc.changeset.to_json(), "error": str(exc)}, indent=2))
@@ -330,8 +337,9 @@ def apply(
         print(json.dumps({"plan": plan_json, "changeset": changeset.to_json()}, indent=2))
     else:
         s = changeset.to_json()["summary"]
+        elapsed = __import__("time").monotonic() - started
         out.print(f"[bold green]Apply complete:[/bold green] {s['created']} created, {s['configured']} configured, "
-                  f"{s['deleted']} deleted, {s['unchanged']} unchanged.")
+                  f"{s['deleted']} deleted, {s['unchanged']} unchanged ({elapsed:.0f} s).")
 
 
 rollout_app = typer.Typer(help="Inspect and steer rollouts: status, promote, abort, retry.", no_args_is_help=True)
@@ -343,14 +351,11 @@ def _controller(paths, env, kubeconfig, context, namespace):  # type: ignore[no-
     from reconciler.prometheus import Prometheus
     from reconciler.rollout import Controller
     from reconciler.sources import revision_of
-    from reconciler.targets.kubernetes_rollout import KubernetesRolloutBackend
 
     result, environment = _load_for(paths, None, env)
     target, ns = _open(environment, kubeconfig, context, namespace)
-    if environment.spec.target != "kubernetes":
-        raise ForgeError("the rollout controller of the `local` target is not built yet; use --env cluster")
-    backend = KubernetesRolloutBackend(target, result.specs, environment, revision_of(paths or ["."], None))  # type: ignore[arg-type]
-    url = environment.spec.prometheus.url
+    backend = target.rollout_backend(result.specs, environment, revision_of(paths or ["."], None))
+    url = environment.spec.prometheus.url or target.prometheus_url()
     from specs import duration_seconds
 
     prometheus = Prometheus(url, timeout=duration_seconds(environment.spec.prometheus.timeout)) if url else None
@@ -401,6 +406,8 @@ def reconcile(
     watch: Annotated[bool, typer.Option("--watch", help="Keep reconciling every --interval until interrupted.")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between passes with --watch.")] = 1.0,
     passes: Annotated[int, typer.Option("--passes", help="With --watch, stop after this many passes (0: never).")] = 0,
+    until_settled: Annotated[bool, typer.Option("--until-settled", help="With --watch, stop once no rollout is in progress.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="With --watch, give up after this many seconds (0: never).")] = 0.0,
     output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text or json.")] = PlanOutput.text,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
@@ -410,8 +417,11 @@ def reconcile(
     import time as _time
 
     result, environment, backend, controller = _controller(paths, env, kubeconfig, context, namespace)
+    from reconciler.rollout import FINAL, Phase
+
     count = 0
     last: dict[str, str] = {}
+    began = _time.monotonic()
     while True:
         backend.refresh()
         states = {}
@@ -426,8 +436,13 @@ def reconcile(
         if output is PlanOutput.json:
             print(json.dumps({k: v.to_json() for k, v in states.items()}))
         count += 1
-        if not watch or (passes and count >= passes):
-            return
+        settled = all(st.phase in FINAL or st.phase is Phase.IDLE for st in states.values())
+        if not watch or (passes and count >= passes) or (until_settled and settled):
+            failed = [n for n, st in states.items() if st.phase in (Phase.ROLLED_BACK, Phase.ABORTED)]
+            raise typer.Exit(3 if until_settled and failed else 0)
+        if timeout and _time.monotonic() - began > timeout:
+            raise ForgeError(f"rollouts still in progress after {timeout:.0f} s: "
+                             + ", ".join(f"{n} {st.phase.value}" for n, st in states.items()))
         _time.sleep(interval)
 
 
@@ -504,6 +519,93 @@ def rollout_retry(endpoint: EndpointArg, specs_paths: SpecsOpt = None, env: EnvO
     state = controller.retry(state)
     backend.save_state(endpoint, state)
     out.print(f"{endpoint}: retrying {state.canary}; run `forgectl reconcile` (or --watch) to proceed", markup=False)
+
+
+@app.command()
+def status(
+    paths: PathsArg = None,
+    env: EnvOpt = None,
+    output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text or json.")] = PlanOutput.text,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Workflows and their steps, model versions and metrics, endpoints, traffic and rollouts."""
+    from reconciler.status import collect, render_text
+
+    result, environment = _load_for(paths, None, env)
+    target, ns = _open(environment, kubeconfig, context, namespace)
+    data = collect(result.specs, environment, target)
+    if output is PlanOutput.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        out.print(render_text(data))
+
+
+@app.command()
+def logs(
+    name: Annotated[str, typer.Argument(help="A workflow step (`WORKFLOW/STEP` or `STEP`), a workflow, or an endpoint.")],
+    paths: PathsArg = None,
+    env: EnvOpt = None,
+    tail: Annotated[int, typer.Option("--tail", help="Lines from the end (0: all).")] = 50,
+) -> None:
+    """Logs of a local workflow step or model server."""
+    result, environment = _load_for(paths, None, env)
+    target, _ = _open(environment, None, None, None)
+    if environment.spec.target != "local":
+        raise ForgeError("in a cluster, use `kubectl logs` (or `argo logs`) for steps and servers")
+    from reconciler.status import log_files
+
+    files = log_files(target, name)
+    if not files:
+        raise ForgeError(f"no logs for {name!r} (try a step name such as `train`, a workflow name, or an endpoint)")
+    for path in files:
+        lines = path.read_text(errors="replace").splitlines()
+        out.print(f"[bold]==> {path}[/bold]")
+        print("\n".join(lines[-tail:] if tail else lines))
+
+
+@app.command()
+def down(paths: PathsArg = None, env: EnvOpt = None) -> None:
+    """Stop everything Forge started for a local environment (servers, router, Prometheus, steps)."""
+    result, environment = _load_for(paths, None, env)
+    if environment.spec.target != "local":
+        raise ForgeError("`down` is for the local target; in a cluster, remove the specs and `forgectl apply`")
+    target, _ = _open(environment, None, None, None)
+    with target.lock():
+        stopped = target.down()
+    out.print(f"stopped {len(stopped)} process(es)" + "".join(f"\n  {s}" for s in stopped))
+
+
+@app.command()
+def load(
+    endpoint: EndpointArg,
+    paths: PathsArg = None,
+    env: EnvOpt = None,
+    rate: Annotated[float, typer.Option("--rate", help="Requests per second.")] = 20.0,
+    seconds: Annotated[float, typer.Option("--seconds", help="How long to send (bounded).")] = 30.0,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Requests in flight at most.")] = 4,
+    output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text or json.")] = PlanOutput.text,
+) -> None:
+    """Send bounded traffic to a local endpoint, so the rollout gates have data in a demo."""
+    from reconciler.targets.local.load import generate
+    from specs import Endpoint
+
+    result, environment = _load_for(paths, None, env)
+    if environment.spec.target != "local":
+        raise ForgeError("`load` drives a local endpoint; in a cluster, use your own load tool against the Seldon service")
+    spec = result.specs.get(Endpoint, endpoint)
+    if spec is None:
+        raise ForgeError(f"no Endpoint {endpoint!r} in the specs")
+    target, _ = _open(environment, None, None, None)
+    url = target.serving.endpoint_url(endpoint)
+    if not url:
+        raise ForgeError(f"endpoint {endpoint!r} is not being served; run `forgectl apply` first")
+    stats = generate(url, result.specs.model_of(spec).name, rate=rate, seconds=seconds, concurrency=concurrency)
+    if output is PlanOutput.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        out.print(stats)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from reconciler.errors import StalePlanError, TargetNotAvailable
+from reconciler.errors import StalePlanError
 from reconciler.plan import Action, Plan, build_plan, fingerprint, settle
 from reconciler.resources import ObjectRef
 from reconciler.targets.base import Target
@@ -24,6 +24,7 @@ class TargetOptions:
     kubeconfig: str | None = None
     context: str | None = None
     namespace: str | None = None
+    progress: Any = None  # local target: a callback for workflow step events
 
 
 def namespace_of(env: Environment, options: TargetOptions) -> str:
@@ -45,14 +46,9 @@ def open_target(env: Environment, options: TargetOptions = TargetOptions()) -> T
             kubeconfig=options.kubeconfig or (k8s.kubeconfig if k8s else None),
             context=options.context or (k8s.context if k8s else None),
         )
-    try:
-        from reconciler.targets.local import LocalTarget  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise TargetNotAvailable(
-            f"environment {env.name!r} uses the `local` target, which is not built yet; "
-            "use an environment with `target: kubernetes` (e.g. --env cluster)"
-        ) from exc
-    return LocalTarget(env, namespace_of(env, options))  # pragma: no cover
+    from reconciler.targets.local import LocalTarget
+
+    return LocalTarget(env, namespace_of(env, options), progress=options.progress)
 
 
 def serving_states(live: Iterable[Mapping[str, Any]]) -> dict[str, ServingState]:

@@ -259,3 +259,14 @@ class KubernetesTarget:
         except ConflictError as exc:
             raise LockHeldError(f"environment {self.environment!r}: another apply took the expired lock first") from exc
 
+
+    # -- rollouts -----------------------------------------------------------------------------
+    def rollout_backend(self, specs: Any, env: Any, revision: str | None) -> Any:
+        """The rollout controller's backend for this target."""
+        from reconciler.targets.kubernetes_rollout import KubernetesRolloutBackend
+
+        return KubernetesRolloutBackend(self, specs, env, revision)
+
+    def prometheus_url(self) -> str | None:
+        """A cluster's Prometheus comes from the Environment's `prometheus.url`."""
+        return None

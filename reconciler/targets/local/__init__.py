@@ -1,0 +1,207 @@
+"""The `local` target: the same rendered manifests, made live on this machine.
+
+* `Workflow` → its DAG runs as local processes of the runtime environment (`executor`), with the
+  step cache; the object becomes live once the workflow finished (so a killed apply re-runs it,
+  and its finished steps are cache hits);
+* `SeldonDeployment` → one model server per predictor behind an HAProxy router whose weights the
+  rollout controller moves (`serving`, `router`);
+* `PodMonitor` / `PrometheusRule` → scrape targets and rules of a local Prometheus (`monitoring`);
+* `PersistentVolumeClaim` → the workspace folder; `Namespace` → nothing to do.
+
+State (live manifests, runs, step cache, processes, rollout states) is one SQLite file under
+`.forge/<environment>/`; every process is recorded by PID and start time and reaped by `down`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import os
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from reconciler.errors import LockHeldError, TargetError, TargetNotAvailable
+from reconciler.resources import ObjectRef
+from reconciler.targets.local.executor import Progress, WorkflowExecutor
+from reconciler.targets.local.processes import alive, stop
+from reconciler.targets.local.state import StateDB
+from renderers.labels import ENDPOINT
+from specs import Environment
+
+FORGE_ROOT = Path(__file__).resolve().parents[3]
+
+
+def runtime_python() -> str:
+    """Python of the runtime environment (`scripts/runtime-env`, cached), or `$FORGE_RUNTIME_PYTHON`."""
+    explicit = os.environ.get("FORGE_RUNTIME_PYTHON")
+    if explicit:
+        return explicit
+    script = FORGE_ROOT / "scripts" / "runtime-env"
+    proc = subprocess.run(["bash", str(script), "main"], capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise TargetNotAvailable(f"cannot set up the runtime environment ({script} main):\n{proc.stderr[-2000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+class LocalTarget:
+    """One environment on this machine (see module docstring)."""
+
+    name = "local"
+
+    def __init__(self, env: Environment, namespace: str, *, repo_root: Path | None = None,
+                 progress: Progress | None = None) -> None:
+        self.environment = env.name
+        self.namespace = namespace
+        self.repo_root = (repo_root or Path.cwd()).resolve()
+        self.state_dir = self.repo_root / env.spec.local.state_dir / env.name
+        self.workspace = self.state_dir / "workspace"
+        self.db = StateDB(self.state_dir / "state.db")
+        self.max_parallel = env.spec.local.max_parallel_steps
+        self.scrape_interval = env.spec.local.scrape_interval
+        self.progress = progress
+        self._python: str | None = None
+        self._serving: Any = None
+        self._prometheus: Any = None
+
+    # -- collaborators, created on first use (status and plan never start anything) -------------
+    @property
+    def python(self) -> str:
+        if self._python is None:
+            self._python = runtime_python()
+        return self._python
+
+    @property
+    def serving(self) -> Any:
+        if self._serving is None:
+            from reconciler.targets.local.serving import LocalServing
+
+            self._serving = LocalServing(self.db, self.state_dir, self.python, self.workspace, self.repo_root)
+        return self._serving
+
+    @property
+    def prometheus(self) -> Any:
+        if self._prometheus is None:
+            from reconciler.targets.local.monitoring import LocalPrometheus
+
+            self._prometheus = LocalPrometheus(self.db, self.state_dir, scrape_interval=self.scrape_interval)
+        return self._prometheus
+
+    def prometheus_url(self) -> str | None:
+        """URL of the local Prometheus, once started."""
+        return self.prometheus.ensure()
+
+    # -- Target ---------------------------------------------------------------------------------
+    def read_live(self) -> list[dict[str, Any]]:
+        """Every manifest the local target holds for this environment."""
+        return self.db.objects()
+
+    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Make one object live (see module docstring); unchanged objects are not touched."""
+        obj = dict(obj)
+        ref = ObjectRef.of(obj)
+        if dry_run:
+            current = self.db.get(ref) or {}
+            return {**obj, "metadata": {**obj["metadata"], **{k: v for k, v in current.get("metadata", {}).items() if k in ("uid", "resourceVersion")}}}
+        if ref.kind == "PersistentVolumeClaim":
+            self.workspace.mkdir(parents=True, exist_ok=True)
+        elif ref.kind == "Workflow":
+            obj = self._run_workflow(obj)
+        elif ref.kind == "SeldonDeployment":
+            endpoint = (obj["metadata"].get("labels") or {}).get(ENDPOINT, ref.name)
+            self.serving.ensure_endpoint(endpoint, self._servable(obj["spec"]["predictors"]))
+            self._refresh_scraping()
+        elif ref.kind == "PodMonitor":
+            self._refresh_scraping()
+        elif ref.kind == "PrometheusRule":
+            self.prometheus.ensure()
+            self.prometheus.set_rules(ref.name, obj["spec"].get("groups", []))
+        return self.db.put(obj)
+
+    def delete(self, ref: ObjectRef, *, uid: str | None = None) -> None:
+        """Stop what an object runs and forget it."""
+        current = self.db.get(ref)
+        if current is None:
+            return
+        if uid and current["metadata"].get("uid") != uid:
+            return
+        if ref.kind == "SeldonDeployment":
+            endpoint = (current["metadata"].get("labels") or {}).get(ENDPOINT, ref.name)
+            self.serving.remove_endpoint(endpoint)
+            self._refresh_scraping()
+        elif ref.kind == "PrometheusRule":
+            self.prometheus.set_rules(ref.name, [])
+        self.db.delete(ref)
+
+    # -- pieces -------------------------------------------------------------------------------------
+    def _run_workflow(self, obj: dict[str, Any]) -> dict[str, Any]:
+        executor = WorkflowExecutor(self.db, self.state_dir, self.workspace, self.repo_root, self.python,
+                                    self.max_parallel, self.progress)
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        outcome = executor.run(obj)
+        if outcome.phase != "Succeeded":
+            raise TargetError(f"Workflow {obj['metadata']['name']} failed: {outcome.message} "
+                              f"(`forgectl logs {obj['metadata']['name']}` shows the step logs)")
+        return {**obj, "status": {"phase": "Succeeded", "message": outcome.message}}
+
+    def _servable(self, predictors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Predictors whose model version is registered (a canary waits for its workflow)."""
+        ready = []
+        for predictor in predictors:
+            args = predictor["componentSpecs"][0]["spec"]["containers"][0]["args"]
+            config = json.loads(args[args.index("--config-json") + 1])
+            if (self.workspace / config["modelDir"]).exists():
+                ready.append(predictor)
+        return ready
+
+    def _refresh_scraping(self) -> None:
+        if not any(o["kind"] == "PodMonitor" for o in self.db.objects()):
+            return
+        self.prometheus.ensure()
+        self.prometheus.set_targets(self.serving.scrape_targets())
+
+    # -- locking and teardown -----------------------------------------------------------------------
+    @contextmanager
+    def lock(self, holder: str | None = None) -> Iterator[None]:
+        """An exclusive lock on `.forge/<env>/lock`; a second apply is refused naming the holder."""
+        holder = holder or f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
+        path = self.state_dir / "lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                info = path.read_text() or "{}"
+                data = json.loads(info) if info.strip().startswith("{") else {}
+                raise LockHeldError(f"environment {self.environment!r} is locked by {data.get('holder', 'another forgectl')} "
+                                    f"since {data.get('since', '?')} ({path})") from None
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"holder": holder, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode())
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock; a killed holder releases it too
+
+    def down(self) -> list[str]:
+        """Stop every process started for this environment and forget what they served."""
+        stopped = []
+        for record in self.db.processes():
+            if alive(record):
+                stop(record)
+                stopped.append(f"{record.name} (pid {record.pid})")
+            self.db.forget_process(record.name)
+        for obj in self.db.objects():
+            if obj["kind"] in ("SeldonDeployment", "PodMonitor", "PrometheusRule"):
+                self.db.delete(ObjectRef.of(obj))
+        return stopped
+
+    def rollout_backend(self, specs: Any, env: Environment, revision: str | None) -> Any:
+        """The rollout controller's backend for this target."""
+        from reconciler.targets.local.rollout import LocalRolloutBackend
+
+        return LocalRolloutBackend(self, specs, env, revision)
+

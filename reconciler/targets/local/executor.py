@@ -1,0 +1,273 @@
+"""Run a rendered Argo Workflow on this machine: each DAG task's container command as a local
+process of the runtime environment — the same command and config the cluster would run —
+respecting dependencies, `parallelism`, `retryStrategy` (permanent exit codes are not retried),
+the step cache (`memoize` keys) and the `onExit` handler.
+
+A step whose key was computed and completed before is a cache hit and does not run; a step killed
+with its `forgectl` (or by anyone) is stopped on the next run and started again — training then
+resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from reconciler.targets.local.processes import ProcessRecord, alive, start_ticks, stop
+from reconciler.targets.local.state import StateDB
+from specs.stepconfig import WORKSPACE_ENV
+
+PERMANENT_EXIT_CODES = frozenset({2, 3, 4})
+MAX_LOCAL_BACKOFF = 5.0
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Task:
+    """One DAG task and its template."""
+
+    name: str
+    depends: list[str]
+    template: dict[str, Any]
+
+    @property
+    def key(self) -> str | None:
+        return (self.template.get("memoize") or {}).get("key")
+
+    @property
+    def output(self) -> str | None:
+        container = self.template.get("container") or {}
+        args = container.get("args") or []
+        if "--config-json" in args:
+            try:
+                return json.loads(args[args.index("--config-json") + 1]).get("output")
+            except (ValueError, IndexError):
+                return None
+        return None
+
+
+@dataclass
+class Outcome:
+    """How a workflow run ended."""
+
+    phase: str
+    message: str
+    steps: dict[str, str] = field(default_factory=dict)
+
+
+def parse_tasks(workflow: dict[str, Any]) -> list[Task]:
+    """The DAG's tasks in order, with their dependencies and templates."""
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    entry = templates[workflow["spec"]["entrypoint"]]
+    tasks = []
+    for task in entry.get("dag", {}).get("tasks", []):
+        depends = re.findall(r"([A-Za-z0-9-]+)\.Succeeded", task.get("depends", ""))
+        tasks.append(Task(task["name"], depends, templates[task["template"]]))
+    return tasks
+
+
+class WorkflowExecutor:
+    """Executes Workflows for the local target (see module docstring)."""
+
+    def __init__(self, db: StateDB, state_dir: Path, workspace: Path, repo_root: Path, runtime_python: str,
+                 max_parallel: int = 1, progress: Progress | None = None, code_root: Path | None = None) -> None:
+        self.db = db
+        self.code_root = code_root or Path(__file__).resolve().parents[3]
+        self.state_dir = state_dir
+        self.workspace = workspace
+        self.repo_root = repo_root
+        self.python = runtime_python
+        self.max_parallel = max_parallel
+        self.progress = progress or (lambda event: None)
+
+    # -- commands ---------------------------------------------------------------------------
+    def _argv(self, container: dict[str, Any]) -> list[str]:
+        command = list(container.get("command") or [])
+        if command[:1] == ["python"]:
+            command = [self.python, *command[1:]]
+        elif command[:1] == ["torchrun"]:
+            command = [self.python, "-m", "torch.distributed.run", *command[1:]]
+        return command + list(container.get("args") or [])
+
+    def _env(self, container: dict[str, Any]) -> dict[str, str]:
+        env = dict(os.environ)
+        for item in container.get("env") or []:
+            env[item["name"]] = str(item.get("value", ""))
+        env[WORKSPACE_ENV] = str(self.workspace)
+        env["FORGE_SOURCE_ROOT"] = str(self.repo_root)
+        env["PYTHONPATH"] = str(self.code_root)  # the runtimes' code; the user's data is under FORGE_SOURCE_ROOT
+        env.setdefault("FORGE_CACHE", str(Path.home() / ".cache" / "forge"))
+        return env
+
+    # -- state ------------------------------------------------------------------------------
+    def _set_step(self, workflow: str, step: str, **values: Any) -> None:
+        with self.db.tx() as db:
+            row = db.execute("SELECT status FROM steps WHERE workflow = ? AND step = ?", (workflow, step)).fetchone()
+            if row is None:
+                db.execute("INSERT INTO steps (workflow, step, status, attempts, cached) VALUES (?, ?, 'pending', 0, 0)", (workflow, step))
+            for key, value in values.items():
+                db.execute(f"UPDATE steps SET {key} = ? WHERE workflow = ? AND step = ?", (value, workflow, step))
+
+    def _cached(self, task: Task) -> bool:
+        if not task.key:
+            return False
+        row = self.db.db.execute("SELECT output FROM step_cache WHERE key = ?", (task.key,)).fetchone()
+        return bool(row) and (row[0] is None or (self.workspace / row[0]).exists())
+
+    def _reap_leftovers(self, workflow: str) -> None:
+        """Stop step processes a killed `forgectl` left running: the step restarts cleanly."""
+        for record in self.db.processes():
+            if record.kind == "step" and record.info.get("workflow") == workflow:
+                if alive(record):
+                    self.progress({"event": "reaped", "workflow": workflow, "step": record.info.get("step"), "pid": record.pid})
+                    stop(record)
+                self.db.forget_process(record.name)
+
+    # -- running ----------------------------------------------------------------------------
+    def _run_task(self, workflow: str, task: Task) -> tuple[int, str]:
+        """Run one task (with its retries); (exit code, last error line)."""
+        template = task.template
+        if "container" not in template:
+            return 1, f"step {task.name} needs a cluster ({next(iter(k for k in template if k in ('resource', 'script')), 'unsupported')} template)"
+        container = template["container"]
+        retry = template.get("retryStrategy") or {}
+        limit = int(retry.get("limit", 0))
+        backoff = retry.get("backoff") or {}
+        delay = _seconds(backoff.get("duration", "1s"))
+        factor = float(backoff.get("factor", 2))
+        log_path = self.state_dir / "logs" / "workflows" / workflow / f"{task.name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        code, last = 1, ""
+        for attempt in range(limit + 1):
+            self._set_step(workflow, task.name, status="running", attempts=attempt + 1, started=time.time(), log=str(log_path))
+            code, last = self._spawn_and_wait(workflow, task, container, log_path)
+            if code == 0 or code in PERMANENT_EXIT_CODES or attempt == limit:
+                break
+            wait = min(delay * factor**attempt, MAX_LOCAL_BACKOFF)
+            self.progress({"event": "retry", "workflow": workflow, "step": task.name, "attempt": attempt + 2, "in": wait, "error": last})
+            time.sleep(wait)
+        return code, last
+
+    def _spawn_and_wait(self, workflow: str, task: Task, container: dict[str, Any], log_path: Path) -> tuple[int, str]:
+        argv = self._argv(container)
+        with open(log_path, "ab") as log:
+            log.write(f"$ {' '.join(argv[:4])} …\n".encode())
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=self._env(container), cwd=str(self.repo_root), start_new_session=True)
+        record = ProcessRecord(f"step/{workflow}/{task.name}", "step", proc.pid, start_ticks(proc.pid) or -1, argv[:4],
+                               str(log_path), {"workflow": workflow, "step": task.name})
+        self.db.record_process(record)
+        last = ""
+        assert proc.stdout is not None
+        with open(log_path, "ab") as log:
+            for raw in proc.stdout:
+                log.write(raw)
+                log.flush()
+                line = raw.decode(errors="replace").strip()
+                if line.startswith("{"):
+                    try:
+                        event = json.loads(line)
+                    except json.JSONDecodeError:
+                        event = None
+                    if isinstance(event, dict) and "event" in event:
+                        self.progress({**event, "workflow": workflow, "step": task.name})
+                        continue
+                if line:
+                    last = line
+        code = proc.wait()
+        self.db.forget_process(record.name)
+        return code, last
+
+    def run(self, workflow: dict[str, Any]) -> Outcome:
+        """Run the workflow to its end; record every step; return how it ended."""
+        name = workflow["metadata"]["name"]
+        tasks = parse_tasks(workflow)
+        self._reap_leftovers(name)
+        with self.db.tx() as db:
+            db.execute("INSERT OR REPLACE INTO workflows VALUES (?, 'Running', ?, NULL, '')", (name, time.time()))
+        parallel = max(1, min(int(workflow["spec"].get("parallelism") or 1), self.max_parallel))
+        status: dict[str, str] = {}
+        failure = ""
+        lock = threading.Lock()
+        self.progress({"event": "workflow", "workflow": name, "steps": [t.name for t in tasks]})
+
+        def work(task: Task) -> None:
+            nonlocal failure
+            code, last = self._run_task(name, task)
+            with lock:
+                if code == 0:
+                    status[task.name] = "succeeded"
+                    if task.key:
+                        with self.db.tx() as db:
+                            db.execute("INSERT OR REPLACE INTO step_cache VALUES (?, ?, ?, ?, ?)",
+                                       (task.key, task.name, name, task.output, time.time()))
+                else:
+                    status[task.name] = "failed"
+                    failure = failure or f"step {task.name} failed (exit {code}): {last}"
+            self._set_step(name, task.name, status=status[task.name], finished=time.time(), exit_code=code, message=last)
+            self.progress({"event": "step", "workflow": name, "step": task.name, "status": status[task.name], "exit": code, "message": last})
+
+        running: dict[str, threading.Thread] = {}
+        while True:
+            with lock:
+                done = {n for n, s in status.items() if s in ("succeeded", "cached")}
+                failed = any(s == "failed" for s in status.values())
+            for task in tasks:
+                if task.name in status or task.name in running or failed:
+                    continue
+                if not all(d in done for d in task.depends):
+                    continue
+                if self._cached(task):
+                    with lock:
+                        status[task.name] = "cached"
+                    self._set_step(name, task.name, status="cached", cached=1, finished=time.time(), exit_code=0)
+                    self.progress({"event": "step", "workflow": name, "step": task.name, "status": "cached"})
+                    continue
+                if len(running) >= parallel:
+                    break
+                thread = threading.Thread(target=work, args=(task,), daemon=True)
+                running[task.name] = thread
+                self.progress({"event": "step", "workflow": name, "step": task.name, "status": "running"})
+                thread.start()
+            for step, thread in list(running.items()):
+                if not thread.is_alive():
+                    running.pop(step)
+            with lock:
+                finished = len(status) == len(tasks) or (failed and not running)
+            if finished and not running:
+                break
+            if not running and not any(t.name not in status and all(d in status and status[d] in ("succeeded", "cached") for d in t.depends) for t in tasks):
+                break  # nothing can start any more (an upstream step failed)
+            time.sleep(0.05)
+        phase = "Succeeded" if all(status.get(t.name) in ("succeeded", "cached") for t in tasks) else "Failed"
+        message = failure if phase == "Failed" else f"{sum(s == 'cached' for s in status.values())} cached, {sum(s == 'succeeded' for s in status.values())} ran"
+        self._on_exit(workflow, phase, failure)
+        with self.db.tx() as db:
+            db.execute("UPDATE workflows SET phase = ?, finished = ?, message = ? WHERE name = ?", (phase, time.time(), message, name))
+        return Outcome(phase, message, status)
+
+    def _on_exit(self, workflow: dict[str, Any], phase: str, failure: str) -> None:
+        handler = workflow["spec"].get("onExit")
+        if not handler:
+            return
+        template = next(t for t in workflow["spec"]["templates"] if t["name"] == handler)
+        container = dict(template["container"])
+        failures = json.dumps([{"message": failure}] if failure else [])
+        container["args"] = [a.replace("{{workflow.status}}", phase).replace("{{workflow.failures}}", failures) for a in container.get("args", [])]
+        log = self.state_dir / "logs" / "workflows" / workflow["metadata"]["name"] / f"{handler}.log"
+        self._spawn_and_wait(workflow["metadata"]["name"], Task(handler, [], template), container, log)
+
+
+def _seconds(text: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)?", str(text))
+    if not match:
+        return 1.0
+    return float(match[1]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[match[2]]

@@ -1,0 +1,194 @@
+"""The local target's Prometheus: Debian's ``/usr/bin/prometheus``, started and stopped by Forge,
+scraping the model servers and the routers of one state directory.
+
+- Listens on a free 127.0.0.1 port (kept across restarts when still free), data under
+  ``<state_dir>/prometheus/data``, ``--web.enable-lifecycle`` so rules reload without a restart.
+- One scrape job, ``forge``, whose targets come from file_sd (``targets/forge.json``): changing
+  targets is an atomic file replace, picked up within a second, no reload.
+- ``honor_labels: true``: the servers' own ``endpoint``/``role``/``version`` labels are kept as the
+  gates' PromQL expects (never renamed to ``exported_*``).
+- Rule files ``rules/<name>.yml`` (the ``spec.groups`` of a rendered PrometheusRule), loaded by
+  ``POST /-/reload``; a rule Prometheus rejects is removed again and reported.
+
+State: the process record ``prometheus`` (PID + start time) and the kv entry ``prometheus``
+(``{port, dir}``). ``ensure()`` reuses a running one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, Iterable
+
+from reconciler.targets.local import processes
+from reconciler.targets.local.router import ensure_package, RouterError, _port_free, _tail
+from reconciler.targets.local.state import StateDB
+
+PROMETHEUS = "/usr/bin/prometheus"
+NAME = "prometheus"
+
+
+class PrometheusError(RuntimeError):
+    """The local Prometheus could not be started or configured (a message for the user)."""
+
+
+class LocalPrometheus:
+    """The local target's Prometheus (see the module docstring)."""
+
+    def __init__(self, db: StateDB, state_dir: str | os.PathLike[str], scrape_interval: str = "1s", *,
+                 prometheus: str = PROMETHEUS, retention: str = "2d") -> None:
+        self.db = db
+        self.dir = Path(state_dir) / "prometheus"
+        self.scrape_interval, self.binary, self.retention = scrape_interval, prometheus, retention
+
+    @property
+    def port(self) -> int | None:
+        state = self.db.kv_get(NAME) or {}
+        return state.get("port")
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        if not self.port:
+            raise PrometheusError("the local Prometheus was never started")
+        return f"http://127.0.0.1:{self.port}"
+
+    def running(self) -> bool:
+        record = self.db.process(NAME)
+        return record is not None and processes.alive(record)
+
+    def ensure(self, timeout: float = 60.0) -> str:
+        """Start Prometheus unless it runs; returns its URL."""
+        if self.running() and self.port:
+            return self.url
+        try:
+            exe = ensure_package(self.binary, "prometheus")
+        except RouterError as exc:
+            raise PrometheusError(str(exc)) from exc
+        for sub in ("targets", "rules", "data"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        if not (self.dir / "targets" / "forge.json").exists():
+            self.set_targets([])
+        log = self.dir / "prometheus.log"
+        port = self.port
+        last = ""
+        for attempt in range(3):
+            if attempt or not port or not _port_free(port):
+                port = processes.free_port()
+            offset = log.stat().st_size if log.exists() else 0
+            argv = [exe, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle",
+                    f"--storage.tsdb.retention.time={self.retention}", "--log.level=warn"]
+            record = processes.spawn(NAME, "prometheus", argv, env=_plain_env(), cwd=self.dir, log=log,
+                                     info={"port": port})
+            self.db.record_process(record)
+            self.db.kv_set(NAME, {"port": port, "dir": str(self.dir)})
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and processes.alive(record):
+                with suppress(OSError):
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as resp:
+                        if resp.status == 200:
+                            return self.url
+                time.sleep(0.1)
+            last = _tail(log, offset)
+            processes.stop(record)
+            self.db.forget_process(NAME)
+            if "address already in use" not in last:
+                break
+        raise PrometheusError(f"prometheus did not start; its log ({log}) ends with:\n{last}")
+
+    def stop(self) -> None:
+        """Stop Prometheus (by its recorded PID). Its data and port stay for the next ``ensure()``."""
+        record = self.db.process(NAME)
+        if record is not None:
+            processes.stop(record)
+            self.db.forget_process(NAME)
+
+    # -- configuration ----------------------------------------------------------------------------
+    def _write_config(self) -> None:
+        iv = self.scrape_interval
+        config = {
+            "global": {"scrape_interval": iv, "evaluation_interval": iv, "scrape_timeout": iv},
+            "rule_files": [str(self.dir / "rules" / "*.yml")],
+            "scrape_configs": [{
+                "job_name": "forge",
+                "honor_labels": True,
+                "file_sd_configs": [{"files": [str(self.dir / "targets" / "*.json")], "refresh_interval": "1s"}],
+            }],
+        }
+        _atomic_write(self.dir / "prometheus.yml", json.dumps(config, indent=2) + "\n")
+
+    def set_targets(self, targets: Iterable[tuple[str, dict[str, str]]]) -> None:
+        """Replace the scrape targets: ``(host:port, labels)`` each (file_sd; no reload needed)."""
+        groups = [{"targets": [where], "labels": {k: str(v) for k, v in labels.items()}} for where, labels in targets]
+        (self.dir / "targets").mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.dir / "targets" / "forge.json", json.dumps(groups, indent=2, sort_keys=True) + "\n")
+
+    def set_rules(self, name: str, groups: list[dict[str, Any]]) -> None:
+        """Write the rule groups (a PrometheusRule's ``spec.groups``) as ``rules/<name>.yml`` and reload;
+        an empty list removes the file. Raises when Prometheus rejects them (the file is then removed)."""
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+            raise PrometheusError(f"rule file name {name!r} must be letters, digits, '.', '_' or '-'")
+        path = self.dir / "rules" / f"{name}.yml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not groups:
+            with suppress(FileNotFoundError):
+                path.unlink()
+        else:
+            _atomic_write(path, json.dumps({"groups": groups}, indent=2) + "\n")  # JSON is YAML
+        if not self.running():
+            return  # read at the next start
+        try:
+            self.reload()
+        except PrometheusError:
+            with suppress(FileNotFoundError):
+                path.unlink()
+            with suppress(PrometheusError):
+                self.reload()
+            raise
+
+    def reload(self) -> None:
+        """``POST /-/reload``; raises with Prometheus's message when the configuration is rejected."""
+        req = urllib.request.Request(self.url + "/-/reload", method="POST")
+        try:
+            urllib.request.urlopen(req, timeout=30).close()
+        except urllib.error.HTTPError as exc:
+            raise PrometheusError(f"prometheus rejected the configuration: {exc.read().decode(errors='replace').strip()}") from exc
+        except OSError as exc:
+            raise PrometheusError(f"prometheus at {self.url} did not answer the reload: {exc}") from exc
+
+    # -- reading ------------------------------------------------------------------------------------
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """An instant query; returns ``data.result``."""
+        url = self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                doc = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise PrometheusError(f"query {promql!r}: {exc.read().decode(errors='replace')}") from exc
+        if doc.get("status") != "success":
+            raise PrometheusError(f"query {promql!r}: {doc}")
+        return list(doc["data"]["result"])
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        """``/api/v1/targets``'s active targets (labels, health, lastError)."""
+        with urllib.request.urlopen(self.url + "/api/v1/targets?state=active", timeout=10) as resp:
+            return list(json.loads(resp.read())["data"]["activeTargets"])
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _plain_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ")}

@@ -1,0 +1,316 @@
+"""The local target's serving: each predictor of a rendered SeldonDeployment becomes a local model
+server (``python -m runtimes serve …``, the same command and config the container would run), and
+one HAProxy router per endpoint (:mod:`.router`) splits traffic between stable and canary by the
+predictors' ``traffic``.
+
+Process records (StateDB ``processes``), one per model server: ``serve/<endpoint>/<role>/<key>``,
+kind ``serve``, info ``{endpoint, role, version, step, url, key}``. ``key`` is a digest of what
+the server runs (step, ServeConfig, interpreter), so a changed version or config is a *new*
+process beside the old one, never a restart in place. The kv entry ``serving/<endpoint>`` holds
+the current process name per role and the traffic split.
+
+Changing a role: start the new server, wait until it answers ``/v2/health/ready``, point the
+router's other slot of that role at it (it must pass HAProxy's own health check), drain the old
+slot, and only then stop the old server. A role no longer present is drained (weight 0) before its
+server stops. Nothing is stopped while it has a request in flight, so clients see no failure.
+
+Everything is idempotent and crash-safe: a second ``ensure_endpoint`` with the same predictors
+reuses the running processes; one interrupted half-way finds every process it started in the
+StateDB and finishes the job (servers not wanted any more are stopped at the end).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Mapping
+
+from reconciler.targets.local import processes
+from reconciler.targets.local.router import Router, RouterError, http_ok
+from reconciler.targets.local.state import StateDB
+
+ENDPOINT_LABEL = "forge.dev/endpoint"
+VERSION_LABEL = "forge.dev/model-version"
+VARIANT_LABEL = "forge.dev/variant"
+ROLE_LABEL = "forge.dev/role"
+#: Readiness path of each serving step (the router's health check uses the same).
+HEALTH_PATHS = {"serve": "/v2/health/ready", "serve-seldon": "/health/ping"}
+
+
+class ServingError(RuntimeError):
+    """A model server or router could not be brought to the wanted state (a message for the user)."""
+
+
+class Predictor:
+    """What the local target needs of one rendered SeldonDeployment predictor."""
+
+    def __init__(self, endpoint: str, predictor: Mapping[str, Any]) -> None:
+        labels = predictor.get("labels") or {}
+        try:
+            container = predictor["componentSpecs"][0]["spec"]["containers"][0]
+            args = list(container["args"])
+            step = args[0]
+            config = json.loads(args[args.index("--config-json") + 1])
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            raise ServingError(f"endpoint {endpoint!r}: predictor {predictor.get('name')!r} is not a rendered "
+                               f"Forge predictor (no container args `<step> --config-json …`): {exc}") from exc
+        if step not in HEALTH_PATHS:
+            raise ServingError(f"endpoint {endpoint!r}: predictor {predictor.get('name')!r} runs {step!r}, "
+                               f"not one of {', '.join(HEALTH_PATHS)}")
+        self.endpoint = endpoint
+        self.role: str = labels.get(ROLE_LABEL) or config.get("role") or predictor.get("name") or "stable"
+        self.version: str = labels.get(VERSION_LABEL) or config.get("version", "")
+        self.variant: str = labels.get(VARIANT_LABEL) or config.get("variant", "")
+        self.traffic = int(predictor.get("traffic", 0) or 0)
+        self.step = step
+        # locally: loopback only, and a free port the server picks (it prints the URL once ready)
+        self.config = {**config, "host": "127.0.0.1", "port": 0}
+
+    def key(self, python: str) -> str:
+        blob = json.dumps({"step": self.step, "config": self.config, "python": python}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+class LocalServing:
+    """Model servers and routers of the local target (see the module docstring)."""
+
+    def __init__(self, db: StateDB, state_dir: str | os.PathLike[str], runtime_python: str,
+                 workspace: str | os.PathLike[str], repo_root: str | os.PathLike[str], *,
+                 pythons: Mapping[str, str] | None = None, ready_timeout: float = 300.0,
+                 drain_timeout: float = 60.0) -> None:
+        """``pythons`` maps a step to its interpreter when it differs from ``runtime_python``
+        (``{"serve-seldon": <seldon env python>}``)."""
+        self.db = db
+        self.state_dir = Path(state_dir)
+        self.runtime_python = runtime_python
+        self.pythons = dict(pythons or {})
+        self.workspace = Path(workspace)
+        self.repo_root = Path(repo_root)
+        self.ready_timeout, self.drain_timeout = ready_timeout, drain_timeout
+
+    # -- routers --------------------------------------------------------------------------------
+    def router(self, endpoint: str, step: str = "serve") -> Router:
+        """The router of ``endpoint`` (not started by this call)."""
+        return Router(self.db, self.state_dir, endpoint, health_path=HEALTH_PATHS.get(step, HEALTH_PATHS["serve"]))
+
+    # -- the main operation ---------------------------------------------------------------------
+    def ensure_endpoint(self, endpoint: str, predictors: list[dict[str, Any]]) -> str:
+        """Make the endpoint serve exactly ``predictors`` (as rendered in the SeldonDeployment's
+        ``spec.predictors``) with their ``traffic``; returns the router's URL."""
+        wanted = [Predictor(endpoint, p) for p in predictors]
+        roles = [p.role for p in wanted]
+        if len(set(roles)) != len(roles) or not set(roles) <= {"stable", "canary"}:
+            raise ServingError(f"endpoint {endpoint!r}: predictors must be one `stable` and at most one `canary`, got {roles}")
+        router = self.router(endpoint, wanted[0].step if wanted else "serve")
+        try:
+            router.ensure()
+        except RouterError as exc:
+            raise ServingError(str(exc)) from exc
+
+        # start what is missing (all at once: two servers load in parallel), then wait for each
+        starting: list[tuple[Predictor, processes.ProcessRecord, int]] = []
+        current: dict[str, processes.ProcessRecord] = {}
+        for p in wanted:
+            python = self.pythons.get(p.step, self.runtime_python)
+            name = f"serve/{endpoint}/{p.role}/{p.key(python)}"
+            record = self.db.process(name)
+            if record is not None and processes.alive(record) and record.info.get("url") \
+                    and http_ok(record.info["url"] + HEALTH_PATHS[p.step], timeout=5):
+                current[p.role] = record
+                continue
+            if record is not None:
+                processes.stop(record)
+            starting.append(self._start(p, name, python))
+        try:
+            for p, record, offset in starting:
+                current[p.role] = self._wait_ready(p, record, offset)
+        except ServingError:
+            for _, record, _ in starting:
+                if record.name not in {r.name for r in current.values()}:
+                    processes.stop(record)
+                    self.db.forget_process(record.name)
+            raise
+
+        # route: traffic moves only to servers that are ready; replaced slots are drained
+        by_role = {p.role: p for p in wanted}
+        stable, canary = current.get("stable"), current.get("canary")
+        canary_weight = by_role["canary"].traffic if canary is not None else 0
+        if stable is None and canary is not None:
+            canary_weight = 100
+        try:
+            router.set(_addr(stable), _addr(canary), max(0, min(100, canary_weight)), drain_timeout=self.drain_timeout)
+        except RouterError as exc:
+            raise ServingError(str(exc)) from exc
+
+        # stop what is no longer wanted (already drained by the router)
+        keep = {r.name for r in current.values()}
+        for record in self._servers(endpoint):
+            if record.name not in keep:
+                processes.stop(record)
+                self.db.forget_process(record.name)
+        self.db.kv_set(f"serving/{endpoint}", {
+            "endpoint": endpoint,
+            "roles": {role: {"process": r.name, "version": r.info.get("version"), "url": r.info.get("url"),
+                             "traffic": (canary_weight if role == "canary" else 100 - canary_weight if canary else 100)}
+                      for role, r in current.items()},
+            "url": router.url,
+        })
+        return router.url
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        """Drain and stop the endpoint's model servers, then its router."""
+        router = self.router(endpoint)
+        if router.running():
+            try:
+                router.set(None, None, 0, drain_timeout=self.drain_timeout)
+            except RouterError:
+                pass  # stopping anyway
+        for record in self._servers(endpoint):
+            processes.stop(record)
+            self.db.forget_process(record.name)
+        router.stop()
+        self.db.kv_set(f"serving/{endpoint}", None)
+
+    def stop_all(self) -> None:
+        """Remove every endpoint this state knows of (``forgectl down``)."""
+        for endpoint in self.endpoints():
+            self.remove_endpoint(endpoint)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def endpoints(self) -> list[str]:
+        """Endpoints with a router or a model server recorded."""
+        names = set()
+        for record in self.db.processes():
+            if record.kind in ("serve", "router") and record.info.get("endpoint"):
+                names.add(record.info["endpoint"])
+        return sorted(names)
+
+    def endpoint_url(self, endpoint: str) -> str | None:
+        """The router's URL of ``endpoint``, when it runs."""
+        router = self.router(endpoint)
+        return router.url if router.running() else None
+
+    def status(self, endpoint: str) -> dict[str, Any]:
+        """Per role: version, URL, PID, whether it runs, its weight and the router's view of it."""
+        router = self.router(endpoint)
+        saved = self.db.kv_get(f"serving/{endpoint}") or {}
+        traffic = {}
+        if router.running():
+            try:
+                traffic = router.traffic()
+            except (OSError, RouterError):
+                traffic = {}
+        roles = {}
+        for record in self._servers(endpoint):
+            role = record.info.get("role", "?")
+            if saved.get("roles", {}).get(role, {}).get("process") not in (None, record.name):
+                continue
+            roles[role] = {"version": record.info.get("version"), "url": record.info.get("url"), "pid": record.pid,
+                           "running": processes.alive(record), "log": record.log,
+                           "weight": traffic.get(role, {}).get("weight", 0),
+                           "router_status": traffic.get(role, {}).get("status", "-")}
+        return {"endpoint": endpoint, "url": router.url if router.running() else None, "roles": roles}
+
+    def logs(self, endpoint: str) -> list[Path]:
+        """Log files of the endpoint's current model servers and of its router."""
+        paths = [Path(r.log) for r in self._servers(endpoint)]
+        router = self.db.process(f"router/{endpoint}")
+        if router is not None:
+            paths.append(Path(router.log))
+        return paths
+
+    def scrape_targets(self) -> list[tuple[str, dict[str, str]]]:
+        """``(host:port, labels)`` of every running model server and router exporter, for Prometheus."""
+        out: list[tuple[str, dict[str, str]]] = []
+        for record in self.db.processes():
+            if not processes.alive(record):
+                continue
+            if record.kind == "serve" and record.info.get("url"):
+                where = urllib.parse.urlsplit(record.info["url"]).netloc
+                out.append((where, {"component": "model-server", "endpoint": record.info["endpoint"],
+                                    "role": record.info["role"], "version": record.info["version"]}))
+            elif record.kind == "router" and record.info.get("metrics_port"):
+                out.append((f"127.0.0.1:{record.info['metrics_port']}",
+                            {"component": "router", "endpoint": record.info["endpoint"]}))
+        return out
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _servers(self, endpoint: str) -> list[processes.ProcessRecord]:
+        prefix = f"serve/{endpoint}/"
+        return [r for r in self.db.processes() if r.kind == "serve" and r.name.startswith(prefix)]
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+        env.update(PYTHONPATH=str(self.repo_root), FORGE_WORKSPACE=str(self.workspace), PYTHONUNBUFFERED="1")
+        return env
+
+    def _start(self, p: Predictor, name: str, python: str) -> tuple[Predictor, processes.ProcessRecord, int]:
+        key = name.rsplit("/", 1)[1]
+        log = self.state_dir / "logs" / f"serve-{p.endpoint}-{p.role}-{p.version}-{key}.log"
+        offset = log.stat().st_size if log.exists() else 0
+        argv = [python, "-m", "runtimes", p.step, "--config-json", json.dumps(p.config, sort_keys=True)]
+        record = processes.spawn(name, "serve", argv, env=self._env(), cwd=self.repo_root, log=log,
+                                 info={"endpoint": p.endpoint, "role": p.role, "version": p.version,
+                                       "variant": p.variant, "step": p.step, "key": key, "url": None})
+        self.db.record_process(record)
+        return p, record, offset
+
+    def _wait_ready(self, p: Predictor, record: processes.ProcessRecord, offset: int) -> processes.ProcessRecord:
+        """Wait for the ``{"event": "serving", "url": …}`` line, then for the health path."""
+        deadline = time.monotonic() + self.ready_timeout
+        url = None
+        while time.monotonic() < deadline:
+            if url is None:
+                url = _serving_url(Path(record.log), offset)
+            if url is not None and http_ok(url + HEALTH_PATHS[p.step]):
+                ready = processes.ProcessRecord(record.name, record.kind, record.pid, record.start_ticks, record.argv,
+                                                record.log, {**record.info, "url": url})
+                self.db.record_process(ready)
+                return ready
+            if not processes.alive(record):
+                raise ServingError(f"endpoint {p.endpoint!r}: the {p.role} model server ({p.version}) exited before it "
+                                   f"was ready; its log ({record.log}) ends with:\n{_tail(Path(record.log), offset)}")
+            time.sleep(0.1)
+        processes.stop(record)
+        self.db.forget_process(record.name)
+        raise ServingError(f"endpoint {p.endpoint!r}: the {p.role} model server ({p.version}) was not ready within "
+                           f"{self.ready_timeout:g}s; its log ({record.log}) ends with:\n{_tail(Path(record.log), offset)}")
+
+
+def _addr(record: processes.ProcessRecord | None) -> tuple[str, int] | None:
+    if record is None:
+        return None
+    parts = urllib.parse.urlsplit(record.info["url"])
+    return parts.hostname or "127.0.0.1", int(parts.port or 80)
+
+
+def _serving_url(log: Path, offset: int) -> str | None:
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"serving"' in line:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "serving" and event.get("url"):
+                return str(event["url"])
+    return None
+
+
+def _tail(path: Path, offset: int = 0, limit: int = 3000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")[-limit:]
+    except OSError:
+        return "(no log)"
