@@ -577,8 +577,8 @@ def down(paths: PathsArg = None, env: EnvOpt = None) -> None:
     out.print(f"stopped {len(stopped)} process(es)" + "".join(f"\n  {s}" for s in stopped))
 
 
-@app.command()
-def load(
+@app.command("load")
+def load_traffic(
     endpoint: EndpointArg,
     paths: PathsArg = None,
     env: EnvOpt = None,

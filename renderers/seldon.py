@@ -36,7 +36,8 @@ def _predictor(endpoint: Endpoint, env: Environment, namespace: str, model: str,
         endpoint=endpoint.name, namespace=namespace, model=model, version=version, variant=spec.variant,
         role=role,  # type: ignore[arg-type]
         model_dir=registry_dir(model, version, spec.variant), batching=spec.batching,
-        fault_injection=spec.fault_injection, host="0.0.0.0", port=SERVE_PORT,
+        # Injected faults are for rollback drills: they apply to the canary of a rollout only.
+        fault_injection=spec.fault_injection if role == "canary" else None, host="0.0.0.0", port=SERVE_PORT,
     )
     runtime = "forge-serve-seldon" if spec.protocol == "seldon" else "forge-serve"
     step = "serve-seldon" if spec.protocol == "seldon" else "serve"

@@ -69,4 +69,6 @@ class EndpointSpec(SpecModel):
     protocol: Literal["v2", "seldon"] = Field(
         default="v2", description="`v2` (Open Inference protocol, MLServer) or `seldon` (Seldon v1 wrapper)."
     )
-    fault_injection: FaultInjection | None = Field(default=None, description="Injected faults for drills.")
+    fault_injection: FaultInjection | None = Field(
+        default=None, description="Injected faults for rollback drills; applied to the canary of a rollout only."
+    )

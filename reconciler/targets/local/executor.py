@@ -3,9 +3,9 @@ process of the runtime environment — the same command and config the cluster w
 respecting dependencies, `parallelism`, `retryStrategy` (permanent exit codes are not retried),
 the step cache (`memoize` keys) and the `onExit` handler.
 
-A step whose key was computed and completed before is a cache hit and does not run; a step killed
-with its `forgectl` (or by anyone) is stopped on the next run and started again — training then
-resumes from its checkpoint.
+A step whose key was computed and completed before is a cache hit and does not run. A step dies
+with the `forgectl` running it (no orphans); the next apply starts it again, and training resumes
+from its checkpoint.
 """
 
 from __future__ import annotations
@@ -161,7 +161,8 @@ class WorkflowExecutor:
         with open(log_path, "ab") as log:
             log.write(f"$ {' '.join(argv[:4])} …\n".encode())
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=self._env(container), cwd=str(self.repo_root), start_new_session=True)
+                                env=self._env(container), cwd=str(self.repo_root), start_new_session=True,
+                                preexec_fn=_die_with_parent)
         record = ProcessRecord(f"step/{workflow}/{task.name}", "step", proc.pid, start_ticks(proc.pid) or -1, argv[:4],
                                str(log_path), {"workflow": workflow, "step": task.name})
         self.db.record_process(record)
@@ -264,6 +265,15 @@ class WorkflowExecutor:
         container["args"] = [a.replace("{{workflow.status}}", phase).replace("{{workflow.failures}}", failures) for a in container.get("args", [])]
         log = self.state_dir / "logs" / "workflows" / workflow["metadata"]["name"] / f"{handler}.log"
         self._spawn_and_wait(workflow["metadata"]["name"], Task(handler, [], template), container, log)
+
+
+def _die_with_parent() -> None:
+    """A step dies with the `forgectl` that runs it (no orphans); the next apply resumes it."""
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _seconds(text: str) -> float:
