@@ -230,7 +230,7 @@ backend {BACKEND}
     balance roundrobin
     option httpchk GET {self.health_path}
     http-check expect status 200
-    default-server inter 1s fastinter 250ms downinter 250ms rise 1 fall 2
+    default-server inter 500ms fastinter 250ms downinter 250ms rise 1 fall 3
 {servers}
 """
 
@@ -323,23 +323,27 @@ backend {BACKEND}
             self._disable(slot, drain_timeout)
 
     def _enable(self, slot: str, addr: Addr, weight: int, up_timeout: float) -> None:
+        """Point ``slot`` at ``addr``; it gets ``weight`` only once the server answers the health path
+        (asked directly, and by HAProxy's own check). Until then its weight is 0: no request goes there."""
         self._cmd(f"set server {BACKEND}/{slot} state maint")
+        self._cmd(f"set server {BACKEND}/{slot} weight 0")
         self._cmd(f"set server {BACKEND}/{slot} addr {addr[0]} port {addr[1]}")
-        self._cmd(f"set server {BACKEND}/{slot} weight {weight}")
-        # leaving maintenance, HAProxy would count the server UP before any check: mark it down so
-        # it takes no request until its own health check has passed
-        self._cmd(f"set server {BACKEND}/{slot} health down")
         self._cmd(f"set server {BACKEND}/{slot} state ready")
+        probe = f"http://{addr[0]}:{addr[1]}{self.health_path}"
         deadline = time.monotonic() + up_timeout
+        probed = False
         while True:
+            probed = probed or http_ok(probe, timeout=2.0)
             stat = self.servers().get(slot)
-            if stat is not None and stat.status == "UP" and stat.check.startswith("L7OK"):
-                return
+            if probed and stat is not None and stat.status == "UP" and stat.check.startswith("L7OK"):
+                break
             if time.monotonic() > deadline:
                 self._cmd(f"set server {BACKEND}/{slot} state maint")
                 raise RouterError(f"endpoint {self.endpoint!r}: the server at {addr[0]}:{addr[1]} did not pass the router's "
-                                  f"health check ({self.health_path}) within {up_timeout:g}s (status {stat.status if stat else '?'})")
+                                  f"health check ({self.health_path}) within {up_timeout:g}s (status {stat.status if stat else '?'}, "
+                                  f"check {stat.check if stat else '?'})")
             time.sleep(0.05)
+        self._cmd(f"set server {BACKEND}/{slot} weight {weight}")
 
     def _disable(self, slot: str, drain_timeout: float) -> None:
         """Drain ``slot`` (no new requests; in-flight ones finish), then put it in maintenance."""
