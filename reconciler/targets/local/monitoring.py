@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from reconciler.targets.local import processes
-from reconciler.targets.local.router import ensure_package, RouterError, _port_free, _tail
+from reconciler.targets.local.router import ensure_package, RouterError, port_free, log_tail
 from reconciler.targets.local.state import StateDB
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -81,7 +81,7 @@ class LocalPrometheus:
         port = self.port
         last = ""
         for attempt in range(3):
-            if attempt or not port or not _port_free(port):
+            if attempt or not port or not port_free(port):
                 port = processes.free_port()
             offset = log.stat().st_size if log.exists() else 0
             argv = [exe, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
@@ -98,7 +98,7 @@ class LocalPrometheus:
                         if resp.status == 200:
                             return self.url
                 time.sleep(0.1)
-            last = _tail(log, offset)
+            last = log_tail(log, offset)
             processes.stop(record)
             self.db.forget_process(NAME)
             if "address already in use" not in last:

@@ -154,9 +154,9 @@ class Router:
         port, metrics_port = state.get("port"), state.get("metrics_port")
         last = ""
         for attempt in range(4):
-            if attempt or not port or not _port_free(port):
+            if attempt or not port or not port_free(port):
                 port = processes.free_port()
-            if attempt or not metrics_port or metrics_port == port or not _port_free(metrics_port):
+            if attempt or not metrics_port or metrics_port == port or not port_free(metrics_port):
                 metrics_port = processes.free_port()
             (self.dir / "haproxy.cfg").write_text(self._config(port, metrics_port))
             with suppress(FileNotFoundError):
@@ -179,7 +179,7 @@ class Router:
                     self._restore(slots)
                     return self.url
                 time.sleep(0.05)
-            last = _tail(log, offset)
+            last = log_tail(log, offset)
             processes.stop(record)
             self.db.forget_process(self.name)
             if "bind" not in last and "address already in use" not in last.lower():
@@ -384,7 +384,7 @@ def _plain_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ")}
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -393,7 +393,7 @@ def _port_free(port: int) -> bool:
         return True
 
 
-def _tail(path: Path, offset: int = 0, limit: int = 3000) -> str:
+def log_tail(path: Path, offset: int = 0, limit: int = 3000) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(offset)
