@@ -58,7 +58,11 @@ class Metric(SpecModel):
         default=None, description="Pass when the canary is within a margin of the stable variant."
     )
     interval: Duration = Field(default="5s", description="Time between two measurements.")
-    window: Duration = Field(default="30s", description="Range of the `rate()` windows in the query.")
+    window: Duration = Field(
+        default="2m",
+        description="Range of the `rate()` windows in the query. Keep it at least 4 × Prometheus's scrape "
+        "interval: a window holding fewer than two samples has no rate, and the analysis is inconclusive.",
+    )
     count: int = Field(default=3, ge=1, le=1000, description="Measurements per analysis run.")
     failure_limit: int = Field(default=1, ge=0, le=1000, description="Failed measurements tolerated before the run fails.")
     inconclusive_limit: int | None = Field(
