@@ -16,7 +16,7 @@ the live SeldonDeployment (what the mesh does in a cluster), and the rollout con
 
 The RolloutPolicy is the default one: canary steps [20 %, 100 %], each analysed by ONE metric,
 ``template: success-rate, min: 0.99``, every other field left at its default (interval 5s, window
-30s, count 3, failureLimit 1; no step pause).
+2m, count 3, failureLimit 1; no step pause).
 
 Per run, in a fresh namespace: apply the specs at version 1, mark its Workflow Succeeded (no Argo
 controller here: status.phase is patched, as tests/rollout does), change the learning rate, apply
@@ -81,7 +81,7 @@ TARGET_S = 20.0
 THRESHOLD = 0.99
 
 DEFAULT_POLICY = """\
-# The default analysis: one metric, only its template and rule set (interval 5s, window 30s,
+# The default analysis: one metric, only its template and rule set (interval 5s, window 2m,
 # count 3, failureLimit 1 are the defaults of specs.rollout.Metric).
 apiVersion: forge.dev/v1alpha1
 kind: RolloutPolicy
@@ -166,8 +166,11 @@ def prepare_rollout(cluster: clusterkit.Cluster, prom: clusterkit.Prometheus, ru
     # The policy the controller will use must be the default one.
     _, _, _, policy, _ = r.controller()
     (metric,) = policy.spec.metrics
-    defaults = (metric.interval, metric.window, metric.count, metric.failure_limit, metric.inconclusive_limit)
-    if defaults != ("5s", "30s", 3, 1, None):
+    from specs.rollout import Metric as _Metric
+
+    fields = ("interval", "window", "count", "failure_limit", "inconclusive_limit")
+    defaults = tuple(getattr(metric, f) for f in fields)
+    if defaults != tuple(_Metric.model_fields[f].default for f in fields):
         raise SystemExit(f"policy is not the default one: interval/window/count/failureLimit/inconclusiveLimit = {defaults}")
     return r
 
@@ -431,7 +434,7 @@ def main() -> None:
 
     samples = [r["sample_s"] for r in results]
     median, worst = statistics.median(samples), max(samples)
-    print(f"Rollback latency, default analysis (success-rate ≥ {THRESHOLD}; interval 5s, window 30s, count 3, failureLimit 1),")
+    print(f"Rollback latency, default analysis (success-rate ≥ {THRESHOLD}; interval 5s, window 2m, count 3, failureLimit 1),")
     print(f"canary errorRate {args.error_rate}, ~{args.rate:g} req/s, Prometheus scrape {args.scrape_interval}, controller every {args.interval:g} s")
     print()
     print(f"{'run':>3}  {'visible→0%':>10}  {'traffic→visible':>15}  {'visible→1st fail':>16}  {'1st→2nd fail':>12}  {'2nd fail→0%':>11}  value@visible")
