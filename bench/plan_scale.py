@@ -12,7 +12,7 @@ For each N (default 100 and 1,000) this
 3. changes `learningRate` of 1 % of the models (`--changed-pct`) in their spec files;
 4. renders the desired objects exactly as `forgectl plan` does (against the live state, so an
    endpoint whose model got a new version keeps its stable predictor and gets a canary) and writes
-   them one file per object into a folder;
+   them one JSON file per object into a folder (see `write_manifests` for why not YAML);
 5. times, `--repeats` times each (median reported, all runs kept):
    (a) `forgectl plan DIR --env cluster --kubeconfig KC` — the real CLI as a subprocess: Python
        start-up, load, render, one LIST per kind, diff, server-side dry runs of apparent updates;
@@ -306,16 +306,22 @@ def setup_apply(spec_dir: Path, kubeconfig: str, workers: int = 8) -> dict[str, 
 
 
 def forge_breakdown(spec_dir: Path, kubeconfig: str) -> tuple[dict[str, Any], Any, Any]:
-    """One `make_plan` in-process with its phases timed and its API requests counted.
+    """One `make_plan` with its phases timed and its API requests counted, in this process.
 
-    The phases are timed by wrapping the functions `reconciler.session.make_plan` calls, so this
-    measures that very function rather than a copy of it.  Returns (figures, plan, rendered).
+    Meant for a fresh process (`--_breakdown`, see `breakdown_subprocess`): then no cache is warm
+    and the imports `forgectl plan` needs are timed too.  The phases are timed by wrapping the
+    functions `reconciler.session.make_plan` calls, so this measures that very function rather
+    than a copy of it.  Returns (figures, plan, rendered).
     """
-    import reconciler.session as session
-    from reconciler import views
-    from reconciler.plan import Action
-
     phases: Counter[str] = Counter()
+    t = time.perf_counter()
+    import forgectl.cli  # noqa: F401  (what the CLI imports before the command runs)
+    import reconciler.session as session
+    import reconciler.targets.kubernetes  # noqa: F401
+    from reconciler import views
+    from reconciler.loader import load_or_raise  # noqa: F401
+    phases["imports"] = time.perf_counter() - t
+
     requests: Counter[str] = Counter()
 
     def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -373,11 +379,18 @@ def forge_breakdown(spec_dir: Path, kubeconfig: str) -> tuple[dict[str, Any], An
 
 
 def write_manifests(rendered: Any, out_dir: Path) -> int:
-    from reconciler.manifests import file_name, to_yaml
+    """One JSON file per object (the names `forgectl render -o` uses, with `.json`).
+
+    JSON rather than `forgectl render`'s YAML: that YAML (PyYAML, YAML 1.1) leaves strings such as
+    the model-version label `064436155966` unquoted, which kubectl's YAML 1.2 parser reads as a
+    number, and the API server then rejects the object ("expected string").  JSON is read the
+    same by both; it also spares kubectl the YAML parsing, so this errs in kubectl's favour.
+    """
+    from reconciler.manifests import file_name
 
     out_dir.mkdir(parents=True)
     for obj in rendered.manifests:
-        (out_dir / file_name(obj)).write_text(to_yaml(obj))
+        (out_dir / file_name(obj)).with_suffix(".json").write_text(json.dumps(obj, indent=1) + "\n")
     return len(rendered.manifests)
 
 
@@ -410,7 +423,7 @@ _KUBECTL_DIFF_HEADER = re.compile(r"^diff -u -N \S+/(\S+) \S+$", re.M)
 
 
 def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kubectl: str,
-              env: dict[str, str]) -> dict[str, Any]:
+              env: dict[str, str], count_requests: bool) -> dict[str, Any]:
     namespace = f"forge-bench-{n}"
     spec_dir = work / f"specs-{n}"
     log(f"N={n}: generating {n} models + {n} endpoints in {spec_dir}")
@@ -435,11 +448,10 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
     log(f"N={n}: changed learningRate of {len(indices)} model(s): {', '.join(model_name(i) for i in indices[:5])}"
         + (" …" if len(indices) > 5 else ""))
 
-    breakdown, plan, rendered = forge_breakdown(spec_dir, kubeconfig)
     manifest_dir = work / f"rendered-{n}"
-    objects = write_manifests(rendered, manifest_dir)
-    canaried = differs_from_plain_render(spec_dir, rendered)
-    log(f"N={n}: in-process plan {breakdown['plan']} in {breakdown['make_plan_s']} s, "
+    breakdown = breakdown_subprocess(spec_dir, kubeconfig, manifest_dir, env)
+    objects, canaried = breakdown["objects_compared"], breakdown["canary_objects_vs_plain_render"]
+    log(f"N={n}: instrumented plan {breakdown['plan']}, make_plan {breakdown['make_plan_s']} s, "
         f"{breakdown['api_requests_total']} API requests; wrote {objects} manifests to {manifest_dir}")
 
     diff_cmd = [kubectl, "--kubeconfig", kubeconfig, "diff", "--server-side", "--field-manager", "forgectl",
@@ -456,6 +468,7 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
         kubectl_times.append(t)
         kubectl_changed = len(_KUBECTL_DIFF_HEADER.findall(proc.stdout))
         log(f"N={n}: run {r + 1}/{repeats}: forgectl plan {forge_times[-1]:.2f} s, kubectl diff {kubectl_times[-1]:.2f} s")
+    kubectl_requests = count_kubectl_requests(diff_cmd, env) if count_requests else None
     forge_s = statistics.median(forge_times)
     kubectl_s = statistics.median(kubectl_times)
     return {
@@ -471,18 +484,52 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
         "forge_plan": breakdown["plan"],
         "forge_summary": forge_summary,
         "kubectl_objects_differing": kubectl_changed,
+        "kubectl_api_requests": kubectl_requests,
+        "kubectl_api_requests_total": sum(kubectl_requests.values()) if kubectl_requests else None,
         "forge_api_requests": breakdown["api_requests"],
         "forge_api_requests_total": breakdown["api_requests_total"],
         "forge_phases_s": breakdown["phases_s"],
-        "forge_in_process_s": round(breakdown["make_plan_s"] + sum(
-            v for k, v in breakdown["phases_s"].items() if k in ("load + validate specs", "open target (kubeconfig)",
-                                                                 "plan → JSON → text view")), 3),
         "canary_objects_vs_plain_render": canaried,
+        "forge_plan_in_process_s": round(sum(breakdown["phases_s"].values()), 3),
         "validate_s": round(t_validate, 3),
         "setup_apply_s": setup["seconds"],
         "_plan_cmd": plan_cmd,
         "_diff_cmd": diff_cmd,
     }
+
+
+_KUBECTL_VERB = re.compile(r'verb="([A-Z]+)"|\b(GET|PATCH|POST|PUT|DELETE) https?://')
+
+
+def count_kubectl_requests(diff_cmd: list[str], env: dict[str, str]) -> dict[str, int]:
+    """The API requests one `kubectl diff` makes, from its own `-v=6` log (an extra, untimed run)."""
+    _, proc = run_timed([diff_cmd[0], "-v=6", *diff_cmd[1:]], (0, 1), env)
+    counts: Counter[str] = Counter()
+    for line in proc.stderr.splitlines():
+        if "Response" not in line and "https://" not in line:
+            continue
+        m = _KUBECTL_VERB.search(line)
+        if m:
+            counts[m.group(1) or m.group(2)] += 1
+    return dict(counts)
+
+
+def breakdown_subprocess(spec_dir: Path, kubeconfig: str, manifest_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Run `forge_breakdown` in a fresh interpreter; it also writes the plan's desired objects
+    into ``manifest_dir`` for kubectl.  Returns its figures (plus the process's wall time)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_breakdown", str(spec_dir), kubeconfig, str(manifest_dir)]
+    t, proc = run_timed(cmd, (0,), env)
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    figures["process_wall_s"] = round(t, 3)
+    return figures
+
+
+def _breakdown_main(spec_dir: str, kubeconfig: str, manifest_dir: str) -> int:
+    figures, _plan, rendered = forge_breakdown(Path(spec_dir), kubeconfig)
+    write_manifests(rendered, Path(manifest_dir))
+    figures["canary_objects_vs_plain_render"] = differs_from_plain_render(Path(spec_dir), rendered)
+    print(json.dumps(figures))
+    return 0
 
 
 def profile_plan(plan_cmd: list[str], work: Path, env: dict[str, str], top: int = 25) -> str:
@@ -496,11 +543,14 @@ def profile_plan(plan_cmd: list[str], work: Path, env: dict[str, str], top: int 
     elapsed = time.perf_counter() - t
     out = io.StringIO()
     stats = pstats.Stats(str(prof), stream=out)
-    stats.strip_dirs()
-    out.write(f"cProfile of one `forgectl plan` ({elapsed:.2f} s under the profiler)\n")
+    out.write(f"cProfile of one `forgectl plan` ({elapsed:.2f} s under the profiler; the profiler slows pure "
+              "Python down more than C, so read shares, not seconds)\n")
+    out.write("\n== functions by own time ==\n")
     stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
-    return out.getvalue()
+    out.write("\n== Forge's own functions by cumulative time ==\n")
+    stats.sort_stats("cumulative").print_stats(re.escape(str(REPO)) + "/(reconciler|renderers|specs|forgectl)/", top)
+    text = re.sub(r"/\S*/site-packages/", "site-packages/", out.getvalue())
+    return text.replace(str(REPO) + "/", "")
 
 
 def table(runs: list[dict[str, Any]]) -> str:
@@ -517,6 +567,8 @@ def table(runs: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
+    if len(sys.argv) == 5 and sys.argv[1] == "--_breakdown":  # internal: see breakdown_subprocess
+        return _breakdown_main(*sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[100, 1000], help="numbers of endpoints (default 100 1000)")
     ap.add_argument("--changed-pct", type=float, default=1.0, help="percent of models changed (default 1)")
@@ -534,13 +586,17 @@ def main() -> int:
     profile = ""
     cluster = None
     t_all = time.perf_counter()
+    load_start = os.getloadavg()[0]
     try:
         log(f"starting etcd + kube-apiserver (state in {work / 'cluster'})")
         cluster = Cluster.start(work / "cluster", die_with_parent=True)
         server_version = cluster.version().get("gitVersion", "?")
         log(f"cluster up in {cluster.start_seconds} s: kube-apiserver {server_version}")
         for n in sorted(args.n):
-            runs.append(bench_one(n, args.changed_pct, args.repeats, work, cluster.kubeconfig, kubectl, env))
+            # kubectl's request count is taken from a `-v=6` run at the smallest N only (it is
+            # per object, and one more kubectl diff at N=1000 costs a minute and a half)
+            runs.append(bench_one(n, args.changed_pct, args.repeats, work, cluster.kubeconfig, kubectl, env,
+                                  count_requests=n == min(args.n)))
         if args.profile:
             log(f"profiling one forgectl plan at N={runs[-1]['n']}")
             profile = profile_plan(runs[-1]["_plan_cmd"], work, env)
@@ -563,11 +619,20 @@ def main() -> int:
         print(f"N={r['n']}: forgectl plan → {r['forge_summary']}  kubectl diff → {r['kubectl_objects_differing']} "
               f"object(s) differ (of {r['objects']} sent; it reports no deletions)")
         print(f"  forgectl runs {r['forge_runs_s']} s; kubectl diff runs {r['kubectl_diff_runs_s']} s")
-        print(f"  forgectl API requests: {r['forge_api_requests']}; in-process phases (s): {r['forge_phases_s']}")
+        print(f"  forgectl API requests: {r['forge_api_requests']}"
+              + (f"; kubectl diff API requests (from its -v=6 log): {r['kubectl_api_requests']}"
+                 if r["kubectl_api_requests"] else ""))
+        print(f"  where forgectl plan's time goes (one instrumented run in a fresh process, "
+              f"{r['forge_plan_in_process_s']:.2f} s measured inside it): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in r["forge_phases_s"].items())
+              + f"; the rest of the {r['forge_s']:.2f} s median (interpreter start, printing, exit) "
+              f"≈ {max(0.0, r['forge_s'] - r['forge_plan_in_process_s']):.2f} s")
     print(f"\ntotal bench time {total:.0f} s (cluster start, generation, setup applies included)")
     if profile:
         print()
         print(profile)
+    print(f"load average (1 min) at start {load_start:.1f}, at end {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPU(s): other work on the machine slows both commands alike (runs interleaved)")
     big = runs[-1]
     summary = {k: v for k, v in big.items() if not k.startswith("_")}
     summary["kubectl"] = f"{kubectl_version(kubectl)} ({kubectl_origin})"
@@ -575,6 +640,7 @@ def main() -> int:
     summary["repeats"] = args.repeats
     summary["changed_pct"] = args.changed_pct
     summary["target_10x_met"] = big["ratio"] >= 10
+    summary["loadavg_1m"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     summary["runs"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]
     print(json.dumps(summary, ensure_ascii=False))
     return 0
