@@ -42,8 +42,8 @@ class StepProgress:
             if kind == "workflow":
                 self.progress.console.print(f"[bold]Workflow[/bold] {event['workflow']}: {' → '.join(event['steps'])}")
                 return
-            step = event.get("step")
-            if not step:
+            step = event.get("task")
+            if not step or kind not in ("step", "progress", "retry", "reaped"):
                 return
             task = self._task(event["workflow"], step)
             if kind == "step":

@@ -66,24 +66,33 @@ def _equal_scalars(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _compare(desired: Any, live: Any, path: str, out: list[FieldChange]) -> None:
+def _dotted(parts: tuple[str | int, ...]) -> str:
+    path = ""
+    for part in parts:
+        path = _join(path, part)
+    return path
+
+
+def _compare(desired: Any, live: Any, parts: tuple[str | int, ...], out: list[FieldChange]) -> None:
+    # Paths are built only where a difference is found: most of a large plan is equal objects.
     if isinstance(desired, dict):
         if not isinstance(live, dict):
-            out.append(FieldChange("change", path, live, desired))
+            out.append(FieldChange("change", _dotted(parts), live, desired))
             return
         for key, value in desired.items():
             if key not in live:
-                out.append(FieldChange("add", _join(path, key), None, value))
-            else:
-                _compare(value, live[key], _join(path, key), out)
+                out.append(FieldChange("add", _dotted(parts + (key,)), None, value))
+            elif value is not live[key] and value != live[key]:
+                _compare(value, live[key], parts + (key,), out)
     elif isinstance(desired, list):
         if not isinstance(live, list) or len(live) != len(desired):
-            out.append(FieldChange("change", path, live, desired))
+            out.append(FieldChange("change", _dotted(parts), live, desired))
             return
         for i, (d, l) in enumerate(zip(desired, live)):
-            _compare(d, l, _join(path, i), out)
+            if d != l:
+                _compare(d, l, parts + (i,), out)
     elif not _equal_scalars(desired, live):
-        out.append(FieldChange("change", path, live, desired))
+        out.append(FieldChange("change", _dotted(parts), live, desired))
 
 
 def comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -156,7 +165,7 @@ def field_diff(desired: Mapping[str, Any], live: Mapping[str, Any], manager: str
     out: list[FieldChange] = []
     want = comparable(desired)
     have = comparable(live)
-    _compare(want, have, "", out)
+    _compare(want, have, (), out)
     if exact:
         _removed(want, have, "", out)
         return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import re
+
 import yaml
 
 
@@ -14,8 +16,14 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
+#: Strings YAML 1.2 readers (kubectl, Go) would take for numbers, booleans or null: PyYAML's
+#: YAML 1.1 resolver leaves e.g. `064436155966` plain, and the API server then sees a number.
+_AMBIGUOUS = re.compile(r"^([-+]?[0-9][0-9_.eE+-]*|0[xXoObB][0-9a-fA-F_]+|[-+]?\.?(inf|Inf|INF|nan|NaN|NAN)|"
+                        r"true|True|TRUE|false|False|FALSE|yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF|y|Y|n|N|null|Null|NULL|~|)$")
+
+
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
+    style = "|" if "\n" in value else ("'" if _AMBIGUOUS.match(value) else None)
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 

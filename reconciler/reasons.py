@@ -134,12 +134,14 @@ def _seldon_reasons(change: "Change") -> list[str]:
     return reasons
 
 
-def reasons_for(change: "Change", changes: Iterable["Change"]) -> list[str]:
+def reasons_for(change: "Change", changes: list["Change"]) -> list[str]:
     """The reasons for ``change`` given every change of the plan."""
     from reconciler.plan import Action
 
+    if change.action is Action.NOOP:
+        return []  # nothing happens, nothing to explain (and large plans are mostly no-ops)
     if change.ref.kind == "Workflow":
-        return _workflow_reasons(change, list(changes))
+        return _workflow_reasons(change, changes)
     if change.ref.kind == "SeldonDeployment":
         reasons = _seldon_reasons(change)
         if reasons:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+from typing import Any, Iterator
+
 import pytest
+
+from tests.runtimes.helpers import DIGITS_DATASET, ROOT, Runner, Server, train_config
 
 pytest_plugins = ["tests.cluster_fixtures"]
 
@@ -20,3 +25,48 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def update_golden(request: pytest.FixtureRequest) -> bool:
     """True when the run was asked to refresh golden files (`scripts/test --update-golden`)."""
     return bool(request.config.getoption("--update-golden"))
+
+
+# -- the runtime environments and a trained digits model, shared by the runtime, local-target and
+# rollout tests (session-scoped, so digits is trained once per run) -------------------------------
+
+def _env_python(kind: str) -> str:
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "runtime-env"), kind], capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/runtime-env {kind} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def runtime_python() -> str:
+    """Python of the cached main runtime environment (built on first use)."""
+    return _env_python("main")
+
+
+@pytest.fixture(scope="session")
+def seldon_python() -> str:
+    """Python of the cached seldon-core environment (built on first use)."""
+    return _env_python("seldon")
+
+
+@pytest.fixture(scope="session")
+def digits(runtime_python: str, tmp_path_factory: pytest.TempPathFactory) -> Runner:
+    """A workspace with digits prepared (``data/digits``) and the MLP trained (``models/base``)."""
+    runner = Runner(runtime_python, tmp_path_factory.mktemp("digits-ws"))
+    runner.run("prepare", {"step": "prepare", "dataset": "digits", "spec": DIGITS_DATASET, "output": "data/digits"})
+    runner.run("train", train_config("models/base"), timeout=600)
+    return runner
+
+
+@pytest.fixture
+def server_factory() -> Iterator[Any]:
+    servers: list[Server] = []
+
+    def start(runner: Runner, step: str, config: dict[str, Any]) -> Server:
+        server = Server(runner, step, config).__enter__()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Mapping
@@ -155,15 +156,18 @@ class KubernetesTarget:
     def read_live(self) -> list[dict[str, Any]]:
         """Every object Forge owns in this environment: one LIST per kind."""
         selector = owner_selector(self.environment)
-        live: list[dict[str, Any]] = []
-        for resource in OWNED:
+
+        def one(resource: Resource) -> list[dict[str, Any]]:
             try:
-                live += self.list_kind(resource, selector)
+                return self.list_kind(resource, selector)
             except TargetError as exc:
                 if exc.status == 404 and resource.kind != "Namespace":
-                    continue  # the namespace (or the CRD) does not exist yet: nothing of ours there
+                    return []  # the namespace (or the CRD) does not exist yet: nothing of ours there
                 raise
-        return live
+
+        # The LISTs are independent: run them side by side (the client's pool is thread-safe).
+        with ThreadPoolExecutor(max_workers=len(OWNED)) as pool:
+            return [obj for items in pool.map(one, OWNED) for obj in items]
 
     def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Server-side apply with field manager `forgectl`, forced: Forge owns what it renders."""

@@ -68,7 +68,7 @@ MODEL_OK = "datasetRef: digits\narchitecture: {type: mlp}\n"
 
 CASES = [
     # --- YAML and file-level problems -------------------------------------------------------
-    Case("tab-indent", "a:\n\tb: 1\n", 2, "found character '\\t'", "spaces, not tabs"),
+    Case("tab-indent", "a:\n\tb: 1\n", 2, "cannot start any token", "spaces, not tabs"),
     Case("unclosed-flow", "a: [1, 2\nb: 3\n", 2, "invalid YAML"),
     Case("bad-indent", "a: 1\n  b: 2\n", 2, "mapping values are not allowed"),
     Case("duplicate-key", f"{HEAD}kind: Compute\nkind: Compute\nmetadata: {{name: c}}\nspec: {{accelerator: {{type: cpu}}}}\n", 3, "duplicate key `kind` (first defined on line 2)"),

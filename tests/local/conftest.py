@@ -1,6 +1,1 @@
-"""Fixtures of the local-target tests. The runtime environment and the trained digits workspace
-are the runtime tests' session fixtures, reused here."""
-
-from __future__ import annotations
-
-from tests.runtimes.conftest import digits, runtime_python  # noqa: F401  (re-exported fixtures)
+"""The local-target tests use the shared fixtures of tests/conftest.py (`runtime_python`, `digits`)."""

@@ -179,3 +179,10 @@ def test_import_rule_bites(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nfrom reconciler import loader\nopen('x')\n")
     assert _imports(bad) >= {"os", "reconciler", "open"}
+
+
+def test_yaml_quotes_strings_that_other_readers_take_for_numbers() -> None:
+    from reconciler.manifests import to_yaml
+
+    text = to_yaml({"version": "064436155966", "flag": "yes", "name": "digits", "empty": "", "exp": "1e5"})
+    assert text == "version: '064436155966'\nflag: 'yes'\nname: digits\nempty: ''\nexp: '1e5'\n"

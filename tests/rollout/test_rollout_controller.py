@@ -34,7 +34,6 @@ from reconciler.sources import revision_of
 from reconciler.targets.kubernetes_rollout import KubernetesRolloutBackend
 from renderers.versions import model_version
 from specs import Endpoint, Environment, Model
-from tests.runtimes.conftest import digits, runtime_python, server_factory  # noqa: F401  (fixtures)
 from tests.runtimes.helpers import Runner
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -36,15 +36,20 @@ from specs import Environment
 FORGE_ROOT = Path(__file__).resolve().parents[3]
 
 
-def runtime_python() -> str:
-    """Python of the runtime environment (`scripts/runtime-env`, cached), or `$FORGE_RUNTIME_PYTHON`."""
-    explicit = os.environ.get("FORGE_RUNTIME_PYTHON")
+def _step_of(predictor: dict[str, Any]) -> str:
+    return predictor["componentSpecs"][0]["spec"]["containers"][0]["args"][0]
+
+
+def runtime_python(kind: str = "main") -> str:
+    """Python of a runtime environment (`scripts/runtime-env main|seldon`, cached), or
+    `$FORGE_RUNTIME_PYTHON` / `$FORGE_SELDON_PYTHON`."""
+    explicit = os.environ.get("FORGE_RUNTIME_PYTHON" if kind == "main" else "FORGE_SELDON_PYTHON")
     if explicit:
         return explicit
     script = FORGE_ROOT / "scripts" / "runtime-env"
-    proc = subprocess.run(["bash", str(script), "main"], capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(["bash", str(script), kind], capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
-        raise TargetNotAvailable(f"cannot set up the runtime environment ({script} main):\n{proc.stderr[-2000:]}")
+        raise TargetNotAvailable(f"cannot set up the runtime environment ({script} {kind}):\n{proc.stderr[-2000:]}")
     return proc.stdout.strip().splitlines()[-1]
 
 
@@ -80,7 +85,9 @@ class LocalTarget:
         if self._serving is None:
             from reconciler.targets.local.serving import LocalServing
 
-            self._serving = LocalServing(self.db, self.state_dir, self.python, self.workspace, self.repo_root)
+            # The servers import the runtimes' code from Forge's own tree (the user's repository
+            # holds only specs and data).
+            self._serving = LocalServing(self.db, self.state_dir, self.python, self.workspace, FORGE_ROOT)
         return self._serving
 
     @property
@@ -111,16 +118,26 @@ class LocalTarget:
             self.workspace.mkdir(parents=True, exist_ok=True)
         elif ref.kind == "Workflow":
             obj = self._run_workflow(obj)
-        elif ref.kind == "SeldonDeployment":
+        else:
+            try:
+                self._serve_or_watch(ref, obj)
+            except (RuntimeError, OSError) as exc:  # ServingError, RouterError, PrometheusError
+                raise TargetError(f"{ref}: {exc}") from exc
+        return self.db.put(obj)
+
+    def _serve_or_watch(self, ref: ObjectRef, obj: dict[str, Any]) -> None:
+        if ref.kind == "SeldonDeployment":
             endpoint = (obj["metadata"].get("labels") or {}).get(ENDPOINT, ref.name)
-            self.serving.ensure_endpoint(endpoint, self._servable(obj["spec"]["predictors"]))
+            predictors = self._servable(obj["spec"]["predictors"])
+            if any(_step_of(p) == "serve-seldon" for p in predictors) and "serve-seldon" not in self.serving.pythons:
+                self.serving.pythons["serve-seldon"] = runtime_python("seldon")
+            self.serving.ensure_endpoint(endpoint, predictors)
             self._refresh_scraping()
         elif ref.kind == "PodMonitor":
             self._refresh_scraping()
         elif ref.kind == "PrometheusRule":
             self.prometheus.ensure()
             self.prometheus.set_rules(ref.name, obj["spec"].get("groups", []))
-        return self.db.put(obj)
 
     def delete(self, ref: ObjectRef, *, uid: str | None = None) -> None:
         """Stop what an object runs and forget it."""
@@ -188,11 +205,14 @@ class LocalTarget:
 
     def down(self) -> list[str]:
         """Stop every process started for this environment and forget what they served."""
-        stopped = []
-        for record in self.db.processes():
+        stopped = [f"{r.name} (pid {r.pid})" for r in self.db.processes() if alive(r)]
+        if any(r.kind in ("serve", "router") for r in self.db.processes()):
+            self.serving.stop_all()  # drains routers first, clears their state
+        if self.db.process("prometheus") is not None:
+            self.prometheus.stop()
+        for record in self.db.processes():  # anything else (a step of a killed apply)
             if alive(record):
                 stop(record)
-                stopped.append(f"{record.name} (pid {record.pid})")
             self.db.forget_process(record.name)
         for obj in self.db.objects():
             if obj["kind"] in ("SeldonDeployment", "PodMonitor", "PrometheusRule"):

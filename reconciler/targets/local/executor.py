@@ -127,7 +127,7 @@ class WorkflowExecutor:
         for record in self.db.processes():
             if record.kind == "step" and record.info.get("workflow") == workflow:
                 if alive(record):
-                    self.progress({"event": "reaped", "workflow": workflow, "step": record.info.get("step"), "pid": record.pid})
+                    self.progress({"event": "reaped", "workflow": workflow, "task": record.info.get("step"), "pid": record.pid})
                     stop(record)
                 self.db.forget_process(record.name)
 
@@ -152,7 +152,7 @@ class WorkflowExecutor:
             if code == 0 or code in PERMANENT_EXIT_CODES or attempt == limit:
                 break
             wait = min(delay * factor**attempt, MAX_LOCAL_BACKOFF)
-            self.progress({"event": "retry", "workflow": workflow, "step": task.name, "attempt": attempt + 2, "in": wait, "error": last})
+            self.progress({"event": "retry", "workflow": workflow, "task": task.name, "attempt": attempt + 2, "in": wait, "error": last})
             time.sleep(wait)
         return code, last
 
@@ -179,7 +179,7 @@ class WorkflowExecutor:
                     except json.JSONDecodeError:
                         event = None
                     if isinstance(event, dict) and "event" in event:
-                        self.progress({**event, "workflow": workflow, "step": task.name})
+                        self.progress({**event, "workflow": workflow, "task": task.name})
                         continue
                 if line:
                     last = line
@@ -214,7 +214,7 @@ class WorkflowExecutor:
                     status[task.name] = "failed"
                     failure = failure or f"step {task.name} failed (exit {code}): {last}"
             self._set_step(name, task.name, status=status[task.name], finished=time.time(), exit_code=code, message=last)
-            self.progress({"event": "step", "workflow": name, "step": task.name, "status": status[task.name], "exit": code, "message": last})
+            self.progress({"event": "step", "workflow": name, "task": task.name, "status": status[task.name], "exit": code, "message": last})
 
         running: dict[str, threading.Thread] = {}
         while True:
@@ -230,13 +230,13 @@ class WorkflowExecutor:
                     with lock:
                         status[task.name] = "cached"
                     self._set_step(name, task.name, status="cached", cached=1, finished=time.time(), exit_code=0)
-                    self.progress({"event": "step", "workflow": name, "step": task.name, "status": "cached"})
+                    self.progress({"event": "step", "workflow": name, "task": task.name, "status": "cached"})
                     continue
                 if len(running) >= parallel:
                     break
                 thread = threading.Thread(target=work, args=(task,), daemon=True)
                 running[task.name] = thread
-                self.progress({"event": "step", "workflow": name, "step": task.name, "status": "running"})
+                self.progress({"event": "step", "workflow": name, "task": task.name, "status": "running"})
                 thread.start()
             for step, thread in list(running.items()):
                 if not thread.is_alive():
