@@ -485,28 +485,27 @@ def rollout_status(
     out.print(views.rollout_text(data))
 
 
+def _steer(endpoint: str, specs_paths, env, kubeconfig, context, namespace, promote: bool) -> None:  # type: ignore[no-untyped-def]
+    controller, backend, (ep, *_), state = _one(specs_paths, env, kubeconfig, context, namespace, endpoint)
+    if state is None or state.canary is None or state.phase.value in ("Promoted", "RolledBack", "Aborted", "Idle"):
+        raise ForgeError(f"endpoint {endpoint!r} has no rollout in progress")
+    state = controller.promote(ep, state, "promoted by hand") if promote else controller.abort(ep, state)
+    backend.save_state(endpoint, state)
+    out.print(state.reason, markup=False)
+
+
 @rollout_app.command("promote")
 def rollout_promote(endpoint: EndpointArg, specs_paths: SpecsOpt = None, env: EnvOpt = None,
                     kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None) -> None:
     """Promote the canary now (skipping the remaining steps)."""
-    controller, backend, (ep, *_), state = _one(specs_paths, env, kubeconfig, context, namespace, endpoint)
-    if state is None or state.canary is None or state.phase.value in ("Promoted", "RolledBack", "Aborted", "Idle"):
-        raise ForgeError(f"endpoint {endpoint!r} has no rollout in progress")
-    state = controller.promote(ep, state, "promoted by hand")
-    backend.save_state(endpoint, state)
-    out.print(state.reason, markup=False)
+    _steer(endpoint, specs_paths, env, kubeconfig, context, namespace, promote=True)
 
 
 @rollout_app.command("abort")
 def rollout_abort(endpoint: EndpointArg, specs_paths: SpecsOpt = None, env: EnvOpt = None,
                   kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None) -> None:
     """Roll back now: all traffic to stable, canary removed."""
-    controller, backend, (ep, *_), state = _one(specs_paths, env, kubeconfig, context, namespace, endpoint)
-    if state is None or state.canary is None or state.phase.value in ("Promoted", "RolledBack", "Aborted", "Idle"):
-        raise ForgeError(f"endpoint {endpoint!r} has no rollout in progress")
-    state = controller.abort(ep, state)
-    backend.save_state(endpoint, state)
-    out.print(state.reason, markup=False)
+    _steer(endpoint, specs_paths, env, kubeconfig, context, namespace, promote=False)
 
 
 @rollout_app.command("retry")
@@ -601,7 +600,13 @@ def load_traffic(
     url = target.serving.endpoint_url(endpoint)
     if not url:
         raise ForgeError(f"endpoint {endpoint!r} is not being served; run `forgectl apply` first")
-    stats = generate(url, result.specs.model_of(spec).name, rate=rate, seconds=seconds, concurrency=concurrency)
+    import signal
+    import threading
+
+    stop = threading.Event()  # Ctrl-C / SIGTERM end the run cleanly: in-flight requests complete
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stats = generate(url, result.specs.model_of(spec).name, rate=rate, seconds=seconds, concurrency=concurrency, stop=stop)
     if output is PlanOutput.json:
         print(json.dumps(stats, indent=2))
     else:
