@@ -366,7 +366,6 @@ def _controller(paths, env, kubeconfig, context, namespace):  # type: ignore[no-
 def _writeback_hook(result, environment, backend, paths):  # type: ignore[no-untyped-def]
     """After a rollback, commit the model spec of the stable version to a branch, when the policy asks."""
     from reconciler.writeback import write_back
-    from specs import Model
 
     def hook(endpoint, state) -> str:  # type: ignore[no-untyped-def]
         policy = result.specs.policy_of(endpoint, environment)

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from reconciler.apply import Outcome, apply_plan
-from reconciler.errors import ApplyFailed, ForbiddenError, LockHeldError, StalePlanError, UnreachableError
+from reconciler.errors import ApplyFailed, ForbiddenError, LockHeldError, UnreachableError
 from reconciler.loader import load_or_raise
 from reconciler.plan import Action, Plan
 from reconciler.resources import ObjectRef
-from reconciler.session import TargetOptions, ensure_fresh, make_plan, open_target
+from reconciler.session import TargetOptions, make_plan, open_target
 from specs import Environment
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from forgectl.cli import app
 from reconciler.loader import load_or_raise
 from reconciler.manifests import to_yaml_stream
 from renderers import RenderContext, ServingState, render
-from specs import Endpoint, Environment, Model
+from specs import Model
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
