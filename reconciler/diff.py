@@ -85,6 +85,9 @@ def _compare(desired: Any, live: Any, parts: tuple[str | int, ...], out: list[Fi
             elif value is not live[key] and value != live[key]:
                 _compare(value, live[key], parts + (key,), out)
     elif isinstance(desired, list):
+        if isinstance(live, list) and _named(desired) and _named(live) and len(live) != len(desired):
+            _compare_named(desired, live, parts, out)
+            return
         if not isinstance(live, list) or len(live) != len(desired):
             out.append(FieldChange("change", _dotted(parts), live, desired))
             return
@@ -93,6 +96,26 @@ def _compare(desired: Any, live: Any, parts: tuple[str | int, ...], out: list[Fi
                 _compare(d, l, parts + (i,), out)
     elif not _equal_scalars(desired, live):
         out.append(FieldChange("change", _dotted(parts), live, desired))
+
+
+def _named(items: list[Any]) -> bool:
+    names = [i.get("name") for i in items if isinstance(i, dict)]
+    return len(names) == len(items) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
+
+
+def _compare_named(desired: list[Any], live: list[Any], parts: tuple[str | int, ...], out: list[FieldChange]) -> None:
+    """Lists of named items (predictors, containers, templates) whose length changed: say which
+    item came or went, rather than that the whole list differs."""
+    have = {item["name"]: (i, item) for i, item in enumerate(live)}
+    want = {item["name"] for item in desired}
+    for i, item in enumerate(desired):
+        if item["name"] not in have:
+            out.append(FieldChange("add", f"{_dotted(parts + (i,))}(name={item['name']})", None, item))
+        elif item != have[item["name"]][1]:
+            _compare(item, have[item["name"]][1], parts + (i,), out)
+    for name, (i, item) in have.items():
+        if name not in want:
+            out.append(FieldChange("remove", f"{_dotted(parts + (i,))}(name={name})", item, None))
 
 
 def comparable(obj: Mapping[str, Any]) -> dict[str, Any]:

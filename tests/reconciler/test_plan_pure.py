@@ -91,3 +91,12 @@ def test_pull_request_plan_in_a_real_repository_without_a_cluster(tmp_path: Path
     assert as_json.returncode == 2, as_json.stderr
     data = json.loads(as_json.stdout)
     assert data["base"] == "HEAD~1" and any(n.startswith("no live diff:") for n in data["notes"])
+
+
+def test_named_list_items_are_paired_by_name() -> None:
+    stable = {"name": "stable", "traffic": 100}
+    canary = {"name": "canary", "traffic": 0}
+    added = field_diff(obj("a", {"predictors": [{**stable, "traffic": 100}, canary]}), obj("a", {"predictors": [stable]}))
+    assert [(c.op, c.path) for c in added] == [("add", "spec.predictors[1](name=canary)")]
+    removed = field_diff(obj("a", {"predictors": [stable]}), obj("a", {"predictors": [stable, canary]}))
+    assert [(c.op, c.path, c.old) for c in removed] == [("remove", "spec.predictors[1](name=canary)", canary)]
