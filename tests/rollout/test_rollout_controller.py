@@ -122,8 +122,11 @@ def rollout(kube_cluster, namespace, prometheus, digits, tmp_path) -> Rollout:  
     specs_dir = tmp_path / "repo" / "specs"
     shutil.copytree(ROOT / "examples" / "quickstart", specs_dir)
     _set(specs_dir, "url: http://prometheus-operated.monitoring.svc:9090", f"url: {prometheus.url}", "environments.yaml")
-    # Quicker analysis for tests: same shape as the example, shorter pauses.
+    # Quicker analysis for tests: same shape as the example, shorter pauses. The latency bound is
+    # loosened: these tests are about the state machine, and a loaded 2-core CI machine can push a
+    # healthy canary's p99 past 200 ms.
     _set(specs_dir, "pause: 5s", "pause: 2s", "rollout.yaml")
+    _set(specs_dir, "max: 0.2", "max: 2.0", "rollout.yaml")
     repo = git.Repo.init(specs_dir.parent)
     repo.config_writer().set_value("user", "name", "T").set_value("user", "email", "t@example.com").release()
     repo.index.add(["specs"])
