@@ -77,7 +77,9 @@ class Server:
     """A model server subprocess; stops it (by its own pid) on exit."""
 
     def __init__(self, runner: Runner, step: str, config: dict[str, Any]):
-        self.proc = subprocess.Popen(runner.command(step, config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=runner.env(), cwd=ROOT)
+        # Its own process group: the seldon-core wrapper forks workers, and stop() ends them all.
+        self.proc = subprocess.Popen(runner.command(step, config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=runner.env(), cwd=ROOT, start_new_session=True)
         self.url = ""
 
     def __enter__(self) -> "Server":
@@ -94,13 +96,20 @@ class Server:
         raise AssertionError(f"server did not start:\n{self.proc.stderr.read()[-4000:] if self.proc.stderr else ''}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        """SIGTERM the server's process group (by the pid we started), SIGKILL what is left."""
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
             try:
-                self.proc.wait(timeout=15)
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                continue
+            try:  # the group may outlive its leader (forked workers)
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                break
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
