@@ -54,10 +54,10 @@ def collect(specs: SpecSet, env: Environment, target: Any) -> dict[str, Any]:
             data["models"].append({"model": info.get("model"), "version": info.get("version"), "variants": variants,
                                    "evaluation": {k: v for k, v in evaluate.items() if isinstance(v, (int, float, bool))}})
     states = serving_states(live)
+    backend = target.rollout_backend(specs, env, None)
     for sd in (o for o in live if o["kind"] == "SeldonDeployment"):
         endpoint = (sd["metadata"].get("labels") or {}).get(ENDPOINT, sd["metadata"]["name"])
         serving = states.get(endpoint)
-        backend = target.rollout_backend(specs, env, None)
         rollout = backend.load_state(endpoint)
         entry = {"endpoint": endpoint,
                  "stable": serving.stable if serving else None,

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any, Iterator
 
 import pytest
 
-from tests.runtimes.helpers import DIGITS_DATASET, ROOT, Runner, Server, train_config
+from tests.runtimes.helpers import DIGITS_DATASET, Runner, Server, train_config
 
 pytest_plugins = ["tests.cluster_fixtures"]
 
@@ -31,10 +30,13 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 # rollout tests (session-scoped, so digits is trained once per run) -------------------------------
 
 def _env_python(kind: str) -> str:
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "runtime-env"), kind], capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        pytest.fail(f"scripts/runtime-env {kind} failed:\n{proc.stderr[-3000:]}")
-    return proc.stdout.strip().splitlines()[-1]
+    from reconciler.errors import TargetNotAvailable
+    from reconciler.targets.local import runtime_python as resolve
+
+    try:
+        return resolve(kind)
+    except TargetNotAvailable as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="session")

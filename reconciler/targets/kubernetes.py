@@ -182,6 +182,17 @@ class KubernetesTarget:
             content_type="application/apply-patch+yaml",
         )
 
+    def create(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST one object into this namespace (events, leases)."""
+        return self._call("POST", resource.path(self.namespace), verb="create", ref=resource.plural,
+                          namespace=self.namespace, body=dict(body))
+
+    def merge_patch(self, ref: ObjectRef, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
+        """A JSON merge patch under field manager ``manager`` (the rollout state annotation)."""
+        return self._call("PATCH", ref.resource.path(ref.namespace, ref.name), verb="patch", ref=str(ref),
+                          namespace=ref.namespace or None, query=[("fieldManager", manager)], body=dict(body),
+                          content_type="application/merge-patch+json")
+
     def delete(self, ref: ObjectRef, *, uid: str | None = None) -> None:
         """Delete one object, only while its uid matches (so a re-created object is never hit)."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}

@@ -65,10 +65,7 @@ class KubernetesRolloutBackend:
     def save_state(self, endpoint: str, state: RolloutState) -> None:
         ref = ObjectRef("SeldonDeployment", self.target.namespace, self.deployments[endpoint]["metadata"]["name"])
         body = {"metadata": {"annotations": {STATE_ANNOTATION: json.dumps(state.to_json(), separators=(",", ":"))}}}
-        stored = self.target._call(
-            "PATCH", ref.resource.path(ref.namespace, ref.name), verb="patch", ref=str(ref), namespace=ref.namespace,
-            query=[("fieldManager", ROLLOUT_MANAGER)], body=body, content_type="application/merge-patch+json",
-        )
+        stored = self.target.merge_patch(ref, body, ROLLOUT_MANAGER)
         if stored:
             self.deployments[endpoint] = stored
 
@@ -110,8 +107,7 @@ class KubernetesRolloutBackend:
             "reportingComponent": "forgectl-rollout", "reportingInstance": "forgectl",
         }
         try:
-            self.target._call("POST", EVENT.path(self.target.namespace), verb="create", ref="events",
-                              namespace=self.target.namespace, body=body)
+            self.target.create(EVENT, body)
         except TargetError:
             pass  # an event is a courtesy; the state annotation holds the record
 
