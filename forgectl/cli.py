@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -304,7 +305,7 @@ def apply(
 
     bars = StepProgress(err) if output is PlanOutput.text and environment.spec.target == "local" else None
     target, ns = _open(environment, kubeconfig, context, namespace, bars)
-    started = __import__("time").monotonic()
+    started = time.monotonic()
     with target.lock():
         if saved is not None:
             ensure_fresh(saved, target)
@@ -337,7 +338,7 @@ def apply(
         print(json.dumps({"plan": plan_json, "changeset": changeset.to_json()}, indent=2))
     else:
         s = changeset.to_json()["summary"]
-        elapsed = __import__("time").monotonic() - started
+        elapsed = time.monotonic() - started
         out.print(f"[bold green]Apply complete:[/bold green] {s['created']} created, {s['configured']} configured, "
                   f"{s['deleted']} deleted, {s['unchanged']} unchanged ({elapsed:.0f} s).")
 
@@ -413,14 +414,13 @@ def reconcile(
     namespace: NamespaceOpt = None,
 ) -> None:
     """Run the rollout controller: one pass over every endpoint, or continuously with --watch."""
-    import time as _time
 
     result, environment, backend, controller = _controller(paths, env, kubeconfig, context, namespace)
     from reconciler.rollout import FINAL, Phase
 
     count = 0
     last: dict[str, str] = {}
-    began = _time.monotonic()
+    began = time.monotonic()
     while True:
         backend.refresh()
         states = {}
@@ -439,10 +439,10 @@ def reconcile(
         if not watch or (passes and count >= passes) or (until_settled and settled):
             failed = [n for n, st in states.items() if st.phase in (Phase.ROLLED_BACK, Phase.ABORTED)]
             raise typer.Exit(3 if until_settled and failed else 0)
-        if timeout and _time.monotonic() - began > timeout:
+        if timeout and time.monotonic() - began > timeout:
             raise ForgeError(f"rollouts still in progress after {timeout:.0f} s: "
                              + ", ".join(f"{n} {st.phase.value}" for n, st in states.items()))
-        _time.sleep(interval)
+        time.sleep(interval)
 
 
 def _one(paths, env, kubeconfig, context, namespace, endpoint_name):  # type: ignore[no-untyped-def]

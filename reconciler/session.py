@@ -69,15 +69,14 @@ def serving_states(live: Iterable[Mapping[str, Any]]) -> dict[str, ServingState]
 
 
 def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: str | None,
-                  live: Iterable[Mapping[str, Any]]) -> Rendered:
+                  live: Iterable[Mapping[str, Any]], rollouts: Mapping[str, Any] | None = None) -> Rendered:
     """Render the specs against what is live: an endpoint whose model has a new version keeps its
     stable version and gets the new one as a canary (at the weight the rollout controller set)."""
     from reconciler.rollout import Phase
-    from reconciler.targets.kubernetes_rollout import rollout_state_of
 
     live = list(live)
     current = serving_states(live)
-    rollouts = {(o["metadata"].get("labels") or {}).get(ENDPOINT): rollout_state_of(o) for o in live if o.get("kind") == "SeldonDeployment"}
+    rollouts = rollouts or {}
     serving: dict[str, ServingState] = {}
     for endpoint in specs.of(Endpoint):
         want = model_version(specs, specs.model_of(endpoint), env.spec.image_tag)
@@ -103,7 +102,7 @@ def _with_namespace(env: Environment, namespace: str) -> Environment:
 def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None) -> tuple[Plan, Rendered]:
     """Read live (one LIST per kind), render, diff, and settle apparent updates by dry run."""
     live = target.read_live()
-    rendered = desired_state(specs, env, namespace, revision, live)
+    rendered = desired_state(specs, env, namespace, revision, live, target.rollout_states(live))
     plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision,
                       keep=in_use(live))
     dry_runs: dict[ObjectRef, dict[str, Any]] = {}

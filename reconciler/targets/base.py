@@ -27,6 +27,11 @@ class Target(Protocol):
         """Delete one object (only if its uid still matches, when given)."""
         ...
 
+    def rollout_states(self, live: list[dict[str, Any]]) -> dict[str, Any]:
+        """Endpoint → saved rollout state (where the target keeps it), so a plan does not
+        re-add a canary that was rolled back."""
+        ...
+
     def lock(self, holder: str) -> AbstractContextManager[None]:
         """Hold the environment's lock for the duration of an apply."""
         ...

@@ -282,6 +282,20 @@ class KubernetesTarget:
 
         return KubernetesRolloutBackend(self, specs, env, revision)
 
+    def rollout_states(self, live: list[dict[str, Any]]) -> dict[str, Any]:
+        """Rollout states from the `forge.dev/rollout` annotations of the live SeldonDeployments."""
+        from reconciler.targets.kubernetes_rollout import rollout_state_of
+        from renderers.labels import ENDPOINT
+
+        states = {}
+        for obj in live:
+            endpoint = (obj.get("metadata", {}).get("labels") or {}).get(ENDPOINT)
+            if obj.get("kind") == "SeldonDeployment" and endpoint:
+                state = rollout_state_of(obj)
+                if state is not None:
+                    states[endpoint] = state
+        return states
+
     def prometheus_url(self) -> str | None:
         """A cluster's Prometheus comes from the Environment's `prometheus.url`."""
         return None

@@ -162,6 +162,9 @@ def test_canary_with_injected_errors_rolls_back_and_stable_serves_throughout(ws:
         series = {(r["metric"].get("version"), r["metric"].get("code")): float(r["value"][1]) for r in json.loads(resp.read())["data"]["result"]}
     assert series and all(code == "200" for (_, code) in series), series
     assert infer(endpoint["url"]) == 200
+    # The rolled-back version stays out: a plan does not bring its canary back (`rollout retry` would).
+    plan = ws.forgectl("plan", "specs", "--detailed-exitcode", check=False)
+    assert plan.returncode == 0, plan.stdout
 
 
 def test_killed_apply_resumes(ws: Workspace) -> None:

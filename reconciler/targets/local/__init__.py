@@ -219,6 +219,13 @@ class LocalTarget:
                 self.db.delete(ObjectRef.of(obj))
         return stopped
 
+    def rollout_states(self, live: list[dict[str, Any]]) -> dict[str, Any]:
+        """Rollout states from the state DB."""
+        from reconciler.rollout import RolloutState
+
+        rows = self.db.db.execute("SELECT endpoint, state FROM rollouts").fetchall()
+        return {endpoint: RolloutState.from_json(json.loads(state)) for endpoint, state in rows}
+
     def rollout_backend(self, specs: Any, env: Environment, revision: str | None) -> Any:
         """The rollout controller's backend for this target."""
         from reconciler.targets.local.rollout import LocalRolloutBackend

@@ -216,37 +216,30 @@ class WorkflowExecutor:
             self._set_step(name, task.name, status=status[task.name], finished=time.time(), exit_code=code, message=last)
             self.progress({"event": "step", "workflow": name, "task": task.name, "status": status[task.name], "exit": code, "message": last})
 
+        def ready(task: Task) -> bool:
+            return task.name not in status and all(status.get(d) in ("succeeded", "cached") for d in task.depends)
+
         running: dict[str, threading.Thread] = {}
         while True:
             with lock:
-                done = {n for n, s in status.items() if s in ("succeeded", "cached")}
-                failed = any(s == "failed" for s in status.values())
-            for task in tasks:
-                if task.name in status or task.name in running or failed:
-                    continue
-                if not all(d in done for d in task.depends):
-                    continue
+                failed = "failed" in status.values()  # after a failure nothing new starts
+                startable = [] if failed else [t for t in tasks if ready(t) and t.name not in running]
+            for task in startable:
                 if self._cached(task):
                     with lock:
                         status[task.name] = "cached"
                     self._set_step(name, task.name, status="cached", cached=1, finished=time.time(), exit_code=0)
                     self.progress({"event": "step", "workflow": name, "task": task.name, "status": "cached"})
-                    continue
-                if len(running) >= parallel:
-                    break
-                thread = threading.Thread(target=work, args=(task,), daemon=True)
-                running[task.name] = thread
-                self.progress({"event": "step", "workflow": name, "task": task.name, "status": "running"})
-                thread.start()
-            for step, thread in list(running.items()):
-                if not thread.is_alive():
-                    running.pop(step)
+                elif len(running) < parallel:
+                    thread = threading.Thread(target=work, args=(task,), daemon=True)
+                    running[task.name] = thread
+                    self.progress({"event": "step", "workflow": name, "task": task.name, "status": "running"})
+                    thread.start()
+            running = {step: thread for step, thread in running.items() if thread.is_alive()}
             with lock:
-                finished = len(status) == len(tasks) or (failed and not running)
-            if finished and not running:
+                idle = not running and (failed or not any(ready(t) for t in tasks))
+            if idle:
                 break
-            if not running and not any(t.name not in status and all(d in status and status[d] in ("succeeded", "cached") for d in t.depends) for t in tasks):
-                break  # nothing can start any more (an upstream step failed)
             time.sleep(0.05)
         phase = "Succeeded" if all(status.get(t.name) in ("succeeded", "cached") for t in tasks) else "Failed"
         message = failure if phase == "Failed" else f"{sum(s == 'cached' for s in status.values())} cached, {sum(s == 'succeeded' for s in status.values())} ran"
