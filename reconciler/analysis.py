@@ -43,7 +43,7 @@ class Measurement:
 
 def render_query(metric: Metric, *, endpoint: str, namespace: str, version: str, role: str) -> str:
     """The metric's PromQL with its arguments filled in."""
-    return metric.promql().format(endpoint=endpoint, namespace=namespace, version=version, role=role, window=metric.window)
+    return metric.render(endpoint=endpoint, namespace=namespace, version=version, role=role)
 
 
 def threshold_text(metric: Metric) -> str:

@@ -32,7 +32,7 @@ def render_rules(endpoint: Endpoint, policy: RolloutPolicy, env: Environment, na
     """A PrometheusRule with one alert per threshold of the policy's metrics, on the canary."""
     rules = []
     for metric in policy.spec.metrics:
-        query = metric.promql().format(endpoint=endpoint.name, namespace=namespace, version=".*", role="canary", window=metric.window)
+        query = metric.render(endpoint=endpoint.name, namespace=namespace, version=".*", role="canary")
         hold = f"{int(duration_seconds(metric.interval) * metric.count)}s"
         bounds = []
         if metric.min is not None:

@@ -10,7 +10,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 API_VERSION = "forge.dev/v1alpha1"
@@ -20,8 +28,19 @@ API_VERSION = "forge.dev/v1alpha1"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_RE = re.compile(DNS1123_LABEL)
 
-_DURATION_RE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>ms|s|m|h)$")
+_DURATION_RE = re.compile(r"^(?P<value>\d{1,9}(?:\.\d{1,6})?)(?P<unit>ms|s|m|h)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+#: Limits on what a spec may ask for, so that `validate` and `plan` stay fast on any input (see
+#: docs/security.md for the whole table). Each is checked where the field is declared.
+MAX_DURATION_SECONDS = 30 * 86_400
+MAX_LABELS = 64
+MAX_ANNOTATIONS_BYTES = 64 * 1024
+MAX_SEED = 2**32 - 1
+#: Label/annotation key prefixes that belong to Forge itself: the rollout backend and pruning read
+#: them back as state, so a user's metadata may not set them.
+RESERVED_KEYS = ("app.kubernetes.io/managed-by",)
+RESERVED_PREFIXES = ("forge.dev",)
 
 Name = Annotated[
     str,
@@ -33,18 +52,26 @@ Name = Annotated[
     ),
 ]
 
+
+def _bounded_duration(value: str) -> str:
+    if duration_seconds(value) > MAX_DURATION_SECONDS:
+        raise ValueError(f"duration {value!r} is longer than the limit of {MAX_DURATION_SECONDS // 86_400} days")
+    return value
+
+
 Duration = Annotated[
     str,
     StringConstraints(pattern=_DURATION_RE.pattern),
+    AfterValidator(_bounded_duration),
     Field(
-        description="A duration such as `500ms`, `30s`, `5m` or `1h`.",
+        description="A duration such as `500ms`, `30s`, `5m` or `1h` (at most 30 days).",
         examples=["30s", "5m"],
     ),
 ]
 
 Quantity = Annotated[
     str,
-    StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"),
+    StringConstraints(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"),
     Field(description="A Kubernetes resource quantity such as `500m`, `2`, `512Mi` or `4Gi`."),
 ]
 
@@ -71,7 +98,9 @@ def duration_seconds(value: str) -> float:
 
 class SpecModel(BaseModel):
     """Base of every spec model: camelCase keys, unknown fields rejected, values validated on
-    assignment too, and no coercion of strings into numbers or booleans (``"yes"`` is not true).
+    assignment too, and no coercion of strings into numbers or booleans (``"yes"`` is not true,
+    ``"30"`` is not an integer, as Kubernetes would refuse both), and no NaN or infinity where a
+    number is expected (a NaN threshold would let every value pass).
     """
 
     model_config = ConfigDict(
@@ -81,7 +110,8 @@ class SpecModel(BaseModel):
         # `by_name=False` (see the loader), so a spec must use the camelCase keys.
         validate_by_name=True,
         validate_by_alias=True,
-        strict=False,
+        strict=True,
+        allow_inf_nan=False,
         validate_default=True,
         frozen=True,
         use_attribute_docstrings=False,
@@ -98,41 +128,96 @@ class Metadata(SpecModel):
     name: Name = Field(description="Name of the spec, unique per kind in a repository.")
     labels: dict[str, str] = Field(
         default_factory=dict,
-        description="Labels copied onto every object rendered from this spec.",
+        description=f"Labels copied onto every object rendered from this spec (at most {MAX_LABELS}; "
+        "keys under `forge.dev/` and `app.kubernetes.io/managed-by` belong to Forge).",
     )
     annotations: dict[str, str] = Field(
         default_factory=dict,
-        description="Free-form annotations copied onto every object rendered from this spec.",
+        description="Free-form annotations copied onto every object rendered from this spec (at most "
+        f"{MAX_ANNOTATIONS_BYTES // 1024} KiB in all; keys under `forge.dev/` and "
+        "`app.kubernetes.io/managed-by` belong to Forge).",
     )
 
     @field_validator("labels")
     @classmethod
     def _label_values(cls, labels: dict[str, str]) -> dict[str, str]:
+        if len(labels) > MAX_LABELS:
+            raise ValueError(f"{len(labels)} labels; at most {MAX_LABELS} are allowed")
         for key, value in labels.items():
-            _check_qualified_name(key, "label key")
-            if len(value) > 63 or not re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?", value):
-                raise ValueError(
-                    f"label value {value!r} of {key!r} must be at most 63 characters of "
-                    "letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
-                )
+            check_qualified_name(key, "label key")
+            check_label_value(value, f"label value of {key!r}")
         return labels
 
     @field_validator("annotations")
     @classmethod
     def _annotation_keys(cls, annotations: dict[str, str]) -> dict[str, str]:
         for key in annotations:
-            _check_qualified_name(key, "annotation key")
+            check_qualified_name(key, "annotation key")
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+        if size > MAX_ANNOTATIONS_BYTES:
+            raise ValueError(f"annotations take {size:,} bytes; at most {MAX_ANNOTATIONS_BYTES:,} are allowed")
         return annotations
 
 
-def _check_qualified_name(key: str, what: str) -> None:
-    prefix, _, name = key.rpartition("/")
-    if prefix and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", prefix):
+_LABEL_VALUE_RE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+_NAME_PART_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_label_value(value: str, what: str = "label value") -> str:
+    """Raise ValueError unless ``value`` is a valid Kubernetes label value."""
+    if len(value) > 63 or not _LABEL_VALUE_RE.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r} must be at most 63 characters of "
+            "letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        )
+    return value
+
+
+def check_qualified_name(key: str, what: str, *, reserved: bool = True) -> str:
+    """Raise ValueError unless ``key`` is a Kubernetes qualified name (`prefix/name`), and, with
+    ``reserved``, not one of Forge's own keys."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(prefix)):
         raise ValueError(f"{what} {key!r} has an invalid prefix (expected a DNS subdomain)")
-    if not name or len(name) > 63 or not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", name):
+    if not name or len(name) > 63 or not _NAME_PART_RE.fullmatch(name):
         raise ValueError(
             f"{what} {key!r} must be at most 63 characters of letters, digits, '-', '_' or '.'"
         )
+    if reserved and (key in RESERVED_KEYS or any(prefix == p or prefix.endswith("." + p) for p in RESERVED_PREFIXES)):
+        raise ValueError(f"{what} {key!r} is reserved: Forge sets and reads it itself")
+    return key
+
+
+MAX_PATH_LENGTH = 1024
+
+
+def check_relative_path(value: str, what: str) -> str:
+    """Raise ValueError unless ``value`` is a relative path that cannot leave the folder it is
+    relative to: no absolute path, no `~`, no `..` part, no backslash, no control character.
+    (Symlinks are the business of whoever opens the path: see `reconciler.containment`.)"""
+    if not value or len(value) > MAX_PATH_LENGTH:
+        raise ValueError(f"{what} must be 1 to {MAX_PATH_LENGTH} characters long")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise ValueError(f"{what} {value!r} holds a control character")
+    if "\\" in value:
+        raise ValueError(f"{what} {value!r} holds a backslash; use `/`")
+    if value.startswith(("/", "~")) or re.match(r"^[A-Za-z]:", value):
+        raise ValueError(f"{what} {value!r} must be relative to the Environment's `root` (no absolute path, no `~`)")
+    if ".." in value.split("/"):
+        raise ValueError(f"{what} {value!r} must stay inside the Environment's `root` (no `..`)")
+    return value
+
+
+def check_selector(selector: dict[str, str], what: str) -> dict[str, str]:
+    """Raise ValueError unless every key of ``selector`` is a qualified name and every value a
+    label value (what a Kubernetes node selector or label selector accepts)."""
+    if len(selector) > MAX_LABELS:
+        raise ValueError(f"{what}: {len(selector)} entries; at most {MAX_LABELS} are allowed")
+    for key, value in selector.items():
+        check_qualified_name(key, f"{what} key", reserved=False)
+        check_label_value(value, f"{what} value of {key!r}")
+    return selector
 
 
 class Threshold(SpecModel):

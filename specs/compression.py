@@ -10,6 +10,9 @@ from pydantic import Field, model_validator
 from specs.base import Name, SpecModel
 
 HardwareTarget = Literal["x86-avx2", "x86-avx512-vnni", "arm64", "jetson-orin", "nvidia-gpu"]
+#: Limits (docs/security.md): each variant is one workflow step.
+MAX_VARIANTS = 32
+MAX_STAGES = 16
 
 
 class Prune(SpecModel):
@@ -58,7 +61,9 @@ class Variant(SpecModel):
     """One compressed variant: its stages run in order on the evaluated model."""
 
     name: Name = Field(description="Variant name; an Endpoint serves `variant: <name>` (or `base`).")
-    stages: list[Stage] = Field(min_length=1, description="Stages, applied in order.")
+    stages: list[Stage] = Field(
+        min_length=1, max_length=MAX_STAGES, description=f"Stages, applied in order (at most {MAX_STAGES})."
+    )
     max_accuracy_drop: float | None = Field(
         default=None, ge=0, le=100, description="Overrides the Compression's `maxAccuracyDrop` for this variant."
     )
@@ -81,7 +86,10 @@ class CompressionSpec(SpecModel):
     max_accuracy_drop: float = Field(
         default=1.0, ge=0, le=100, description="Most accuracy (percentage points) a variant may lose."
     )
-    variants: list[Variant] = Field(min_length=1, description="Variants to build, one workflow task each.")
+    variants: list[Variant] = Field(
+        min_length=1, max_length=MAX_VARIANTS,
+        description=f"Variants to build, one workflow task each (at most {MAX_VARIANTS}).",
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> "CompressionSpec":

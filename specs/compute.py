@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from specs.base import Quantity, SpecModel
+from specs.base import Quantity, SpecModel, check_label_value, check_qualified_name, check_selector
+
+#: Most accelerators one pool may offer a job (and so the most `plan` ever considers).
+MAX_GPUS = 4096
+MAX_TOLERATIONS = 64
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,16 @@ class Toleration(SpecModel):
     key: str | None = Field(default=None, description="Taint key; empty with `operator: Exists` tolerates all.")
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description="`Equal` or `Exists`.")
     value: str | None = Field(default=None, description="Taint value for `operator: Equal`.")
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        return None if value is None else check_qualified_name(value, "toleration key", reserved=False)
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, value: str | None) -> str | None:
+        return None if value is None else check_label_value(value, "toleration value")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to tolerate; empty means all."
     )
@@ -112,16 +126,25 @@ class ComputeSpec(SpecModel):
 
     accelerator: Accelerator = Field(description="Accelerator on each node.")
     gpus_per_node: int = Field(default=0, ge=0, le=64, description="Accelerators per node (0 for a CPU pool).")
-    min_gpus: int = Field(default=0, ge=0, description="Fewest accelerators a job in this pool is given.")
-    max_gpus: int = Field(default=0, ge=0, description="Most accelerators a job in this pool may use.")
+    min_gpus: int = Field(default=0, ge=0, le=MAX_GPUS, description="Fewest accelerators a job in this pool is given.")
+    max_gpus: int = Field(
+        default=0, ge=0, le=MAX_GPUS, description=f"Most accelerators a job in this pool may use (at most {MAX_GPUS})."
+    )
     priority: Priority = Field(
         default="medium",
         description="Default priority of work in this pool; training always runs `high` and "
         "inference `medium` unless this pool says `low`.",
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods must match.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Taints the pods tolerate.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=MAX_TOLERATIONS, description="Taints the pods tolerate."
+    )
     node: NodeResources = Field(default_factory=NodeResources, description="CPU and memory per node.")
+
+    @field_validator("node_selector")
+    @classmethod
+    def _selector(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_selector(value, "nodeSelector")
 
     @model_validator(mode="after")
     def _sizes(self) -> "ComputeSpec":

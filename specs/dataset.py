@@ -6,22 +6,41 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
-from specs.base import Digest, ImportRef, SpecModel
+from specs.base import MAX_SEED, Digest, ImportRef, SpecModel, check_relative_path
 
 DataFormat = Literal["sklearn", "csv", "parquet", "npz", "text"]
 SKLEARN_DATASETS = ("digits", "iris", "wine", "breast_cancer", "diabetes")
+#: Limits (docs/security.md): cleaning steps, named columns/features, label classes.
+MAX_CLEANING_STEPS = 64
+MAX_COLUMNS = 10_000
+MAX_CLASSES = 100_000
+Column = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class Source(SpecModel):
     """Where the data comes from. Nothing is downloaded at run time."""
 
     uri: str = Field(
+        max_length=1100,
         pattern=r"^(sklearn://[a-z_]+|file://.+|s3://.+|gs://.+|pvc://.+|text://.+)$",
         description="`sklearn://digits` (a data set scikit-learn ships), `file://path` (relative to "
-        "the repository), `s3://…`, `gs://…`, `pvc://claim/path` or `text://path` (text to tokenise).",
+        "the Environment's `root`, and inside it), `s3://…`, `gs://…`, `pvc://claim/path` or "
+        "`text://path` (text to tokenise, relative to `root` like `file://`).",
         examples=["sklearn://digits", "file://data/reviews.parquet"],
     )
     format: DataFormat = Field(description="How the bytes are read.")
+
+    @property
+    def local_path(self) -> str | None:
+        """The path of a `file://`, `text://` or `pvc://` source (relative to its root), else None."""
+        scheme, _, rest = self.uri.partition("://")
+        return rest if scheme in ("file", "text", "pvc") else None
+
+    @model_validator(mode="after")
+    def _contained(self) -> "Source":
+        if self.local_path is not None:
+            check_relative_path(self.local_path, f"source path of {self.uri.partition('://')[0]}://")
+        return self
 
     @model_validator(mode="after")
     def _sklearn_name(self) -> "Source":
@@ -42,7 +61,7 @@ class Splits(SpecModel):
     train: float = Field(default=0.8, gt=0, lt=1, description="Fraction used for training.")
     validation: float = Field(default=0.1, ge=0, lt=1, description="Fraction used for early stopping/HPO.")
     test: float = Field(default=0.1, gt=0, lt=1, description="Held-out fraction for offline evaluation.")
-    seed: int = Field(default=0, ge=0, description="Seed of the shuffle before splitting.")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seed of the shuffle before splitting.")
 
     @model_validator(mode="after")
     def _sum_to_one(self) -> "Splits":
@@ -56,7 +75,7 @@ class DropMissing(SpecModel):
     """Drop rows with a missing value in any (or the given) column."""
 
     op: Literal["dropMissing"] = Field(description="Step type.")
-    columns: list[str] = Field(default_factory=list, description="Columns to check; empty means all.")
+    columns: list[Column] = Field(default_factory=list, max_length=MAX_COLUMNS, description="Columns to check; empty means all.")
 
 
 class Deduplicate(SpecModel):
@@ -71,7 +90,9 @@ class Clip(SpecModel):
     op: Literal["clip"] = Field(description="Step type.")
     min: float = Field(description="Lower bound.")
     max: float = Field(description="Upper bound.")
-    columns: list[str] = Field(default_factory=list, description="Columns to clip; empty means all features.")
+    columns: list[Column] = Field(
+        default_factory=list, max_length=MAX_COLUMNS, description="Columns to clip; empty means all features."
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> "Clip":
@@ -90,7 +111,7 @@ class Filter(SpecModel):
     """Keep rows for which a pandas query expression is true."""
 
     op: Literal["filter"] = Field(description="Step type.")
-    query: str = Field(min_length=1, description="A pandas `DataFrame.query` expression.")
+    query: str = Field(min_length=1, max_length=4096, description="A pandas `DataFrame.query` expression.")
 
 
 CleaningStep = Annotated[
@@ -101,12 +122,13 @@ CleaningStep = Annotated[
 class Labeling(SpecModel):
     """Where labels come from: a column, or a function that labels each row."""
 
-    column: str | None = Field(default=None, description="Column that holds the label (CSV/Parquet).")
+    column: Column | None = Field(default=None, description="Column that holds the label (CSV/Parquet).")
     function: ImportRef | None = Field(
         default=None, description="A `module:function` called with a DataFrame, returning labels."
     )
-    classes: list[str] = Field(
-        default_factory=list, description="Class names in label order, used by reports and serving."
+    classes: list[Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=list, max_length=MAX_CLASSES,
+        description=f"Class names in label order, used by reports and serving (at most {MAX_CLASSES:,}).",
     )
 
     @model_validator(mode="after")
@@ -128,10 +150,14 @@ class DatasetSpec(SpecModel):
         "mismatch; a change of digest is what tells the plan to retrain."
     )
     splits: Splits = Field(default_factory=Splits, description="Train/validation/test split.")
-    cleaning: list[CleaningStep] = Field(default_factory=list, description="Cleaning steps, run in order.")
+    cleaning: list[CleaningStep] = Field(
+        default_factory=list, max_length=MAX_CLEANING_STEPS,
+        description=f"Cleaning steps, run in order (at most {MAX_CLEANING_STEPS}).",
+    )
     labeling: Labeling = Field(default_factory=Labeling, description="Where labels come from.")
-    features: list[str] = Field(
-        default_factory=list, description="Feature columns (CSV/Parquet); empty means every non-label column."
+    features: list[Column] = Field(
+        default_factory=list, max_length=MAX_COLUMNS,
+        description="Feature columns (CSV/Parquet); empty means every non-label column.",
     )
 
     @model_validator(mode="after")

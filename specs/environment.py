@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from specs.base import Name, SpecModel
+from specs.base import Name, SpecModel, check_relative_path
 
 TargetType = Literal["local", "kubernetes"]
 
@@ -16,7 +16,7 @@ class LocalSettings(SpecModel):
 
     state_dir: str = Field(
         default=".forge",
-        description="Folder, relative to the repository root, holding the SQLite state, "
+        description="Folder, relative to the Environment's `root` and inside it, holding the SQLite state, "
         "artifacts, model registry and logs.",
     )
     max_parallel_steps: int = Field(
@@ -24,18 +24,29 @@ class LocalSettings(SpecModel):
     )
     scrape_interval: str = Field(
         default="1s",
-        pattern=r"^\d+(ms|s|m)$",
+        pattern=r"^\d{1,6}(ms|s|m)$",
         description="How often the local Prometheus scrapes the model servers and the router.",
     )
+
+    @field_validator("state_dir")
+    @classmethod
+    def _contained(cls, value: str) -> str:
+        return check_relative_path(value, "stateDir")
 
 
 class KubernetesSettings(SpecModel):
     """Settings of the `kubernetes` target; unset values behave as `kubectl` does."""
 
     kubeconfig: str | None = Field(
-        default=None, description="Path of the kubeconfig; default `$KUBECONFIG` or `~/.kube/config`."
+        default=None,
+        max_length=4096,
+        description="Path of the kubeconfig; default `$KUBECONFIG` or `~/.kube/config`. Never read in "
+        "pull-request mode (`plan --base`): there, credentials come from the runner only.",
     )
-    context: str | None = Field(default=None, description="Kubeconfig context; default the current one.")
+    context: str | None = Field(
+        default=None, max_length=253, pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="Kubeconfig context; default the current one.",
+    )
     namespace: Name = Field(description="Namespace that holds every object rendered for this environment.")
     service_account: Name | None = Field(
         default=None, description="ServiceAccount the workflow pods run as."
@@ -51,7 +62,7 @@ class PrometheusSettings(SpecModel):
         description="Base URL of the Prometheus HTTP API. The `local` target starts its own and "
         "leaves this unset.",
     )
-    timeout: str = Field(default="5s", pattern=r"^\d+(ms|s|m)$", description="Timeout of one query.")
+    timeout: str = Field(default="5s", pattern=r"^\d{1,6}(ms|s|m)$", description="Timeout of one query.")
 
 
 class EnvironmentDefaults(SpecModel):
@@ -69,6 +80,14 @@ class EnvironmentSpec(SpecModel):
     target: TargetType = Field(
         default="local",
         description="`local` runs everything on this machine; `kubernetes` applies to a cluster.",
+    )
+    root: str = Field(
+        default=".",
+        description="The project root, relative to the folder forgectl runs in (the repository root): every "
+        "path a spec names — dataset `file://` and `text://` sources, `local.stateDir` — is relative to it and "
+        "must stay inside it (no `..`, no absolute path, no symlink leading out). The local target runs its "
+        "steps with it as their source root; in a cluster the runtime images resolve sources against their "
+        "own `FORGE_SOURCE_ROOT`, where the data is mounted.",
     )
     default: bool = Field(
         default=False, description="Chosen when `--env` is not given (at most one per repository)."
@@ -91,6 +110,11 @@ class EnvironmentSpec(SpecModel):
     defaults: EnvironmentDefaults = Field(
         default_factory=EnvironmentDefaults, description="References used where a spec leaves them out."
     )
+
+    @field_validator("root")
+    @classmethod
+    def _relative_root(cls, value: str) -> str:
+        return check_relative_path(value, "root")
 
     @model_validator(mode="after")
     def _target_settings(self) -> "EnvironmentSpec":

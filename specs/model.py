@@ -7,7 +7,15 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
-from specs.base import ImportRef, Name, Precision, SpecModel, Threshold
+from specs.base import MAX_SEED, ImportRef, Name, Precision, SpecModel, Threshold
+
+#: Limits on counts a Model spec derives work from (docs/security.md lists them all).
+MAX_LAYERS = 64
+MAX_OPTIONS = 64
+MAX_CHOICES = 1000
+MAX_STEPS = 1_000_000_000
+MAX_PARAMETERS = 10**14
+MAX_DATA_PARALLEL = 4096
 
 
 class MLP(SpecModel):
@@ -15,7 +23,8 @@ class MLP(SpecModel):
 
     type: Literal["mlp"] = Field(description="Architecture family.")
     hidden_sizes: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
-        default_factory=lambda: [128, 64], min_length=1, description="Width of each hidden layer."
+        default_factory=lambda: [128, 64], min_length=1, max_length=MAX_LAYERS,
+        description=f"Width of each hidden layer (at most {MAX_LAYERS} layers)."
     )
     dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout after each hidden layer.")
 
@@ -25,7 +34,8 @@ class CNN(SpecModel):
 
     type: Literal["cnn"] = Field(description="Architecture family.")
     channels: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
-        default_factory=lambda: [16, 32], min_length=1, description="Output channels of each conv block."
+        default_factory=lambda: [16, 32], min_length=1, max_length=MAX_LAYERS,
+        description=f"Output channels of each conv block (at most {MAX_LAYERS} blocks)."
     )
     image_size: int = Field(default=8, ge=4, le=1024, description="Side of the square input image in pixels.")
     in_channels: int = Field(default=1, ge=1, le=16, description="Input channels (1 grey, 3 RGB).")
@@ -54,7 +64,8 @@ class CustomArchitecture(SpecModel):
     type: Literal["custom"] = Field(description="Architecture family.")
     entrypoint: ImportRef = Field(description="`module:function` returning a `torch.nn.Module`.")
     options: dict[str, int | float | str | bool] = Field(
-        default_factory=dict, description="Keyword arguments passed to the entrypoint."
+        default_factory=dict, max_length=MAX_OPTIONS,
+        description=f"Keyword arguments passed to the entrypoint (at most {MAX_OPTIONS}).",
     )
 
 
@@ -67,13 +78,15 @@ class Hyperparameters(SpecModel):
     learning_rate: float = Field(default=1e-3, gt=0, le=10, description="Peak learning rate.")
     batch_size: int = Field(default=64, ge=1, le=1_048_576, description="Samples per step per data-parallel rank.")
     epochs: int = Field(default=10, ge=1, le=100_000, description="Passes over the training split.")
-    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many optimizer steps.")
+    max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS, description="Stop after this many optimizer steps.")
     optimizer: Literal["adamw", "adam", "sgd"] = Field(default="adamw", description="Optimizer.")
     weight_decay: float = Field(default=0.0, ge=0, le=1, description="Decoupled weight decay.")
     momentum: float = Field(default=0.9, ge=0, lt=1, description="Momentum (sgd only).")
-    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps.")
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS, description="Linear warm-up steps.")
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=4096, description="Micro-batches per optimizer step.")
-    seed: int = Field(default=0, ge=0, description="Seed of every random generator: runs are reproducible.")
+    seed: int = Field(
+        default=0, ge=0, le=MAX_SEED, description="Seed of every random generator (0 to 2³²−1): runs are reproducible."
+    )
 
 
 Parallelism = Literal["none", "ddp", "deepspeed"]
@@ -88,7 +101,8 @@ class Distributed(SpecModel):
         "`deepspeed` (ZeRO).",
     )
     data_parallel: int | None = Field(
-        default=None, ge=1, description="Data-parallel ranks; default derived from model size and the pool."
+        default=None, ge=1, le=MAX_DATA_PARALLEL,
+        description="Data-parallel ranks; default derived from model size and the pool.",
     )
     tensor_parallel: int = Field(default=1, ge=1, le=64, description="Tensor-parallel degree.")
     pipeline_parallel: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel stages.")
@@ -148,7 +162,9 @@ class Choice(SpecModel):
     """One of a list of values."""
 
     type: Literal["choice"] = Field(description="A list of values.")
-    values: list[float | int | str] = Field(min_length=1, description="The values to choose from.")
+    values: list[float | int | str] = Field(
+        min_length=1, max_length=MAX_CHOICES, description=f"The values to choose from (at most {MAX_CHOICES})."
+    )
 
 
 SearchDimension = Annotated[Union[Uniform, IntRange, Choice], Field(discriminator="type")]
@@ -165,7 +181,10 @@ class Search(SpecModel):
     )
     trials: int = Field(default=4, ge=1, le=1000, description="Number of trials (grid: at most this many).")
     parallelism: int = Field(default=2, ge=1, le=256, description="Trials run at the same time.")
-    metric: str = Field(default="accuracy", description="Validation metric that picks the best trial.")
+    metric: str = Field(
+        default="accuracy", max_length=63, pattern=r"^[A-Za-z][A-Za-z0-9_]*$",
+        description="Validation metric that picks the best trial.",
+    )
     goal: Literal["maximize", "minimize"] = Field(default="maximize", description="Whether higher is better.")
     space: dict[str, SearchDimension] = Field(
         min_length=1, description="Hyperparameter (camelCase name) → range to search."
@@ -223,6 +242,7 @@ class ModelSpec(SpecModel):
     parameters: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_PARAMETERS,
         description="Parameter count used for scheduling; default computed from the architecture "
         "(required for `custom`).",
     )

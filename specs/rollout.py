@@ -3,28 +3,109 @@ Prometheus analysis that gates each step."""
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Literal, Mapping
 
 from pydantic import Field, model_validator
 
 from specs.base import Duration, Name, SpecModel, duration_seconds
 
-#: Ready-made PromQL templates over the serving runtime's metrics. Arguments in braces are filled in
-#: by the controller: endpoint, namespace, version, variant (stable|canary), window.
+#: Ready-made PromQL templates over the serving runtime's metrics. The placeholders `{endpoint}`,
+#: `{namespace}`, `{version}`, `{role}` (stable|canary) and `{window}` are filled in by
+#: :func:`fill_placeholders` — never by `str.format`, so a label matcher's braces stay as written.
 BUILTIN_TEMPLATES: dict[str, str] = {
     "success-rate": (
-        'sum(rate(forge_requests_total{{endpoint="{endpoint}",namespace="{namespace}",role="{role}",code!~"5.."}}[{window}]))'
-        ' / sum(rate(forge_requests_total{{endpoint="{endpoint}",namespace="{namespace}",role="{role}"}}[{window}]))'
+        'sum(rate(forge_requests_total{endpoint="{endpoint}",namespace="{namespace}",role="{role}",code!~"5.."}[{window}]))'
+        ' / sum(rate(forge_requests_total{endpoint="{endpoint}",namespace="{namespace}",role="{role}"}[{window}]))'
     ),
     "error-rate": (
-        'sum(rate(forge_requests_total{{endpoint="{endpoint}",namespace="{namespace}",role="{role}",code=~"5.."}}[{window}]))'
-        ' / sum(rate(forge_requests_total{{endpoint="{endpoint}",namespace="{namespace}",role="{role}"}}[{window}]))'
+        'sum(rate(forge_requests_total{endpoint="{endpoint}",namespace="{namespace}",role="{role}",code=~"5.."}[{window}]))'
+        ' / sum(rate(forge_requests_total{endpoint="{endpoint}",namespace="{namespace}",role="{role}"}[{window}]))'
     ),
     "latency-p99": (
         "histogram_quantile(0.99, sum by (le) (rate(forge_request_duration_seconds_bucket"
-        '{{endpoint="{endpoint}",namespace="{namespace}",role="{role}"}}[{window}])))'
+        '{endpoint="{endpoint}",namespace="{namespace}",role="{role}"}[{window}])))'
     ),
 }
+
+
+#: The placeholders of a query template; any other text in braces (label matchers) is PromQL.
+PLACEHOLDERS = ("endpoint", "namespace", "version", "role", "window")
+_PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+#: What a filled-in value may hold: names, versions, durations and the `.*` of alert rules. Nothing
+#: that could end a PromQL string literal or add syntax.
+_SAFE_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:*+\-]*$")
+#: Bounds on a query, checked before it reaches the parser (whose time grows quickly with nesting
+#: and operator chains): see docs/security.md.
+MAX_QUERY_LENGTH = 1024
+MAX_QUERY_NESTING = 32
+MAX_METRICS = 32
+MAX_STEPS = 100
+#: Stand-in values used to check a template at validate time.
+_SAMPLE_VALUES = {"endpoint": "endpoint", "namespace": "namespace", "version": "0123456789ab", "role": "canary"}
+
+
+def fill_placeholders(template: str, values: Mapping[str, str]) -> str:
+    """``template`` with exactly `{endpoint}`, `{namespace}`, `{version}`, `{role}` and `{window}`
+    replaced by ``values``; every other brace is left alone (so `{code=~"5.."}` is fine, and a
+    stray `{0}` or `{x.y}` is PromQL's business, not a format-string crash). A value with
+    characters that could change the query's syntax is refused."""
+    for key, value in values.items():
+        if key not in PLACEHOLDERS:
+            raise ValueError(f"unknown placeholder {key!r}; expected one of {', '.join(PLACEHOLDERS)}")
+        if not _SAFE_VALUE_RE.fullmatch(value):
+            raise ValueError(f"value {value!r} for {{{key}}} holds characters a query cannot take")
+
+    def one(match: re.Match[str]) -> str:
+        return values.get(match[1], match[0])
+
+    return _PLACEHOLDER_RE.sub(one, template)
+
+
+def _nesting(text: str) -> int:
+    depth = deepest = 0
+    quote = ""
+    escaped = False
+    for ch in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote != "`":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+            continue
+        if ch in "\"'`":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")]}":
+            depth -= 1
+    return deepest
+
+
+def check_promql(template: str, window: str) -> None:
+    """Raise ValueError unless ``template``, its placeholders filled in, is one valid PromQL
+    expression that yields an instant vector or a scalar (parsed by `promql-parser`, a Rust port of
+    Prometheus's own parser)."""
+    import promql_parser
+
+    if len(template) > MAX_QUERY_LENGTH:
+        raise ValueError(f"query is {len(template):,} characters long; at most {MAX_QUERY_LENGTH:,} are allowed")
+    if _nesting(template) > MAX_QUERY_NESTING:
+        raise ValueError(f"query nests brackets deeper than {MAX_QUERY_NESTING} levels")
+    text = fill_placeholders(template, {**_SAMPLE_VALUES, "window": window})
+    try:
+        expr = promql_parser.parse(text)
+    except (KeyboardInterrupt, SystemExit):  # pragma: no cover
+        raise
+    except BaseException as exc:  # a ValueError, or a PanicException from the Rust side
+        raise ValueError(f"query is not valid PromQL: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    if isinstance(expr, (promql_parser.MatrixSelector, promql_parser.SubqueryExpr)):
+        raise ValueError("query yields a range vector; a gate needs one number per series (wrap it in rate(), avg_over_time(), …)")
+    if isinstance(expr, promql_parser.StringLiteral):
+        raise ValueError("query yields a string; a gate needs a number")
 
 
 class CompareToStable(SpecModel):
@@ -50,7 +131,10 @@ class Metric(SpecModel):
     query: str | None = Field(
         default=None,
         min_length=1,
-        description="A PromQL template; `{endpoint}`, `{namespace}`, `{version}`, `{role}` and `{window}` are filled in.",
+        max_length=MAX_QUERY_LENGTH,
+        description="A PromQL template; `{endpoint}`, `{namespace}`, `{version}`, `{role}` and `{window}` are filled in "
+        "(nothing else: label matchers such as `{code=~\"5..\"}` are written as in Prometheus). Parsed when the "
+        f"specs are validated; at most {MAX_QUERY_LENGTH} characters.",
     )
     min: float | None = Field(default=None, description="Pass when the value is at least this.")
     max: float | None = Field(default=None, description="Pass when the value is at most this.")
@@ -83,11 +167,17 @@ class Metric(SpecModel):
             raise ValueError(f"max ({self.max:g}) is below min ({self.min:g})")
         if duration_seconds(self.interval) <= 0:
             raise ValueError("interval must be positive")
+        check_promql(self.promql(), self.window)
         return self
 
     def promql(self) -> str:
         """The PromQL template of this metric (built-in or user-written)."""
         return BUILTIN_TEMPLATES[self.template] if self.template else str(self.query)
+
+    def render(self, *, endpoint: str, namespace: str, version: str, role: str) -> str:
+        """The metric's query with its placeholders filled in (see :func:`fill_placeholders`)."""
+        return fill_placeholders(self.promql(), {"endpoint": endpoint, "namespace": namespace, "version": version,
+                                                 "role": role, "window": self.window})
 
 
 class CanaryStep(SpecModel):
@@ -95,13 +185,17 @@ class CanaryStep(SpecModel):
 
     weight: int = Field(ge=1, le=100, description="Percent of traffic for the canary at this step.")
     pause: Duration = Field(default="0s", description="Wait before the analysis starts.")
-    analysis: list[Name] = Field(default_factory=list, description="Names of `metrics` to run at this step.")
+    analysis: list[Name] = Field(
+        default_factory=list, max_length=MAX_METRICS, description="Names of `metrics` to run at this step."
+    )
 
 
 class Canary(SpecModel):
     """Canary: weights grow step by step while the analysis passes."""
 
-    steps: list[CanaryStep] = Field(min_length=1, description="Steps with strictly increasing weights.")
+    steps: list[CanaryStep] = Field(
+        min_length=1, max_length=MAX_STEPS, description=f"Steps with strictly increasing weights (at most {MAX_STEPS})."
+    )
 
     @model_validator(mode="after")
     def _increasing(self) -> "Canary":
@@ -117,7 +211,9 @@ class BlueGreen(SpecModel):
     traffic at once; the old one is kept for `scaleDownDelay` for a fast rollback."""
 
     preview_replicas: int = Field(default=1, ge=1, le=1000, description="Replicas of the preview.")
-    analysis: list[Name] = Field(default_factory=list, description="Metrics run against the preview.")
+    analysis: list[Name] = Field(
+        default_factory=list, max_length=MAX_METRICS, description="Metrics run against the preview."
+    )
     preview_traffic_percent: int = Field(
         default=0, ge=0, le=100, description="Mirror/test traffic sent to the preview during analysis."
     )
@@ -131,9 +227,36 @@ class GitWriteback(SpecModel):
     enabled: bool = Field(default=False, description="Create the revert commit.")
     branch: str = Field(
         default="forge/rollback-{endpoint}",
+        max_length=200,
         pattern=r"^[A-Za-z0-9._/{}\-]+$",
-        description="Branch for the commit; `{endpoint}` is filled in.",
+        description="Branch for the commit; `{endpoint}` is filled in (no other placeholder). The result "
+        "must be a valid git branch name.",
     )
+
+    @model_validator(mode="after")
+    def _branch_name(self) -> "GitWriteback":
+        check_branch(self.branch_for("x"))
+        return self
+
+    def branch_for(self, endpoint: str) -> str:
+        """The branch name for ``endpoint``: `{endpoint}` replaced, nothing else touched."""
+        return self.branch.replace("{endpoint}", endpoint)
+
+
+def check_branch(name: str) -> str:
+    """Raise ValueError unless ``name`` is a branch name `git check-ref-format --branch` accepts."""
+    if "{" in name or "}" in name:
+        raise ValueError(f"branch {name!r}: only the placeholder `{{endpoint}}` is filled in")
+    parts = name.split("/")
+    if (
+        not name or name.startswith(("-", "/")) or name.endswith(("/", ".")) or ".." in name or "@{" in name
+        or any(not part or part.startswith(".") or part.endswith(".lock") for part in parts) or name == "@"
+    ):
+        raise ValueError(
+            f"branch {name!r} is not a valid git branch name (no empty or dot-leading parts, no `..`, "
+            "no trailing `/`, `.` or `.lock`)"
+        )
+    return name
 
 
 class RolloutPolicySpec(SpecModel):
@@ -142,7 +265,10 @@ class RolloutPolicySpec(SpecModel):
     strategy: Literal["canary", "blueGreen"] = Field(description="`canary` or `blueGreen`.")
     canary: Canary | None = Field(default=None, description="Canary steps (`strategy: canary`).")
     blue_green: BlueGreen | None = Field(default=None, description="Blue-green settings (`strategy: blueGreen`).")
-    metrics: list[Metric] = Field(default_factory=list, description="Analysis metrics referenced by name.")
+    metrics: list[Metric] = Field(
+        default_factory=list, max_length=MAX_METRICS,
+        description=f"Analysis metrics referenced by name (at most {MAX_METRICS}).",
+    )
     on_prometheus_unreachable: Literal["hold", "rollback"] = Field(
         default="hold",
         description="`hold`: never promote or roll back on missing data alone (each metric's "
