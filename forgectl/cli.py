@@ -396,7 +396,7 @@ def _endpoints(result, environment, only=None):  # type: ignore[no-untyped-def]
         if only and endpoint.name != only:
             continue
         model = result.specs.model_of(endpoint)
-        yield endpoint, model.name, model_version(result.specs, model, environment.spec.image_tag), result.specs.policy_of(endpoint, environment)
+        yield endpoint, model.name, model_version(result.specs, model, environment), result.specs.policy_of(endpoint, environment)
 
 
 @app.command()

@@ -189,7 +189,7 @@ def _order(change: Change) -> tuple[int, Any]:
     # Deletions go last, in reverse dependency order.
     if change.action is Action.DELETE:
         key = sort_key(obj)
-        return (1, (-key[0], key[1], key[2], key[3]))
+        return (1, (-key[0], -key[1], *key[2:]))
     return (0, sort_key(obj))
 
 

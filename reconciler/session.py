@@ -79,7 +79,7 @@ def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: st
     rollouts = rollouts or {}
     serving: dict[str, ServingState] = {}
     for endpoint in specs.of(Endpoint):
-        want = model_version(specs, specs.model_of(endpoint), env.spec.image_tag)
+        want = model_version(specs, specs.model_of(endpoint), env)
         state = current.get(endpoint.name)
         rollout = rollouts.get(endpoint.name)
         if state is None or state.stable == want:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from renderers.labels import ENVIRONMENT, GIT_REVISION, MANAGED_BY, MANAGER, PRUNE
+from renderers.labels import ENVIRONMENT, GIT_REVISION, MANAGED_BY, MANAGER, PRUNE, TRAINING_STAGE
 from renderers.monitoring import render_podmonitor, render_rules
 from renderers.seldon import ServingState, render_seldon
 from renderers.versions import model_version
@@ -49,10 +49,13 @@ class Rendered:
     versions: dict[str, str]
 
 
-def sort_key(obj: Mapping[str, Any]) -> tuple[int, str, str, str]:
-    """Order of objects in a render and in an apply."""
+def sort_key(obj: Mapping[str, Any]) -> tuple[int, int, str, str, str]:
+    """Order of objects in a render and in an apply (a distillation teacher's Workflow before its
+    students')."""
     meta = obj.get("metadata", {})
-    return (KIND_ORDER.get(obj.get("kind", ""), 99), obj.get("kind", ""), meta.get("namespace", ""), meta.get("name", ""))
+    stage = (meta.get("annotations") or {}).get(TRAINING_STAGE, "0")
+    return (KIND_ORDER.get(obj.get("kind", ""), 99), int(stage) if stage.isdigit() else 0, obj.get("kind", ""),
+            meta.get("namespace", ""), meta.get("name", ""))
 
 
 def _ordered(obj: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +87,7 @@ def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
         manifests.append(wf.manifest)
     for endpoint in specs.of(Endpoint):
         model = specs.model_of(endpoint)
-        desired = versions.get(model.name) or model_version(specs, model, env.spec.image_tag)
+        desired = versions.get(model.name) or model_version(specs, model, env)
         state = ctx.serving.get(endpoint.name, ServingState(stable=desired))
         manifests.append(render_seldon(specs, endpoint, env, ns, ctx.revision, state))
         manifests.append(render_podmonitor(endpoint, env, ns, ctx.revision))

@@ -33,22 +33,31 @@ def render_rules(endpoint: Endpoint, policy: RolloutPolicy, env: Environment, na
     rules = []
     for metric in policy.spec.metrics:
         query = metric.render(endpoint=endpoint.name, namespace=namespace, version=".*", role="canary")
+        stable = metric.render(endpoint=endpoint.name, namespace=namespace, version=".*", role="stable")
         hold = f"{int(duration_seconds(metric.interval) * metric.count)}s"
-        bounds = []
+        # (alert suffix, expression that is true while the rule is broken, summary, requirement)
+        bounds: list[tuple[str, str, str, str]] = []
         if metric.min is not None:
-            bounds.append(("<", metric.min, "below"))
+            bounds.append(("Below", f"({query}) < {metric.min:g}", f"below {metric.min:g}", f"≥ {metric.min:g}"))
         if metric.max is not None:
-            bounds.append((">", metric.max, "above"))
-        for op, value, word in bounds:
+            bounds.append(("Above", f"({query}) > {metric.max:g}", f"above {metric.max:g}", f"≤ {metric.max:g}"))
+        compare = metric.compare_to_stable
+        if compare is not None and compare.max_increase is not None:
+            bounds.append(("AboveStable", f"({query}) - ({stable}) > {compare.max_increase:g}",
+                           f"more than {compare.max_increase:g} above stable", f"at most {compare.max_increase:g} above stable"))
+        if compare is not None and compare.max_decrease is not None:
+            bounds.append(("BelowStable", f"({stable}) - ({query}) > {compare.max_decrease:g}",
+                           f"more than {compare.max_decrease:g} below stable", f"at most {compare.max_decrease:g} below stable"))
+        for suffix, expr, summary, requirement in bounds:
             rules.append({
-                "alert": f"Forge{_alert_name(endpoint.name)}{_alert_name(metric.name)}{word.capitalize()}",
-                "expr": f"({query}) {op} {value:g}",
+                "alert": f"Forge{_alert_name(endpoint.name)}{_alert_name(metric.name)}{suffix}",
+                "expr": expr,
                 "for": hold,
                 "labels": {"severity": "warning", ENDPOINT.replace("/", "_").replace(".", "_"): endpoint.name},
                 "annotations": {
-                    "summary": f"{endpoint.name}: canary {metric.name} {word} {value:g}",
-                    "description": f"Rollout policy {policy.name} requires {metric.name} "
-                                   f"{'≥' if op == '<' else '≤'} {value:g}; Forge rolls back on a failed analysis.",
+                    "summary": f"{endpoint.name}: canary {metric.name} {summary}",
+                    "description": f"Rollout policy {policy.name} requires {metric.name} {requirement}; "
+                                   "Forge rolls back on a failed analysis.",
                 },
             })
     return {

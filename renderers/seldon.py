@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, VARIANT, canonical_json, owner_metadata
-from renderers.workflow import WORKSPACE_PVC, image, registry_dir
-from specs import Endpoint, Environment, SpecSet
+from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, VARIANT, owner_metadata
+from renderers.stepargs import step_args
+from renderers.pods import INFERENCE_PRIORITY, SECURITY_CONTEXT, placement
+from renderers.workflow import WORKSPACE_PVC, await_registration, image, registry_dir
+from specs import Compute, Endpoint, Environment, SpecSet
 from specs.stepconfig import DEFAULT_WORKSPACE, WORKSPACE_ENV, ServeConfig
 
 SERVE_PORT = 9000
-INFERENCE_PRIORITY = {"high": "forge-medium", "medium": "forge-medium", "low": "forge-low"}
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class ServingState:
     canary_weight: int = 0
 
 
-def _predictor(endpoint: Endpoint, env: Environment, namespace: str, model: str, version: str,
-               role: str, traffic: int, replicas: int) -> dict[str, Any]:
+def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, namespace: str, model: str,
+               version: str, role: str, traffic: int, replicas: int) -> dict[str, Any]:
     spec = endpoint.spec
     config = ServeConfig(
         endpoint=endpoint.name, namespace=namespace, model=model, version=version, variant=spec.variant,
@@ -45,8 +46,10 @@ def _predictor(endpoint: Endpoint, env: Environment, namespace: str, model: str,
     for part in ("requests", "limits"):
         rl = getattr(spec.resources, part)
         values = {k: v for k, v in (("cpu", rl.cpu), ("memory", rl.memory)) if v is not None}
-        if rl.gpus:
-            values["nvidia.com/gpu"] = str(rl.gpus)
+        if rl.gpus and compute is not None and compute.spec.accelerator.effective_resource_name:
+            # The pool's own extended resource (amd.com/gpu, habana.ai/gaudi, …); the loader
+            # refuses GPUs on an Endpoint without an accelerator pool.
+            values[compute.spec.accelerator.effective_resource_name] = str(rl.gpus)
         if values:
             resources[part] = values
     labels = {ENDPOINT: endpoint.name, MODEL_VERSION: version, VARIANT: spec.variant, ROLE: role}
@@ -54,17 +57,31 @@ def _predictor(endpoint: Endpoint, env: Environment, namespace: str, model: str,
         "name": "model",
         "image": image(env, runtime),
         "command": ["python", "-m", "runtimes"],
-        "args": [step, "--config-json", canonical_json(config.model_dump(mode="json", by_alias=True))],
+        "args": step_args(step, config.model_dump(mode="json", by_alias=True)),
         "env": [{"name": WORKSPACE_ENV, "value": DEFAULT_WORKSPACE}],
         "ports": [{"name": "http", "containerPort": SERVE_PORT, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": SERVE_PORT}, "periodSeconds": 2},
         "resources": resources,
         "volumeMounts": [{"name": "workspace", "mountPath": DEFAULT_WORKSPACE, "readOnly": True}],
     }
+    # Seldon starts the server as soon as the object exists, and a first version is still
+    # training then: the init container holds the pod until the version is registered.
+    wait = await_registration(model, version, f"model {model} {version}")
+    init = {
+        "name": "await-model",
+        "image": image(env, "forge-serve"),
+        "command": ["python", "-m", "runtimes"],
+        "args": step_args("await", wait.model_dump(mode="json", by_alias=True)),
+        "env": [{"name": WORKSPACE_ENV, "value": DEFAULT_WORKSPACE}],
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "volumeMounts": [{"name": "workspace", "mountPath": DEFAULT_WORKSPACE, "readOnly": True}],
+    }
     component: dict[str, Any] = {
         "metadata": {"labels": labels},
         "spec": {
-            "priorityClassName": INFERENCE_PRIORITY["medium"],
+            **placement(compute, INFERENCE_PRIORITY[compute.spec.priority if compute else "medium"]),
+            "securityContext": SECURITY_CONTEXT,
+            "initContainers": [init],
             "containers": [container],
             "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC, "readOnly": True}}],
         },
@@ -89,10 +106,11 @@ def render_seldon(specs: SpecSet, endpoint: Endpoint, env: Environment, namespac
                   state: ServingState) -> dict[str, Any]:
     """The SeldonDeployment of an Endpoint in the given serving state."""
     model = specs.model_of(endpoint)
+    compute = specs.serving_compute_of(endpoint)
     replicas = endpoint.spec.replicas
-    predictors = [_predictor(endpoint, env, namespace, model.name, state.stable, "stable", 100 - state.canary_weight, replicas)]
+    predictors = [_predictor(endpoint, compute, env, namespace, model.name, state.stable, "stable", 100 - state.canary_weight, replicas)]
     if state.canary is not None and state.canary != state.stable:
-        predictors.append(_predictor(endpoint, env, namespace, model.name, state.canary, "canary", state.canary_weight, max(1, min(replicas, 1))))
+        predictors.append(_predictor(endpoint, compute, env, namespace, model.name, state.canary, "canary", state.canary_weight, max(1, min(replicas, 1))))
     else:
         predictors[0]["traffic"] = 100
     return {

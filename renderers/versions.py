@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from renderers.labels import digest
-from specs import Model, SpecSet
+from renderers.scheduling import schedule_resources
+from specs import Environment, Model, SpecSet
 
 VERSION_LENGTH = 12
 
@@ -21,23 +22,33 @@ def step_key(step: str, config: dict[str, Any], image: str, upstream: list[str])
     return digest({"step": step, "config": config, "image": image, "upstream": sorted(upstream)})
 
 
-def model_version(specs: SpecSet, model: Model, image_tag: str, _seen: frozenset[str] = frozenset()) -> str:
+def model_version(specs: SpecSet, model: Model, env: Environment, _seen: frozenset[str] = frozenset()) -> str:
     """Version of a Model: a digest of everything its workflow depends on — its spec, its dataset's
-    digest, its compression, its teachers' versions and the runtime version."""
+    digest, its compression, its teachers' versions, the runtime version, and where it trains.
+
+    Where it trains is the accelerator and the job's width (GPUs, nodes) that
+    `schedule_resources` derives from the pool: they change the result (global batch, numerics)
+    and, because Argo never re-runs a Workflow whose spec is updated in place, a different width
+    must be a new Workflow. Pure placement (node selector, tolerations, priority) is not part of
+    the version: it changes where the next run lands, not what it produces."""
     dataset = specs.dataset_of(model)
     compression = specs.compression_of(model)
+    compute = specs.compute_of(model, env)
+    schedule = schedule_resources(model, dataset, compute)
     teachers = {}
     if compression is not None:
         for name in specs.teachers_of(compression):
             teacher = specs.get(Model, name)
             if teacher is not None and name != model.name and name not in _seen:
-                teachers[name] = model_version(specs, teacher, image_tag, _seen | {model.name})
+                teachers[name] = model_version(specs, teacher, env, _seen | {model.name})
     return digest(
         {
             "model": model.spec.model_dump(mode="json", by_alias=True),
             "dataset": dataset.spec.digest,
             "compression": compression.spec.model_dump(mode="json", by_alias=True) if compression else None,
             "teachers": teachers,
-            "runtime": image_tag,
+            "runtime": env.spec.image_tag,
+            "training": {"accelerator": compute.spec.accelerator.type, "resource": schedule.resource_name,
+                         "gpus": schedule.gpus, "nodes": schedule.nodes},
         }
     )[:VERSION_LENGTH]

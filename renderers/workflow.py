@@ -22,15 +22,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from renderers.deepspeed import deepspeed_config
-from renderers.labels import MODEL_VERSION, STEP, canonical_json, digest, owner_metadata
+from renderers.labels import MODEL_VERSION, STEP, TRAINING_STAGE, digest, owner_metadata
+from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, TRAINING_PRIORITY, placement, shm_volume
+from renderers.stepargs import step_args
 from renderers.scheduling import Schedule, schedule_resources
 from renderers.versions import model_version, step_key
 from specs import Compression, Environment, Model, SpecSet
 from specs.model import Choice, IntRange, Uniform
 from specs.stepconfig import (
+    AwaitConfig,
     CompressConfig,
     DEFAULT_WORKSPACE,
     EvaluateConfig,
+    PERMANENT_EXIT_CODES,
     PickBestConfig,
     PrepareConfig,
     RegisterConfig,
@@ -40,9 +44,6 @@ from specs.stepconfig import (
 
 WORKSPACE_PVC = "forge-workspace"
 STEP_CACHE_CONFIGMAP = "forge-step-cache"
-#: Exit codes of a runtime that retrying cannot fix: digest mismatch, thresholds, variant rejected.
-PERMANENT_EXIT_CODES = (2, 3, 4)
-TRAINING_PRIORITY = {"high": "forge-high", "medium": "forge-high", "low": "forge-low"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,11 @@ def version_dir(model: str, version: str) -> str:
     return f"models/{model}/{version}"
 
 
+def workflow_name(model: str, version: str) -> str:
+    """Name of the Workflow of one model version (the version makes it unique and immutable)."""
+    return f"{model[:50]}-{version[:10]}"
+
+
 def registry_dir(model: str, version: str, variant: str = "") -> str:
     """Workspace folder of a registered version (and of one of its variants)."""
     base = f"registry/{model}/{version}"
@@ -123,13 +129,28 @@ def _config_json(config: Any) -> dict[str, Any]:
     return config.model_dump(mode="json", by_alias=True, exclude_defaults=False)
 
 
+def training_stage(specs: SpecSet, model: Model) -> int:
+    """How many distillation teachers deep a Model is: 0 without teachers, else one more than its
+    deepest teacher (the loader refuses cycles)."""
+    compression = specs.compression_of(model)
+    teachers = [specs.get(Model, n) for n in specs.teachers_of(compression)] if compression else []
+    return max((1 + training_stage(specs, t) for t in teachers if t is not None and t.name != model.name), default=0)
+
+
+def await_registration(model: str, version: str, what: str) -> AwaitConfig:
+    """The wait for one model version's registration (`registry.json`, written last by `register`),
+    failing as soon as that version's workflow records a failed outcome."""
+    return AwaitConfig(paths=[f"{registry_dir(model, version)}/registry.json"],
+                       outcomes=[f"{version_dir(model, version)}/outcome.json"], what=what)
+
+
 def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, list[Step], Schedule]:
     """The steps of a Model's workflow, with configs and cache keys (pure; shared by the renderer,
     the plan's cache-hit report and the local target)."""
     dataset = specs.dataset_of(model)
     compute = specs.compute_of(model, env)
     schedule = schedule_resources(model, dataset, compute)
-    version = model_version(specs, model, env.spec.image_tag)
+    version = model_version(specs, model, env)
     train_image = image(env, "forge-train")
     compress_image = image(env, "forge-compress")
     data = data_dir(specs, model)
@@ -174,17 +195,28 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
     if compression is not None:
         for variant in compression.spec.variants:
             teachers = {}
+            awaits: list[str] = []
             for name in sorted({s.teacher_ref for s in variant.stages if getattr(s, "teacher_ref", None)}):
                 teacher = specs.get(Model, name)
                 assert teacher is not None and name is not None
-                teacher_version = version if name == model.name else model_version(specs, teacher, env.spec.image_tag)
-                teachers[name] = f"{vdir}/train" if name == model.name else registry_dir(name, teacher_version, "base")
+                if name == model.name:
+                    teachers[name] = f"{vdir}/train"
+                    continue
+                teacher_version = model_version(specs, teacher, env)
+                teachers[name] = registry_dir(name, teacher_version, "base")
+                # The teacher trains in a Workflow of its own, which Argo does not order with
+                # this one: wait for its registration (and fail with it).
+                step_name = f"await-teacher-{name}"[:63]
+                if not any(s.name == step_name for s in steps):
+                    add(step_name, "await", await_registration(name, teacher_version, f"teacher {name} {teacher_version}"),
+                        train_image, ())
+                awaits.append(step_name)
             bound = variant.max_accuracy_drop if variant.max_accuracy_drop is not None else compression.spec.max_accuracy_drop
             add(f"compress-{variant.name}", "compress",
                 CompressConfig(model=model.name, variant=variant, model_dir=f"{vdir}/train", data=data,
                                teachers=teachers, hardware_target=compression.spec.hardware_target,
                                max_accuracy_drop=bound, output=f"{vdir}/variants/{variant.name}"),
-                compress_image, ("evaluate", "prepare-data"))
+                compress_image, ("evaluate", "prepare-data", *awaits))
             variants[variant.name] = f"{vdir}/variants/{variant.name}"
     compress_steps = tuple(s.name for s in steps if s.kind == "compress")
     add("register", "register",
@@ -206,29 +238,48 @@ def _container(step: Step, command: list[str], resources: dict[str, Any]) -> dic
     return {
         "image": step.image,
         "command": command,
-        "args": [step.kind, "--config-json", canonical_json(step.config)],
+        "args": step_args(step.kind, step.config),
         "env": [{"name": WORKSPACE_ENV, "value": DEFAULT_WORKSPACE}],
         "resources": resources,
         "volumeMounts": [{"name": "workspace", "mountPath": DEFAULT_WORKSPACE}],
     }
 
 
+def retry_expression() -> str:
+    """`retryStrategy.expression`: retry errors and failures, except the runtimes' permanent exits.
+
+    Argo's controller puts `lastRetry.exitCode` into the expression's scope as a *string*
+    (`buildRetryStrategyLocalScope`), so the codes are compared as strings: an integer comparison
+    (`lastRetry.exitCode != 2`) is always true and would retry a digest mismatch. An `Error` (the
+    pod never ran the step: eviction, image pull) has no meaningful exit code and is retried."""
+    codes = ", ".join(f"'{c}'" for c in PERMANENT_EXIT_CODES)
+    return f"lastRetry.status == 'Error' || (lastRetry.status == 'Failed' && !(lastRetry.exitCode in [{codes}]))"
+
+
 def _retry(limit: int) -> dict[str, Any]:
-    codes = " && ".join(f"lastRetry.exitCode != {c}" for c in PERMANENT_EXIT_CODES)
+    # No `backoff.maxDuration`: Argo measures it from the *first* attempt's start and also uses it
+    # as the retried pod's deadline, so a training step failing after that long would never be
+    # retried and a retry would be killed at it. `cap` bounds each wait instead.
     return {
         "limit": str(limit),
         "retryPolicy": "Always",
-        "expression": f"lastRetry.status == 'Error' || ({codes})",
-        "backoff": {"duration": "10s", "factor": "2", "maxDuration": "10m"},
+        "expression": retry_expression(),
+        "backoff": {"duration": "10s", "factor": "2", "cap": "5m"},
     }
 
 
 def _pytorchjob(step: Step, schedule: Schedule, model: Model, pod_spec: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
-    """A Kubeflow Training Operator PyTorchJob for multi-node training: its c10d rendezvous is the
-    engine, so Forge writes none of its own."""
+    """A Kubeflow Training Operator PyTorchJob for multi-node training: its rendezvous is the
+    engine, so Forge writes none of its own.
+
+    Each pod runs `torchrun`, which starts `nprocPerNode` workers and takes the node count, its
+    rank and the rendezvous address from the `PET_*` variables the operator sets; running the
+    step directly would start one process per pod in a world of nodes × GPUs, and hang.
+    `elasticPolicy.nProcPerNode` is deprecated and refused by the operator's webhook together
+    with `spec.nprocPerNode`, so only the latter is set."""
     container = dict(pod_spec["containers"][0])
-    container["name"] = "pytorch"
-    container["command"] = ["python", "-m", "runtimes"]
+    container["name"] = "pytorch"  # the operator finds its container by this name
+    container["command"] = ["torchrun", "-m", "runtimes"]
     replica = {"replicas": 1, "restartPolicy": "OnFailure", "template": {"spec": {**pod_spec, "containers": [container]}}}
     spec: dict[str, Any] = {
         "nprocPerNode": str(schedule.gpus_per_node),
@@ -236,7 +287,7 @@ def _pytorchjob(step: Step, schedule: Schedule, model: Model, pod_spec: dict[str
         "pytorchReplicaSpecs": {"Master": replica, "Worker": {**replica, "replicas": schedule.nodes - 1}},
     }
     if model.spec.distributed.elastic:
-        spec["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": 1, "maxReplicas": schedule.nodes, "nProcPerNode": schedule.gpus_per_node}
+        spec["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": 1, "maxReplicas": schedule.nodes}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "metadata": {"generateName": f"{name}-", "namespace": namespace}, "spec": spec}
 
@@ -245,8 +296,8 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
     """The Argo Workflow of one Model version."""
     version, steps, schedule = plan_steps(specs, model, env)
     compute = specs.compute_of(model, env)
-    name = f"{model.name[:50]}-{version[:10]}"
-    train_priority = TRAINING_PRIORITY[compute.spec.priority]
+    name = workflow_name(model.name, version)
+    train_placement = placement(compute, TRAINING_PRIORITY[compute.spec.priority])
     templates: list[dict[str, Any]] = []
     tasks: list[dict[str, Any]] = []
     light = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
@@ -259,23 +310,21 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
         template: dict[str, Any] = {
             "name": step.name,
             "metadata": {"labels": {STEP: step.kind}},
-            "outputs": {"parameters": [{"name": "metrics", "valueFrom": {"path": f"{DEFAULT_WORKSPACE}/{step.config['output']}/metrics.json", "default": "{}"}}]},
             "memoize": {"key": f"{step.kind}-{step.key[:40]}", "maxAge": "8760h", "cache": {"configMap": {"name": STEP_CACHE_CONFIGMAP}}},
             "retryStrategy": _retry(model.spec.retries),
         }
-        if heavy:
-            template["priorityClassName"] = train_priority
-            if compute.spec.node_selector:
-                template["nodeSelector"] = dict(sorted(compute.spec.node_selector.items()))
-            if compute.spec.tolerations:
-                template["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in compute.spec.tolerations]
+        if "output" in step.config:
+            template["outputs"] = {"parameters": [{"name": "metrics", "valueFrom": {
+                "path": f"{DEFAULT_WORKSPACE}/{step.config['output']}/metrics.json", "default": "{}"}}]}
+        container = _container(step, command, resources)
+        multi_process = heavy and schedule.gpus_per_node > 1
+        if multi_process:
+            container["volumeMounts"] = [*container["volumeMounts"], SHM_MOUNT]
         if heavy and schedule.multi_node:
-            pod = {"priorityClassName": train_priority, "containers": [_container(step, command, resources)],
-                   "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}}]}
-            if compute.spec.node_selector:
-                pod["nodeSelector"] = template["nodeSelector"]
-            if compute.spec.tolerations:
-                pod["tolerations"] = template["tolerations"]
+            # The resource template's own pod only creates the job: it gets no GPU placement.
+            pod = {**train_placement, "securityContext": SECURITY_CONTEXT, "containers": [container],
+                   "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}},
+                               shm_volume(compute.spec.node.memory)]}
             job = _pytorchjob(step, schedule, model, pod, namespace, name)
             template["resource"] = {
                 "action": "create",
@@ -284,9 +333,13 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
                 "successCondition": "status.replicaStatuses.Master.succeeded > 0",
                 "failureCondition": "status.replicaStatuses.Master.failed > 0",
             }
-            template.pop("outputs")
+            template.pop("outputs", None)
         else:
-            template["container"] = _container(step, command, resources)
+            if heavy:
+                template.update(train_placement)
+            if multi_process:
+                template["volumes"] = [shm_volume(compute.spec.node.memory)]
+            template["container"] = container
         templates.append(template)
         task: dict[str, Any] = {"name": step.name, "template": step.name}
         if step.depends:
@@ -313,12 +366,14 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
         "metadata": owner_metadata(
             model, name=name, namespace=namespace, environment=env.name, revision=revision,
             labels={MODEL_VERSION: version},
+            annotations={TRAINING_STAGE: str(training_stage(specs, model))},
         ),
         "spec": {
             "entrypoint": "pipeline",
             "onExit": "record-outcome",
             "parallelism": search.parallelism if search else 2,
             "podGC": {"strategy": "OnWorkflowSuccess"},
+            "securityContext": SECURITY_CONTEXT,
             "ttlStrategy": {"secondsAfterSuccess": 604800},
             "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}}],
             "templates": [{"name": "pipeline", "dag": dag}, *templates, on_exit],

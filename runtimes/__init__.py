@@ -14,6 +14,6 @@ Failures a user can cause raise :class:`runtimes.errors.StepFailed` (or a subcla
 own exit code); the dispatcher prints its one-line message and exits non-zero, never a traceback.
 """
 
-STEPS = ("prepare", "train", "pick-best", "evaluate", "compress", "register", "serve", "serve-seldon")
+STEPS = ("prepare", "train", "pick-best", "evaluate", "compress", "register", "serve", "serve-seldon", "await")
 
 __all__ = ["STEPS"]

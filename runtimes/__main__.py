@@ -16,6 +16,7 @@ _MODULES = {
     "register": "runtimes.register",
     "serve": "runtimes.serve",
     "serve-seldon": "runtimes.serve_seldon",
+    "await": "runtimes.await_files",
 }
 
 

@@ -3,10 +3,13 @@
     StepFailed                (exit 1)  anything the user can fix: bad config, missing data, …
     ├── DigestMismatch        (exit 2)  the data's digest differs from the Dataset spec's
     ├── ThresholdsFailed      (exit 3)  evaluate: an offline threshold does not hold
-    └── VariantRejected       (exit 4)  compress: the variant lost more accuracy than allowed
+    ├── VariantRejected       (exit 4)  compress: the variant lost more accuracy than allowed
+    └── UpstreamFailed        (exit 5)  await: the run it waits for failed
 """
 
 from __future__ import annotations
+
+from specs.stepconfig import EXIT_DIGEST_MISMATCH, EXIT_THRESHOLDS_FAILED, EXIT_UPSTREAM_FAILED, EXIT_VARIANT_REJECTED
 
 
 class StepFailed(Exception):
@@ -16,12 +19,16 @@ class StepFailed(Exception):
 
 
 class DigestMismatch(StepFailed):
-    exit_code = 2
+    exit_code = EXIT_DIGEST_MISMATCH
 
 
 class ThresholdsFailed(StepFailed):
-    exit_code = 3
+    exit_code = EXIT_THRESHOLDS_FAILED
 
 
 class VariantRejected(StepFailed):
-    exit_code = 4
+    exit_code = EXIT_VARIANT_REJECTED
+
+
+class UpstreamFailed(StepFailed):
+    exit_code = EXIT_UPSTREAM_FAILED

@@ -89,6 +89,11 @@ class SpecSet:
         """The Compression of a Model, if it has one."""
         return self.get(Compression, model.spec.compression_ref)
 
+    def serving_compute_of(self, endpoint: Endpoint) -> Compute | None:
+        """The Compute pool an Endpoint's model servers run in (its `computeRef`), if any; without
+        one they run on the cluster's ordinary CPU nodes."""
+        return self.get(Compute, endpoint.spec.compute_ref)
+
     def model_of(self, endpoint: Endpoint) -> Model:
         """The Model an Endpoint serves."""
         return _must(self.get(Model, endpoint.spec.model_ref), "Model", endpoint.spec.model_ref)
@@ -157,6 +162,15 @@ def check_references(specs: SpecSet) -> list[ReferenceProblem]:
         ref(ep, ("spec", "modelRef"), Model, ep.spec.model_ref)
         ref(ep, ("spec", "rolloutPolicyRef"), RolloutPolicy, ep.spec.rollout_policy_ref)
         ref(ep, ("spec", "computeRef"), Compute, ep.spec.compute_ref)
+        gpus = max(ep.spec.resources.requests.gpus, ep.spec.resources.limits.gpus)
+        pool = specs.get(Compute, ep.spec.compute_ref)
+        if gpus and (pool is None or pool.spec.accelerator.effective_resource_name is None):
+            problems.append(
+                ReferenceProblem("Endpoint", ep.name, ("spec", "resources"),
+                                 f"servers request {gpus} accelerator(s) but "
+                                 + (f"Compute {pool.name!r} is a CPU pool" if pool else "the Endpoint has no `computeRef`")
+                                 + ": name an accelerator pool in `computeRef`")
+            )
         model = specs.get(Model, ep.spec.model_ref)
         if model is not None and ep.spec.variant != "base":
             comp = specs.get(Compression, model.spec.compression_ref)

@@ -23,6 +23,14 @@ from specs.model import ModelSpec, ModelThreshold
 WORKSPACE_ENV = "FORGE_WORKSPACE"
 DEFAULT_WORKSPACE = "/forge/workspace"
 
+#: Exit codes of a step that retrying cannot fix (the runtimes raise them, the renderer's
+#: `retryStrategy.expression` and therefore Argo and the local executor leave them alone).
+EXIT_DIGEST_MISMATCH = 2
+EXIT_THRESHOLDS_FAILED = 3
+EXIT_VARIANT_REJECTED = 4
+EXIT_UPSTREAM_FAILED = 5
+PERMANENT_EXIT_CODES = (EXIT_DIGEST_MISMATCH, EXIT_THRESHOLDS_FAILED, EXIT_VARIANT_REJECTED, EXIT_UPSTREAM_FAILED)
+
 
 class StepConfig(SpecModel):
     """Fields common to every step config."""
@@ -101,6 +109,21 @@ class RegisterConfig(StepConfig):
     version: str = Field(description="Model version.")
     variants: dict[str, str] = Field(description="Variant name (`base` included) → model folder.")
     output: str = Field(description="Registry folder of this version.")
+
+
+class AwaitConfig(StepConfig):
+    """Wait until files another run writes exist: a teacher's registration before distillation, a
+    model version's registration before its server starts. Fails at once when a run it waits for
+    recorded a failed outcome, and after `timeoutSeconds`."""
+
+    step: Literal["await"] = "await"
+    paths: list[str] = Field(min_length=1, description="Files that must all exist (workspace-relative).")
+    outcomes: list[str] = Field(default_factory=list,
+                                description="`outcome.json` files of the awaited runs: one whose status is not "
+                                            "`Succeeded` fails the wait.")
+    what: str = Field(description="What is awaited, for the log.")
+    timeout_seconds: int = Field(default=86_400, ge=0, le=30 * 86_400, description="Give up after this long.")
+    poll_seconds: float = Field(default=10.0, gt=0, le=3600, description="Time between two looks.")
 
 
 class ServeConfig(SpecModel):

@@ -96,7 +96,7 @@ class Rollout:
         endpoint = result.specs.get(Endpoint, "digits")
         policy = result.specs.policy_of(endpoint, env)
         model = result.specs.get(Model, "digits-mlp")
-        version = model_version(result.specs, model, env.spec.image_tag)  # type: ignore[arg-type]
+        version = model_version(result.specs, model, env)  # type: ignore[arg-type]
         return controller, backend, endpoint, policy, version
 
     def finish_workflow(self, version: str, phase: str = "Succeeded") -> None:

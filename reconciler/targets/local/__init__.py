@@ -31,6 +31,7 @@ from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
 from reconciler.targets.local.state import StateDB
 from renderers.labels import ENDPOINT
+from renderers.stepargs import decode_step_config
 from specs import Environment
 
 FORGE_ROOT = Path(__file__).resolve().parents[3]
@@ -166,12 +167,13 @@ class LocalTarget:
         return {**obj, "status": {"phase": "Succeeded", "message": outcome.message}}
 
     def _servable(self, predictors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Predictors whose model version is registered (a canary waits for its workflow)."""
+        """Predictors whose `await-model` init container would finish now: the files it waits for
+        exist (a canary waits for its workflow, as its pod would on a cluster)."""
         ready = []
         for predictor in predictors:
-            args = predictor["componentSpecs"][0]["spec"]["containers"][0]["args"]
-            config = json.loads(args[args.index("--config-json") + 1])
-            if (self.workspace / config["modelDir"]).exists():
+            pod = predictor["componentSpecs"][0]["spec"]
+            waits = [decode_step_config(c) for c in pod.get("initContainers", [])]
+            if all((self.workspace / path).exists() for w in waits for path in w.get("paths", [])):
                 ready.append(predictor)
         return ready
 

@@ -1,0 +1,167 @@
+"""What the rendered objects make the cluster's controllers *do* (issue 11's defects), beyond what a
+schema or the upstream validators check: placement lands on the pods that use the accelerators,
+retries are not cut short, runs are ordered, a pool change is a new Workflow.
+
+Each of these failed on the renderers before the fix; the upstream judges (tests/judges) check
+the same objects with Argo's, the Training Operator's and Prometheus's own code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from reconciler.loader import load_or_raise
+from renderers import RenderContext, render
+from renderers.bundle import sort_key
+from renderers.stepargs import decode_step_config
+from specs import Compute, Endpoint, Model, RolloutPolicy, SpecSet
+from specs.rollout import CompareToStable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _specs(example: str) -> SpecSet:
+    return load_or_raise([str(ROOT / "examples" / example)]).specs
+
+
+def _render(specs: SpecSet, env: str = "cluster") -> list[dict[str, Any]]:
+    environment = specs.environment(env)
+    assert environment is not None
+    return render(specs, RenderContext(environment, revision="0123456789ab")).manifests
+
+
+def _replace(specs: SpecSet, doc: Any, **spec_update: Any) -> SpecSet:
+    changed = doc.model_copy(update={"spec": doc.spec.model_copy(update=spec_update)})
+    return SpecSet(tuple(changed if d is doc else d for d in specs.documents))
+
+
+def _workflow(manifests: list[dict[str, Any]], model: str) -> dict[str, Any]:
+    return next(m for m in manifests if m["kind"] == "Workflow" and m["metadata"]["labels"]["forge.dev/name"] == model)
+
+
+def _template(wf: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(t for t in wf["spec"]["templates"] if t["name"] == name)
+
+
+def _multi_node(specs: SpecSet) -> SpecSet:
+    """llm-finetune's model at ~27B (60 layers of 6144): 16 GPUs, two nodes of the 8-GPU pool,
+    so a PyTorchJob."""
+    model = specs.get(Model, "support-lm")
+    assert model is not None
+    arch = model.spec.architecture.model_copy(update={"layers": 60, "d_model": 6144, "heads": 48})
+    return _replace(specs, model, architecture=arch)
+
+
+def test_no_backoff_deadline_measured_from_the_first_attempt() -> None:
+    # Argo measures backoff.maxDuration from the first attempt's start and makes it the retried
+    # pod's deadline: a 10 min cap would never retry a long training step.
+    for example in ("quickstart", "llm-finetune", "edge-vision"):
+        for wf in (m for m in _render(_specs(example)) if m["kind"] == "Workflow"):
+            for template in wf["spec"]["templates"]:
+                backoff = (template.get("retryStrategy") or {}).get("backoff") or {}
+                assert "maxDuration" not in backoff, (example, template["name"])
+
+
+def test_multi_node_job_runs_torchrun_with_gpu_placement_on_its_own_pods() -> None:
+    wf = _workflow(_render(_multi_node(_specs("llm-finetune"))), "support-lm")
+    train = _template(wf, "train")
+    assert "resource" in train
+    # The resource template's pod only creates the job: no GPU priority, selector or tolerations.
+    assert not {"priorityClassName", "nodeSelector", "tolerations"} & set(train)
+    job = json.loads(train["resource"]["manifest"])
+    assert job["kind"] == "PyTorchJob" and job["spec"]["nprocPerNode"] == "8"
+    assert "nProcPerNode" not in job["spec"].get("elasticPolicy", {})
+    for role, replicas in (("Master", 1), ("Worker", 1)):
+        spec = job["spec"]["pytorchReplicaSpecs"][role]
+        assert spec["replicas"] == replicas
+        pod = spec["template"]["spec"]
+        container = pod["containers"][0]
+        assert container["name"] == "pytorch"
+        assert container["command"] == ["torchrun", "-m", "runtimes"]  # nproc, nnodes, rank from PET_* env
+        assert pod["priorityClassName"] == "forge-high"
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        assert pod["securityContext"]["fsGroup"] == 1000
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in pod["volumes"])
+
+
+def test_single_node_multi_gpu_step_gets_shared_memory() -> None:
+    wf = _workflow(_render(_specs("llm-finetune")), "support-lm")
+    train = _template(wf, "train")
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in train["container"]["volumeMounts"]
+    assert train["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": train["container"]["resources"]["limits"]["memory"]}}]
+    assert wf["spec"]["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}
+
+
+def test_endpoint_compute_ref_places_gpu_servers_on_the_pool() -> None:
+    specs = _specs("llm-finetune")
+    endpoint = next(iter(specs.of(Endpoint)))
+    pool = next(iter(specs.of(Compute)))
+    pool = pool.model_copy(update={"spec": pool.spec.model_copy(update={"priority": "low"})})
+    specs = SpecSet(tuple(pool if isinstance(d, Compute) else d for d in specs.documents))
+    resources = endpoint.spec.resources.model_copy(update={"limits": endpoint.spec.resources.limits.model_copy(update={"gpus": 1})})
+    specs = _replace(specs, endpoint, compute_ref=pool.name, resources=resources)
+    sd = next(m for m in _render(specs) if m["kind"] == "SeldonDeployment")
+    pod = sd["spec"]["predictors"][0]["componentSpecs"][0]["spec"]
+    assert pod["priorityClassName"] == "forge-low"  # the pool says low, not a hard-coded medium
+    assert pod["nodeSelector"] == pool.spec.node_selector
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_gpu_servers_without_an_accelerator_pool_are_refused(tmp_path: Path) -> None:
+    from reconciler.loader import load
+
+    (tmp_path / "specs.yaml").write_text((ROOT / "examples" / "quickstart" / "endpoint.yaml").read_text()
+                                         .replace("spec:\n", "spec:\n  resources:\n    limits:\n      gpus: 1\n", 1))
+    for other in ("compute.yaml", "dataset.yaml", "model.yaml", "rollout.yaml", "compression.yaml", "environments.yaml"):
+        (tmp_path / other).write_text((ROOT / "examples" / "quickstart" / other).read_text())
+    result = load([str(tmp_path)])
+    messages = [d.message for d in result.diagnostics]
+    assert any("accelerator pool" in m and "computeRef" in m for m in messages), messages
+
+
+def test_student_waits_for_its_teacher_and_applies_after_it() -> None:
+    manifests = _render(_specs("edge-vision"))
+    teacher, student = _workflow(manifests, "vision-teacher"), _workflow(manifests, "vision-student")
+    tasks = {t["name"]: t for t in student["spec"]["templates"][0]["dag"]["tasks"]}
+    assert "await-teacher-vision-teacher.Succeeded" in tasks["compress-pruned-distilled"]["depends"]
+    wait = decode_step_config(_template(student, "await-teacher-vision-teacher")["container"])
+    version = teacher["metadata"]["labels"]["forge.dev/model-version"]
+    assert wait["paths"] == [f"registry/vision-teacher/{version}/registry.json"]
+    assert wait["outcomes"] == [f"models/vision-teacher/{version}/outcome.json"]
+    assert sort_key(teacher) < sort_key(student)  # the local target runs the teacher first
+
+
+def test_first_version_server_waits_for_its_registration() -> None:
+    manifests = _render(_specs("quickstart"))
+    sd = next(m for m in manifests if m["kind"] == "SeldonDeployment")
+    version = _workflow(manifests, "digits-mlp")["metadata"]["labels"]["forge.dev/model-version"]
+    init = sd["spec"]["predictors"][0]["componentSpecs"][0]["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["await-model"]
+    assert decode_step_config(init[0])["paths"] == [f"registry/digits-mlp/{version}/registry.json"]
+
+
+def test_compare_to_stable_metrics_become_alerts() -> None:
+    specs = _specs("quickstart")
+    policy = next(iter(specs.of(RolloutPolicy)))
+    metric = policy.spec.metrics[0].model_copy(
+        update={"min": None, "max": None, "compare_to_stable": CompareToStable(max_decrease=0.01)})
+    specs = _replace(specs, policy, metrics=[metric])
+    rule = next(m for m in _render(specs) if m["kind"] == "PrometheusRule")
+    rules = rule["spec"]["groups"][0]["rules"]
+    assert len(rules) == 1 and rules[0]["alert"].endswith("BelowStable")
+    assert "stable" in rules[0]["expr"] and "canary" in rules[0]["expr"]
+
+
+def test_a_wider_pool_is_a_new_workflow() -> None:
+    # Argo never re-runs a Workflow whose spec is updated in place: the job's width must be part
+    # of the version (and so of the Workflow's name).
+    specs = _specs("llm-finetune")
+    pool = next(iter(specs.of(Compute)))
+    before = _workflow(_render(specs), "support-lm")["metadata"]["name"]
+    wider = _replace(specs, pool, min_gpus=16)  # same model, the pool now gives it two nodes
+    assert _workflow(_render(wider), "support-lm")["metadata"]["name"] != before
+    placed = _replace(specs, pool, node_selector={"pool": "other"})
+    assert _workflow(_render(placed), "support-lm")["metadata"]["name"] == before  # placement alone: same run
