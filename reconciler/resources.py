@@ -35,6 +35,9 @@ class Resource:
 OWNED: tuple[Resource, ...] = (
     Resource("", "v1", "Namespace", "namespaces", namespaced=False),
     Resource("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+    Resource("", "v1", "ServiceAccount", "serviceaccounts"),
+    Resource("rbac.authorization.k8s.io", "v1", "Role", "roles"),
+    Resource("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings"),
     Resource("argoproj.io", "v1alpha1", "Workflow", "workflows"),
     Resource("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors"),
     Resource("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules"),

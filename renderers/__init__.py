@@ -5,6 +5,7 @@ spec itself), so the same specs always give byte-identical manifests. They impor
 """
 
 from renderers.bundle import RenderContext, ServingState, render
+from renderers.errors import RenderError
 from renderers.scheduling import Schedule, SchedulingError, schedule_resources
 
-__all__ = ["RenderContext", "Schedule", "SchedulingError", "ServingState", "render", "schedule_resources"]
+__all__ = ["RenderContext", "RenderError", "Schedule", "SchedulingError", "ServingState", "render", "schedule_resources"]

@@ -9,17 +9,21 @@ from renderers.labels import ENVIRONMENT, GIT_REVISION, MANAGED_BY, MANAGER, PRU
 from renderers.monitoring import render_podmonitor, render_rules
 from renderers.seldon import ServingState, render_seldon
 from renderers.versions import model_version
-from renderers.workflow import WORKSPACE_PVC, RenderedWorkflow, render_workflow
+from renderers.prerequisites import workflow_rbac, workspace_claim
+from renderers.workflow import RenderedWorkflow, render_workflow
 from specs import Endpoint, Environment, Model, SpecSet
 
 #: Apply order: prerequisites first, endpoints last (a sort key, not control flow).
 KIND_ORDER = {
     "Namespace": 0,
     "PersistentVolumeClaim": 1,
-    "Workflow": 2,
-    "PodMonitor": 3,
-    "PrometheusRule": 4,
-    "SeldonDeployment": 5,
+    "ServiceAccount": 2,
+    "Role": 3,
+    "RoleBinding": 4,
+    "Workflow": 5,
+    "PodMonitor": 6,
+    "PrometheusRule": 7,
+    "SeldonDeployment": 8,
 }
 TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
 
@@ -73,11 +77,14 @@ def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
         # The namespace is only ensured to exist: it carries no ownership labels, so Forge never
         # prunes it and never needs cluster-wide rights to patch one a platform team created.
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-         "metadata": {"name": WORKSPACE_PVC, "namespace": ns, "labels": dict(sorted(base_labels.items())),
-                      "annotations": dict(sorted(annotations.items()))},
-         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "20Gi"}}}},
+        workspace_claim(specs, env, ns, {"labels": dict(sorted(base_labels.items())),
+                                         "annotations": dict(sorted(annotations.items()))}),
     ]
+    if env.spec.target == "kubernetes":
+        # The local target runs steps as processes of this machine: no pods, no service account.
+        owned = {"labels": dict(sorted(base_labels.items())),
+                 **({"annotations": {GIT_REVISION: ctx.revision}} if ctx.revision else {})}
+        manifests.extend(workflow_rbac(env, ns, owned))
     workflows: dict[str, RenderedWorkflow] = {}
     versions: dict[str, str] = {}
     for model in specs.of(Model):

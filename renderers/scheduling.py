@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from renderers.errors import RenderError
 from specs import Compute, Dataset, Model
 from specs.dataset import SKLEARN_DATASETS
 from specs.model import CNN, GPT, MLP
@@ -46,7 +47,7 @@ SKLEARN_SHAPES: dict[str, tuple[int, int]] = {
 assert set(SKLEARN_SHAPES) == set(SKLEARN_DATASETS)
 
 
-class SchedulingError(ValueError):
+class SchedulingError(RenderError):
     """The model cannot fit the pool; the message names the numbers."""
 
 

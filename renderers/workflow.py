@@ -23,6 +23,7 @@ from typing import Any
 
 from renderers.deepspeed import deepspeed_config
 from renderers.labels import MODEL_VERSION, STEP, TRAINING_STAGE, digest, owner_metadata
+from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, TRAINING_PRIORITY, placement, shm_volume
 from renderers.stepargs import step_args
 from renderers.scheduling import Schedule, schedule_resources
@@ -42,7 +43,6 @@ from specs.stepconfig import (
     WORKSPACE_ENV,
 )
 
-WORKSPACE_PVC = "forge-workspace"
 STEP_CACHE_CONFIGMAP = "forge-step-cache"
 
 
@@ -379,8 +379,8 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             "templates": [{"name": "pipeline", "dag": dag}, *templates, on_exit],
         },
     }
-    if env.spec.kubernetes and env.spec.kubernetes.service_account:
-        manifest["spec"]["serviceAccountName"] = env.spec.kubernetes.service_account
+    if env.spec.target == "kubernetes":
+        manifest["spec"]["serviceAccountName"] = workflow_service_account(env)
     return RenderedWorkflow(model.name, version, manifest, steps, schedule)
 
 

@@ -88,6 +88,19 @@ Digest = Annotated[
 ]
 
 
+_QUANTITY_SUFFIX = {"": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+                    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
+_QUANTITY_RE = re.compile(r"^(?P<number>[0-9]+(\.[0-9]+)?)(?P<suffix>m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+def quantity_value(value: str) -> float:
+    """A :data:`Quantity` (``"512Mi"``, ``"500m"``) as a plain number (bytes, cores)."""
+    match = _QUANTITY_RE.match(value)
+    if match is None:
+        raise ValueError(f"not a quantity: {value!r} (expected e.g. 500m, 2, 512Mi, 4Gi)")
+    return float(match["number"]) * _QUANTITY_SUFFIX[match["suffix"] or ""]
+
+
 def duration_seconds(value: str) -> float:
     """Return a :data:`Duration` string (``"30s"``, ``"5m"``) as seconds."""
     match = _DURATION_RE.match(value)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from specs.base import Name, SpecModel, check_relative_path
+from specs.base import Name, Quantity, SpecModel, check_relative_path
 
 TargetType = Literal["local", "kubernetes"]
 
@@ -34,6 +34,24 @@ class LocalSettings(SpecModel):
         return check_relative_path(value, "stateDir")
 
 
+class WorkspaceSettings(SpecModel):
+    """The PersistentVolumeClaim every workflow step and model server mounts at `/forge/workspace`
+    (data, checkpoints, the model registry)."""
+
+    storage_class_name: Name | None = Field(
+        default=None, description="StorageClass of the claim; default the cluster's default class. It must "
+        "support the access mode (RWX: NFS, CephFS, EFS, Filestore…).",
+    )
+    size: Quantity | None = Field(
+        default=None, description="Requested size, e.g. `500Gi`; default 1.5 × the largest training checkpoint "
+        "(16 bytes per parameter) and at least 20Gi. A size below one checkpoint is refused.",
+    )
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = Field(
+        default="ReadWriteMany", description="`ReadWriteMany` when steps and servers may run on several nodes; "
+        "`ReadWriteOnce` only for a one-node cluster.",
+    )
+
+
 class KubernetesSettings(SpecModel):
     """Settings of the `kubernetes` target; unset values behave as `kubectl` does."""
 
@@ -49,7 +67,11 @@ class KubernetesSettings(SpecModel):
     )
     namespace: Name = Field(description="Namespace that holds every object rendered for this environment.")
     service_account: Name | None = Field(
-        default=None, description="ServiceAccount the workflow pods run as."
+        default=None, description="ServiceAccount the workflow pods run as; default `forge-workflow`, which "
+        "Forge renders with the Role its steps need.",
+    )
+    workspace: WorkspaceSettings = Field(
+        default_factory=WorkspaceSettings, description="The shared workspace volume."
     )
 
 

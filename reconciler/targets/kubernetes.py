@@ -17,13 +17,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import urllib3
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
 from reconciler.errors import (
     ConflictError,
@@ -31,10 +30,10 @@ from reconciler.errors import (
     InvalidObjectError,
     LockHeldError,
     TargetError,
-    TargetNotAvailable,
     TransientError,
     UnreachableError,
 )
+from reconciler.kubeconfig import load_client_config
 from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
 from renderers.labels import MANAGER, owner_selector
 
@@ -72,19 +71,16 @@ class KubernetesTarget:
         retries: int = 4,
         backoff: float = 0.5,
         timeout: float = 30.0,
+        untrusted_root: Path | None = None,
     ) -> None:
         self.environment = environment
         self.namespace = namespace
         self.retries = retries
         self.backoff = backoff
         self.timeout = timeout
-        path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
-        cfg = k8s.Configuration()
-        try:
-            k8s_config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
-        except (ConfigException, FileNotFoundError, OSError) as exc:
-            where = f"context {context!r} of " if context else ""
-            raise TargetNotAvailable(f"cannot load {where}kubeconfig {path}: {exc}") from exc
+        # Parsed and checked by us (a non-mapping file is a clear error), never written back; with
+        # `untrusted_root` (pull-request mode) a kubeconfig from the tree under review is refused.
+        cfg = load_client_config(kubeconfig, context, untrusted_root=untrusted_root)
         cfg.retries = False  # retries are ours, by error type
         self.server = cfg.host
         self.api = k8s.ApiClient(cfg)
@@ -210,6 +206,16 @@ class KubernetesTarget:
         try:
             return self._call("GET", ref.resource.path(ref.namespace, ref.name), verb="get", ref=str(ref),
                               namespace=ref.namespace or None)
+        except TargetError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def read_path(self, path: str, *, what: str) -> Any | None:
+        """GET any API path (discovery, cluster-scoped objects the doctor checks); None on 404.
+        A 403 raises :class:`ForbiddenError`, so a caller can tell "absent" from "not allowed"."""
+        try:
+            return self._call("GET", path, verb="get", ref=what, namespace=None)
         except TargetError as exc:
             if exc.status == 404:
                 return None

@@ -60,9 +60,10 @@ def set_learning_rate(specs_dir: Path, value: str) -> None:
 def test_create_then_noop_with_zero_writes(kube_cluster, namespace, tmp_path) -> None:
     specs = copy_example(tmp_path)
     plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
-    assert plan.counts()["create"] == 5 and plan.counts()["no-op"] == 1  # the test's namespace exists
+    # PVC, ServiceAccount, Role, RoleBinding, Workflow, SeldonDeployment, PodMonitor, PrometheusRule
+    assert plan.counts()["create"] == 8 and plan.counts()["no-op"] == 1  # the test's namespace exists
     changeset = apply_plan(plan, target)
-    assert changeset.count(Outcome.CREATED) == 5
+    assert changeset.count(Outcome.CREATED) == 8
     before = live_versions(target)
     sd = next(o for o in target.read_live() if o["kind"] == "SeldonDeployment")
     managers = {(m["manager"], m["operation"]) for m in sd["metadata"]["managedFields"]}
@@ -71,7 +72,7 @@ def test_create_then_noop_with_zero_writes(kube_cluster, namespace, tmp_path) ->
     again, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
     assert not again.has_changes, [(str(c.ref), c.diff) for c in again.changes if c.action is not Action.NOOP]
     changeset = apply_plan(again, target)
-    assert changeset.count(Outcome.UNCHANGED) == 6
+    assert changeset.count(Outcome.UNCHANGED) == 9
     assert live_versions(target) == before  # nothing was written
 
 
@@ -214,7 +215,7 @@ def test_api_server_stopped_mid_apply_then_rerun_converges(kube_cluster, namespa
     assert kube_cluster.server in str(err.value)
     changeset = err.value.changeset
     assert changeset.count(Outcome.CREATED) == 1 and changeset.count(Outcome.FAILED) == 1
-    assert changeset.count(Outcome.NOT_ATTEMPTED) == 3
+    assert changeset.count(Outcome.NOT_ATTEMPTED) == 6
     time.sleep(0.5)
     plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
     apply_plan(plan, target)
@@ -228,3 +229,42 @@ def test_every_example_has_no_diff_after_apply(kube_cluster, namespace, tmp_path
     proc = forgectl("plan", str(specs), "--env", "cluster", "-n", namespace, "--detailed-exitcode", kubeconfig=kube_cluster.kubeconfig)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "No changes." in proc.stdout
+
+
+def test_doctor_reports_what_the_cluster_admin_owns(kube_cluster, namespace, restricted_kubeconfig, tmp_path) -> None:
+    """`forgectl doctor` with the least-privilege role: the CRDs are there, the PriorityClasses
+    and a default StorageClass are not until the admin creates them; the plan says so too."""
+    specs = copy_example(tmp_path)
+    args = ("doctor", str(specs), "--env", "cluster", "-n", namespace, "-o", "json")
+    proc = forgectl(*args, kubeconfig=str(restricted_kubeconfig))
+    assert proc.returncode == 1, proc.stderr
+    status = {(f["kind"], f["name"]): f["status"] for f in json.loads(proc.stdout)["findings"]}
+    assert status[("CustomResourceDefinition", "workflows.argoproj.io")] == "ok"
+    assert status[("CustomResourceDefinition", "seldondeployments.machinelearning.seldon.io")] == "ok"
+    assert status[("CustomResourceDefinition", "podmonitors.monitoring.coreos.com")] == "ok"
+    assert status[("PriorityClass", "forge-high")] == "missing"
+    assert status[("StorageClass", "(default)")] == "missing"
+    assert status[("ControllerRights", "configmaps")] == "manual"
+    plan = forgectl("plan", str(specs), "--env", "cluster", "-n", namespace, "-o", "json", kubeconfig=str(restricted_kubeconfig))
+    assert plan.returncode == 0, plan.stderr
+    assert any("cluster prerequisite missing: PriorityClass forge-high" in n for n in json.loads(plan.stdout)["notes"])
+
+    raw = kube_cluster.raw_client()
+    created = []
+    try:
+        for name, value in (("forge-high", 1000), ("forge-medium", 500), ("forge-low", 100)):
+            body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value}
+            code, _ = raw.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", json.dumps(body).encode())
+            assert code in (201, 409)
+            created.append(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+        body = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": "forge.dev/test",
+                "metadata": {"name": "forge-test-default", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}}}
+        code, _ = raw.request("POST", "/apis/storage.k8s.io/v1/storageclasses", json.dumps(body).encode())
+        assert code in (201, 409)
+        created.append("/apis/storage.k8s.io/v1/storageclasses/forge-test-default")
+        proc = forgectl(*args, kubeconfig=str(restricted_kubeconfig))
+        assert proc.returncode == 0, proc.stdout
+        assert all(f["status"] in ("ok", "manual") for f in json.loads(proc.stdout)["findings"])
+    finally:
+        for path in created:
+            raw.request("DELETE", path)

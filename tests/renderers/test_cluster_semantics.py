@@ -165,3 +165,43 @@ def test_a_wider_pool_is_a_new_workflow() -> None:
     assert _workflow(_render(wider), "support-lm")["metadata"]["name"] != before
     placed = _replace(specs, pool, node_selector={"pool": "other"})
     assert _workflow(_render(placed), "support-lm")["metadata"]["name"] == before  # placement alone: same run
+
+
+def test_workspace_is_sized_from_the_largest_checkpoint_and_too_small_is_refused() -> None:
+    import pytest
+
+    from renderers.prerequisites import PrerequisiteError
+    from specs import Environment
+
+    specs = _specs("llm-finetune")
+    pvc = next(m for m in _render(specs) if m["kind"] == "PersistentVolumeClaim")
+    # ~6.6B parameters × 16 B ≈ 98 GiB per checkpoint; 1.5 × that, rounded up
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "148Gi"
+    env = specs.environment("cluster")
+    assert isinstance(env, Environment) and env.spec.kubernetes is not None
+    small = env.spec.kubernetes.model_copy(update={"workspace": env.spec.kubernetes.workspace.model_copy(
+        update={"size": "20Gi", "storage_class_name": "nfs"})})
+    specs = _replace(specs, env, kubernetes=small)
+    with pytest.raises(PrerequisiteError, match=r"workspace size 20Gi is smaller than one training checkpoint of model 'support-lm' \(~98 GiB"):
+        _render(specs)
+
+
+def test_workflow_pods_run_as_a_service_account_forge_renders_with_its_role() -> None:
+    manifests = _render(_specs("quickstart"))
+    kinds = {m["kind"]: m for m in manifests}
+    assert kinds["Workflow"]["spec"]["serviceAccountName"] == "forge-workflow"
+    rules = kinds["Role"]["rules"]
+    assert {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]} in rules
+    assert kinds["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "forge-workflow", "namespace": "forge-quickstart"}]
+    # the local target has no pods: nothing of this is rendered there
+    assert not {"ServiceAccount", "Role", "RoleBinding"} & {m["kind"] for m in _render(_specs("quickstart"), "local")}
+
+
+def test_cluster_requirements_name_what_the_admin_provides() -> None:
+    from renderers.prerequisites import cluster_requirements
+
+    found = {(r.kind, r.name) for r in cluster_requirements(_render(_multi_node(_specs("llm-finetune"))))}
+    assert {("CustomResourceDefinition", "workflows.argoproj.io"), ("CustomResourceDefinition", "pytorchjobs.kubeflow.org"),
+            ("CustomResourceDefinition", "seldondeployments.machinelearning.seldon.io"),
+            ("PriorityClass", "forge-high"), ("PriorityClass", "forge-medium"), ("StorageClass", "(default)"),
+            ("ExtendedResource", "nvidia.com/gpu"), ("ControllerRights", "configmaps")} <= found

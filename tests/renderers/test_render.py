@@ -67,7 +67,7 @@ def test_every_object_carries_ownership_metadata() -> None:
         assert labels["app.kubernetes.io/managed-by"] == "forgectl"
         assert labels["forge.dev/environment"] == "cluster"
         assert obj["metadata"]["annotations"]["forge.dev/git-revision"] == "abc"
-        if obj["kind"] != "PersistentVolumeClaim":
+        if obj["kind"] not in ("PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding"):  # per environment
             assert labels["forge.dev/kind"] in ("Model", "Endpoint")
             assert len(obj["metadata"]["annotations"]["forge.dev/spec-digest"]) == 64
 

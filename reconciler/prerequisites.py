@@ -1,0 +1,92 @@
+"""`forgectl doctor`: check what a cluster must provide for the rendered objects to run — the
+requirements `renderers.prerequisites.cluster_requirements` derives — against the live cluster.
+
+Each requirement comes out `ok`, `missing`, `unknown` (the check was not allowed: the message
+says which right would let it run) or `manual` (no API answers it; the docs say how to check).
+Only reads: discovery, and GETs of cluster-scoped objects granted by the
+`forgectl-namespace-reader` ClusterRole in docs/rbac/forgectl-role.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.errors import ForbiddenError, TargetError
+from renderers.prerequisites import Requirement
+
+DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The outcome of checking one requirement."""
+
+    requirement: Requirement
+    status: str  # ok | missing | unknown | manual
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        """A plain dict for `-o json`."""
+        return {**self.requirement.to_json(), "status": self.status, "detail": self.detail}
+
+
+def _crd(target: Any, req: Requirement) -> Finding:
+    plural = req.name.split(".", 1)[0]
+    found = target.read_path(req.api_path, what=f"API {req.api_path}")
+    served = {r.get("name") for r in (found or {}).get("resources", [])}
+    if plural in served:
+        return Finding(req, "ok", f"{req.api_path} serves {plural}")
+    return Finding(req, "missing", f"{req.api_path} does not serve {plural}: install the CRD and its controller")
+
+
+def _named(target: Any, req: Requirement, path: str) -> Finding:
+    if target.read_path(path, what=f"{req.kind} {req.name}") is None:
+        return Finding(req, "missing", f"no {req.kind} {req.name!r} in the cluster")
+    return Finding(req, "ok", "present")
+
+
+def _storage_class(target: Any, req: Requirement) -> Finding:
+    if req.name != "(default)":
+        return _named(target, req, f"/apis/storage.k8s.io/v1/storageclasses/{req.name}")
+    classes = (target.read_path("/apis/storage.k8s.io/v1/storageclasses", what="StorageClasses") or {}).get("items", [])
+    default = [c["metadata"]["name"] for c in classes if (c["metadata"].get("annotations") or {}).get(DEFAULT_CLASS) == "true"]
+    if default:
+        return Finding(req, "ok", f"default class {default[0]!r}")
+    return Finding(req, "missing", "no default StorageClass: mark one default or set `spec.kubernetes.workspace.storageClassName`")
+
+
+def _extended_resource(target: Any, req: Requirement) -> Finding:
+    nodes = (target.read_path("/api/v1/nodes", what="Nodes") or {}).get("items", [])
+    having = [n["metadata"]["name"] for n in nodes if req.name in (n.get("status", {}).get("allocatable") or {})]
+    if having:
+        return Finding(req, "ok", f"{len(having)} node(s) advertise it")
+    return Finding(req, "missing", f"no node advertises {req.name}: install the vendor's device plugin on the GPU nodes")
+
+
+def check(target: Any, requirements: list[Requirement]) -> list[Finding]:
+    """Check each requirement against a KubernetesTarget (read-only)."""
+    findings = []
+    for req in requirements:
+        try:
+            if req.kind == "CustomResourceDefinition":
+                findings.append(_crd(target, req))
+            elif req.kind == "PriorityClass":
+                findings.append(_named(target, req, f"/apis/scheduling.k8s.io/v1/priorityclasses/{req.name}"))
+            elif req.kind == "StorageClass":
+                findings.append(_storage_class(target, req))
+            elif req.kind == "ExtendedResource":
+                findings.append(_extended_resource(target, req))
+            else:
+                findings.append(Finding(req, "manual", "not visible through the API: see docs/cluster-prerequisites.md"))
+        except ForbiddenError as exc:
+            findings.append(Finding(req, "unknown", f"not allowed to check ({str(exc).splitlines()[0]}); bind forgectl-namespace-reader"))
+        except TargetError as exc:
+            findings.append(Finding(req, "unknown", str(exc).splitlines()[0]))
+    return findings
+
+
+def missing_notes(findings: list[Finding]) -> list[str]:
+    """One plan note per requirement the cluster lacks."""
+    return [f"cluster prerequisite missing: {f.requirement.kind} {f.requirement.name} — {f.detail} ({f.requirement.why})"
+            for f in findings if f.status == "missing"]

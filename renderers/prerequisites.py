@@ -1,0 +1,174 @@
+"""What a cluster needs before Forge's objects can run, split by who owns it.
+
+Forge renders what lives in the environment's namespace and only its steps use: the workspace
+PersistentVolumeClaim (sized from the models it will hold) and the workflow ServiceAccount with
+the Role its pods need. What is cluster-wide or shared with other teams — the controllers and
+their CRDs, PriorityClasses, StorageClasses, GPU device plugins — belongs to the cluster admin:
+:func:`cluster_requirements` lists it from the rendered objects, `forgectl doctor` checks it
+against the cluster, and docs/cluster-prerequisites.md says how to provide it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from renderers.errors import RenderError
+from renderers.scheduling import parameter_count
+from specs import Environment, Model, SpecSet
+from specs.base import quantity_value
+
+GIB = 2**30
+WORKSPACE_PVC = "forge-workspace"
+WORKFLOW_SERVICE_ACCOUNT = "forge-workflow"
+#: Bytes a training checkpoint holds per parameter: fp32 master weights (or weights) and Adam's
+#: two moments (12), plus the bf16/fp16 weights (2) and headroom for the scheduler/RNG state.
+CHECKPOINT_BYTES_PER_PARAMETER = 16
+MIN_WORKSPACE_GIB = 20
+WORKSPACE_HEADROOM = 1.5
+
+
+class PrerequisiteError(RenderError):
+    """A setting the cluster cannot satisfy, found from the specs alone (e.g. a workspace smaller
+    than one checkpoint); the message names the numbers."""
+
+
+def checkpoint_bytes(specs: SpecSet, model: Model) -> int:
+    """Estimated size of one training checkpoint of ``model``."""
+    return parameter_count(model, specs.dataset_of(model)) * CHECKPOINT_BYTES_PER_PARAMETER
+
+
+def workspace_claim(specs: SpecSet, env: Environment, namespace: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The workspace PersistentVolumeClaim: the Environment's class, size and access mode; the
+    size defaults to 1.5 × the largest checkpoint (at least 20Gi), and a smaller explicit size
+    is refused rather than discovered when a training step runs out of disk."""
+    settings = env.spec.kubernetes.workspace if env.spec.kubernetes else None
+    largest = max(((checkpoint_bytes(specs, m), m.name) for m in specs.of(Model)), default=(0, ""))
+    wanted_gib = max(MIN_WORKSPACE_GIB, math.ceil(largest[0] * WORKSPACE_HEADROOM / GIB))
+    size = settings.size if settings and settings.size else f"{wanted_gib}Gi"
+    if largest[0] and quantity_value(size) < largest[0]:
+        raise PrerequisiteError(
+            f"Environment {env.name!r}: workspace size {size} is smaller than one training checkpoint of model "
+            f"{largest[1]!r} (~{largest[0] / GIB:.0f} GiB: {CHECKPOINT_BYTES_PER_PARAMETER} bytes per parameter); "
+            f"set `spec.kubernetes.workspace.size` to at least {wanted_gib}Gi"
+        )
+    spec: dict[str, Any] = {"accessModes": [settings.access_mode if settings else "ReadWriteMany"],
+                            "resources": {"requests": {"storage": size}}}
+    if settings and settings.storage_class_name:
+        spec["storageClassName"] = settings.storage_class_name
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": WORKSPACE_PVC, "namespace": namespace, **metadata}, "spec": spec}
+
+
+def workflow_service_account(env: Environment) -> str:
+    """The ServiceAccount the workflow pods run as."""
+    k8s = env.spec.kubernetes
+    return (k8s.service_account if k8s and k8s.service_account else None) or WORKFLOW_SERVICE_ACCOUNT
+
+
+def workflow_rbac(env: Environment, namespace: str, metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The workflow ServiceAccount, its Role and the RoleBinding between them (namespaced: Forge
+    owns and prunes them like its other objects)."""
+    name = workflow_service_account(env)
+
+    def meta(kind_name: str) -> dict[str, Any]:
+        return {"name": kind_name, "namespace": namespace, **metadata}
+
+    rules = [
+        # Argo's executor (emissary) reports each step's outputs and outcome through these.
+        {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
+        # Multi-node training: the resource template creates the PyTorchJob and watches its status.
+        {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["create", "get", "list", "watch", "patch", "delete"]},
+    ]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(name)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(f"{name}-steps"), "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(f"{name}-steps"),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-steps"},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+    ]
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One thing the cluster admin provides, and why Forge needs it."""
+
+    kind: str  # "CustomResourceDefinition", "PriorityClass", "StorageClass", "ExtendedResource", "ControllerRights"
+    name: str
+    why: str
+    #: For a CRD: the API group/version path the objects use (`/apis/<group>/<version>`).
+    api_path: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        """A plain dict for `-o json`."""
+        return {"kind": self.kind, "name": self.name, "why": self.why}
+
+
+_CRDS = {
+    "Workflow": ("workflows.argoproj.io", "/apis/argoproj.io/v1alpha1", "Argo Workflows runs training and compression"),
+    "SeldonDeployment": ("seldondeployments.machinelearning.seldon.io", "/apis/machinelearning.seldon.io/v1",
+                         "Seldon Core v1 runs the model servers"),
+    "PodMonitor": ("podmonitors.monitoring.coreos.com", "/apis/monitoring.coreos.com/v1",
+                   "the Prometheus Operator scrapes the model servers"),
+    "PrometheusRule": ("prometheusrules.monitoring.coreos.com", "/apis/monitoring.coreos.com/v1",
+                       "the Prometheus Operator loads the rollout alerts"),
+    "PyTorchJob": ("pytorchjobs.kubeflow.org", "/apis/kubeflow.org/v1", "the Kubeflow Training Operator runs multi-node training"),
+}
+
+
+def _pods(obj: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, Any]]]:
+    """(what, pod-spec-like mapping) of every pod an object makes."""
+    kind = obj.get("kind")
+    spec = obj.get("spec") or {}
+    if kind == "Workflow":
+        for template in spec.get("templates", []):
+            yield f"Workflow {obj['metadata']['name']} step {template['name']}", template
+            manifest = (template.get("resource") or {}).get("manifest")
+            if manifest:
+                job = json.loads(manifest)
+                for role, replica in (job.get("spec", {}).get("pytorchReplicaSpecs") or {}).items():
+                    yield f"PyTorchJob of {obj['metadata']['name']} ({role})", replica["template"]["spec"]
+    elif kind == "SeldonDeployment":
+        for predictor in spec.get("predictors", []):
+            for component in predictor.get("componentSpecs", []):
+                yield f"SeldonDeployment {obj['metadata']['name']} predictor {predictor['name']}", component["spec"]
+
+
+def cluster_requirements(manifests: Iterable[Mapping[str, Any]]) -> list[Requirement]:
+    """What the rendered objects need of the cluster that Forge does not render (pure)."""
+    found: dict[tuple[str, str], Requirement] = {}
+
+    def need(req: Requirement) -> None:
+        found.setdefault((req.kind, req.name), req)
+
+    for obj in manifests:
+        kind = obj.get("kind", "")
+        if kind in _CRDS:
+            crd, path, why = _CRDS[kind]
+            need(Requirement("CustomResourceDefinition", crd, why, path))
+        if kind == "Workflow":
+            need(Requirement("ControllerRights", "configmaps",
+                             "the Argo controller writes the step cache (memoize) as ConfigMaps in this namespace"))
+        if kind == "PersistentVolumeClaim":
+            cls = obj["spec"].get("storageClassName")
+            mode = obj["spec"]["accessModes"][0]
+            need(Requirement("StorageClass", cls or "(default)",
+                             f"the workspace claim ({obj['spec']['resources']['requests']['storage']}, {mode}) binds to it"))
+        for what, pod in _pods(obj):
+            priority = pod.get("priorityClassName")
+            if priority:
+                need(Requirement("PriorityClass", priority, f"{what} runs at this priority"))
+            manifest = (pod.get("resource") or {}).get("manifest")
+            if manifest:
+                crd, path, why = _CRDS["PyTorchJob"]
+                need(Requirement("CustomResourceDefinition", crd, why, path))
+            containers = [pod["container"]] if "container" in pod else list(pod.get("containers", []))
+            for container in containers:
+                for resource in (container.get("resources") or {}).get("limits", {}):
+                    if "/" in resource:
+                        need(Requirement("ExtendedResource", resource, f"{what} requests it (a device plugin advertises it)"))
+    order = {"CustomResourceDefinition": 0, "ControllerRights": 1, "PriorityClass": 2, "StorageClass": 3, "ExtendedResource": 4}
+    return sorted(found.values(), key=lambda r: (order.get(r.kind, 9), r.name))
+
