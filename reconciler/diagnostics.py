@@ -15,6 +15,43 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Iterable
 
+#: Longest message, path or hint a diagnostic shows (a spec value quoted in one is cut, not echoed
+#: whole: a 4 MiB string stays in the file).
+MAX_MESSAGE = 500
+
+
+def clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` cut to ``limit`` characters, with `…` where it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal or a CI log: control characters (ESC, CR, NUL, …) and invisible
+    format characters (bidirectional overrides, zero-width joiners) shown as escapes, so user text
+    can neither move the cursor, recolour, hide nor reorder what is printed around it."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable() or ch == " ":
+            out.append(ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x100:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
+    return "".join(out)
+
+
+def log_safe(text: str) -> str:
+    """:func:`printable`, and a line that would start like a CI runner's command (`::`, `##[`,
+    `##vso[`) is shifted, so a file name cannot issue one."""
+    text = printable(text)
+    return "./" + text if text.startswith(("::", "##")) else text
+
 
 class Severity(str, Enum):
     """How bad a diagnostic is."""
@@ -37,10 +74,10 @@ class Diagnostic:
 
     def text(self) -> str:
         """`file:line:col: error: spec.x: message (hint)` — the compiler convention editors link."""
-        where = f"{self.file}:{self.line}:{self.column}"
-        at = f"{self.path}: " if self.path else ""
-        hint = f"\n    hint: {self.hint}" if self.hint else ""
-        return f"{where}: {self.severity.value}: {at}{self.message}{hint}"
+        where = f"{log_safe(self.file)}:{self.line}:{self.column}"
+        at = f"{printable(self.path)}: " if self.path else ""
+        hint = f"\n    hint: {printable(self.hint)}" if self.hint else ""
+        return f"{where}: {self.severity.value}: {at}{printable(self.message)}{hint}"
 
     def github(self) -> str:
         """A GitHub Actions workflow command that annotates the line in a pull request."""
@@ -59,7 +96,10 @@ class Diagnostic:
 
 
 def _gh_escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """Escape a workflow command's message as the Actions toolkit does (`%`, CR, LF), after
+    showing any other control character as an escape."""
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return printable(text)
 
 
 def _gh_escape_prop(text: str) -> str:

@@ -11,15 +11,20 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable
 
 from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 
-from reconciler.diagnostics import Diagnostic, SpecError
+from reconciler.diagnostics import Diagnostic, SpecError, clip
 from reconciler.sources import SourceFile, files_from_git, files_from_paths
 from reconciler.yamlsource import RawDocument, _dotted, decode, parse_documents
-from specs import API_VERSION, KINDS, Document, SpecSet, check_references
+from specs import API_VERSION, KINDS, Dataset, Document, Environment, SpecSet, check_references
+from specs.safety import OutsideRoot, evaluated_text, resolve_inside
+
+#: Most documents one run validates (docs/security.md).
+MAX_DOCUMENTS = 10_000
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class LoadResult:
     diagnostics: list[Diagnostic]
     origins: dict[tuple[str, str], Origin] = field(default_factory=dict)
     files: int = 0
+    raws: dict[tuple[str, str], RawDocument] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -46,9 +52,58 @@ class LoadResult:
 
 
 def load(paths: list[str], rev: str | None = None) -> LoadResult:
-    """Load the specs under ``paths`` from the working tree, or at git revision ``rev``."""
-    files = files_from_git(paths, rev) if rev else files_from_paths(paths)
-    return load_files(files)
+    """Load the specs under ``paths`` from the working tree, or at git revision ``rev``; from the
+    working tree, also check that the data files the specs name stay inside their root."""
+    if rev:
+        return load_files(files_from_git(paths, rev))
+    result = load_files(files_from_paths(paths))
+    extra = check_local_paths(result, Path.cwd())
+    if extra:
+        result.diagnostics = sorted(set(result.diagnostics) | set(extra))
+    return result
+
+
+def check_local_paths(result: LoadResult, base: Path) -> list[Diagnostic]:
+    """Every `file://`/`text://` source that exists must resolve inside each Environment's `root`
+    (relative to ``base``, the folder forgectl runs in) and be a regular file; so must the roots
+    and `stateDir`s themselves. Nothing is opened: only names are resolved and file types read."""
+    problems: list[Diagnostic] = []
+    envs = result.specs.of(Environment)
+    roots: list[tuple[str, Path]] = []
+    for env in envs:
+        raw = result.raws.get(("Environment", env.name))
+        field_path: tuple[str, ...] = ("spec", "root")
+        try:
+            root = resolve_inside(base, env.spec.root, what="root")
+            if env.spec.target == "local":
+                field_path = ("spec", "local", "stateDir")
+                resolve_inside(root, f"{env.spec.local.state_dir}/{env.name}", what="stateDir")
+        except OutsideRoot as exc:
+            if raw is not None:
+                line, col = raw.position(field_path)
+                problems.append(Diagnostic(raw.file, line, col, clip(str(exc)), ".".join(field_path)))
+            if field_path[-1] == "root":
+                continue
+        roots.append((env.name, root))
+    if not envs:
+        roots.append(("", base.resolve()))
+    for dataset in result.specs.of(Dataset):
+        source = dataset.spec.source
+        if not source.uri.startswith(("file://", "text://")) or source.local_path is None:
+            continue
+        raw = result.raws.get(("Dataset", dataset.name))
+        for env_name, root in roots:
+            try:
+                target = resolve_inside(root, source.local_path, what="source")
+                if target.is_dir():
+                    raise OutsideRoot(f"source {source.local_path!r} is a folder, not a file")
+            except OutsideRoot as exc:
+                if raw is not None:
+                    line, col = raw.position(("spec", "source", "uri"))
+                    where = f" (Environment {env_name!r})" if env_name else ""
+                    problems.append(Diagnostic(raw.file, line, col, clip(str(exc)) + where, "spec.source.uri"))
+                break
+    return problems
 
 
 def load_or_raise(paths: list[str], rev: str | None = None) -> LoadResult:
@@ -68,6 +123,9 @@ def load_files(files: Iterable[SourceFile]) -> LoadResult:
     count = 0
     for source in files:
         count += 1
+        if source.problem is not None:
+            diagnostics.append(Diagnostic(source.path, 1, 1, source.problem, hint=source.hint))
+            continue
         text, problems = decode(source.data, source.path)
         diagnostics += problems
         if text is None:
@@ -75,6 +133,11 @@ def load_files(files: Iterable[SourceFile]) -> LoadResult:
         parsed, problems = parse_documents(text, source.path)
         diagnostics += problems
         for raw in parsed:
+            if len(raws) + len(invalid) >= MAX_DOCUMENTS:
+                diagnostics.append(Diagnostic(raw.file, raw.line, raw.column,
+                                              f"more than {MAX_DOCUMENTS:,} documents; at most that many are "
+                                              "validated in one run (see docs/security.md)"))
+                break
             doc = _validate(raw, diagnostics)
             if doc is None:
                 if isinstance(raw.data, dict) and isinstance(raw.data.get("metadata"), dict):
@@ -99,7 +162,7 @@ def load_files(files: Iterable[SourceFile]) -> LoadResult:
         line, col = raw.position(problem.path)
         diagnostics.append(Diagnostic(raw.file, line, col, problem.message, _dotted(problem.path)))
     origins = {key: Origin(raw.file, raw.line) for key, raw in raws.items()}
-    return LoadResult(specs, sorted(set(diagnostics)), origins, count)
+    return LoadResult(specs, sorted(set(diagnostics)), origins, count, raws)
 
 
 def _validate(raw: RawDocument, diagnostics: list[Diagnostic]) -> Document | None:
@@ -108,7 +171,7 @@ def _validate(raw: RawDocument, diagnostics: list[Diagnostic]) -> Document | Non
 
     def report(path: tuple[str | int, ...], message: str, hint: str = "", *, key: bool = False) -> None:
         line, col = raw.position(path, key=key)
-        diagnostics.append(Diagnostic(raw.file, line, col, message, _dotted(path), hint))
+        diagnostics.append(Diagnostic(raw.file, line, col, clip(message), clip(_dotted(path)), clip(hint)))
 
     if data is None:
         return None  # already reported (too large / unreadable)
@@ -133,6 +196,8 @@ def _validate(raw: RawDocument, diagnostics: list[Diagnostic]) -> Document | Non
         ok = False
     if not ok:
         return None
+    for path, is_key, message, hint in evaluated_text(data):
+        report(path, message, hint, key=is_key)
     cls = KINDS[kind]
     try:
         return cls.model_validate(data, by_alias=True, by_name=False)
@@ -176,8 +241,20 @@ def _explain(cls: type[BaseModel], data: Any, err: dict[str, Any]) -> tuple[tupl
         hint = _pattern_hint(str(ctx["pattern"]))
     elif kind in ("int_type", "int_parsing", "float_type", "float_parsing", "bool_type", "bool_parsing"):
         expected = {"int": "an integer", "float": "a number", "bool": "true or false"}[kind.split("_")[0]]
-        msg = f"expected {expected}, got {given!r}"
+        msg = f"expected {expected}, got {_short_repr(given)}"
+        if isinstance(given, str):
+            hint = "a quoted value is a string, as in Kubernetes; write the value without quotes"
+        elif isinstance(given, float) and kind.startswith("int"):
+            hint = "write a whole number without a decimal point"
+    elif kind == "finite_number":
+        msg = f"expected a finite number, got {_short_repr(given)}"
+        hint = "NaN and infinity are not allowed: a NaN bound would let every value pass"
     return path, msg, hint, False
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:79] + "…"
 
 
 def _pattern_hint(pattern: str) -> str:

@@ -4,6 +4,7 @@ the plan and settle it with server-side dry runs; check a saved plan is still fr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from reconciler.errors import StalePlanError
@@ -25,6 +26,9 @@ class TargetOptions:
     context: str | None = None
     namespace: str | None = None
     progress: Any = None  # local target: a callback for workflow step events
+    #: Pull-request mode: the checkout under review. Credentials are then read only from the
+    #: runner (never a kubeconfig an Environment names, nor one inside this folder).
+    untrusted_root: Path | None = None
 
 
 def namespace_of(env: Environment, options: TargetOptions) -> str:
@@ -40,11 +44,13 @@ def open_target(env: Environment, options: TargetOptions = TargetOptions()) -> T
         from reconciler.targets.kubernetes import KubernetesTarget
 
         k8s = env.spec.kubernetes
+        trusted = options.untrusted_root is None
         return KubernetesTarget(
             env.name,
             namespace_of(env, options),
-            kubeconfig=options.kubeconfig or (k8s.kubeconfig if k8s else None),
+            kubeconfig=options.kubeconfig or (k8s.kubeconfig if k8s and trusted else None),
             context=options.context or (k8s.context if k8s else None),
+            untrusted_root=options.untrusted_root,
         )
     from reconciler.targets.local import LocalTarget
 
@@ -99,12 +105,16 @@ def _with_namespace(env: Environment, namespace: str) -> Environment:
     return env.model_copy(update={"spec": env.spec.model_copy(update={"kubernetes": k8s})})
 
 
-def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None) -> tuple[Plan, Rendered]:
-    """Read live (one LIST per kind), render, diff, and settle apparent updates by dry run."""
+def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
+              *, dry_run: bool = True) -> tuple[Plan, Rendered]:
+    """Read live (one LIST per kind), render, diff, and settle apparent updates by dry run (unless
+    ``dry_run`` is false: pull-request mode holds a read-only credential and uses no write verb)."""
     live = target.read_live()
     rendered = desired_state(specs, env, namespace, revision, live, target.rollout_states(live))
     plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision,
                       keep=in_use(live))
+    if not dry_run:
+        return plan, rendered
     dry_runs: dict[ObjectRef, dict[str, Any]] = {}
     for change in plan.changes:
         if change.action is Action.UPDATE and change.after is not None:

@@ -11,13 +11,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import re
+
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from reconciler.diagnostics import Diagnostic
+from reconciler.diagnostics import Diagnostic, clip
 
-#: libyaml's parser when PyYAML was built with it (about 3× faster on large repositories).
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """libyaml's parser when PyYAML was built with it (about 3× faster on large repositories), with
+    YAML 1.2's floats: `1e-3` is a number, as Kubernetes (and JSON) read it, not the string PyYAML's
+    YAML 1.1 rules make of it — a string that strict validation would then refuse."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+#: What constructing a scalar may raise on hostile input besides YAMLError: `!!int abc`, an integer
+#: longer than Python converts (4300 digits), `!!timestamp 2024-13-45`, `!!float x`.
+_SCALAR_ERRORS = (yaml.YAMLError, ValueError, TypeError, OverflowError, ArithmeticError)
 MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_NODES = 100_000
 MAX_DEPTH = 64
@@ -78,8 +93,8 @@ class _Builder:
             return [self.build(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
         try:
             return self.constructor.construct_object(node, deep=True)
-        except yaml.YAMLError as exc:
-            self._error(node, path, f"cannot read this value: {getattr(exc, 'problem', exc)}")
+        except _SCALAR_ERRORS as exc:
+            self._error(node, path, f"cannot read this value as {_tag_name(node.tag)}: {_reason(exc)}")
             return None
 
     def _mapping(self, node: MappingNode, path: Path, depth: int) -> dict[str, Any]:
@@ -90,7 +105,11 @@ class _Builder:
                 continue
             key = key_node.value
             if key_node.tag != "tag:yaml.org,2002:str" and key_node.tag != "tag:yaml.org,2002:merge":
-                key = str(self.constructor.construct_object(key_node))
+                try:
+                    key = str(self.constructor.construct_object(key_node))
+                except _SCALAR_ERRORS as exc:
+                    self._error(key_node, path, f"cannot read this key as {_tag_name(key_node.tag)}: {_reason(exc)}")
+                    continue
             if key in result:
                 first = self.doc.keys[path + (key,)]
                 self._error(
@@ -104,7 +123,18 @@ class _Builder:
 
     def _error(self, node: Node, path: Path, message: str, hint: str = "") -> None:
         line, col = _pos(node)
-        self.diagnostics.append(Diagnostic(self.doc.file, line, col, message, _dotted(path), hint))
+        self.diagnostics.append(Diagnostic(self.doc.file, line, col, clip(message), clip(_dotted(path)), hint))
+
+
+def _tag_name(tag: str) -> str:
+    return "`!!" + tag.removeprefix("tag:yaml.org,2002:") + "`" if tag.startswith("tag:yaml.org,2002:") else f"`{tag}`"
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(getattr(exc, "problem", None) or exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "Exceeds the limit" in text and "digits" in text:
+        return "the integer has more than 4300 digits"
+    return clip(text, 200)
 
 
 def _pos(node: Node) -> Position:

@@ -26,8 +26,11 @@ import numpy as np
 from runtimes._step import in_workspace, read_json, source_root
 from runtimes.errors import StepFailed
 from specs.dataset import Clip, Deduplicate, DatasetSpec, DropMissing, Filter, Standardize
+from specs.safety import OutsideRoot, resolve_inside
 
 LABEL = "__label__"
+#: Largest source file read (docs/security.md); checked before reading.
+MAX_SOURCE_BYTES = 16 * 1024**3
 
 
 def canonical_array_digest(arrays: dict[str, np.ndarray]) -> str:
@@ -65,12 +68,17 @@ class RawData:
 
 
 def _resolve_local(uri: str) -> Path:
+    """The file a `file://`, `text://` or `pvc://` source names, which must stay inside its root (the
+    source root, or the workspace's `pvc/` folder): `..`, absolute paths and symlinks leading out are
+    refused, and so are FIFOs and devices."""
     scheme, _, rest = uri.partition("://")
-    if scheme in ("file", "text"):
-        return source_root() / rest
-    if scheme == "pvc":
+    if scheme in ("file", "text", "pvc"):
         # pvc://claim/path: the workflow mounts claims under the workspace's `pvc/` folder.
-        return in_workspace(f"pvc/{rest}")
+        root = source_root() if scheme != "pvc" else in_workspace("pvc")
+        try:
+            return resolve_inside(root, rest, what=f"source {uri!r}")
+        except OutsideRoot as exc:
+            raise StepFailed(str(exc)) from None
     raise StepFailed(
         f"source {uri!r}: {scheme}:// is not read by this runtime (nothing is downloaded at run time); "
         "mount the data and use file:// or pvc://"
@@ -99,6 +107,9 @@ def read_source(spec: DatasetSpec) -> RawData:
     path = _resolve_local(uri)
     if not path.is_file():
         raise StepFailed(f"source {uri!r}: no file at {path}")
+    if path.stat().st_size > MAX_SOURCE_BYTES:
+        raise StepFailed(f"source {uri!r}: {path.stat().st_size:,} bytes, more than the {MAX_SOURCE_BYTES:,} a "
+                         "prepare step reads")
     digest = file_digest(path)
     if fmt == "text":
         return RawData(digest=digest, text=path.read_bytes())

@@ -33,6 +33,7 @@ from reconciler.targets.local.state import StateDB
 from renderers.labels import ENDPOINT
 from renderers.stepargs import decode_step_config
 from specs import Environment
+from specs.safety import OutsideRoot, resolve_inside
 
 FORGE_ROOT = Path(__file__).resolve().parents[3]
 
@@ -63,8 +64,14 @@ class LocalTarget:
                  progress: Progress | None = None) -> None:
         self.environment = env.name
         self.namespace = namespace
-        self.repo_root = (repo_root or Path.cwd()).resolve()
-        self.state_dir = self.repo_root / env.spec.local.state_dir / env.name
+        # Everything this target reads or writes stays inside the Environment's `root` (relative
+        # to the folder forgectl runs in): a `stateDir` or source leading out, through `..` or a
+        # symlink, is refused before anything is created.
+        try:
+            self.repo_root = resolve_inside((repo_root or Path.cwd()).resolve(), env.spec.root, what="root")
+            self.state_dir = resolve_inside(self.repo_root, f"{env.spec.local.state_dir}/{env.name}", what="stateDir")
+        except OutsideRoot as exc:
+            raise TargetNotAvailable(f"environment {env.name!r}: {exc}") from None
         self.workspace = self.state_dir / "workspace"
         self.db = StateDB(self.state_dir / "state.db")
         self.max_parallel = env.spec.local.max_parallel_steps
