@@ -216,10 +216,15 @@ def _pull_request_plan(paths, base, head, env_name, kubeconfig, context, namespa
     from renderers import render as render_specs
     from specs import Environment
 
+    from renderers import SchedulingError
+
     old, old_env = _load_for(paths, base, env_name)
     new, new_env = _load_for(paths, head, env_name)
-    old_rendered = render_specs(old.specs, RenderContext(old_env))
-    new_rendered = render_specs(new.specs, RenderContext(new_env))
+    try:
+        old_rendered = render_specs(old.specs, RenderContext(old_env))
+        new_rendered = render_specs(new.specs, RenderContext(new_env))
+    except SchedulingError as exc:
+        raise ForgeError(str(exc)) from exc
     the_plan = build_plan(new_rendered.manifests, old_rendered.manifests, environment=new_env.name,
                           target="git", revision=revision_of(paths or ["."], head), exact=True)
     notes = []
@@ -240,11 +245,29 @@ def _pull_request_plan(paths, base, head, env_name, kubeconfig, context, namespa
     plan_json["base"] = base
     plan_json["head"] = head or "working tree"
     if isinstance(new_env, Environment) and new_env.spec.target == "kubernetes":
+        # Pull-request mode is inert: the cluster is reached only with the runner's credential
+        # (never a kubeconfig a spec names or one inside the checkout), at the coordinates the
+        # *base* revision's Environment gives (reviewed already), and with read verbs only.
+        from reconciler.session import TargetOptions, namespace_of, open_target
+        from reconciler.sources import project_root
+
+        reviewed = old.specs.get(Environment, new_env.name)
+        if reviewed is None or reviewed.spec.kubernetes is None:
+            plan_json["notes"].append(f"no live diff: environment `{new_env.name}` is not a cluster environment at "
+                                      f"{base}; a pull request cannot choose where its plan reads from")
+            return plan_json
+        if reviewed.spec.kubernetes != new_env.spec.kubernetes:
+            plan_json["notes"].append(f"environment `{new_env.name}` changes its cluster settings; the live diff "
+                                      f"uses those at {base}")
+        k8s = reviewed.spec.kubernetes
+        options = TargetOptions(kubeconfig, context or k8s.context, namespace or k8s.namespace,
+                                untrusted_root=project_root(Path((paths or ["."])[0])))
         try:
-            target, ns = _open(new_env, kubeconfig, context, namespace)
-            live_plan, _ = make_plan(new.specs, new_env, target, ns, None)
+            target = open_target(reviewed, options)
+            live_plan, _ = make_plan(new.specs, new_env, target, namespace_of(reviewed, options), None, dry_run=False)
             plan_json["live"] = live_plan.to_json()
-            plan_json["notes"].append(f"live: {live_plan.counts()} against the cluster")
+            plan_json["notes"].append(f"live: {live_plan.counts()} against the cluster (read-only: not settled by "
+                                      "server-side dry runs)")
         except (TargetError, ForgeError) as exc:
             plan_json["notes"].append(f"no live diff: {str(exc).splitlines()[0]}")
     else:
@@ -377,7 +400,7 @@ def _writeback_hook(result, environment, backend, paths):  # type: ignore[no-unt
         if not revision:
             return f"write-back skipped: the revision of stable version {state.stable} is unknown"
         origin = result.origins[("Model", model.name)]
-        branch = policy.spec.git_writeback.branch.format(endpoint=endpoint.name)
+        branch = policy.spec.git_writeback.branch_for(endpoint.name)
         try:
             sha = write_back(Path(origin.file).parent, [origin.file], revision, branch,
                              f"Revert model {model.name} to {state.stable}: canary {state.canary} rolled back\n\n{state.reason}")
@@ -612,14 +635,35 @@ def load_traffic(
         out.print(stats)
 
 
+def _safe(text: str) -> str:
+    """A message for the terminal: each line's control characters shown as escapes, rich markup
+    escaped (messages quote user input: file names, revisions, values)."""
+    from rich.markup import escape
+
+    from reconciler.diagnostics import log_safe
+
+    return "\n".join(escape(log_safe(line)) for line in text.split("\n"))
+
+
 def main() -> None:
-    """Console-script entry point: run the app, turning user errors into one message and exit 1."""
+    """Console-script entry point: run the app, turning user errors into one message and exit 1.
+    Anything else is a bug: one line and exit 1 as well (`FORGE_DEBUG=1` shows the traceback)."""
+    import os
+
     try:
         app()
     except SpecError as exc:
         print(render_diagnostics(exc.diagnostics, "text"), file=sys.stderr)
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {_safe(str(exc))}")
         sys.exit(exc.exit_code)
     except ForgeError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True)
+        err.print(f"[red]error:[/red] {_safe(str(exc))}")
         sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - never a traceback on user input
+        if os.environ.get("FORGE_DEBUG"):
+            raise
+        err.print(f"[red]error:[/red] internal error ({type(exc).__name__}): {_safe(str(exc).splitlines()[0] if str(exc) else '')}"
+                  " — please report it; FORGE_DEBUG=1 shows the traceback")
+        sys.exit(1)
