@@ -1,7 +1,12 @@
 """Run a rendered Argo Workflow on this machine: each DAG task's container command as a local
 process of the runtime environment — the same command and config the cluster would run —
-respecting dependencies, `parallelism`, `retryStrategy` (permanent exit codes are not retried),
-the step cache (`memoize` keys) and the `onExit` handler.
+respecting dependencies, `parallelism`, `retryStrategy`, the step cache (`memoize` keys) and the
+`onExit` handler.
+
+What `depends` and `retryStrategy` mean is decided by Argo's own code (`reconciler.upstream`:
+its expression evaluator over the scope its controller builds), never by reading the expression
+here: a task starts when its dependencies are done and Argo says its `depends` holds; a failed
+attempt is retried when Argo's controller would retry it.
 
 A step whose key was computed and completed before is a cache hit and does not run. A step dies
 with the `forgectl` running it (no orphans); the next apply starts it again, and training resumes
@@ -20,12 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from reconciler import upstream
 from reconciler.targets.local.processes import ProcessRecord, alive, start_ticks, stop
 from reconciler.targets.local.state import StateDB
 from specs.stepconfig import WORKSPACE_ENV
 
-PERMANENT_EXIT_CODES = frozenset({2, 3, 4})
 MAX_LOCAL_BACKOFF = 5.0
+#: Local step status → the node phase Argo's `depends` sees.
+ARGO_PHASE = {"succeeded": "Succeeded", "cached": "Succeeded", "failed": "Failed", "omitted": "Omitted"}
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -37,6 +44,8 @@ class Task:
     name: str
     depends: list[str]
     template: dict[str, Any]
+    expression: str = ""
+    """The task's `depends` as rendered (judged by Argo's evaluator)."""
 
     @property
     def key(self) -> str | None:
@@ -67,10 +76,14 @@ def parse_tasks(workflow: dict[str, Any]) -> list[Task]:
     """The DAG's tasks in order, with their dependencies and templates."""
     templates = {t["name"]: t for t in workflow["spec"]["templates"]}
     entry = templates[workflow["spec"]["entrypoint"]]
+    dag = entry.get("dag", {}).get("tasks", [])
+    names = [t["name"] for t in dag]
     tasks = []
-    for task in entry.get("dag", {}).get("tasks", []):
-        depends = re.findall(r"([A-Za-z0-9-]+)\.Succeeded", task.get("depends", ""))
-        tasks.append(Task(task["name"], depends, templates[task["template"]]))
+    for task in dag:
+        expression = task.get("depends", "")
+        # which tasks it waits for: every task named in the expression (Argo waits for each)
+        depends = [n for n in names if re.search(rf"(?<![A-Za-z0-9_-]){re.escape(n)}(?![A-Za-z0-9_-])", expression)]
+        tasks.append(Task(task["name"], depends, templates[task["template"]], expression))
     return tasks
 
 
@@ -148,8 +161,18 @@ class WorkflowExecutor:
         code, last = 1, ""
         for attempt in range(limit + 1):
             self._set_step(workflow, task.name, status="running", attempts=attempt + 1, started=time.time(), log=str(log_path))
+            started = time.monotonic()
             code, last = self._spawn_and_wait(workflow, task, container, log_path)
-            if code == 0 or code in PERMANENT_EXIT_CODES or attempt == limit:
+            if code == 0 or attempt == limit:
+                break
+            try:
+                again = upstream.argo_eval_retry(retry.get("expression", "true"), code, "Failed",
+                                                 duration_seconds=time.monotonic() - started, message=last,
+                                                 retries=attempt, retry_policy=retry.get("retryPolicy"), limit=limit)
+            except upstream.UpstreamError as exc:
+                last = f"{last} (not retried: {exc})"
+                break
+            if not again:
                 break
             wait = min(delay * factor**attempt, MAX_LOCAL_BACKOFF)
             self.progress({"event": "retry", "workflow": workflow, "task": task.name, "attempt": attempt + 2, "in": wait, "error": last})
@@ -216,8 +239,25 @@ class WorkflowExecutor:
             self._set_step(name, task.name, status=status[task.name], finished=time.time(), exit_code=code, message=last)
             self.progress({"event": "step", "workflow": name, "task": task.name, "status": status[task.name], "exit": code, "message": last})
 
+        verdicts: dict[str, bool] = {}
+
         def ready(task: Task) -> bool:
-            return task.name not in status and all(status.get(d) in ("succeeded", "cached") for d in task.depends)
+            """Its dependencies are done and Argo's evaluation of its `depends` holds (asked once;
+            a task whose `depends` is false is omitted, as Argo omits it)."""
+            nonlocal failure
+            if task.name in status or not all(d in status for d in task.depends):
+                return False
+            if task.name not in verdicts:
+                try:
+                    verdicts[task.name] = not task.expression or upstream.argo_eval_depends(
+                        task.expression, {d: ARGO_PHASE[status[d]] for d in task.depends})
+                except upstream.UpstreamError as exc:
+                    status[task.name], failure = "failed", failure or f"step {task.name}: {exc}"
+                    return False
+                if not verdicts[task.name]:
+                    status[task.name] = "omitted"
+                    self.progress({"event": "step", "workflow": name, "task": task.name, "status": "omitted"})
+            return verdicts[task.name] and task.name not in status
 
         running: dict[str, threading.Thread] = {}
         while True:
@@ -241,7 +281,7 @@ class WorkflowExecutor:
             if idle:
                 break
             time.sleep(0.05)
-        phase = "Succeeded" if all(status.get(t.name) in ("succeeded", "cached") for t in tasks) else "Failed"
+        phase = "Succeeded" if all(status.get(t.name) in ("succeeded", "cached", "omitted") for t in tasks) else "Failed"
         message = failure if phase == "Failed" else f"{sum(s == 'cached' for s in status.values())} cached, {sum(s == 'succeeded' for s in status.values())} ran"
         self._on_exit(workflow, phase, failure)
         with self.db.tx() as db:
