@@ -2,8 +2,11 @@
 # Build the test cluster's binaries from the Go module proxy into a cache keyed by version.
 #
 #   scripts/cluster/build.sh [etcd|kube-apiserver|all]    (default: all)
+#   scripts/cluster/build.sh judge                        (prints the binary's path on stdout)
 #
 # Output: ${FORGE_CACHE:-$HOME/.cache/forge}/bin/<name>-<version>/<name>
+# forge-judge (the repo's judges/ module) goes to bin/forge-judge-<key>/forge-judge, where key
+# hashes its sources, the pinned upstream versions and the Go version.
 # A binary that is already there is reused; a new pinned version builds a new directory.
 # Module and build caches live in ${FORGE_CACHE}/go/{mod,build} so nothing touches $HOME/go.
 set -euo pipefail
@@ -111,15 +114,54 @@ if n == 0:
   log "kube-apiserver $v: built $out/kube-apiserver"
 }
 
+judges="$(cd "$here/../.." && pwd)/judges"
+
+judge_key() {
+  # Sources + the pins they must match + the toolchain: any change builds a new directory.
+  # Folders with their own go.mod (judges/promop) are other modules: not part of the key.
+  {
+    (cd "$judges" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | LC_ALL=C sort |
+       grep -v -F -f <(find . -mindepth 2 -name go.mod -printf '%h/\n'; echo '//none//') | xargs sha256sum)
+    echo "ARGO_WORKFLOWS_VERSION=$ARGO_WORKFLOWS_VERSION TRAINING_OPERATOR_VERSION=$TRAINING_OPERATOR_VERSION"
+    go env GOVERSION
+  } | sha256sum | cut -c1-16
+}
+
+judge_out() { echo "$cache/bin/forge-judge-$(judge_key)"; }
+
+build_judge() {
+  local out; out="$(judge_out)"
+  if [[ -x "$out/forge-judge" ]]; then log "forge-judge: cached ($out/forge-judge)"; return; fi
+  # judges/go.mod is what gets compiled; versions.env is what the cluster installs. Refuse to
+  # build a judge of another version than the CRDs the test cluster serves.
+  local mod pin
+  for pair in "$ARGO_WORKFLOWS_MODULE=$ARGO_WORKFLOWS_VERSION" "$TRAINING_OPERATOR_MODULE=$TRAINING_OPERATOR_VERSION"; do
+    mod="${pair%%=*}"; pin="${pair#*=}"
+    if ! grep -qE "^[[:space:]]*(require[[:space:]]+)?${mod//./\\.}[[:space:]]+${pin//./\\.}([[:space:]]|\$)" "$judges/go.mod"; then
+      echo "judges/go.mod does not require $mod $pin (scripts/cluster/versions.env); update both together" >&2
+      exit 1
+    fi
+  done
+  log "forge-judge: compiling argo-workflows $ARGO_WORKFLOWS_VERSION + training-operator $TRAINING_OPERATOR_VERSION (a few minutes the first time)"
+  local tmp="$out.tmp.$$"; mkdir -p "$tmp"
+  (cd "$judges" && go build -mod=readonly -p "$jobs" -ldflags "-s -w" -o "$tmp/forge-judge" ./cmd/forge-judge)
+  finish "$tmp" "$out"
+  log "forge-judge: built $out/forge-judge"
+}
+
 # one build at a time (two test sessions starting together would share the source dirs)
 mkdir -p "$cache/bin"
-exec 9>"$cache/bin/.build.lock"
-flock 9
+lock() { exec 9>"$cache/bin/.build.lock"; flock 9; }
 
 what="${1:-all}"
 case "$what" in
-  etcd) build_etcd ;;
-  kube-apiserver) build_kube_apiserver ;;
-  all) build_etcd; build_kube_apiserver ;;
-  *) echo "usage: $0 [etcd|kube-apiserver|all]" >&2; exit 2 ;;
+  etcd) lock; build_etcd ;;
+  kube-apiserver) lock; build_kube_apiserver ;;
+  all) lock; build_etcd; build_kube_apiserver ;;
+  judge)
+    # A cached judge needs no lock: installs are atomic renames, and a kube-apiserver build
+    # holding the lock for minutes must not stall every test that only asks for the path.
+    if [[ ! -x "$(judge_out)/forge-judge" ]]; then lock; build_judge; fi
+    echo "$(judge_out)/forge-judge" ;;
+  *) echo "usage: $0 [etcd|kube-apiserver|all|judge]" >&2; exit 2 ;;
 esac
