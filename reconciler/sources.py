@@ -169,7 +169,7 @@ def _printable(text: str) -> str:
 def check_revision(rev: str) -> str:
     """Refuse revisions that could be read as options or hold control characters."""
     if not rev or rev.startswith("-") or len(rev) > 256 or not _printable(rev) == rev:
-        raise ForgeError(f"invalid git revision {_printable(rev)!r}")
+        raise ForgeError(f"invalid git revision {rev!r}")
     return rev
 
 
@@ -181,7 +181,7 @@ def resolve_commit(repo: git.Repo, rev: str) -> git.Commit:
         sha = repo.git.rev_parse("--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}").strip()
         return repo.commit(sha)
     except Exception as exc:  # noqa: BLE001 - gitpython raises many types (BadName, ValueError, GitCommandError, …)
-        raise ForgeError(f"unknown git revision {_printable(rev)!r} in {repo.working_dir}") from exc
+        raise ForgeError(f"unknown git revision {rev!r} in {repo.working_dir}") from exc
 
 
 def files_from_git(paths: list[str], rev: str) -> list[SourceFile]:

@@ -33,6 +33,7 @@ _Loader.add_implicit_resolver(
 #: What constructing a scalar may raise on hostile input besides YAMLError: `!!int abc`, an integer
 #: longer than Python converts (4300 digits), `!!timestamp 2024-13-45`, `!!float x`.
 _SCALAR_ERRORS = (yaml.YAMLError, ValueError, TypeError, OverflowError, ArithmeticError)
+_PLAIN_COLLECTIONS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
 MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_NODES = 100_000
 MAX_DEPTH = 64
@@ -87,6 +88,12 @@ class _Builder:
         if depth > MAX_DEPTH:
             raise _TooLarge(path, f"document is nested deeper than {MAX_DEPTH} levels")
         self.doc.values.setdefault(path, _pos(node))
+        if isinstance(node, (MappingNode, SequenceNode)) and node.tag not in _PLAIN_COLLECTIONS:
+            # `!!python/object:…`, `!!set`, `!!omap`, `!Ref`: never constructed, and not silently
+            # read as a plain mapping either.
+            self._error(node, path, f"cannot read this value as {_tag_name(node.tag)}: only plain mappings and "
+                                    "lists are allowed in specs")
+            return None
         if isinstance(node, MappingNode):
             return self._mapping(node, path, depth)
         if isinstance(node, SequenceNode):
