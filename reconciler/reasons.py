@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from renderers.hardware import export_reasons
 from renderers.labels import KIND, MODEL_VERSION, NAME, ROLE
+from renderers.stepargs import decode_step_config
 
 if TYPE_CHECKING:
     from reconciler.plan import Change
@@ -23,14 +25,7 @@ def workflow_steps(workflow: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         container = template.get("container")
         if not container or "memoize" not in template:
             continue
-        args = container.get("args") or []
-        config: dict[str, Any] = {}
-        if "--config-json" in args:
-            try:
-                config = json.loads(args[args.index("--config-json") + 1])
-            except (ValueError, IndexError):
-                config = {}
-        steps[template["name"]] = {"key": template["memoize"].get("key", ""), "config": config}
+        steps[template["name"]] = {"key": template["memoize"].get("key", ""), "config": decode_step_config(container)}
     return steps
 
 
@@ -76,8 +71,9 @@ def _workflow_reasons(change: "Change", changes: Iterable["Change"]) -> list[str
     version = _labels(change.after).get(MODEL_VERSION, "?")
     previous = next((c.before for c in siblings if c.before is not None), None)
     new_steps = workflow_steps(change.after)
+    exports = export_reasons(new_steps)  # which export each hardware target gets
     if previous is None:
-        return [f"new model `{model}` version {version}: " + " → ".join(new_steps) + " will run"]
+        return [f"new model `{model}` version {version}: " + " → ".join(new_steps) + " will run", *exports]
     old_steps = workflow_steps(previous)
     reasons: list[str] = []
     old_prep = old_steps.get("prepare-data", {}).get("config", {})
@@ -95,6 +91,7 @@ def _workflow_reasons(change: "Change", changes: Iterable["Change"]) -> list[str
         for step in sorted(set(old_v) | set(new_v)):
             if old_v.get(step) != new_v.get(step):
                 reasons.append(f"compression `{step.removeprefix('compress-')}` changed")
+    reasons += exports
     old_keys = {s["key"] for s in old_steps.values()}
     hits = [n for n, s in new_steps.items() if s["key"] in old_keys]
     runs = [n for n in new_steps if n not in hits]

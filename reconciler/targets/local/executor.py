@@ -28,6 +28,7 @@ from typing import Any, Callable
 from reconciler import upstream
 from reconciler.targets.local.processes import ProcessRecord, alive, start_ticks, stop
 from reconciler.targets.local.state import StateDB
+from renderers.stepargs import decode_step_config
 from specs.stepconfig import WORKSPACE_ENV
 
 MAX_LOCAL_BACKOFF = 5.0
@@ -53,14 +54,7 @@ class Task:
 
     @property
     def output(self) -> str | None:
-        container = self.template.get("container") or {}
-        args = container.get("args") or []
-        if "--config-json" in args:
-            try:
-                return json.loads(args[args.index("--config-json") + 1]).get("output")
-            except (ValueError, IndexError):
-                return None
-        return None
+        return decode_step_config(self.template.get("container") or {}).get("output")
 
 
 @dataclass

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from reconciler.targets.local import processes
 from reconciler.targets.local.router import Router, RouterError, http_ok
 from reconciler.targets.local.state import StateDB
+from renderers.stepargs import decode_step_config, step_args
 
 ENDPOINT_LABEL = "forge.dev/endpoint"
 VERSION_LABEL = "forge.dev/model-version"
@@ -52,9 +53,10 @@ class Predictor:
         labels = predictor.get("labels") or {}
         try:
             container = predictor["componentSpecs"][0]["spec"]["containers"][0]
-            args = list(container["args"])
-            step = args[0]
-            config = json.loads(args[args.index("--config-json") + 1])
+            step = list(container["args"])[0]
+            config = decode_step_config(container)
+            if not config:
+                raise ValueError("no JSON object after --config-json")
         except (KeyError, IndexError, ValueError, TypeError) as exc:
             raise ServingError(f"endpoint {endpoint!r}: predictor {predictor.get('name')!r} is not a rendered "
                                f"Forge predictor (no container args `<step> --config-json …`): {exc}") from exc
@@ -252,7 +254,7 @@ class LocalServing:
         key = name.rsplit("/", 1)[1]
         log = self.state_dir / "logs" / f"serve-{p.endpoint}-{p.role}-{p.version}-{key}.log"
         offset = log.stat().st_size if log.exists() else 0
-        argv = [python, "-m", "runtimes", p.step, "--config-json", json.dumps(p.config, sort_keys=True)]
+        argv = [python, "-m", "runtimes", *step_args(p.step, p.config)]
         record = processes.spawn(name, "serve", argv, env=self._env(), cwd=self.repo_root, log=log,
                                  info={"endpoint": p.endpoint, "role": p.role, "version": p.version,
                                        "variant": p.variant, "step": p.step, "key": key, "url": None})
