@@ -86,18 +86,32 @@ def test_promql_text_may_hold_braces(tmp_path: Path) -> None:
 
 
 def test_rendered_objects_hold_only_forges_own_argo_tags(tmp_path: Path) -> None:
-    """The other side of the promise: in everything Forge renders from valid (if odd) specs, the
-    only `{{…}}` are the ones Forge puts there on purpose (the exit handler's workflow status)."""
+    """The other side of the promise: valid (if odd) spec text — single braces, `}}{` — adds no
+    `{{…}}` to anything Forge renders, and in Workflows the only tags are the ones Forge puts there
+    on purpose (the exit handler's workflow status)."""
     import re
 
+    import yaml
+
+    def tags(stream: str) -> tuple[set[str], set[str]]:
+        everywhere, in_workflows = set(), set()
+        for obj in yaml.safe_load_all(stream):
+            found = set(re.findall(r"\{\{.*?\}\}", yaml.safe_dump(obj, width=10**9)))
+            everywhere |= found
+            if obj and obj.get("kind") == "Workflow":
+                in_workflows |= found
+        return everywhere, in_workflows
+
     project = Project.create(tmp_path)
+    plain = {env: project.run("render", "specs", "--env", env) for env in ("local", "cluster")}
     project.write("odd.yaml", doc("Dataset", 'source: {uri: "file://data/x.csv", format: csv}\nversion: "1"\n'
                                   f"digest: {DIGEST}\nlabeling: {{column: '{{y}}', classes: ['{{a}}', '}}}}{{']}}\n"
                                   "cleaning:\n  - {op: filter, query: 'a == \"{ b }\"'}\n", name="odd")
                   + "---\n" + doc("Model", "datasetRef: odd\narchitecture: {type: mlp}\n", name="odd-model"))
     for env in ("local", "cluster"):
         run = project.run("render", "specs", "--env", env)
-        assert run.returncode == 0, run.output
-        tags = sorted(set(re.findall(r"\{\{.*?\}\}", run.stdout)))
-        assert tags == ["{{workflow.failures}}", "{{workflow.status}}"], tags
+        assert run.returncode == 0 and plain[env].returncode == 0, run.output
+        everywhere, in_workflows = tags(run.stdout)
+        assert everywhere == tags(plain[env].stdout)[0]
+        assert in_workflows == {"{{workflow.failures}}", "{{workflow.status}}"}, in_workflows
         assert "$(" not in run.stdout
