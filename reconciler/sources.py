@@ -44,14 +44,19 @@ def _hidden(part: str) -> bool:
 
 
 def project_root(path: Path) -> Path:
-    """The project a spec path belongs to: the git work tree holding it, else the folder itself
-    (or a file's folder). Symlinks among the specs must resolve inside it."""
-    start = path.resolve()
-    folder = start if start.is_dir() else start.parent
-    for candidate in (folder, *folder.parents):
+    """The project a spec path belongs to — the git work tree holding it, else the working
+    directory when the path is under it, else the path's own folder — found from the path as
+    written, not from where a symlink leads (a PR's `specs` → `/etc` must not make `/etc` the
+    project). Symlinks among the specs must resolve inside it."""
+    start = path.absolute()
+    for candidate in (start, *start.parents):
         if (candidate / ".git").exists():
-            return candidate
-    return folder
+            return candidate.resolve()
+    cwd = Path.cwd()
+    if start == cwd or cwd in start.parents:
+        return cwd.resolve()
+    real = path.resolve()
+    return real if real.is_dir() else real.parent
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -226,3 +226,20 @@ def test_prepare_step_refuses_a_source_leading_out(tmp_path: Path, runtime_pytho
     assert proc.returncode != 0
     assert expected in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "out").exists()
+
+
+def test_specs_folder_that_is_a_symlink_out_is_not_read(tmp_path: Path) -> None:
+    """A PR can make `specs` itself a symlink (to /etc, to the runner's home): the folder named on
+    the command line is walked, but every file in it leads out of the project and is refused —
+    its content never reaches a diagnostic."""
+    project = Project.create(tmp_path)
+    (project.outside / "token.yaml").write_text("apiVersion: forge.dev/v1alpha1\nkind: Secret-ghp_abcdef\n")
+    (project.root / "specs" / "base.yaml").rename(project.root / "base.yaml")
+    (project.root / "specs").rmdir()
+    (project.root / "specs").symlink_to(project.outside)
+    for git_repo in (False, True):
+        if git_repo:
+            project.git_init()
+        run = project.run("validate", "specs")
+        assert_diagnostic(run, "token.yaml", 1, "outside the project")
+        assert "ghp_abcdef" not in run.output
