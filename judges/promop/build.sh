@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build promop (the Prometheus Operator's own scrape-config generator and Prometheus's own
+# Build promop (the Prometheus Operator's own config generator and rule selector, and Prometheus's own
 # Kubernetes pod discovery, as a test tool; see main.go) into a cache keyed by version.
 #
 #   judges/promop/build.sh        -> prints the binary's path on stdout; progress on stderr

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/prometheus-operator/prometheus-operator v0.93.0
 	github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring v0.93.0
+	github.com/prometheus-operator/prometheus-operator/pkg/client v0.93.0
 	github.com/prometheus/client_golang v1.24.1
 	github.com/prometheus/prometheus v0.313.1
 	k8s.io/api v0.36.3
@@ -70,7 +71,6 @@ require (
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus-community/prom-label-proxy v0.14.0 // indirect
-	github.com/prometheus-operator/prometheus-operator/pkg/client v0.93.0 // indirect
 	github.com/prometheus/alertmanager v0.33.1 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.70.1 // indirect
