@@ -126,3 +126,14 @@ def test_text_plan_escapes_markup_and_control_characters(tmp_path: Path) -> None
     assert "\x1b" not in run.output
     assert "[bold red]RED[/]" in run.stdout  # shown as text, not applied
     assert not any(line.startswith(("::", "##")) for line in run.output.splitlines())
+
+
+def test_undecodable_file_name_with_an_escape_in_every_output(tmp_path: Path) -> None:
+    project = Project.create(tmp_path)
+    (project.root / "specs").joinpath(bytes.fromhex("6261 64ff 1b5b 3331 6d").decode("utf-8", "surrogateescape") + ".yaml"
+                                     ).write_text("a: [\n")
+    for output in ("text", "github", "json"):
+        run = project.run("validate", "specs", "-o", output)
+        assert run.returncode == 1
+        assert "\x1b" not in run.output
+        assert "\\udcff" in run.output, run.output
