@@ -16,7 +16,7 @@ def ensure_runtime_env() -> None:
         import torch  # noqa: F401
     except ImportError:
         python = subprocess.run(["bash", str(ROOT / "scripts" / "runtime-env"), "main"], check=True, capture_output=True, text=True).stdout.strip()
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
         os.execve(python, [python, *sys.argv], env)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))

@@ -58,12 +58,49 @@ def loss_fn(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     return lambda out, y: F.cross_entropy(out.float(), y)
 
 
+def device_of(model: object) -> torch.device:
+    """Device of a module's first parameter (CPU for modules without parameters)."""
+    params = getattr(model, "parameters", None)
+    if callable(params):
+        for p in params():
+            return p.device
+    return torch.device("cpu")
+
+
 @torch.no_grad()
 def predict(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+    """Outputs of ``model`` on ``x`` (on the CPU), computed on the model's device in batches."""
     if getattr(model, "training", False) and not _is_exported(model):
         model.eval()  # type: ignore[union-attr]
-    outs = [model(x[i : i + batch_size]).float() for i in range(0, len(x), batch_size)]
+    device = device_of(model)
+    outs = [model(x[i : i + batch_size].to(device)).float().cpu() for i in range(0, len(x), batch_size)]
     return torch.cat(outs) if outs else torch.zeros(0)
+
+
+@torch.no_grad()
+def _measure_lm(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Loss, perplexity and next-token accuracy of an LM, streamed: its logits ([N, T, vocab])
+    are never held for the whole split (50k-token vocabularies make that gigabytes)."""
+    if getattr(model, "training", False) and not _is_exported(model):
+        model.eval()  # type: ignore[union-attr]
+    device = device_of(model)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    count = 0
+    rows = None
+    i = 0
+    while i < len(x):
+        xb = x[i : i + (rows or 1)].to(device)
+        yb = y[i : i + (rows or 1)].to(device)
+        out = model(xb).float()
+        if rows is None:  # about 2^27 logits (512 MiB in fp32) per batch
+            rows = max(1, min(512, (1 << 27) // max(1, out[0].numel())))
+        loss_sum += F.cross_entropy(out.reshape(-1, out.shape[-1]), yb.reshape(-1), reduction="sum").double()
+        correct += (out.argmax(-1) == yb).sum()
+        count += yb.numel()
+        i += len(xb)
+    loss = float(loss_sum) / max(1, count)
+    return {"loss": loss, "perplexity": float(math.exp(min(loss, 50))), "accuracy": int(correct) / max(1, count)}
 
 
 def _is_exported(model: object) -> bool:
@@ -75,12 +112,12 @@ def measure(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: t
     """Loss and task metrics of a model on (x, y)."""
     if len(x) == 0:
         return {}
+    if task == "lm":
+        return _measure_lm(model, x, y)
     out = predict(model, x)
     loss = float(loss_fn(task)(out, y))
     if task == "regression":
         return {"loss": loss, "mse": loss}
-    if task == "lm":
-        return {"loss": loss, "perplexity": float(math.exp(min(loss, 50))), "accuracy": float((out.argmax(-1) == y).float().mean())}
     pred = out.argmax(-1)
     metrics = {"loss": loss, "accuracy": float((pred == y).float().mean())}
     classes = sorted(set(y.tolist()) | set(pred.tolist()))

@@ -1,7 +1,8 @@
 """The architecture registry and the on-disk model bundle every later step loads.
 
 Architectures: ``mlp``, ``cnn`` (conv → BN → ReLU blocks, global pooling, linear head), ``gpt``
-(decoder-only LM, causal SDPA attention) and ``custom`` (``module:function`` returning an
+(decoder-only LM, causal attention: fused SDPA, or the explicit ``math`` form; each block is one
+gradient-checkpointing unit) and ``custom`` (``module:function`` returning an
 ``nn.Module``; called with the spec's options, plus ``num_features``/``num_classes`` when it takes
 them). ``runtimes.models:transformer_classifier`` is a ready custom entrypoint (a small encoder
 over byte tokens), used by the serving benchmark.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -86,24 +88,35 @@ class CNN(_Checkpointed):
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, heads: int, causal: bool):
+    """Multi-head self-attention. ``fused``: ``F.scaled_dot_product_attention`` (flash or
+    memory-efficient kernels where the device has them); otherwise the explicit
+    softmax(QKᵀ/√d)·V, which materialises the [batch, heads, T, T] scores."""
+
+    def __init__(self, d_model: int, heads: int, causal: bool, fused: bool = True):
         super().__init__()
-        self.heads, self.causal = heads, causal
+        self.heads, self.causal, self.fused = heads, causal, fused
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # fused (flash/mem-efficient) where available
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
+            if self.causal:
+                mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+                scores = scores.masked_fill(mask, float("-inf"))
+            y = scores.softmax(dim=-1) @ v
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, heads: int, mlp_hidden: int, causal: bool):
+    def __init__(self, d_model: int, heads: int, mlp_hidden: int, causal: bool, fused: bool = True):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.attn = Attention(d_model, heads, causal)
+        self.attn = Attention(d_model, heads, causal, fused)
         self.fc1, self.fc2 = nn.Linear(d_model, mlp_hidden), nn.Linear(mlp_hidden, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,13 +127,14 @@ class Block(nn.Module):
 class GPT(_Checkpointed):
     """A GPT-style decoder LM: token + position embeddings, pre-LN blocks, tied output head."""
 
-    def __init__(self, layers: int, d_model: int, heads: int, context_length: int, vocab_size: int, mlp_hidden: list[int] | None = None):
+    def __init__(self, layers: int, d_model: int, heads: int, context_length: int, vocab_size: int, mlp_hidden: list[int] | None = None,
+                 attention: str = "fused"):
         super().__init__()
         mlp_hidden = mlp_hidden or [4 * d_model] * layers
         self.context_length = context_length
         self.tok = nn.Embedding(vocab_size, d_model)
         self.pos = nn.Embedding(context_length, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, heads, h, causal=True) for h in mlp_hidden)
+        self.blocks = nn.ModuleList(Block(d_model, heads, h, causal=True, fused=attention == "fused") for h in mlp_hidden)
         self.ln = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.tok.weight
@@ -187,7 +201,8 @@ def build_model(arch: dict[str, Any], meta: dict[str, Any]) -> nn.Module:
             raise StepFailed(f"cnn expects {cin}x{side}x{side} = {cin * side * side} input values per sample, the data has {features}")
         return CNN(list(arch["channels"]), num_classes, side, cin)
     if kind == "gpt":
-        return GPT(arch["layers"], arch["dModel"], arch["heads"], arch["contextLength"], arch["vocabSize"], arch.get("mlpHidden"))
+        return GPT(arch["layers"], arch["dModel"], arch["heads"], arch["contextLength"], arch["vocabSize"], arch.get("mlpHidden"),
+                   arch.get("attention", "fused"))
     if kind == "custom":
         module_name, _, fn_name = arch["entrypoint"].partition(":")
         try:

@@ -9,7 +9,9 @@ that never stopped.
 
 Writes into ``output``: ``model.pt`` + ``model.json`` (the bundle), ``metrics.json``,
 ``checkpoints/last.pt`` (or ``checkpoints/deepspeed/``) every ``checkpointEvery`` optimizer steps,
-and ``progress.json`` (the last progress event). Progress goes to stdout as JSON lines:
+and ``progress.json`` (the last progress event). ``metrics.json`` holds the run's own
+throughput (``throughput``: tokens/s, step times after warm-up, the warm-up — compilation
+included —, peak and activation memory; see :class:`StepMeter`). Progress goes to stdout as JSON lines:
 ``{"event": "progress", "step": 40, "total": 600, "epoch": 2, "loss": 0.31, "lr": 0.002}``,
 then ``{"event": "done", ...}``; ``{"event": "resume", "step": N}`` when it picks up a checkpoint.
 """
@@ -92,6 +94,126 @@ def deepspeed_config(config: TrainConfig, hp: Hyperparameters, cpu: bool) -> dic
     return ds
 
 
+class StepMeter:
+    """Throughput and memory of a run, measured by the train step itself.
+
+    Each optimizer step is timed from its first micro-batch to the end of its optimizer update
+    (the device is synchronised there, once a step), so checkpoint writes and progress output
+    fall outside the timings. The first ``WARMUP_STEPS`` steps — where ``torch.compile`` compiles
+    and kernels are autotuned — are reported apart (``warmupSeconds``); rates are over the rest.
+
+    Memory: on CUDA, ``peakMemoryBytes`` is the allocator's peak over the run and
+    ``activationMemoryBytes`` the peak within a step (after the first) above what stays
+    allocated between steps (weights, optimizer state): activations, gradients, temporaries.
+    ``savedTensorBytes`` (any device, eager runs) counts the distinct tensors autograd saved for
+    backward in the first forward pass, parameters excluded — with gradient checkpointing only
+    each block's input. On CPU, ``activationMemoryBytes`` is that count and ``peakMemoryBytes``
+    the process's peak resident set.
+    """
+
+    WARMUP_STEPS = 3
+
+    def __init__(self, device: Any, tokens_per_sample: int | None):
+        import torch
+
+        self._torch = torch
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.tokens_per_sample = tokens_per_sample
+        self.times: list[float] = []
+        self.samples: list[int] = []
+        self.saved_tensor_bytes: int | None = None
+        self._start: float | None = None
+        self._peak = 0
+        self._baseline: int | None = None
+        self._step_peak = 0
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def begin(self) -> None:
+        """Called before the first micro-batch of an optimizer step."""
+        if self._start is None:
+            self._start = time.perf_counter()
+
+    def end(self, samples: int) -> None:
+        """Called once the optimizer step is done."""
+        torch = self._torch
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.times.append(now - (self._start if self._start is not None else now))
+        self.samples.append(samples)
+        self._start = None
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self._peak = max(self._peak, peak)
+            if self._baseline is not None:
+                self._step_peak = max(self._step_peak, peak - self._baseline)
+            self._baseline = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    @contextlib.contextmanager
+    def saved_tensors(self, model: Any, enabled: bool):
+        """Count what autograd saves for backward inside the block (once, when ``enabled``)."""
+        if not enabled or self.saved_tensor_bytes is not None:
+            yield
+            return
+        torch = self._torch
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t: Any) -> Any:
+            try:
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+                if ptr not in params:
+                    seen[ptr] = storage.nbytes()
+            except Exception:  # tensor subclasses without a plain storage
+                pass
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.saved_tensor_bytes = sum(seen.values())
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.times)
+        warm = min(self.WARMUP_STEPS, n - 1) if n > 1 else 0
+        timed, samples = self.times[warm:], sum(self.samples[warm:])
+        seconds = sum(timed)
+        ordered = sorted(timed)
+        rate = samples / seconds if seconds > 0 else None
+        if self.cuda:
+            peak: int | None = max(self._peak, self._torch.cuda.max_memory_allocated(self.device))
+            activation = self._step_peak if n > 1 else None
+            source = "cuda-allocator"
+        else:
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+            activation = self.saved_tensor_bytes
+            source = "autograd-saved-tensors"
+        return {
+            "steps": n,
+            "warmupSteps": warm,
+            "warmupSeconds": round(sum(self.times[:warm]), 4),
+            "timedSteps": len(timed),
+            "timedSeconds": round(seconds, 4),
+            "stepSeconds": {
+                "median": round(ordered[len(ordered) // 2], 5) if ordered else None,
+                "mean": round(seconds / len(timed), 5) if timed else None,
+                "min": round(ordered[0], 5) if ordered else None,
+                "max": round(ordered[-1], 5) if ordered else None,
+            },
+            "samplesPerSecond": round(rate, 2) if rate else None,
+            "tokensPerSecond": round(rate * self.tokens_per_sample, 1) if rate and self.tokens_per_sample else None,
+            "peakMemoryBytes": peak,
+            "activationMemoryBytes": activation,
+            "savedTensorBytes": self.saved_tensor_bytes,
+            "memorySource": source,
+        }
+
+
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(TrainConfig, argv, "python -m runtimes train")
     from runtimes.learn import torch_env
@@ -150,7 +272,7 @@ class Trainer:
     def run(self) -> int:
         import torch
 
-        from runtimes.learn import loss_fn, measure, seed_everything, split_tensors
+        from runtimes.learn import loss_fn, seed_everything, split_tensors
         from runtimes.models import build_model, count_parameters, resolve_architecture
 
         self._init_distributed()
@@ -214,6 +336,11 @@ class Trainer:
                 ddp_model = DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None)
             if spec.precision == "fp16":
                 scaler = torch.amp.GradScaler(self.device.type)
+        if spec.compile:
+            if engine is not None:
+                log.warning("compile: not applied with strategy deepspeed (DeepSpeed wraps the model itself)")
+            else:
+                ddp_model = torch.compile(ddp_model)  # compiles on the first step (timed as warm-up)
 
         state = {"step": 0, "epoch": 0, "micro": 0}
         state = self._resume(model, optimizer, scheduler, scaler, engine, ckpt_dir, state)
@@ -223,6 +350,8 @@ class Trainer:
         samples = 0
         last_loss = float("nan")
         report_every = max(1, total // 50)
+        meter = StepMeter(self.device, ctx if task == "lm" else None)
+        step_samples = 0
         ddp_model.train()
         done = state["step"] >= total
         for epoch in range(state["epoch"], hp.epochs):
@@ -231,11 +360,12 @@ class Trainer:
             gen = torch.Generator().manual_seed(hp.seed * 100_003 + epoch)
             perm = torch.randperm(len(x), generator=gen)[self.rank :: self.world]
             first = state["micro"] if epoch == state["epoch"] else 0
-            running, count = 0.0, 0
+            running, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
             for i in range(first, micro_per_epoch):
                 idx = perm[i * hp.batch_size : (i + 1) * hp.batch_size]
                 if len(idx) == 0:
                     continue
+                meter.begin()
                 xb, yb = x[idx].to(self.device), y[idx].to(self.device)
                 if input_dtype is not None and xb.is_floating_point():
                     xb = xb.to(input_dtype)
@@ -248,9 +378,10 @@ class Trainer:
                 else:
                     sync = contextlib.nullcontext() if boundary or self.world == 1 else ddp_model.no_sync()
                     with sync:
-                        with torch.autocast(self.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                            out = ddp_model(xb)
-                        loss = criterion(out, yb)
+                        with meter.saved_tensors(model, enabled=not spec.compile):
+                            with torch.autocast(self.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                                out = ddp_model(xb)
+                            loss = criterion(out, yb)
                         scaled = loss / hp.gradient_accumulation_steps
                         (scaler.scale(scaled) if scaler else scaled).backward()
                     if boundary:
@@ -261,13 +392,16 @@ class Trainer:
                             optimizer.step()
                         optimizer.zero_grad(set_to_none=True)
                         scheduler.step()
-                running += float(loss.detach()) * len(idx)
+                running += loss.detach().double() * len(idx)  # stays on the device: no sync per micro-batch
                 count += len(idx)
                 samples += len(idx) * self.world
+                step_samples += len(idx) * self.world
                 if not boundary:
                     continue
+                meter.end(step_samples)
+                step_samples = 0
                 state["step"] += 1
-                last_loss = running / max(1, count)
+                last_loss = float(running) / max(1, count)
                 if self.rank == 0 and (state["step"] % report_every == 0 or state["step"] == total):
                     event = {"step": state["step"], "total": total, "epoch": epoch + 1, "loss": round(last_loss, 6), "lr": optimizer.param_groups[0]["lr"]}
                     emit("progress", **event)
@@ -282,10 +416,18 @@ class Trainer:
                     done = True
                     break
             if count and self.rank == 0:
-                log.info("epoch %d/%d: loss %.4f", epoch + 1, hp.epochs, running / count)
+                log.info("epoch %d/%d: loss %.4f", epoch + 1, hp.epochs, float(running) / count)
         elapsed = time.perf_counter() - start
+        throughput = meter.summary()
 
         final = self._final_weights(model, engine)
+        # The training state is not needed any more: free the device for the measurement below.
+        del model, ddp_model, optimizer, scheduler, engine
+        if self.cuda:
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
         if self.rank == 0:
             from runtimes.models import build_model as _build, save_bundle
 
@@ -293,9 +435,7 @@ class Trainer:
             clean.load_state_dict(final)
             clean.eval()
             vx, vy = split_tensors(self.data.split("validation"), self.meta, ctx)
-            val = measure(clean, vx, vy, task) if len(vx) else {}
-            tx, ty = x, y
-            train_metrics = measure(clean, tx[:4096], ty[:4096], task)
+            val, train_metrics = self._measure(clean, vx, vy, x[:4096], y[:4096], task)
             info = {
                 "model": self.config.model,
                 "version": self.config.version,
@@ -323,6 +463,10 @@ class Trainer:
                 "resumedFromStep": resumed_from,
                 "seconds": round(elapsed, 3),
                 "samplesPerSecond": round(samples / elapsed, 1) if elapsed > 0 else None,
+                "throughput": throughput,
+                "device": torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
+                "compile": spec.compile and self.strategy != "deepspeed",
+                "gradientCheckpointing": spec.gradient_checkpointing,
                 "parameters": info["parameters"],
                 "strategy": self.strategy,
                 "zeroStage": spec.distributed.zero_stage if self.strategy == "deepspeed" else None,
@@ -331,12 +475,35 @@ class Trainer:
                 "hyperparameters": self.hp.to_yaml_dict(),
             }
             write_json(self.out / "metrics.json", metrics)
-            emit("done", steps=state["step"], total=total, seconds=round(elapsed, 3), **{k: v for k, v in val.items()})
-            log.info("done: %d steps in %.1fs; validation %s", state["step"], elapsed, json.dumps({k: round(v, 4) for k, v in val.items()}))
+            rates = {k: throughput[k] for k in ("tokensPerSecond", "samplesPerSecond", "peakMemoryBytes") if throughput[k] is not None}
+            emit("done", steps=state["step"], total=total, seconds=round(elapsed, 3), **rates, **{k: v for k, v in val.items()})
+            log.info("done: %d steps in %.1fs (warm-up %.1fs, then %s/s, step %.4fs median); validation %s", state["step"], elapsed,
+                     throughput["warmupSeconds"], f"{throughput['tokensPerSecond']:,.0f} tokens" if throughput["tokensPerSecond"] else
+                     f"{throughput['samplesPerSecond'] or 0:,.1f} samples", throughput["stepSeconds"]["median"] or 0.0,
+                     json.dumps({k: round(v, 4) for k, v in val.items()}))
         self._barrier()
         return 0
 
     # -- helpers ------------------------------------------------------------------------------
+    def _measure(self, clean: Any, vx: Any, vy: Any, tx: Any, ty: Any, task: str) -> tuple[dict[str, float], dict[str, float]]:
+        """Validation and training metrics of the final weights, on the training device (a GPU
+        measures a large LM in seconds where a CPU takes hours); on the CPU if the device runs
+        out of memory."""
+        import torch
+
+        from runtimes.learn import measure
+
+        try:
+            clean.to(self.device)
+            return (measure(clean, vx, vy, task) if len(vx) else {}), measure(clean, tx, ty, task)
+        except torch.cuda.OutOfMemoryError:
+            log.warning("out of device memory measuring the final model; measuring on the CPU")
+            clean.to("cpu")
+            torch.cuda.empty_cache()
+            return (measure(clean, vx, vy, task) if len(vx) else {}), measure(clean, tx, ty, task)
+        finally:
+            clean.to("cpu")
+
     def _optimizer(self, model: Any) -> Any:
         import torch
 

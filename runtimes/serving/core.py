@@ -4,10 +4,16 @@ Inputs are what a client sends: for feature models the raw feature values (the p
 clip/standardize transform is applied here, as in training), for token models integer token ids
 (bytes of the text). Outputs: ``probabilities`` (FP32 [N, classes]) and ``label`` (INT64 [N]) for
 classifiers, ``prediction`` for regression, ``next_token`` for language models.
+
+Device: ``$FORGE_SERVE_DEVICE`` — ``auto`` (the default: the first CUDA device when the server
+sees one and the bundle holds float weights, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. In a
+cluster a server sees a GPU only when its Endpoint's resources ask for one. INT8 and exported
+(PT2E) bundles always run on the CPU, where their kernels are.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,9 @@ class ServingCore:
 
         self._torch = torch
         self.model, self.info = load_bundle(model_dir)
+        self.device = serving_device(self.info.get("kind", "state_dict"))
+        if self.device.type != "cpu":
+            self.model.to(self.device)
         self.task = self.info["task"]
         self.input_kind = self.info.get("inputKind", "features")
         self.classes = list(self.info.get("classes") or [])
@@ -59,13 +68,29 @@ class ServingCore:
         else:
             t = torch.from_numpy(self._features(inputs))
         with self._lock, torch.inference_mode():
-            out = self.model(t).float()
-        if self.task == "regression":
-            return {"prediction": out.reshape(len(out), -1)[:, 0].numpy()}
-        if self.task == "lm":
-            return {"next_token": out[:, -1, :].argmax(-1).numpy().astype(np.int64)}
-        probs = torch.softmax(out, dim=-1)
+            out = self.model(t.to(self.device)).float()
+            if self.task == "regression":
+                return {"prediction": out.reshape(len(out), -1)[:, 0].cpu().numpy()}
+            if self.task == "lm":
+                return {"next_token": out[:, -1, :].argmax(-1).cpu().numpy().astype(np.int64)}
+            probs = torch.softmax(out, dim=-1).cpu()
         return {"probabilities": probs.numpy().astype(np.float32), "label": probs.argmax(-1).numpy().astype(np.int64)}
 
     def describe(self) -> dict[str, Any]:
-        return {k: self.info.get(k) for k in ("model", "version", "variant", "kind", "task", "inputKind", "classes", "numFeatures")}
+        described = {k: self.info.get(k) for k in ("model", "version", "variant", "kind", "task", "inputKind", "classes", "numFeatures")}
+        return {**described, "device": str(self.device)}
+
+
+def serving_device(kind: str) -> Any:
+    """The device a bundle of ``kind`` is served on (``$FORGE_SERVE_DEVICE``, see the module doc)."""
+    import torch
+
+    wanted = os.environ.get("FORGE_SERVE_DEVICE", "auto").strip() or "auto"
+    if kind != "state_dict" or wanted == "cpu":
+        return torch.device("cpu")
+    if wanted == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(wanted)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"FORGE_SERVE_DEVICE={wanted}: this machine has no CUDA device")
+    return device

@@ -1,0 +1,77 @@
+"""The training benchmark's CPU mode (bench/train_gpu.py --device cpu --smoke): one training path —
+the product's own train step, with configs rendered by ``plan_steps`` — and a JSON of finite,
+positive figures. Without a GPU, the GPU parts say so and exit 0. No assertion is on time."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runtimes.helpers import ROOT
+
+pytestmark = pytest.mark.runtime
+
+RUN_KEYS = ("tokens_per_s", "step_s_median", "warmup_s", "peak_memory_bytes", "activation_memory_bytes", "saved_tensor_bytes",
+            "parameters", "flops_per_token", "subprocess_wall_s")
+
+
+def _run(python: str, *args: str, env: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
+    proc = subprocess.run([python, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_the_training_bench_runs_on_cpu_through_the_train_step(runtime_python: str, tmp_path: Path) -> None:
+    out = tmp_path / "train.json"
+    result = _run(runtime_python, "bench/train_gpu.py", "--device", "cpu", "--smoke", "--out", str(out),
+                  "--workspace", str(tmp_path / "ws"))
+    assert json.loads(out.read_text()) == result
+    assert result["device"] == "cpu" and result["configs_rendered_by"] == "renderers.workflow.plan_steps"
+
+    ladder = result["ladder"]
+    for rung in ("fp32_eager", "bf16_autocast", "bf16_fused_attention"):
+        figures = ladder[rung]
+        assert "error" not in figures, figures
+        for key in RUN_KEYS:
+            assert _positive(figures[key]), (rung, key, figures[key])
+        assert figures["memory_source"] == "autograd-saved-tensors" and figures["timed_steps"] >= 1
+    assert "skipped" in ladder["bf16_fused_compile"]
+    for key in ("bf16_vs_fp32", "fused_vs_unfused_bf16", "best_vs_fp32_eager"):
+        assert _positive(ladder["ratios"][key]), key
+    # The explicit attention saves its [batch, heads, T, T] scores for backward; the fused kernel does not.
+    assert ladder["bf16_fused_attention"]["saved_tensor_bytes"] < ladder["bf16_autocast"]["saved_tensor_bytes"]
+    assert "skipped" in result["ddp"]
+
+    ck = result["checkpointing"]
+    assert ck["layers"] == [2, 4]
+    for run in ck["runs"].values():
+        assert "error" not in run, run
+        for key in RUN_KEYS:
+            assert _positive(run[key]), (key, run)
+    for mode in ("full", "checkpointed"):
+        assert math.isfinite(ck[mode]["growth_exponent"]) and _positive(ck[mode]["bytes_per_layer"])
+    # Checkpointing keeps only each block's input for backward: fewer bytes at every depth, and
+    # fewer more per added layer.
+    assert all(0 < ratio < 1 for ratio in ck["memory_ratio_checkpointed_vs_full"].values())
+    assert ck["checkpointed"]["bytes_per_layer"] < ck["full"]["bytes_per_layer"]
+    assert all(math.isfinite(v) for v in ck["step_time_overhead"].values())
+    assert set(result["targets"]) >= {"mfu_bf16_fused_compile", "checkpointed_growth_exponent", "checkpointing_overhead_max"}
+
+
+def test_without_a_gpu_the_gpu_parts_say_so_and_exit_0(runtime_python: str, tmp_path: Path) -> None:
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+    train = _run(runtime_python, "bench/train_gpu.py", "--device", "cuda", env=no_gpu, timeout=300)
+    assert train["skipped"] == "no CUDA device on this machine" and "ladder" not in train
+    serve = _run(runtime_python, "bench/serve.py", "--device", "cuda", env=no_gpu, timeout=300)
+    assert serve["skipped"] == "no CUDA device on this machine" and "models" not in serve
