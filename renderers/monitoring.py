@@ -10,7 +10,13 @@ from specs import Endpoint, Environment, RolloutPolicy, duration_seconds
 
 
 def render_podmonitor(endpoint: Endpoint, env: Environment, namespace: str, revision: str | None) -> dict[str, Any]:
-    """A PodMonitor selecting the endpoint's predictor pods, scraping `/metrics` on `http`."""
+    """A PodMonitor selecting the endpoint's predictor pods, scraping `/metrics` on `http`.
+
+    No `honorLabels`: the operator's job gives every series the target labels `namespace`, `pod`,
+    `container`, `endpoint` (`http`), `job` and `instance`, and the servers' own labels are
+    `forge_*` (`specs.rollout.SERIES_LABELS`), which none of those collides with. So the series
+    keep them with the operator's default, and with a Prometheus that sets `overrideHonorLabels`
+    (where `honorLabels: true` would not help); the queries never select a target label."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",

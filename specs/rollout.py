@@ -10,21 +10,38 @@ from pydantic import Field, model_validator
 
 from specs.base import Duration, Name, SpecModel, duration_seconds
 
-#: Ready-made PromQL templates over the serving runtime's metrics. The placeholders `{endpoint}`,
-#: `{namespace}`, `{version}`, `{role}` (stable|canary) and `{window}` are filled in by
-#: :func:`fill_placeholders` — never by `str.format`, so a label matcher's braces stay as written.
+#: The labels the serving runtime puts on every series it exports (runtimes/serving/telemetry.py),
+#: by what they hold. They are prefixed so that no scrape can add or rename them: the Prometheus
+#: Operator gives every series of a PodMonitor the target labels `namespace`, `pod`, `container`,
+#: `endpoint` (the port's name), `job` and `instance`, and without `honorLabels` (or with a
+#: Prometheus's `overrideHonorLabels`) a server's own label of the same name becomes `exported_*`.
+#: With these names a query means the same under any scrape configuration — the operator's, a
+#: hardened multi-tenant one, a plain `kubernetes_sd_configs` job, the local target's — and the
+#: namespace is written by the server too, so no query depends on a target label.
+SERIES_LABELS: dict[str, str] = {
+    "endpoint": "forge_endpoint",
+    "namespace": "forge_namespace",
+    "version": "forge_version",
+    "variant": "forge_variant",
+    "role": "forge_role",
+}
+
+#: Ready-made PromQL templates over the serving runtime's metrics (labels: :data:`SERIES_LABELS`).
+#: The placeholders `{endpoint}`, `{namespace}`, `{version}`, `{role}` (stable|canary) and
+#: `{window}` are filled in by :func:`fill_placeholders` — never by `str.format`, so a label
+#: matcher's braces stay as written.
 BUILTIN_TEMPLATES: dict[str, str] = {
     "success-rate": (
-        'sum(rate(forge_requests_total{endpoint="{endpoint}",namespace="{namespace}",role="{role}",code!~"5.."}[{window}]))'
-        ' / sum(rate(forge_requests_total{endpoint="{endpoint}",namespace="{namespace}",role="{role}"}[{window}]))'
+        'sum(rate(forge_requests_total{forge_endpoint="{endpoint}",forge_namespace="{namespace}",forge_role="{role}",code!~"5.."}[{window}]))'
+        ' / sum(rate(forge_requests_total{forge_endpoint="{endpoint}",forge_namespace="{namespace}",forge_role="{role}"}[{window}]))'
     ),
     "error-rate": (
-        'sum(rate(forge_requests_total{endpoint="{endpoint}",namespace="{namespace}",role="{role}",code=~"5.."}[{window}]))'
-        ' / sum(rate(forge_requests_total{endpoint="{endpoint}",namespace="{namespace}",role="{role}"}[{window}]))'
+        'sum(rate(forge_requests_total{forge_endpoint="{endpoint}",forge_namespace="{namespace}",forge_role="{role}",code=~"5.."}[{window}]))'
+        ' / sum(rate(forge_requests_total{forge_endpoint="{endpoint}",forge_namespace="{namespace}",forge_role="{role}"}[{window}]))'
     ),
     "latency-p99": (
         "histogram_quantile(0.99, sum by (le) (rate(forge_request_duration_seconds_bucket"
-        '{endpoint="{endpoint}",namespace="{namespace}",role="{role}"}[{window}])))'
+        '{forge_endpoint="{endpoint}",forge_namespace="{namespace}",forge_role="{role}"}[{window}])))'
     ),
 }
 
@@ -133,8 +150,10 @@ class Metric(SpecModel):
         min_length=1,
         max_length=MAX_QUERY_LENGTH,
         description="A PromQL template; `{endpoint}`, `{namespace}`, `{version}`, `{role}` and `{window}` are filled in "
-        "(nothing else: label matchers such as `{code=~\"5..\"}` are written as in Prometheus). Parsed when the "
-        f"specs are validated; at most {MAX_QUERY_LENGTH} characters.",
+        "(nothing else: label matchers such as `{code=~\"5..\"}` are written as in Prometheus). The serving runtime's "
+        "series carry `forge_endpoint`, `forge_namespace`, `forge_version`, `forge_variant`, `forge_role` (and `code`): "
+        "select on those, e.g. `forge_endpoint=\"{endpoint}\"`, never on `endpoint` or `namespace`, which a scrape sets. "
+        f"Parsed when the specs are validated; at most {MAX_QUERY_LENGTH} characters.",
     )
     min: float | None = Field(default=None, description="Pass when the value is at least this.")
     max: float | None = Field(default=None, description="Pass when the value is at most this.")

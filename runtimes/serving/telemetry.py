@@ -1,12 +1,19 @@
 """Prometheus metrics of a model server and fault injection for rollback drills.
 
 The metric names are part of Forge's contract: the rollout gates' PromQL templates
-(``specs.rollout.BUILTIN_TEMPLATES``) query them. Every series carries the labels ``endpoint``,
-``namespace``, ``version``, ``variant`` and ``role`` (stable|canary):
+(``specs.rollout.BUILTIN_TEMPLATES``) query them. Every series carries the labels
+``forge_endpoint``, ``forge_namespace``, ``forge_version``, ``forge_variant`` and ``forge_role``
+(stable|canary) — ``specs.rollout.SERIES_LABELS``, which says why they are prefixed: no scrape
+(the Prometheus Operator's PodMonitor jobs add ``namespace``, ``pod``, ``container``, ``endpoint``,
+``job``, ``instance``) can add or rename them, with or without ``honorLabels``.
 
 - ``forge_requests_total{code}``: inference requests by HTTP status code (counter);
 - ``forge_request_duration_seconds``: end-to-end latency of an inference request (histogram);
 - ``forge_batch_size``: rows per model invocation, after dynamic batching (histogram).
+
+``code="200"`` and ``code="500"`` exist from the start (at 0): a healthy server's error rate is 0,
+not "no data", and a server failing every request has a success rate of 0, so the gates and the
+``compareToStable`` alerts measure them instead of holding for want of a series.
 
 Works with prometheus-client 0.8 (the seldon environment) and current releases.
 """
@@ -19,7 +26,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-LABELS = ("endpoint", "namespace", "version", "variant", "role")
+from specs.rollout import SERIES_LABELS
+
+LABELS = tuple(SERIES_LABELS[k] for k in ("endpoint", "namespace", "version", "variant", "role"))
+#: Status codes whose series exist before the first request (see the module docstring).
+INITIAL_CODES = ("200", "500")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -29,16 +40,18 @@ class Telemetry:
 
     def __init__(self, config: Any):
         self.labels = {
-            "endpoint": config.endpoint,
-            "namespace": config.namespace,
-            "version": config.version,
-            "variant": config.variant,
-            "role": config.role,
+            SERIES_LABELS["endpoint"]: config.endpoint,
+            SERIES_LABELS["namespace"]: config.namespace,
+            SERIES_LABELS["version"]: config.version,
+            SERIES_LABELS["variant"]: config.variant,
+            SERIES_LABELS["role"]: config.role,
         }
         self.registry = CollectorRegistry()
         self._requests = Counter("forge_requests", "Inference requests by HTTP status code.", (*LABELS, "code"), registry=self.registry)
         self._duration = Histogram("forge_request_duration_seconds", "End-to-end latency of inference requests.", LABELS, buckets=LATENCY_BUCKETS, registry=self.registry)
         self._batch = Histogram("forge_batch_size", "Rows per model invocation (after dynamic batching).", LABELS, buckets=BATCH_BUCKETS, registry=self.registry)
+        for code in INITIAL_CODES:
+            self._requests.labels(**self.labels, code=code)
         faults = config.fault_injection
         self.error_rate = float(faults.error_rate) if faults else 0.0
         self.added_latency_s = float(faults.added_latency_ms) / 1000.0 if faults else 0.0

@@ -39,8 +39,9 @@ def test_mlserver_v2_answers_and_exposes_forge_metrics(digits: Runner, server_fa
     bad, _ = post_json(f"{server.url}/v2/models/digits-mlp/infer", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]})
     assert bad == 400
     metrics = get_text(f"{server.url}/metrics")
-    labels = 'endpoint="digits",namespace="ml",role="canary",variant="base",version="v1"'
+    labels = 'forge_endpoint="digits",forge_namespace="ml",forge_role="canary",forge_variant="base",forge_version="v1"'
     assert f'forge_requests_total{{code="200",{labels}}} 1.0' in metrics
+    assert f'forge_requests_total{{code="500",{labels}}} 0.0' in metrics  # there from the start: error rate 0, not no data
     assert _count(metrics, "400") == 1.0
     assert "forge_request_duration_seconds_bucket" in metrics and "forge_batch_size_bucket" in metrics
 
@@ -63,7 +64,7 @@ def test_seldon_wrapper_answers_and_exposes_forge_metrics(digits: Runner, seldon
     assert [max(range(10), key=row.__getitem__) for row in probs] == [0, 1]
     assert body["data"]["names"] == [str(i) for i in range(10)]
     metrics = get_text(f"{server.url}/metrics")
-    assert _count(metrics, "200") == 1.0 and 'role="canary"' in metrics
+    assert _count(metrics, "200") == 1.0 and 'forge_role="canary"' in metrics
 
 
 def test_seldon_wrapper_fault_injection(digits: Runner, seldon_python: str, server_factory) -> None:
