@@ -157,10 +157,11 @@ def test_canary_with_injected_errors_rolls_back_and_stable_serves_throughout(ws:
     assert any(p.kind == "prometheus" for p in ws.processes()), "the local Prometheus runs"
     (raw,) = ws.db().execute("SELECT value FROM kv WHERE key = 'prometheus'").fetchone()
     url = f"http://127.0.0.1:{json.loads(raw)['port']}"
-    query = 'sum by (version, code) (forge_requests_total{endpoint="digits",role="stable"})'
+    query = 'sum by (forge_version, code) (forge_requests_total{forge_endpoint="digits",forge_role="stable"})'
     with urllib.request.urlopen(f"{url}/api/v1/query?query={urllib.parse.quote(query)}", timeout=10) as resp:
-        series = {(r["metric"].get("version"), r["metric"].get("code")): float(r["value"][1]) for r in json.loads(resp.read())["data"]["result"]}
-    assert series and all(code == "200" for (_, code) in series), series
+        series = {(r["metric"].get("forge_version"), r["metric"].get("code")): float(r["value"][1]) for r in json.loads(resp.read())["data"]["result"]}
+    assert series and any(code == "200" and n > 0 for (_, code), n in series.items()), series
+    assert all(n == 0 for (_, code), n in series.items() if code != "200"), series
     assert infer(endpoint["url"]) == 200
     # The rolled-back version stays out: a plan does not bring its canary back (`rollout retry` would).
     plan = ws.forgectl("plan", "specs", "--detailed-exitcode", check=False)

@@ -232,13 +232,21 @@ def test_stable_canary_weights_and_removal_without_a_failed_request(digits: Runn
 
         # Prometheus scrapes both servers and the router (labels as the gates query them)
         def roles_seen() -> set[str]:
-            rows = prom.query('sum by (role, version) (forge_requests_total{endpoint="digits",namespace="default",code="200"})')
-            return {f"{r['metric']['role']}:{r['metric']['version']}" for r in rows}
+            rows = prom.query('sum by (forge_role, forge_version) '
+                              '(forge_requests_total{forge_endpoint="digits",forge_namespace="default",code="200"})')
+            return {f"{r['metric']['forge_role']}:{r['metric']['forge_version']}" for r in rows}
         _wait(lambda: roles_seen() >= {"stable:v1", "canary:v2"}, what="forge_requests_total of both roles")
-        _wait(lambda: prom.query('sum(haproxy_backend_http_responses_total{component="router",endpoint="digits",proxy="be"}) > 0'),
+        _wait(lambda: prom.query('sum(haproxy_backend_http_responses_total{component="router",forge_endpoint="digits",proxy="be"}) > 0'),
               what="the router's exporter")
-        up = prom.query('up{job="forge"}')
+        up = prom.query('up{namespace="default"}')
         assert len(up) == 3 and all(r["value"][1] == "1" for r in up), up
+        # a model server's series carry the target labels the Prometheus Operator's PodMonitor job
+        # gives them on a cluster (the servers' own are forge_*: nothing renamed to exported_*)
+        rows = prom.query('forge_requests_total{forge_endpoint="digits"}')
+        assert rows and all(set(r["metric"]) == {"__name__", "code", "forge_endpoint", "forge_namespace", "forge_role",
+                                                 "forge_variant", "forge_version", "namespace", "pod", "container",
+                                                 "endpoint", "job", "instance"} for r in rows), rows
+        assert {(r["metric"]["job"], r["metric"]["endpoint"], r["metric"]["container"]) for r in rows} == {("default/digits", "http", "model")}
 
         # the rollout aborted: the canary is drained and stopped under load
         canary_record = next(r for r in db.processes() if r.info.get("role") == "canary")

@@ -5,8 +5,14 @@ scraping the model servers and the routers of one state directory.
   ``<state_dir>/prometheus/data``, ``--web.enable-lifecycle`` so rules reload without a restart.
 - One scrape job, ``forge``, whose targets come from file_sd (``targets/forge.json``): changing
   targets is an atomic file replace, picked up within a second, no reload.
-- ``honor_labels: true``: the servers' own ``endpoint``/``role``/``version`` labels are kept as the
-  gates' PromQL expects (never renamed to ``exported_*``).
+- The series get the labels a cluster's Prometheus gives them under the Prometheus Operator, so a
+  query means the same here and there: ``honor_labels: false`` as the operator's PodMonitor jobs
+  have it, and relabel rules that set the target labels those jobs set — ``namespace``, ``pod``,
+  ``container``, ``endpoint`` (the port's name), ``job`` (``<namespace>/<PodMonitor>``) and
+  ``instance`` (the address) — from the Kubernetes-SD-style ``__meta_*`` labels :func:`pod_target`
+  writes into the file_sd targets. The servers' own labels are ``forge_*`` (see
+  ``specs.rollout.SERIES_LABELS``), so nothing is renamed to ``exported_*`` on either side
+  (tests/monitoring/test_operator_scrape.py compares the series with the operator's own config).
 - Rule files ``rules/<name>.yml`` (the ``spec.groups`` of a rendered PrometheusRule), loaded by
   ``POST /-/reload``; a rule Prometheus rejects is removed again and reported.
 
@@ -33,6 +39,29 @@ from reconciler.targets.local.state import StateDB
 
 PROMETHEUS = "/usr/bin/prometheus"
 NAME = "prometheus"
+#: The file_sd label that carries a target's ``job`` (the operator writes it as a constant per
+#: PodMonitor; one local job scrapes every endpoint, so here it comes with the target).
+JOB_META = "__meta_forge_job"
+#: Relabel rules of the local scrape job: the target labels of the Prometheus Operator's PodMonitor
+#: jobs (prometheus-operator v0.93.0 pkg/prometheus/promcfg.go, generatePodMonitorConfig: namespace,
+#: container, pod from Kubernetes SD, then job and endpoint; instance stays the address).
+RELABEL_CONFIGS: list[dict[str, Any]] = [
+    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+    {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+    {"source_labels": [JOB_META], "regex": "(.+)", "target_label": "job"},
+    {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "(.+)", "target_label": "endpoint"},
+]
+
+
+def pod_target(address: str, *, namespace: str, pod: str, container: str, port_name: str, job: str,
+               labels: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
+    """A file_sd target for a process that stands for a pod's container port: the
+    ``__meta_kubernetes_*`` labels Kubernetes SD would give it (and the job), which
+    :data:`RELABEL_CONFIGS` turns into the operator's target labels; ``labels`` are added as they are."""
+    return address, {"__meta_kubernetes_namespace": namespace, "__meta_kubernetes_pod_name": pod,
+                     "__meta_kubernetes_pod_container_name": container,
+                     "__meta_kubernetes_pod_container_port_name": port_name, JOB_META: job, **(labels or {})}
 
 
 class PrometheusError(RuntimeError):
@@ -65,8 +94,11 @@ class LocalPrometheus:
         return record is not None and processes.alive(record)
 
     def ensure(self, timeout: float = 60.0) -> str:
-        """Start Prometheus unless it runs; returns its URL."""
+        """Start Prometheus unless it runs; returns its URL. One that runs with another scrape
+        configuration (an older Forge's) gets this one, by a reload."""
         if self.running() and self.port:
+            if self._write_config():
+                self.reload()
             return self.url
         try:
             exe = ensure_package(self.binary, "prometheus")
@@ -113,18 +145,25 @@ class LocalPrometheus:
             self.db.forget_process(NAME)
 
     # -- configuration ----------------------------------------------------------------------------
-    def _write_config(self) -> None:
+    def _write_config(self) -> bool:
+        """Write ``prometheus.yml``; True when it changed."""
         iv = self.scrape_interval
         config = {
             "global": {"scrape_interval": iv, "evaluation_interval": iv, "scrape_timeout": iv},
             "rule_files": [str(self.dir / "rules" / "*.yml")],
             "scrape_configs": [{
                 "job_name": "forge",
-                "honor_labels": True,
+                "honor_labels": False,
                 "file_sd_configs": [{"files": [str(self.dir / "targets" / "*.json")], "refresh_interval": "1s"}],
+                "relabel_configs": RELABEL_CONFIGS,
             }],
         }
-        _atomic_write(self.dir / "prometheus.yml", json.dumps(config, indent=2) + "\n")
+        text = json.dumps(config, indent=2) + "\n"
+        path = self.dir / "prometheus.yml"
+        if path.exists() and path.read_text() == text:
+            return False
+        _atomic_write(path, text)
+        return True
 
     def set_targets(self, targets: Iterable[tuple[str, dict[str, str]]]) -> None:
         """Replace the scrape targets: ``(host:port, labels)`` each (file_sd; no reload needed)."""

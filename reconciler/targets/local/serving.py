@@ -4,7 +4,8 @@ one HAProxy router per endpoint (:mod:`.router`) splits traffic between stable a
 predictors' ``traffic``.
 
 Process records (StateDB ``processes``), one per model server: ``serve/<endpoint>/<role>/<key>``,
-kind ``serve``, info ``{endpoint, role, version, step, url, key}``. ``key`` is a digest of what
+kind ``serve``, info ``{endpoint, role, version, variant, step, key, namespace, container, port, url}``
+(:meth:`Predictor.record_info`). ``key`` is a digest of what
 the server runs (step, ServeConfig, interpreter), so a changed version or config is a *new*
 process beside the old one, never a restart in place. The kv entry ``serving/<endpoint>`` holds
 the current process name per role and the traffic split.
@@ -30,8 +31,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from reconciler.targets.local import processes
+from reconciler.targets.local.monitoring import pod_target
 from reconciler.targets.local.router import Router, RouterError, http_ok
 from reconciler.targets.local.state import StateDB
+from specs.rollout import SERIES_LABELS
 from renderers.stepargs import decode_step_config, step_args
 
 ENDPOINT_LABEL = "forge.dev/endpoint"
@@ -69,8 +72,18 @@ class Predictor:
         self.variant: str = labels.get(VARIANT_LABEL) or config.get("variant", "")
         self.traffic = int(predictor.get("traffic", 0) or 0)
         self.step = step
+        # what a cluster's Prometheus would know of the pod: its namespace, container, port name
+        self.namespace: str = str(config.get("namespace") or "")
+        self.container: str = str(container.get("name") or "")
+        self.port_name: str = next((str(p.get("name") or "") for p in container.get("ports") or []), "")
         # locally: loopback only, and a free port the server picks (it prints the URL once ready)
         self.config = {**config, "host": "127.0.0.1", "port": 0}
+
+    def record_info(self, key: str) -> dict[str, Any]:
+        """The ``info`` of this predictor's process record (``url`` is added once it serves)."""
+        return {"endpoint": self.endpoint, "role": self.role, "version": self.version, "variant": self.variant,
+                "step": self.step, "key": key, "namespace": self.namespace, "container": self.container,
+                "port": self.port_name, "url": None}
 
     def key(self, python: str) -> str:
         blob = json.dumps({"step": self.step, "config": self.config, "python": python}, sort_keys=True)
@@ -226,19 +239,32 @@ class LocalServing:
         return paths
 
     def scrape_targets(self) -> list[tuple[str, dict[str, str]]]:
-        """``(host:port, labels)`` of every running model server and router exporter, for Prometheus."""
+        """``(host:port, labels)`` of every running model server and router exporter, for the local
+        Prometheus (:func:`.monitoring.pod_target`). A model server is scraped as the endpoint's
+        PodMonitor makes a cluster's Prometheus scrape its pod: namespace, a pod name, the
+        container and its port's name, job ``<namespace>/<endpoint>`` (renderers.monitoring names
+        the PodMonitor after the endpoint, in its namespace). A router has no pod on a cluster: it
+        gets job ``<namespace>/<endpoint>-router`` and ``component="router"``, ``forge_endpoint``."""
         out: list[tuple[str, dict[str, str]]] = []
         for record in self.db.processes():
             if not processes.alive(record):
                 continue
-            if record.kind == "serve" and record.info.get("url"):
-                where = urllib.parse.urlsplit(record.info["url"]).netloc
-                out.append((where, {"component": "model-server", "endpoint": record.info["endpoint"],
-                                    "role": record.info["role"], "version": record.info["version"]}))
-            elif record.kind == "router" and record.info.get("metrics_port"):
-                out.append((f"127.0.0.1:{record.info['metrics_port']}",
-                            {"component": "router", "endpoint": record.info["endpoint"]}))
+            info = record.info
+            if record.kind == "serve" and info.get("url"):
+                namespace = info.get("namespace") or ""
+                out.append(pod_target(urllib.parse.urlsplit(info["url"]).netloc, namespace=namespace,
+                                      pod=f"{info['endpoint']}-{info['role']}-{info.get('key', '')}",
+                                      container=info.get("container") or "", port_name=info.get("port") or "",
+                                      job=f"{namespace}/{info['endpoint']}"))
+            elif record.kind == "router" and info.get("metrics_port"):
+                namespace = self._namespace_of(info["endpoint"])
+                out.append(pod_target(f"127.0.0.1:{info['metrics_port']}", namespace=namespace, pod="", container="",
+                                      port_name="", job=f"{namespace}/{info['endpoint']}-router",
+                                      labels={"component": "router", SERIES_LABELS["endpoint"]: info["endpoint"]}))
         return out
+
+    def _namespace_of(self, endpoint: str) -> str:
+        return next((r.info.get("namespace") or "" for r in self._servers(endpoint)), "")
 
     # -- helpers ----------------------------------------------------------------------------------
     def _servers(self, endpoint: str) -> list[processes.ProcessRecord]:
@@ -256,8 +282,7 @@ class LocalServing:
         offset = log.stat().st_size if log.exists() else 0
         argv = [python, "-m", "runtimes", *step_args(p.step, p.config)]
         record = processes.spawn(name, "serve", argv, env=self._env(), cwd=self.repo_root, log=log,
-                                 info={"endpoint": p.endpoint, "role": p.role, "version": p.version,
-                                       "variant": p.variant, "step": p.step, "key": key, "url": None})
+                                 info=p.record_info(key))
         self.db.record_process(record)
         return p, record, offset
 
