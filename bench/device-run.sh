@@ -18,12 +18,12 @@
 # into /tmp/site here unless they import already. --smoke: a tiny model and a few seconds per part
 # (with --device cpu, how this script is checked without a GPU). $PYTHON picks the interpreter
 # (default python3), $WHEELS the wheel folder (default .whl), $SITE where they go (default
-# /tmp/site); $OUT defaults to ./.bench-out.
+# /tmp/site); $OUT defaults to /tmp/forge-device-run-out.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
-OUT="${OUT:-$ROOT/.bench-out}"
+OUT="${OUT:-/tmp/forge-device-run-out}"
 PY="${PYTHON:-python3}"
 WHEELS="${WHEELS:-.whl}"
 SITE="${SITE:-/tmp/site}"
