@@ -3,7 +3,7 @@
 # H200: about 7 minutes), into ONE JSON file, $OUT/gpu-results.json, with the whole log in
 # $OUT/device-run.log.
 #
-#   bench/device-run.sh [--smoke] [--device cuda|cpu] [--budget-s 480]
+#   bench/device-run.sh [--smoke] [--device cuda|cpu] [--budget-s 500]
 #
 # Parts, each failing soft (its error goes into the JSON and the next part runs):
 #   1. bench/train_gpu.py  — the product's train step (python -m runtimes train, configs rendered by
@@ -11,7 +11,7 @@
 #      (tokens/s, MFU), DDP when there are several GPUs, gradient checkpointing at 4/8/16/32 layers;
 #   2. bench/serve.py --device cuda — MLServer adaptive batching vs batch 1 on the GPU, the small
 #      transformer classifier and a ~85M one (throughput ratio, p50/p99).
-# A total time budget (--budget-s, default 480 s) is shared out: each part skips what would overrun.
+# A total time budget (--budget-s, default 500 s) is shared out: each part skips what would overrun.
 #
 # The machine is bare: torch is there, pydantic, MLServer and their needs are not. They travel as
 # wheels in .whl/ (bench/fetch-device-wheels.sh; pins in bench/device-wheels.txt) and are installed
@@ -29,7 +29,7 @@ WHEELS="${WHEELS:-.whl}"
 SITE="${SITE:-/tmp/site}"
 SMOKE=0
 DEVICE=cuda
-BUDGET=480
+BUDGET=500
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
@@ -77,7 +77,7 @@ EOF
 TMP="$(mktemp -d /tmp/forge-device-run.XXXXXX)"
 SMOKE_ARGS=()
 SERVE_ARGS=(--seconds 8)
-RESERVE=120   # seconds kept for the serving part (2 models x 2 servers, ~45 s each)
+RESERVE=110   # seconds kept for the serving part (2 models x 2 servers, ~45 s each)
 if [[ $SMOKE == 1 ]]; then
   SMOKE_ARGS=(--smoke)
   SERVE_ARGS=(--seconds 2 --models small --concurrency 4 --max-batch 4)
