@@ -1,17 +1,26 @@
-"""bench/compress: fp32 vs structured-pruned vs INT8 on the digits MLP and a small CNN.
+"""bench/compress: fp32 vs structured-pruned vs INT8 (PyTorch) vs ONNX and ONNX Runtime INT8, on
+the digits MLP and a small CNN.
 
     python bench/compress.py            # re-execs itself in the cached runtime env if needed
 
-Runs the real steps (prepare → train → compress) in a temporary workspace, then prints a table
-and, as its last line, a JSON object of the digits-MLP figures (ratios are compressed / fp32):
-``{"int8_size_ratio", "int8_acc_drop_pt", "pruned_param_ratio", "pruned_acc_drop_pt",
-"int8_latency_speedup", ...}`` plus the same for the CNN under ``cnn_*`` keys.
+Runs the real steps (prepare → train → compress → export → benchmark) in a temporary workspace,
+then prints a table and, as its last line, a JSON object of the digits-MLP figures (ratios are
+variant / PyTorch fp32): ``{"int8_size_ratio", "int8_acc_drop_pt", "pruned_param_ratio",
+"pruned_acc_drop_pt", "int8_latency_speedup", "onnx_max_abs_diff", "onnx_int8_size_ratio",
+"onnx_int8_acc_drop_pt", "onnx_latency_speedup", "onnx_int8_latency_speedup", ...}`` plus the same
+for the CNN under ``cnn_*`` keys.
+
+The compress rows' latency is the compress step's own (batch 1, the variant against fp32 in
+alternating rounds); the ONNX rows' comes from the `benchmark` step, which measures all five
+variants of a model in alternating rounds (1 thread each), so the ONNX speed-ups compare like with
+like (`bench_p50_ms` holds its batch-1 p50 of every variant).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -66,9 +75,37 @@ def main() -> None:
                 figures[f"{prefix}pruned_latency_speedup"] = round(ratios["latencySpeedup"], 3)
             figures[f"{prefix}fp32_accuracy"] = round(before["accuracy"], 4)
             rows.append((arch, name, before, after, ratios, report["accuracyDropPt"]))
-    print(f"\n{'model':6} {'variant':8} {'size fp32→var (B)':>22} {'params':>16} {'acc fp32→var':>16} {'p50 ms fp32→var':>18}", file=sys.stderr)
+        prefix = "" if arch == "mlp" else "cnn_"
+        assert step("runtimes.export", {"step": "export", "model": f"digits-{arch}", "source": "base", "modelDir": f"{arch}/base",
+                                        "data": "data", "hardwareTarget": "x86-avx2", "maxAbsDiff": 1e-4,
+                                        "int8": {"calibrationSamples": 256}, "maxAccuracyDrop": 100.0, "output": f"{arch}/exports"}) == 0
+        export = json.load(open(os.path.join(ws, arch, "exports", "report.json")))
+        # the benchmark step in its own process, as the workflow runs it (it forks its memory probes)
+        variants = {"base": f"{arch}/base", "pruned": f"{arch}/pruned", "int8": f"{arch}/int8",
+                    "onnx": f"{arch}/exports/onnx", "onnx-int8": f"{arch}/exports/onnx-int8"}
+        config = {"step": "benchmark", "model": f"digits-{arch}", "version": "b", "variants": variants, "data": "data",
+                  "hardwareTarget": "x86-avx2", "settings": {"batchSizes": [1, 64], "seconds": 1.0, "threads": 1}, "output": f"{arch}/bench"}
+        subprocess.run([sys.executable, "-m", "runtimes", "benchmark", "--config-json", json.dumps(config)], check=True,
+                       env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        bench = json.load(open(os.path.join(ws, arch, "bench", "benchmark.json")))["variants"]
+        p50 = {name: bench[name]["batches"]["1"]["p50Ms"] for name in variants}
+        fp32 = bench["base"]
+        figures[f"{prefix}onnx_max_abs_diff"] = export["onnx"]["verification"]["maxAbsDiff"]
+        figures[f"{prefix}onnx_size_ratio"] = round(bench["onnx"]["sizeBytes"] / fp32["sizeBytes"], 4)
+        figures[f"{prefix}onnx_int8_size_ratio"] = round(bench["onnx-int8"]["sizeBytes"] / fp32["sizeBytes"], 4)
+        figures[f"{prefix}onnx_int8_acc_drop_pt"] = round(100 * (fp32["accuracy"] - bench["onnx-int8"]["accuracy"]), 3)
+        figures[f"{prefix}onnx_latency_speedup"] = round(p50["base"] / p50["onnx"], 3)
+        figures[f"{prefix}onnx_int8_latency_speedup"] = round(p50["base"] / p50["onnx-int8"], 3)
+        figures[f"{prefix}bench_p50_ms"] = p50
+        for name in ("onnx", "onnx-int8"):
+            b = bench[name]
+            rows.append((arch, name, {"sizeBytes": fp32["sizeBytes"], "parameters": fp32["parameters"], "accuracy": fp32["accuracy"],
+                                      "latencyMsP50": p50["base"]},
+                         {"sizeBytes": b["sizeBytes"], "parameters": b["parameters"], "accuracy": b["accuracy"], "latencyMsP50": p50[name]},
+                         {}, 100 * (fp32["accuracy"] - b["accuracy"])))
+    print(f"\n{'model':6} {'variant':9} {'size fp32→var (B)':>22} {'params':>16} {'acc fp32→var':>16} {'p50 ms fp32→var':>18}", file=sys.stderr)
     for arch, name, b, a, r, drop in rows:
-        print(f"{arch:6} {name:8} {b['sizeBytes']:>10}→{a['sizeBytes']:<10} {b['parameters']:>7}→{a['parameters']:<7} "
+        print(f"{arch:6} {name:9} {b['sizeBytes']:>10}→{a['sizeBytes']:<10} {b['parameters']:>7}→{a['parameters']:<7} "
               f"{b['accuracy']:.4f}→{a['accuracy']:.4f} {b['latencyMsP50']:>8.3f}→{a['latencyMsP50']:<8.3f}", file=sys.stderr)
     print(json.dumps(figures))
 

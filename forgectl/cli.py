@@ -369,6 +369,10 @@ def apply(
 rollout_app = typer.Typer(help="Inspect and steer rollouts: status, promote, abort, retry.", no_args_is_help=True)
 app.add_typer(rollout_app, name="rollout")
 
+from forgectl.models_cli import app as models_app  # noqa: E402 - the registry, lineage, leaderboard
+
+app.add_typer(models_app, name="models")
+
 
 def _controller(paths, env, kubeconfig, context, namespace):  # type: ignore[no-untyped-def]
     """Specs, environment, the rollout backend and controller of an environment."""

@@ -42,6 +42,7 @@ OWNED: tuple[Resource, ...] = (
     Resource("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors"),
     Resource("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules"),
     Resource("machinelearning.seldon.io", "v1", "SeldonDeployment", "seldondeployments"),
+    Resource("", "v1", "ConfigMap", "configmaps"),  # Grafana dashboards (renderers/dashboards.py)
 )
 BY_KIND: dict[str, Resource] = {r.kind: r for r in OWNED}
 LEASE = Resource("coordination.k8s.io", "v1", "Lease", "leases")

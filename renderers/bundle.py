@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from renderers.dashboards import render_dashboard
 from renderers.labels import ENVIRONMENT, GIT_REVISION, MANAGED_BY, MANAGER, PRUNE, TRAINING_STAGE
 from renderers.monitoring import render_podmonitor, render_rules
 from renderers.seldon import ServingState, render_seldon
@@ -24,6 +25,7 @@ KIND_ORDER = {
     "PodMonitor": 6,
     "PrometheusRule": 7,
     "SeldonDeployment": 8,
+    "ConfigMap": 9,
 }
 TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
 
@@ -68,7 +70,8 @@ def _ordered(obj: dict[str, Any]) -> dict[str, Any]:
 
 def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
     """Every manifest for ``ctx.environment``: the namespace and workspace volume, one Workflow per
-    Model version, and per Endpoint a SeldonDeployment, a PodMonitor and a PrometheusRule."""
+    Model version, and per Endpoint a SeldonDeployment, a PodMonitor, a PrometheusRule and a Grafana
+    dashboard ConfigMap."""
     env = ctx.environment
     ns = ctx.namespace
     base_labels = {MANAGED_BY: MANAGER, ENVIRONMENT: env.name}
@@ -101,4 +104,5 @@ def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
         policy = specs.policy_of(endpoint, env)
         if policy is not None and policy.spec.metrics:
             manifests.append(render_rules(endpoint, policy, env, ns, ctx.revision))
+        manifests.append(render_dashboard(endpoint, policy, env, ns, ctx.revision))  # Grafana, via its sidecar
     return Rendered(sorted((_ordered(m) for m in manifests), key=sort_key), workflows, versions)

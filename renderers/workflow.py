@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from renderers.deepspeed import deepspeed_config
+from renderers.hardware import TENSORRT_IMAGE, apply_placement, hardware_steps
 from renderers.labels import MODEL_VERSION, STEP, TRAINING_STAGE, digest, owner_metadata
 from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, TRAINING_PRIORITY, placement, shm_volume
@@ -219,9 +220,15 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
                 compress_image, ("evaluate", "prepare-data", *awaits))
             variants[variant.name] = f"{vdir}/variants/{variant.name}"
     compress_steps = tuple(s.name for s in steps if s.kind == "compress")
+    # ONNX export, the target's build (ORT INT8 / TensorRT) and the benchmark: renderers/hardware.py
+    hw = hardware_steps(compression, model.name, version, vdir, data, variants, env, compress_image,
+                        image(env, TENSORRT_IMAGE), compress_steps)
+    for hw_step in hw.steps:
+        add(*hw_step)
     add("register", "register",
-        RegisterConfig(model=model.name, version=version, variants=variants, output=registry_dir(model.name, version)),
-        train_image, ("evaluate", *compress_steps))
+        RegisterConfig(model=model.name, version=version, variants={**variants, **hw.variants},
+                       output=registry_dir(model.name, version), benchmark=hw.benchmark, artifacts=hw.artifacts),
+        train_image, ("evaluate", *compress_steps, *hw.names))
     return version, steps, schedule
 
 
@@ -340,6 +347,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             if multi_process:
                 template["volumes"] = [shm_volume(compute.spec.node.memory)]
             template["container"] = container
+            apply_placement(template, step.kind, step.config)  # export/build-engine/benchmark only
         templates.append(template)
         task: dict[str, Any] = {"name": step.name, "template": step.name}
         if step.depends:

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         dst = out / name
         dst.mkdir(parents=True, exist_ok=True)
         for item in src.iterdir():
-            if item.is_file() and item.suffix in (".json", ".pt", ".pt2"):
+            if item.is_file() and item.suffix in (".json", ".pt", ".pt2", ".onnx"):
                 shutil.copy2(item, dst / item.name)
         extra = {}
         for report in ("report.json", "metrics.json"):
@@ -44,11 +44,32 @@ def main(argv: list[str] | None = None) -> int:
             "sizeBytes": weights.stat().st_size,
             "kind": info["kind"],
             "parameters": info.get("parameters"),
+            **({"source": info["source"]} if info.get("source") else {}),
             **extra,
         }
-    registry = {"model": config.model, "version": config.version, "variants": entries}
+    registry: dict = {"model": config.model, "version": config.version, "variants": entries}
+    if config.benchmark:
+        bench = read_json(in_workspace(config.benchmark) / "benchmark.json")
+        registry["hardware"] = bench.get("hardware")
+        for name, figures in (bench.get("variants") or {}).items():
+            if name in entries:
+                entries[name]["benchmark"] = figures
+    if config.artifacts:
+        # Built artifacts that are not servable bundles (TensorRT engines): recorded, built or not.
+        registry["artifacts"] = {name: read_json(in_workspace(folder) / "report.json")
+                                 for name, folder in sorted(config.artifacts.items())}
     write_json(out / "registry.json", registry)
-    write_json(out / "metrics.json", {"model": config.model, "version": config.version, "variants": sorted(entries)})
+    # The Workflow's `metrics` output parameter (what a cluster's registry view reads): a summary
+    # small enough for Argo's parameter limits.
+    summary = {name: {"sizeBytes": e["sizeBytes"], "kind": e["kind"], "parameters": e.get("parameters"),
+                      "accuracy": (e.get("benchmark") or {}).get("accuracy", (e.get("metrics") or {}).get("accuracy")),
+                      "latency": {b: {k: f[k] for k in ("p50Ms", "p99Ms", "throughput")}
+                                  for b, f in ((e.get("benchmark") or {}).get("batches") or {}).items()}}
+               for name, e in entries.items()}
+    write_json(out / "metrics.json", {"model": config.model, "version": config.version, "variants": sorted(entries),
+                                      "registry": summary, "hardware": registry.get("hardware"),
+                                      "artifacts": {n: {"built": a.get("built"), "reason": a.get("reason")}
+                                                    for n, a in (registry.get("artifacts") or {}).items()}})
     log.info("registered %s %s with variants %s", config.model, config.version, ", ".join(sorted(entries)))
     return 0
 

@@ -3,13 +3,17 @@ distillation stages — for a hardware target, each bounded by a maximum accurac
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from specs.base import Name, SpecModel
 
 HardwareTarget = Literal["x86-avx2", "x86-avx512-vnni", "arm64", "jetson-orin", "nvidia-gpu"]
+#: Targets whose exported variants are quantized by ONNX Runtime (static INT8 on the CPU) …
+CPU_TARGETS = ("x86-avx2", "x86-avx512-vnni", "arm64")
+#: … and those that get a TensorRT engine built from the ONNX graph (on the device).
+TENSORRT_TARGETS = ("jetson-orin", "nvidia-gpu")
 #: Limits (docs/security.md): each variant is one workflow step.
 MAX_VARIANTS = 32
 MAX_STAGES = 16
@@ -78,6 +82,78 @@ class Variant(SpecModel):
         return self
 
 
+class OnnxInt8(SpecModel):
+    """Static INT8 with ONNX Runtime (QDQ, per-channel weights), calibrated on training rows: for
+    CPU and ARM targets (`x86-avx2`, `x86-avx512-vnni`, `arm64`)."""
+
+    enabled: bool = Field(default=True, description="Build the `<variant>-onnx-int8` variant (CPU/ARM targets only).")
+    calibration_samples: int = Field(default=256, ge=1, le=100_000, description="Training rows the activation ranges are calibrated on.")
+    max_accuracy_drop: float | None = Field(
+        default=None, ge=0, le=100, description="Most accuracy (points) it may lose against its PyTorch source; default the Compression's."
+    )
+
+
+class TensorRT(SpecModel):
+    """A TensorRT engine built from the verified ONNX graph, for `jetson-orin` and `nvidia-gpu`
+    targets. It needs TensorRT (`trtexec`) on the target device: the step is rendered for the
+    cluster's GPU/Jetson nodes, and a machine without TensorRT records it as not built."""
+
+    precision: Literal["fp32", "fp16"] = Field(default="fp16", description="Engine precision.")
+    workspace_mib: int = Field(default=1024, ge=64, le=65_536, description="Builder workspace (MiB).")
+    max_batch_size: int = Field(default=64, ge=1, le=4096, description="Largest batch of the optimization profile.")
+
+
+class Export(SpecModel):
+    """Export variants to ONNX (`torch.onnx`), verified against the PyTorch model on the held-out
+    split, then built for the hardware target: ONNX Runtime static INT8 for CPU/ARM targets, a
+    TensorRT engine for Jetson/NVIDIA GPU targets."""
+
+    format: Literal["onnx"] = Field(default="onnx", description="Export format.")
+    variants: list[Name] = Field(
+        default_factory=lambda: ["base"], min_length=1, max_length=MAX_VARIANTS,
+        description="Float variants to export (`base` or a variant without a quantize stage): each becomes `<variant>-onnx`.",
+    )
+    opset: int = Field(default=18, ge=13, le=23, description="ONNX opset.")
+    max_abs_diff: float = Field(
+        default=1e-4, gt=0, le=1, description="Largest difference of any class probability between PyTorch and ONNX Runtime on the held-out split."
+    )
+    int8: OnnxInt8 = Field(default_factory=OnnxInt8, description="ONNX Runtime static INT8 (CPU/ARM targets).")
+    tensorrt: TensorRT = Field(default_factory=TensorRT, description="TensorRT engine (Jetson/NVIDIA GPU targets).")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "Export":
+        if len(set(self.variants)) != len(self.variants):
+            raise ValueError("export.variants names a variant twice")
+        return self
+
+
+class Benchmark(SpecModel):
+    """How the `benchmark` step measures every variant (latency, throughput, memory, accuracy),
+    all on the same node and in alternating rounds, so the leaderboard compares like with like."""
+
+    batch_sizes: list[int] = Field(
+        default_factory=lambda: [1, 8, 64], min_length=1, max_length=8, description="Batch sizes measured (rows per call)."
+    )
+    seconds: float = Field(default=0.3, gt=0, le=60, description="Measuring time per variant and batch size.")
+    threads: int = Field(default=1, ge=1, le=256, description="CPU threads each runtime may use (PyTorch and ONNX Runtime alike).")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "Benchmark":
+        if any(b < 1 or b > 65_536 for b in self.batch_sizes):
+            raise ValueError("batchSizes must be between 1 and 65536")
+        return self
+
+
+def _omit_none(data: Any, *keys: str) -> Any:
+    """Leave fields added after v1alpha1 shipped out of a dump while unset, so specs that do not
+    use them keep their rendered configs, step keys and model versions."""
+    if isinstance(data, dict):
+        for key in keys:
+            if key in data and data[key] is None:
+                del data[key]
+    return data
+
+
 class CompressionSpec(SpecModel):
     """Compressed variants of a Model for a hardware target; a variant whose accuracy drops more
     than the bound is rejected and never registered."""
@@ -90,6 +166,16 @@ class CompressionSpec(SpecModel):
         min_length=1, max_length=MAX_VARIANTS,
         description=f"Variants to build, one workflow task each (at most {MAX_VARIANTS}).",
     )
+    export: Export | None = Field(
+        default=None, description="Export variants to ONNX and build them for the hardware target (see `Export`)."
+    )
+    benchmark: Benchmark | None = Field(
+        default=None, description="Settings of the `benchmark` step (which always runs; these are its defaults when unset)."
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _omit_none(handler(self), "export", "benchmark")
 
     @model_validator(mode="after")
     def _unique_names(self) -> "CompressionSpec":
@@ -99,4 +185,15 @@ class CompressionSpec(SpecModel):
             raise ValueError(f"variant names must be unique; repeated: {', '.join(dupes)}")
         if "base" in names:
             raise ValueError("`base` names the uncompressed model; choose another variant name")
+        if self.export is not None:
+            float_variants = {"base"} | {v.name for v in self.variants if not any(s.type == "quantize" for s in v.stages)}
+            for name in self.export.variants:
+                if name not in float_variants:
+                    what = "is quantized by PyTorch" if name in names else "is not a variant of this Compression"
+                    raise ValueError(f"export.variants: {name!r} {what}; export `base` or a float variant "
+                                     f"({', '.join(sorted(float_variants))}) and let the target's runtime quantize it")
+            taken = {f"{n}-onnx" for n in self.export.variants} | {f"{n}-onnx-int8" for n in self.export.variants}
+            clash = sorted(taken & set(names))
+            if clash:
+                raise ValueError(f"variant names {', '.join(clash)} are taken by the ONNX exports; rename them")
         return self

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from specs.base import Name, SpecModel
-from specs.compression import HardwareTarget, Variant
+from specs.compression import Benchmark, HardwareTarget, OnnxInt8, TensorRT, Variant
 from specs.dataset import DatasetSpec
 from specs.endpoint import Batching, FaultInjection
 from specs.model import ModelSpec, ModelThreshold
@@ -101,6 +101,51 @@ class CompressConfig(StepConfig):
     output: str = Field(description="Folder for the variant's model and `report.json`.")
 
 
+class ExportConfig(StepConfig):
+    """Export one float variant to ONNX, verify it against PyTorch on the held-out split, and (CPU
+    and ARM targets) quantize it to static INT8 with ONNX Runtime, calibrated on training rows."""
+
+    step: Literal["export"] = "export"
+    model: Name = Field(description="Model name.")
+    source: Name = Field(description="The variant exported (`base` or a float compression variant).")
+    model_dir: str = Field(description="Folder of the source variant's bundle.")
+    data: str = Field(description="Folder of the prepared splits.")
+    hardware_target: HardwareTarget = Field(description="Hardware the export is built for.")
+    opset: int = Field(default=18, description="ONNX opset.")
+    max_abs_diff: float = Field(description="Largest class-probability difference PyTorch vs ONNX Runtime allowed.")
+    int8: OnnxInt8 | None = Field(default=None, description="ONNX Runtime static INT8 (None: not for this target).")
+    max_accuracy_drop: float = Field(description="Most accuracy (points) the INT8 export may lose against its source.")
+    output: str = Field(description="Folder receiving `onnx/`, `onnx-int8/` and `report.json`.")
+
+
+class EngineConfig(StepConfig):
+    """Build a TensorRT engine from a verified ONNX export (`trtexec`), on the target device."""
+
+    step: Literal["build-engine"] = "build-engine"
+    model: Name = Field(description="Model name.")
+    source: Name = Field(description="The variant whose ONNX export is built.")
+    onnx_dir: str = Field(description="Folder of the verified ONNX bundle.")
+    hardware_target: HardwareTarget = Field(description="The device the engine is for.")
+    tensorrt: TensorRT = Field(description="Engine settings.")
+    required: bool = Field(description="Fail when TensorRT is missing (a cluster's GPU node); otherwise record "
+                                       "the engine as not built (a machine without TensorRT).")
+    output: str = Field(description="Folder receiving `model.engine` and `report.json`.")
+
+
+class BenchmarkConfig(StepConfig):
+    """Measure every variant of a version on this node: accuracy on the held-out split, latency
+    (p50/p99) and throughput per batch size, peak memory."""
+
+    step: Literal["benchmark"] = "benchmark"
+    model: Name = Field(description="Model name.")
+    version: str = Field(description="Model version.")
+    variants: dict[str, str] = Field(description="Variant name → bundle folder (PyTorch or ONNX).")
+    data: str = Field(description="Folder of the prepared splits.")
+    hardware_target: HardwareTarget = Field(description="Hardware the variants were built for (recorded).")
+    settings: Benchmark = Field(default_factory=Benchmark, description="Batch sizes, time and threads.")
+    output: str = Field(description="Folder for `benchmark.json`.")
+
+
 class RegisterConfig(StepConfig):
     """Record a model version and its variants in the registry."""
 
@@ -109,6 +154,21 @@ class RegisterConfig(StepConfig):
     version: str = Field(description="Model version.")
     variants: dict[str, str] = Field(description="Variant name (`base` included) → model folder.")
     output: str = Field(description="Registry folder of this version.")
+    benchmark: str | None = Field(default=None, description="Folder of the version's `benchmark.json`, recorded per variant.")
+    artifacts: dict[str, str] = Field(
+        default_factory=dict, description="Name → folder of a built artifact that is not a servable bundle (a "
+                                          "TensorRT engine): its `report.json` is recorded, built or not.")
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Unset, these stay out of the config: a model without a Compression keeps its step keys.
+        data = handler(self)
+        if isinstance(data, dict):
+            if data.get("benchmark") is None:
+                data.pop("benchmark", None)
+            if not data.get("artifacts"):
+                data.pop("artifacts", None)
+        return data
 
 
 class AwaitConfig(StepConfig):
@@ -142,4 +202,5 @@ class ServeConfig(SpecModel):
     port: int = Field(default=8080, ge=0, le=65535, description="HTTP port (0 picks a free one).")
 
 
-AnyStepConfig = PrepareConfig | TrainConfig | PickBestConfig | EvaluateConfig | CompressConfig | RegisterConfig
+AnyStepConfig = (PrepareConfig | TrainConfig | PickBestConfig | EvaluateConfig | CompressConfig | ExportConfig
+                 | EngineConfig | BenchmarkConfig | RegisterConfig)

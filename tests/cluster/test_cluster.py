@@ -179,9 +179,9 @@ def test_least_privilege_credential(kube_cluster, restricted_kubeconfig, namespa
             assert exc.value.status == 403, exc.value.body
             return json.loads(exc.value.body)
 
-        # a verb outside the role: configmaps are get/list only
-        status = forbidden(core.delete_namespaced_config_map, "anything", namespace)
-        assert 'User "forgectl" cannot delete resource "configmaps"' in status["message"]
+        # a verb outside the role: services are not Forge's to delete
+        status = forbidden(core.delete_namespaced_service, "anything", namespace)
+        assert 'User "forgectl" cannot delete resource "services"' in status["message"]
         # a resource outside the role
         forbidden(core.list_namespaced_secret, namespace)
         # the role is bound in this namespace only
@@ -213,7 +213,7 @@ def test_rbac_file_is_what_the_cluster_enforces(kube_cluster, restricted_kubecon
         assert not allowed("deletecollection", "argoproj.io", "workflows")
         assert not allowed("create", "", "pods")
         assert not allowed("get", "", "secrets")
-        assert not allowed("update", "", "configmaps")
+        assert not allowed("update", "", "services")
     finally:
         api.close()
 

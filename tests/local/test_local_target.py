@@ -98,9 +98,10 @@ def test_apply_runs_the_workflow_and_serves_the_model(ws: Workspace) -> None:
     assert wf["phase"] == "Succeeded"
     assert {s["step"]: s["status"] for s in wf["steps"]} == {
         "prepare-data": "succeeded", "train": "succeeded", "evaluate": "succeeded",
-        "compress-pruned": "succeeded", "compress-int8": "succeeded", "register": "succeeded"}
+        "compress-pruned": "succeeded", "compress-int8": "succeeded", "export-base": "succeeded",
+        "benchmark": "succeeded", "register": "succeeded"}
     [model] = status["models"]
-    assert set(model["variants"]) == {"base", "pruned", "int8"}
+    assert set(model["variants"]) == {"base", "pruned", "int8", "base-onnx", "base-onnx-int8"}
     [endpoint] = status["endpoints"]
     assert endpoint["weights"] == {"stable": 100, "canary": 0}
     assert infer(endpoint["url"]) == 200
@@ -114,12 +115,13 @@ def test_hyperparameter_change_reruns_only_the_affected_steps(ws: Workspace) -> 
     assert plan.returncode == 2
     assert "`hyperparameters.learningRate` 0.002 → 0.003" in plan.stdout
     assert "cache hit (unchanged since the last run): prepare-data" in plan.stdout
-    assert "will run: train, evaluate, compress-pruned, compress-int8, register" in plan.stdout
+    assert "will run: train, evaluate, compress-pruned, compress-int8, export-base, benchmark, register" in plan.stdout
     ws.forgectl("apply", "specs", "--auto-approve")
     status = ws.status()
     steps = {s["step"]: s["status"] for w in status["workflows"] for s in w["steps"] if w["version"] == status["endpoints"][0]["canary"]}
     assert steps["prepare-data"] == "cached"
-    assert all(steps[s] == "succeeded" for s in ("train", "evaluate", "compress-pruned", "compress-int8", "register")), steps
+    assert all(steps[s] == "succeeded" for s in ("train", "evaluate", "compress-pruned", "compress-int8", "export-base",
+                                                   "benchmark", "register")), steps
     endpoint = status["endpoints"][0]
     assert endpoint["canary"] and endpoint["weights"] == {"stable": 100, "canary": 0}
 
@@ -135,6 +137,49 @@ def test_healthy_canary_is_promoted_by_the_gates(ws: Workspace) -> None:
     assert "Promoted" in out.stdout, out.stdout
     endpoint = ws.status()["endpoints"][0]
     assert endpoint["canary"] is None and endpoint["rollout"]["phase"] == "Promoted"
+
+
+def test_registry_lists_both_versions_with_lineage_and_the_leaderboard(ws: Workspace) -> None:
+    data = json.loads(ws.forgectl("models", "--specs", "specs", "-o", "json").stdout)
+    old, new = data["versions"]
+    repo = git.Repo(ws.path)
+    commits = [c.hexsha[:12] for c in repo.iter_commits()]
+    for record in (old, new):
+        line = record["lineage"]
+        assert line["datasetDigest"] == "sha256:4eca0a80f7990df18560bf7c80f03e0893a8868820f1ee4405e0402527902353"
+        assert line["gitCommit"] in commits and line["workflow"].startswith("digits-mlp-") and line["specDigest"]
+        assert record["hardware"]["threads"] == 1 and record["evaluation"]["accuracy"] >= 0.95
+    assert {"endpoint": "digits", "role": "stable", "variant": "int8", "traffic": 100, "live": True} in new["servedBy"]
+    [board] = data["leaderboards"]
+    rows = {(r["version"], r["variant"]): r for r in board["rows"]}
+    assert {v for _, v in rows} == {"base", "pruned", "int8", "base-onnx", "base-onnx-int8"} and len(rows) == 10
+    for row in rows.values():  # every variant measured by the benchmark step on this machine
+        assert row["accuracy"] is not None and row["p50Ms"] > 0 and row["p99Ms"] >= row["p50Ms"] and row["sizeBytes"] > 0
+    assert any(r["pareto"] for r in board["rows"])
+    onnx_int8 = rows[(new["version"], "base-onnx-int8")]
+    assert onnx_int8["runtime"] == "onnxruntime" and onnx_int8["sizeBytes"] < 0.4 * rows[(new["version"], "base")]["sizeBytes"]
+    diff = ws.forgectl("models", "diff", "digits-mlp", "--specs", "specs").stdout
+    assert "`hyperparameters.learningRate` 0.002 → 0.003" in diff and "pt)" in diff
+    text = ws.forgectl("models", "--specs", "specs").stdout
+    assert "Leaderboard: dataset digits" in text and "base-onnx-int8" in text
+
+    # The Grafana dashboard's queries select the series the servers export (asked of the real Prometheus).
+    (raw,) = ws.db().execute("SELECT value FROM kv WHERE key = 'prometheus'").fetchone()
+    url = f"http://127.0.0.1:{json.loads(raw)['port']}"
+    (manifest,) = ws.db().execute("SELECT manifest FROM objects WHERE kind = 'ConfigMap'").fetchone()
+    configmap = json.loads(manifest)
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(next(iter(configmap["data"].values())))
+    answered = {}
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            query = target["expr"].replace("$__rate_interval", "10m")
+            with urllib.request.urlopen(f"{url}/api/v1/query?query={urllib.parse.quote(query)}", timeout=10) as resp:
+                body = json.loads(resp.read())
+            assert body["status"] == "success", (panel["title"], body)
+            answered.setdefault(panel["title"], []).append(len(body["data"]["result"]))
+    for title in ("Traffic per arm", "Success rate per arm", "Latency quantiles per arm", "Rows per model call (dynamic batching)"):
+        assert all(n > 0 for n in answered[title]), (title, answered)
 
 
 def test_canary_with_injected_errors_rolls_back_and_stable_serves_throughout(ws: Workspace) -> None:

@@ -60,10 +60,11 @@ def set_learning_rate(specs_dir: Path, value: str) -> None:
 def test_create_then_noop_with_zero_writes(kube_cluster, namespace, tmp_path) -> None:
     specs = copy_example(tmp_path)
     plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
-    # PVC, ServiceAccount, Role, RoleBinding, Workflow, SeldonDeployment, PodMonitor, PrometheusRule
-    assert plan.counts()["create"] == 8 and plan.counts()["no-op"] == 1  # the test's namespace exists
+    # PVC, ServiceAccount, Role, RoleBinding, Workflow, SeldonDeployment, PodMonitor, PrometheusRule, the
+    # dashboard ConfigMap
+    assert plan.counts()["create"] == 9 and plan.counts()["no-op"] == 1  # the test's namespace exists
     changeset = apply_plan(plan, target)
-    assert changeset.count(Outcome.CREATED) == 8
+    assert changeset.count(Outcome.CREATED) == 9
     before = live_versions(target)
     sd = next(o for o in target.read_live() if o["kind"] == "SeldonDeployment")
     managers = {(m["manager"], m["operation"]) for m in sd["metadata"]["managedFields"]}
@@ -72,7 +73,7 @@ def test_create_then_noop_with_zero_writes(kube_cluster, namespace, tmp_path) ->
     again, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
     assert not again.has_changes, [(str(c.ref), c.diff) for c in again.changes if c.action is not Action.NOOP]
     changeset = apply_plan(again, target)
-    assert changeset.count(Outcome.UNCHANGED) == 9
+    assert changeset.count(Outcome.UNCHANGED) == 10
     assert live_versions(target) == before  # nothing was written
 
 
@@ -110,7 +111,8 @@ def test_prune_only_what_forge_owns(kube_cluster, namespace, tmp_path) -> None:
     (specs / "endpoint.yaml").unlink()
     plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
     deleted = {str(c.ref) for c in plan.changes if c.action is Action.DELETE}
-    assert deleted == {f"SeldonDeployment {namespace}/digits", f"PodMonitor {namespace}/digits"}
+    assert deleted == {f"SeldonDeployment {namespace}/digits", f"PodMonitor {namespace}/digits",
+                       f"ConfigMap {namespace}/digits-dashboard"}
     kept = next(c for c in plan.changes if c.ref.kind == "PrometheusRule")
     assert kept.action is Action.NOOP and "kept: annotated forge.dev/prune: disabled" in kept.reasons
     apply_plan(plan, target)
@@ -215,7 +217,7 @@ def test_api_server_stopped_mid_apply_then_rerun_converges(kube_cluster, namespa
     assert kube_cluster.server in str(err.value)
     changeset = err.value.changeset
     assert changeset.count(Outcome.CREATED) == 1 and changeset.count(Outcome.FAILED) == 1
-    assert changeset.count(Outcome.NOT_ATTEMPTED) == 6
+    assert changeset.count(Outcome.NOT_ATTEMPTED) == 7
     time.sleep(0.5)
     plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
     apply_plan(plan, target)

@@ -82,7 +82,8 @@ def _workflow(example: str, model: str) -> dict:
 def test_quickstart_workflow_dag() -> None:
     wf = _workflow("quickstart", "digits-mlp")
     tasks = {t["name"]: t.get("depends", "") for t in wf["spec"]["templates"][0]["dag"]["tasks"]}
-    assert list(tasks) == ["prepare-data", "train", "evaluate", "compress-pruned", "compress-int8", "register"]
+    assert list(tasks) == ["prepare-data", "train", "evaluate", "compress-pruned", "compress-int8", "export-base",
+                           "benchmark", "register"]
     assert "evaluate.Succeeded" in tasks["compress-int8"]  # the offline gate comes first
     assert "compress-pruned.Succeeded" in tasks["register"] and "evaluate.Succeeded" in tasks["register"]
     assert wf["spec"]["onExit"] == "record-outcome"

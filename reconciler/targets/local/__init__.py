@@ -171,6 +171,9 @@ class LocalTarget:
         if outcome.phase != "Succeeded":
             raise TargetError(f"Workflow {obj['metadata']['name']} failed: {outcome.message} "
                               f"(`forgectl logs {obj['metadata']['name']}` shows the step logs)")
+        from reconciler.registry import ingest_local
+
+        ingest_local(self.db, self.workspace, obj, self.environment, time.time())  # the model registry
         return {**obj, "status": {"phase": "Succeeded", "message": outcome.message}}
 
     def _servable(self, predictors: list[dict[str, Any]]) -> list[dict[str, Any]]:

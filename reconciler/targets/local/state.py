@@ -25,6 +25,8 @@ CREATE TABLE IF NOT EXISTS steps (workflow TEXT, step TEXT, status TEXT, attempt
 CREATE TABLE IF NOT EXISTS workflows (name TEXT PRIMARY KEY, phase TEXT, started REAL, finished REAL, message TEXT);
 CREATE TABLE IF NOT EXISTS rollouts (endpoint TEXT PRIMARY KEY, state TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS model_registry (model TEXT NOT NULL, version TEXT NOT NULL, registered REAL NOT NULL,
+                                           record TEXT NOT NULL, PRIMARY KEY (model, version));
 """
 
 
@@ -131,6 +133,22 @@ class StateDB:
         """Store an endpoint's rollout state."""
         with self.tx() as db:
             db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?)", (endpoint, json.dumps(state)))
+
+    # -- model registry (reconciler/registry.py) ----------------------------------------------------
+    def put_model_version(self, model: str, version: str, registered: float, record: dict[str, Any]) -> None:
+        """Record (or replace) one registered model version with its lineage and measurements."""
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO model_registry VALUES (?, ?, ?, ?)",
+                       (model, version, registered, json.dumps(record, sort_keys=True)))
+
+    def model_versions(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Registered versions (of one model, or all), oldest first."""
+        query = "SELECT record FROM model_registry" + (" WHERE model = ?" if model else "") + " ORDER BY registered, model, version"
+        return [json.loads(r) for (r,) in self.db.execute(query, (model,) if model else ())]
+
+    def has_model_version(self, model: str, version: str) -> bool:
+        """Whether a version is recorded."""
+        return self.db.execute("SELECT 1 FROM model_registry WHERE model = ? AND version = ?", (model, version)).fetchone() is not None
 
 
 def _content(obj: dict[str, Any]) -> dict[str, Any]:

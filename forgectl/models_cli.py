@@ -1,0 +1,293 @@
+"""`forgectl models`: the model registry, its lineage, diffs and the leaderboard.
+
+    forgectl models [MODEL] [-o json]          versions with lineage, then the leaderboard
+    forgectl models show MODEL@VERSION         one version: lineage, evaluation, every variant's figures
+    forgectl models diff A B                   what changed in the specs and in the metrics (A, B: MODEL@VERSION;
+                                               B may be a bare version of A's model; `diff MODEL`: the last two)
+    forgectl models report [--html FILE]       the leaderboard (terminal table, JSON, or a self-contained HTML file)
+
+Parsing and printing only: the records come from `reconciler.registry`, the ranking from
+`reconciler.leaderboard`, the page from `reconciler.report`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+from typer.core import TyperGroup
+
+
+class _ListByDefault(TyperGroup):
+    """`forgectl models [MODEL] …` runs `list`; `show`, `diff` and `report` are subcommands."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(cls=_ListByDefault, help="The model registry: versions with lineage, diffs and the leaderboard.",
+                  no_args_is_help=False, add_completion=False, pretty_exceptions_enable=False)
+
+
+class Output(str, Enum):
+    text = "text"
+    json = "json"
+
+
+class GroupBy(str, Enum):
+    dataset = "dataset"
+    model = "model"
+
+
+SpecsOpt = Annotated[Optional[list[str]], typer.Option("--specs", help="Spec files or folders (default: current folder).")]
+EnvOpt = Annotated[Optional[str], typer.Option("--env", "-e", help="Environment (default: the one marked default, else `local`).")]
+OutOpt = Annotated[Output, typer.Option("--output", "-o", help="text or json.")]
+ByOpt = Annotated[GroupBy, typer.Option("--by", help="Leaderboards per dataset or per model family.")]
+BatchOpt = Annotated[int, typer.Option("--batch", help="Batch size whose latency the leaderboard shows.", min=1)]
+KubeconfigOpt = Annotated[Optional[str], typer.Option("--kubeconfig", help="Kubeconfig file.")]
+ContextOpt = Annotated[Optional[str], typer.Option("--context", help="Kubeconfig context.")]
+NamespaceOpt = Annotated[Optional[str], typer.Option("--namespace", "-n", help="Namespace (default: the environment's).")]
+
+
+def _records(specs: list[str] | None, env: str | None, kubeconfig: str | None, context: str | None,
+             namespace: str | None, model: str | None = None) -> tuple[str, list[dict[str, Any]]]:
+    from forgectl.cli import _load_for, _open
+    from reconciler.registry import collect
+
+    _, environment = _load_for(specs, None, env)
+    target, _ = _open(environment, kubeconfig, context, namespace)
+    return environment.name, collect(target, model)
+
+
+def _console() -> Any:
+    from forgectl.cli import out
+
+    return out
+
+
+def _e(value: Any) -> str:
+    return escape("" if value is None else str(value))
+
+
+def _served(record: dict[str, Any]) -> str:
+    parts = []
+    for s in record.get("servedBy") or []:
+        if s.get("live"):
+            parts.append(f"{s['endpoint']} {s['role']} {s.get('variant') or ''} {s.get('traffic')} %".replace("  ", " "))
+        else:
+            parts.append(f"{s['endpoint']} {s['role']} (last rollout {s.get('rollout') or '?'}, not live)")
+    return ", ".join(parts) or "—"
+
+
+def _parents(record: dict[str, Any]) -> str:
+    return ", ".join(f"{p['model']}@{(p.get('version') or '?')[:12]} ({p.get('relation')})"
+                     for p in (record.get("lineage") or {}).get("parents") or []) or "—"
+
+
+def versions_table(records: list[dict[str, Any]]) -> Table:
+    table = Table(title="Model versions", title_justify="left", show_lines=False)
+    for col in ("model", "version", "registered", "git revision", "dataset (digest)", "spec digest", "workflow", "parents", "served by"):
+        table.add_column(col, overflow="fold")
+    for r in records:
+        line = r.get("lineage") or {}
+        table.add_row(_e(r["model"]), _e(r["version"]), _e(r.get("registeredAt")), _e(line.get("gitRevision") or "—"),
+                      _e(f"{line.get('dataset')} {(line.get('datasetDigest') or '')[:19]}…"), _e((line.get("specDigest") or "")[:12]),
+                      _e(line.get("workflow")), _e(_parents(r)), _e(_served(r)))
+    return table
+
+
+def board_table(board: dict[str, Any]) -> Table:
+    from reconciler.report import fmt_bytes, fmt_metric, fmt_ms
+
+    metric = board["metric"]
+    better = "higher is better" if board["goal"] == "maximize" else "lower is better"
+    table = Table(title=f"Leaderboard: {board['group']} — {metric} ({better}); latency at batch {board['batch']}; "
+                        "★ Pareto front (metric, size, p50)", title_justify="left")
+    for col, justify in (("#", "right"), ("", "center"), ("model", "left"), ("version", "left"), ("variant", "left"),
+                         ("runtime", "left"), (metric, "right"), ("size", "right"), ("params", "right"), ("p50", "right"),
+                         ("p99", "right"), ("rows/s", "right"), ("memory", "right")):
+        table.add_column(_e(col), justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for r in board["rows"]:
+        table.add_row(str(r["rank"]), "[yellow]★[/yellow]" if r.get("pareto") else "", _e(r["model"]), _e(r["version"][:8]),
+                      _e(r["variant"]), _e(f"{r['runtime']} {r['kind']}"), fmt_metric(metric, r["metric"]),
+                      fmt_bytes(r["sizeBytes"]), "—" if r["parameters"] is None else f"{r['parameters']:,}",
+                      fmt_ms(r["p50Ms"]), fmt_ms(r["p99Ms"]), "—" if r["throughput"] is None else f"{r['throughput']:,.0f}",
+                      fmt_bytes(r["memoryBytes"]))
+    return table
+
+
+@app.command("list")
+def list_models(
+    model: Annotated[Optional[str], typer.Argument(help="Only this model.")] = None,
+    specs: SpecsOpt = None, env: EnvOpt = None, output: OutOpt = Output.text, by: ByOpt = GroupBy.dataset,
+    batch: BatchOpt = 1, kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None,
+) -> None:
+    """Registered versions with their lineage, then the leaderboard."""
+    from reconciler.leaderboard import leaderboards
+
+    environment, records = _records(specs, env, kubeconfig, context, namespace, model)
+    boards = leaderboards(records, by.value, batch)
+    if output is Output.json:
+        print(json.dumps({"environment": environment, "versions": records, "leaderboards": boards}, indent=2, default=str))
+        return
+    console = _console()
+    if not records:
+        console.print(f"no registered model versions{f' of {_e(model)}' if model else ''} in environment {_e(environment)} "
+                      "(a version is registered when its workflow succeeds: `forgectl apply`)")
+        return
+    console.print(versions_table(records))
+    for board in boards:
+        console.print(board_table(board))
+        for note in board["notes"]:
+            console.print(f"[yellow]note:[/yellow] {_e(note)}")
+
+
+@app.command("show")
+def show(
+    ref: Annotated[str, typer.Argument(help="MODEL@VERSION (a unique version prefix is enough; MODEL alone: the newest).")],
+    specs: SpecsOpt = None, env: EnvOpt = None, output: OutOpt = Output.text,
+    kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None,
+) -> None:
+    """One version: lineage, evaluation, every variant's figures per batch size, built artifacts."""
+    from reconciler.registry import find
+    from reconciler.report import fmt_bytes, fmt_ms
+
+    _, records = _records(specs, env, kubeconfig, context, namespace, ref.partition("@")[0])
+    record = find(records, ref)
+    if output is Output.json:
+        print(json.dumps(record, indent=2, default=str))
+        return
+    console = _console()
+    line = record.get("lineage") or {}
+    console.print(f"[bold]{_e(record['model'])}@{_e(record['version'])}[/bold]  registered {_e(record.get('registeredAt'))} "
+                  f"in {_e(record.get('environment'))}")
+    for label, value in (("workflow", line.get("workflow")), ("git revision", line.get("gitRevision")),
+                         ("spec digest", line.get("specDigest")),
+                         ("dataset", f"{line.get('dataset')} version {line.get('datasetVersion')} {line.get('datasetDigest')}"),
+                         ("parents", _parents(record)), ("served by", _served(record))):
+        console.print(f"  {label:<13} {_e(value or '—')}")
+    evaluation = record.get("evaluation") or {}
+    if evaluation:
+        console.print("  evaluation    " + _e(", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(evaluation.items()))))
+    hw = record.get("hardware") or {}
+    if hw:
+        console.print(f"  measured on   {_e(hw.get('cpu'))} ({_e(hw.get('machine'))}, {_e(hw.get('cores'))} cores, "
+                      f"{_e(hw.get('threads'))} thread(s)); built for {_e(hw.get('hardwareTarget'))}"
+                      + (f" — {_e(hw['note'])}" if hw.get("note") else ""))
+    batches = sorted({b for v in record["variants"].values() for b in ((v.get("figures") or {}).get("batches") or {})}, key=int)
+    table = Table(title="Variants", title_justify="left")
+    for col in ("variant", "runtime", "accuracy", "size", "params", "memory", *[f"batch {b} p50 / p99 / rows/s" for b in batches]):
+        table.add_column(_e(col), overflow="fold")
+    for name, entry in record["variants"].items():
+        f = entry.get("figures") or {}
+        cells = [f"{fmt_ms(p.get('p50Ms'))} / {fmt_ms(p.get('p99Ms'))} / {p.get('throughput', 0):,.0f}"
+                 if (p := (f.get("batches") or {}).get(b)) else "—" for b in batches]
+        accuracy = "—" if f.get("accuracy") is None else f"{100 * f['accuracy']:.2f} %"
+        table.add_row(_e(name), _e(f"{f.get('runtime')} {f.get('kind')}"), accuracy, fmt_bytes(f.get("sizeBytes")),
+                      "—" if f.get("parameters") is None else f"{f['parameters']:,}", fmt_bytes(f.get("memoryBytes")), *cells)
+    console.print(table)
+    for name, report in (record.get("artifacts") or {}).items():
+        state = "[green]built[/green]" if report.get("built") else "[yellow]not built[/yellow]"
+        console.print(f"  artifact {_e(name)}: {state}" + (f" — {_e(report.get('reason'))}" if report.get("reason") else
+                                                           f" ({fmt_bytes(report.get('sizeBytes'))})"))
+
+
+@app.command("diff")
+def diff(
+    a: Annotated[str, typer.Argument(help="MODEL@VERSION (or MODEL alone: its last two versions).")],
+    b: Annotated[Optional[str], typer.Argument(help="MODEL@VERSION, or a VERSION of A's model.")] = None,
+    specs: SpecsOpt = None, env: EnvOpt = None, output: OutOpt = Output.text,
+    kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None,
+) -> None:
+    """What changed between two versions: the specs, the evaluation, and each variant's figures."""
+    from reconciler.diagnostics import ForgeError
+    from reconciler.registry import diff as diff_records
+    from reconciler.registry import find
+    from reconciler.report import fmt_bytes, fmt_metric, fmt_ms
+
+    model = a.partition("@")[0]
+    _, records = _records(specs, env, kubeconfig, context, namespace)
+    if b is None and "@" not in a:
+        mine = [r for r in records if r["model"] == model]
+        if len(mine) < 2:
+            raise ForgeError(f"model {model!r} has {len(mine)} registered version(s); `models diff` needs two")
+        ra, rb = mine[-2], mine[-1]
+    else:
+        if b is None:
+            raise ForgeError("`models diff A B`: name two versions (MODEL@VERSION), or one model for its last two")
+        ra = find(records, a)
+        rb = find(records, b if "@" in b else f"{model}@{b}")
+    result = diff_records(ra, rb)
+    if output is Output.json:
+        print(json.dumps(result, indent=2, default=str))
+        return
+    console = _console()
+    console.print(f"[bold]{_e(ra['model'])}@{_e(ra['version'][:12])} → {_e(rb['model'])}@{_e(rb['version'][:12])}[/bold]")
+    console.print("[bold]Specs[/bold]")
+    for line in result["specChanges"] or ["no spec change (same inputs: a runtime or rendering change)"]:
+        console.print(f"  {_e(line)}")
+    if result["evaluation"]:
+        console.print("[bold]Evaluation[/bold]")
+        for key, change in result["evaluation"].items():
+            if change.get("from") != change.get("to"):
+                delta = f" ({change['delta']:+.4g})" if "delta" in change else ""
+                console.print(f"  {_e(key)}: {_e(change.get('from'))} → {_e(change.get('to'))}{delta}")
+    table = Table(title="Variants (A → B)", title_justify="left")
+    for col in ("variant", "accuracy", "size", "p50 (batch 1)", "p99 (batch 1)", "rows/s"):
+        table.add_column(col, overflow="fold")
+
+    def cell(change: dict[str, Any] | None, fmt: Any, points: bool = False) -> str:
+        if not change:
+            return "—"
+        text = f"{fmt(change.get('from'))} → {fmt(change.get('to'))}"
+        if points and "delta" in change:
+            return text + f" ({100 * change['delta']:+.2f} pt)"
+        if "ratio" in change:
+            return text + f" ({100 * (change['ratio'] - 1):+.0f} %)"
+        return text
+
+    for name, changes in result["variants"].items():
+        if "only" in changes:
+            table.add_row(_e(name), f"only in {'A' if changes['only'] == 'a' else 'B'}", "", "", "", "")
+            continue
+        table.add_row(_e(name), cell(changes.get("accuracy"), lambda v: fmt_metric("accuracy", v), points=True),
+                      cell(changes.get("sizeBytes"), fmt_bytes), cell(changes.get("p50Ms"), fmt_ms), cell(changes.get("p99Ms"), fmt_ms),
+                      cell(changes.get("throughput"), lambda v: "—" if v is None else f"{v:,.0f}"))
+    console.print(table)
+
+
+@app.command("report")
+def report(
+    html_file: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML report (plots + tables) here.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Only this model's versions.")] = None,
+    specs: SpecsOpt = None, env: EnvOpt = None, output: OutOpt = Output.text, by: ByOpt = GroupBy.dataset,
+    batch: BatchOpt = 1, kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None,
+) -> None:
+    """The leaderboard: a terminal table, JSON, or an HTML file that opens offline."""
+    from reconciler.leaderboard import leaderboards
+    from reconciler.report import html_report
+
+    environment, records = _records(specs, env, kubeconfig, context, namespace, model)
+    boards = leaderboards(records, by.value, batch)
+    if html_file is not None:
+        page = html_report(boards, records, environment=environment,
+                           generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+        html_file.write_text(page)
+        _console().print(f"wrote {_e(html_file)} ({len(page.encode()) / 1024:.0f} KiB, {len(records)} version(s), "
+                         f"{sum(len(b['rows']) for b in boards)} row(s)); it needs no network to open")
+        return
+    if output is Output.json:
+        print(json.dumps({"environment": environment, "leaderboards": boards}, indent=2, default=str))
+        return
+    for board in boards:
+        _console().print(board_table(board))
+    if not boards:
+        _console().print(f"no registered model versions in environment {_e(environment)}")

@@ -1,0 +1,236 @@
+"""``python -m runtimes export``: one float variant → ONNX, verified, and (CPU/ARM targets) INT8.
+
+1. **Export** with ``torch.onnx.export`` (the ``torch.export``-based exporter, a dynamic batch
+   dimension, the spec's opset) to ``output/onnx/model.onnx``.
+2. **Verify** it under ONNX Runtime (CPU) against the PyTorch model on the whole held-out (test)
+   split: the largest difference of any class probability (``maxAbsDiff``, the spec's bound),
+   of any logit, the accuracy of both and how often their predictions agree. A graph outside the
+   bound is rejected (exit 4, ``report.json`` says why): an export that computes something else
+   must never be registered.
+3. **Quantize** (when the config carries ``int8``: the ``x86-*`` and ``arm64`` targets) with ONNX
+   Runtime's static quantization: ``quant_pre_process`` (shape inference and graph optimisation),
+   then ``quantize_static`` in the QDQ format with per-channel INT8 weights, activation ranges
+   calibrated (MinMax) on ``calibrationSamples`` training rows. Activations are signed INT8
+   (S8S8, ONNX Runtime's recommended default for QDQ); on ``x86-avx2``, which has no VNNI,
+   weights use 7 bits (``reduce_range``) so that the u8×s8 multiply-add (VPMADDUBSW) cannot
+   saturate. The INT8 graph is measured on the same split; losing more accuracy than its bound
+   against the PyTorch source rejects it (exit 4).
+
+Each result is a bundle (``model.json`` of kind ``onnx`` / ``onnx-int8`` naming ``model.onnx``,
+with the source's task, classes and feature transform), so the benchmark and the registry treat
+it like any other variant. ``report.json`` holds the verification figures of both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from runtimes._step import in_workspace, parse_config, run_step, write_json
+from runtimes.errors import StepFailed, VariantRejected
+from specs.stepconfig import ExportConfig
+
+log = logging.getLogger("forge.export")
+INPUT, OUTPUT = "input", "logits"
+#: Largest batch the calibration reader feeds at once.
+CALIBRATION_BATCH = 32
+
+
+def onnx_session(path: Path, threads: int = 1) -> Any:
+    """An ONNX Runtime CPU session (``threads`` intra-op threads, sequential execution)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def onnx_callable(session: Any) -> Callable[[Any], Any]:
+    """The session as a torch-in, torch-out function (what `runtimes.learn.measure` calls)."""
+    import numpy as np
+    import torch
+
+    name = session.get_inputs()[0].name
+
+    def run(x: Any) -> Any:
+        array = x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+        return torch.from_numpy(session.run(None, {name: array})[0])
+
+    return run
+
+
+def export_onnx(model: Any, example: Any, path: Path, opset: int) -> None:
+    """``torch.onnx.export`` with a dynamic batch dimension (the exporter's own optimiser on)."""
+    import warnings
+
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for noisy in ("torch.onnx", "onnxscript", "onnx_ir"):  # pass-by-pass INFO lines, torchvision notes
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.onnx.export(model, (example,), dynamo=True, opset_version=opset, input_names=[INPUT],
+                                        output_names=[OUTPUT], dynamic_shapes=({0: batch},), verbose=False)
+        except Exception as exc:  # noqa: BLE001 - the exporter raises many types; the message is what helps
+            raise StepFailed(f"torch.onnx.export failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if program is None:
+        raise StepFailed("torch.onnx.export returned no program")
+    program.save(str(path))
+
+
+def compare(reference: Any, candidate: Any, y: Any, task: str) -> dict[str, Any]:
+    """Differences between two models' outputs on the same rows."""
+    import torch
+
+    out: dict[str, Any] = {"rows": int(len(y)), "maxAbsDiffLogits": float((reference - candidate).abs().max())}
+    if task in ("classification", "lm"):
+        p, q = torch.softmax(reference.float(), -1), torch.softmax(candidate.float(), -1)
+        out["maxAbsDiff"] = float((p - q).abs().max())
+        a, b = reference.argmax(-1), candidate.argmax(-1)
+        out["accuracyReference"] = float((a == y).float().mean())
+        out["accuracy"] = float((b == y).float().mean())
+        out["agreement"] = float((a == b).float().mean())
+    else:
+        out["maxAbsDiff"] = out["maxAbsDiffLogits"]
+    return out
+
+
+def _bundle(folder: Path, info: dict[str, Any], kind: str, extra: dict[str, Any]) -> dict[str, Any]:
+    path = folder / "model.onnx"
+    bundle = {**{k: v for k, v in info.items() if k not in ("file", "sizeBytes", "kind")}, **extra,
+              "kind": kind, "file": path.name, "sizeBytes": path.stat().st_size, "runtime": "onnxruntime"}
+    (folder / "model.json").write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
+    return bundle
+
+
+def quantize_int8(fp32: Path, dst: Path, calibration: Any, target: str, workdir: Path) -> dict[str, Any]:
+    """ONNX Runtime static INT8 (QDQ, per-channel weights, MinMax calibration); the scheme it used."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = [calibration[i : i + CALIBRATION_BATCH] for i in range(0, len(calibration), CALIBRATION_BATCH)]
+
+        def get_next(self) -> dict[str, Any] | None:
+            return {INPUT: self.batches.pop(0)} if self.batches else None
+
+    pre = workdir / "preprocessed.onnx"
+    quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
+    reduce_range = target == "x86-avx2"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8, per_channel=True, reduce_range=reduce_range,
+                    calibrate_method=CalibrationMethod.MinMax)
+    pre.unlink(missing_ok=True)
+    return {"backend": "onnxruntime", "format": "QDQ", "activations": "int8 (per-tensor, static)",
+            "weights": f"int8 (per-channel{', 7-bit range' if reduce_range else ''})", "calibration": "MinMax",
+            "calibrationSamples": int(len(calibration)), "reduceRange": reduce_range}
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, _ = parse_config(ExportConfig, argv, "python -m runtimes export")
+    import numpy as np
+    import onnxruntime
+    import torch
+
+    from runtimes.data import load_prepared
+    from runtimes.learn import measure, predict, seed_everything, split_tensors
+    from runtimes.models import load_bundle
+
+    model, info = load_bundle(in_workspace(config.model_dir))
+    if info["kind"] != "state_dict":
+        raise StepFailed(f"export: variant {config.source} is a {info['kind']} bundle; export a float variant")
+    seed = int(info.get("seed", 0))
+    seed_everything(seed)
+    task = info["task"]
+    data = load_prepared(in_workspace(config.data), ("train", "test"))
+    ctx = info["architecture"].get("contextLength")
+    xtr, _ = split_tensors(data.split("train"), data.meta, ctx)
+    xte, yte = split_tensors(data.split("test"), data.meta, ctx)
+    if len(xte) == 0:
+        raise StepFailed("export: the test split is empty; nothing to verify the export on")
+    out = in_workspace(config.output)
+    if out.exists():
+        shutil.rmtree(out)  # a retry starts clean
+    fp32_dir, int8_dir = out / "onnx", out / "onnx-int8"
+
+    log.info("exporting %s (%s) to ONNX opset %d", config.source, info["architecture"].get("type"), config.opset)
+    export_onnx(model, xte[:2], fp32_dir / "model.onnx", config.opset)
+    reference = predict(model, xte)
+    session = onnx_session(fp32_dir / "model.onnx")
+    fp32_check = compare(reference, predict(onnx_callable(session), xte), yte, task)
+    fp32_check["tolerance"] = config.max_abs_diff
+    fp32_check["passed"] = fp32_check["maxAbsDiff"] <= config.max_abs_diff
+    versions = {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
+    report: dict[str, Any] = {"model": config.model, "source": config.source, "hardwareTarget": config.hardware_target,
+                              "opset": config.opset, "versions": versions, "onnx": {"verification": fp32_check}}
+    log.info("ONNX vs PyTorch on %d test rows: max |Δp| %.2e (bound %g), max |Δlogit| %.2e, agreement %.4f",
+             fp32_check["rows"], fp32_check["maxAbsDiff"], config.max_abs_diff, fp32_check["maxAbsDiffLogits"],
+             fp32_check.get("agreement", float("nan")))
+    if not fp32_check["passed"]:
+        report["onnx"]["accepted"] = False
+        report["reason"] = (f"the ONNX graph differs from PyTorch by {fp32_check['maxAbsDiff']:.3g} "
+                            f"(a class probability), more than the allowed {config.max_abs_diff:g}")
+        write_json(out / "report.json", report)
+        shutil.rmtree(fp32_dir, ignore_errors=True)
+        raise VariantRejected(f"export of {config.source} rejected: {report['reason']} (see {config.output}/report.json)")
+    metrics = measure(onnx_callable(session), xte, yte, task)
+    bundle = _bundle(fp32_dir, info, "onnx", {"variant": f"{config.source}-onnx", "source": config.source,
+                                              "opset": config.opset, "hardwareTarget": config.hardware_target})
+    report["onnx"].update({"accepted": True, "sizeBytes": bundle["sizeBytes"], "accuracy": metrics.get("accuracy")})
+    write_json(fp32_dir / "metrics.json", {"variant": bundle["variant"], **metrics})
+    write_json(fp32_dir / "report.json", {"verification": fp32_check, "after": {"accuracy": metrics.get("accuracy"), "sizeBytes": bundle["sizeBytes"]}})
+
+    if config.int8 is not None:
+        g = torch.Generator().manual_seed(seed)
+        rows = xtr[torch.randperm(len(xtr), generator=g)[: config.int8.calibration_samples]]
+        calibration = np.ascontiguousarray(rows.numpy())
+        scheme = quantize_int8(fp32_dir / "model.onnx", int8_dir / "model.onnx", calibration, config.hardware_target, out)
+        int8_session = onnx_session(int8_dir / "model.onnx")
+        check = compare(reference, predict(onnx_callable(int8_session), xte), yte, task)
+        drop = round(100.0 * ((check.get("accuracyReference") or 0.0) - (check.get("accuracy") or 0.0)), 4)
+        accepted = drop <= config.max_accuracy_drop
+        size = (int8_dir / "model.onnx").stat().st_size
+        report["onnxInt8"] = {"verification": check, "quantization": scheme, "sizeBytes": size,
+                              "sizeRatio": size / bundle["sizeBytes"], "accuracy": check.get("accuracy"),
+                              "accuracyDropPt": drop, "maxAccuracyDrop": config.max_accuracy_drop, "accepted": accepted}
+        log.info("ONNX INT8: %.1f%% of the fp32 graph's size, accuracy %.4f → %.4f (drop %.2f pt, bound %g)",
+                 100 * size / bundle["sizeBytes"], check.get("accuracyReference") or 0, check.get("accuracy") or 0,
+                 drop, config.max_accuracy_drop)
+        if not accepted:
+            report["reason"] = f"ONNX INT8 lost {drop:.2f} accuracy points, more than the allowed {config.max_accuracy_drop:g}"
+            write_json(out / "report.json", report)
+            shutil.rmtree(int8_dir, ignore_errors=True)
+            raise VariantRejected(f"ONNX INT8 of {config.source} rejected: {report['reason']} (see {config.output}/report.json)")
+        int8_bundle = _bundle(int8_dir, info, "onnx-int8", {"variant": f"{config.source}-onnx-int8", "source": config.source,
+                                                            "opset": config.opset, "hardwareTarget": config.hardware_target,
+                                                            "quantization": scheme})
+        int8_metrics = measure(onnx_callable(int8_session), xte, yte, task)
+        write_json(int8_dir / "metrics.json", {"variant": int8_bundle["variant"], "accuracyDropPt": drop, **int8_metrics})
+        write_json(int8_dir / "report.json", {"verification": check, "quantization": scheme, "accuracyDropPt": drop,
+                                              "after": {"accuracy": check.get("accuracy"), "sizeBytes": size}})
+    write_json(out / "report.json", report)
+    write_json(out / "metrics.json", {"source": config.source, "onnxMaxAbsDiff": fp32_check["maxAbsDiff"],
+                                      "onnxAccuracy": metrics.get("accuracy"),
+                                      **({"onnxInt8Accuracy": report["onnxInt8"]["accuracy"],
+                                          "onnxInt8SizeRatio": report["onnxInt8"]["sizeRatio"]} if "onnxInt8" in report else {})})
+    return 0
+
+
+def run(argv: list[str] | None = None) -> int:
+    return run_step(main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run())

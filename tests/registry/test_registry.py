@@ -1,0 +1,186 @@
+"""The model registry, lineage, diffs and leaderboard, and the `forgectl models` commands.
+
+The Workflows are the real renderer's output for the example specs (the lineage is read from
+them); the registrations are written in the format the `register` step writes (its own test, with
+real trained models, is tests/runtimes/test_export.py; the quick-start end to end is
+tests/local/test_local_target.py). No runtime environment needed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.leaderboard import leaderboards, spec_metric
+from reconciler.loader import load_or_raise
+from reconciler.registry import _from_workflow_status, diff, find, ingest_local, lineage
+from reconciler.targets.local.state import StateDB
+from renderers import RenderContext, render
+from tests.registry.sample import DIGITS_DIGEST, ROOT, V1, V2, cli, project, rendered, write_run
+
+@pytest.fixture()
+def two_versions(tmp_path: Path) -> dict[str, Any]:
+    specs = project(tmp_path)
+    wf1, _, env = rendered(specs, "1111111aaaaa")
+    wf2, manifests, _ = rendered(project(tmp_path, "0.003"), "2222222bbbbb-dirty")
+    db = StateDB(tmp_path / "state.db")
+    workspace = tmp_path / "workspace"
+    write_run(workspace, wf1, V1, 0.9638)
+    write_run(workspace, wf2, V2, 0.9738)
+    r1 = ingest_local(db, workspace, wf1, "local", registered=1000.0)
+    r2 = ingest_local(db, workspace, wf2, "local", registered=2000.0)
+    return {"db": db, "records": [r1, r2], "wf1": wf1, "wf2": wf2, "manifests": manifests}
+
+
+def test_lineage_comes_from_the_rendered_workflow(tmp_path: Path) -> None:
+    wf, _, _ = rendered(project(tmp_path), "abcdef123456")
+    line = lineage(wf)
+    assert line["model"] == "digits-mlp" and line["version"] == wf["metadata"]["labels"]["forge.dev/model-version"]
+    assert line["workflow"] == wf["metadata"]["name"]
+    assert line["dataset"] == "digits" and line["datasetDigest"] == DIGITS_DIGEST
+    assert line["gitRevision"] == line["gitCommit"] == "abcdef123456" and not line["uncommitted"]
+    assert line["specDigest"] == wf["metadata"]["annotations"]["forge.dev/spec-digest"]
+    assert line["spec"]["hyperparameters"]["learningRate"] == 0.002
+    assert set(line["compression"]) == {"pruned", "int8"} and line["parents"] == []
+    assert line["exports"]["export-base"]["int8"]["calibrationSamples"] == 256  # x86 target: ORT INT8
+    assert "benchmark" in line["steps"]
+
+
+def test_a_distilled_student_names_its_teacher_and_version() -> None:
+    result = load_or_raise([str(ROOT / "examples" / "edge-vision")])
+    env = result.specs.environment(None)
+    out = render(result.specs, RenderContext(env))
+    line = lineage(out.workflows["vision-student"].manifest)
+    assert line["parents"] == [{"model": "vision-teacher", "version": out.versions["vision-teacher"],
+                                "relation": "distillation teacher", "variant": "pruned-distilled"}]
+    # the Jetson target gets a TensorRT engine step (not buildable locally) and no ONNX Runtime INT8
+    engine = line["exports"]["build-engine-pruned-distilled"]
+    assert engine["hardwareTarget"] == "jetson-orin" and engine["required"] is False
+    assert "int8" not in line["exports"]["export-pruned-distilled"]
+
+
+def test_records_are_stored_in_the_state_db(two_versions: dict[str, Any]) -> None:
+    db: StateDB = two_versions["db"]
+    stored = db.model_versions("digits-mlp")
+    assert [r["version"] for r in stored] == [r["version"] for r in two_versions["records"]]
+    r1 = stored[0]
+    assert r1["registeredAt"] == "1970-01-01T00:16:40Z"
+    assert r1["evaluation"] == {"accuracy": 0.9638, "f1": 0.9628, "passed": True}
+    fig = r1["variants"]["base-onnx-int8"]["figures"]
+    assert fig["runtime"] == "onnxruntime" and fig["accuracyFrom"] == "benchmark" and fig["p50Ms"] == 0.012
+    assert stored[1]["lineage"]["uncommitted"] and stored[1]["lineage"]["gitCommit"] == "2222222bbbbb"
+
+
+def test_leaderboard_ranks_and_marks_the_pareto_front(two_versions: dict[str, Any]) -> None:
+    [board] = leaderboards(two_versions["records"])
+    assert board["group"] == "dataset digits" and (board["metric"], board["goal"]) == ("accuracy", "maximize")
+    rows = board["rows"]
+    assert len(rows) == 10 and [r["rank"] for r in rows] == list(range(1, 11))
+    v1, v2 = (r["version"] for r in two_versions["records"])
+    # v2 is better on accuracy at equal size and latency: every v1 row is dominated
+    assert {r["variant"] for r in rows if r["pareto"]} == {"pruned", "int8", "base-onnx", "base-onnx-int8"}
+    assert all(r["version"] == v2 for r in rows if r["pareto"])
+    assert rows[0]["version"] == v2 and rows[0]["variant"] == "int8"  # the highest accuracy
+    # ties on accuracy are broken by latency: ONNX (0.010) before ONNX INT8 (0.012) before PyTorch (0.037)
+    tied = [r["variant"] for r in rows if r["version"] == v1 and r["metric"] == 0.9638]
+    assert tied == ["base-onnx", "base-onnx-int8", "base"]
+    # within one version alone, base is dominated by base-onnx-int8 (same accuracy, smaller, faster)
+    [only] = leaderboards(two_versions["records"][:1])
+    assert {r["variant"]: r["pareto"] for r in only["rows"]} == {
+        "int8": True, "base-onnx": True, "base-onnx-int8": True, "base": False, "pruned": True}
+    # latency at another batch size
+    [b64] = leaderboards(two_versions["records"], batch=64)
+    assert next(r for r in b64["rows"] if r["variant"] == "base")["p50Ms"] == pytest.approx(0.148)
+
+
+def test_the_metric_is_the_one_the_spec_names() -> None:
+    assert spec_metric({"search": {"metric": "f1", "goal": "maximize"}}) == ("f1", "maximize")
+    assert spec_metric({"evaluation": {"thresholds": [{"metric": "latencyP99Ms", "max": 20}, {"metric": "loss", "max": 0.3}]}}) == ("loss", "minimize")
+    assert spec_metric({}) == ("accuracy", "maximize")
+
+
+def test_diff_shows_the_spec_change_and_its_effect(two_versions: dict[str, Any]) -> None:
+    r1, r2 = two_versions["records"]
+    d = diff(r1, r2)
+    assert "model spec: `hyperparameters.learningRate` 0.002 → 0.003" in d["specChanges"]
+    assert "git revision 1111111aaaaa → 2222222bbbbb-dirty" in d["specChanges"]
+    assert d["evaluation"]["accuracy"]["delta"] == pytest.approx(0.01)
+    assert d["variants"]["int8"]["accuracy"]["delta"] == pytest.approx(0.01)
+    assert d["variants"]["int8"]["sizeBytes"]["ratio"] == 1.0
+    assert find(two_versions["records"], f"digits-mlp@{r2['version'][:6]}") is r2
+    assert find(two_versions["records"], "digits-mlp") is r2
+
+
+def test_cluster_records_come_from_the_register_nodes_output() -> None:
+    """On a cluster the register step's `metrics` output parameter (Argo keeps it in the
+    Workflow's status) is the record; this is the shape the register step writes."""
+    wf, _, _ = rendered(project(Path("/tmp") / "forge-registry-test"), "c0ffee")
+    version = wf["metadata"]["labels"]["forge.dev/model-version"]
+    summary = {"model": "digits-mlp", "version": version, "variants": ["base", "int8"],
+               "registry": {"base": {"sizeBytes": 205_821, "kind": "state_dict", "parameters": 50_000, "accuracy": 0.96,
+                                     "latency": {"1": {"p50Ms": 0.04, "p99Ms": 0.2, "throughput": 20_000}}},
+                            "int8": {"sizeBytes": 57_553, "kind": "int8", "parameters": 50_000, "accuracy": 0.965, "latency": {}}},
+               "hardware": {"cpu": "node CPU"}, "artifacts": {}}
+    wf = {**wf, "status": {"phase": "Succeeded", "nodes": {
+        "n1": {"templateName": "train", "phase": "Succeeded"},
+        "n2": {"templateName": "register", "phase": "Succeeded", "finishedAt": "2026-01-02T03:04:05Z",
+               "outputs": {"parameters": [{"name": "metrics", "value": json.dumps(summary)}]}}}}}
+    record = _from_workflow_status(wf, "cluster")
+    assert record is not None and record["version"] == version
+    assert record["variants"]["base"]["figures"]["p50Ms"] == 0.04
+    assert record["variants"]["int8"]["figures"]["accuracy"] == 0.965
+    assert record["lineage"]["gitRevision"] == "c0ffee"
+    shutil.rmtree(Path("/tmp") / "forge-registry-test", ignore_errors=True)
+
+
+def test_models_lists_versions_with_lineage_and_the_leaderboard(local_project: dict[str, Any]) -> None:
+    out = cli("models", "--specs", "specs")
+    assert out.exit_code == 0, out.output
+    text = out.output
+    assert local_project["v1"] in text and local_project["v2"] in text
+    assert "1111111aaaaa" in text and "2222222bbbbb" in text  # git revisions
+    assert "digits sha256:4eca0a80f799…" in text
+    assert "Leaderboard: dataset digits — accuracy" in text and "★" in text
+    data = json.loads(cli("models", "--specs", "specs", "-o", "json").output)
+    versions = {r["version"]: r for r in data["versions"]}
+    assert set(versions) == {local_project["v1"], local_project["v2"]}
+    served = versions[local_project["v2"]]["servedBy"]
+    assert {"endpoint": "digits", "role": "stable", "variant": "int8", "traffic": 100, "live": True} in served
+    assert len(data["leaderboards"][0]["rows"]) == 10
+    # one model only
+    only = json.loads(cli("models", "digits-mlp", "--specs", "specs", "-o", "json").output)
+    assert len(only["versions"]) == 2
+    assert "no registered model versions of other" in cli("models", "other", "--specs", "specs").output
+
+
+def test_models_show_and_diff(local_project: dict[str, Any]) -> None:
+    out = cli("models", "show", f"digits-mlp@{local_project['v2'][:7]}", "--specs", "specs")
+    assert out.exit_code == 0, out.output
+    assert "base-onnx-int8" in out.output and "onnxruntime onnx-int8" in out.output and "batch 64" in out.output
+    assert "digits stable int8 100 %" in out.output
+    diff_out = cli("models", "diff", f"digits-mlp@{local_project['v1']}", local_project["v2"], "--specs", "specs")
+    assert diff_out.exit_code == 0, diff_out.output
+    assert "`hyperparameters.learningRate` 0.002 → 0.003" in diff_out.output
+    assert "96.38 % → 97.38 % (+1.00 pt)" in diff_out.output
+    same = json.loads(cli("models", "diff", "digits-mlp", "--specs", "specs", "-o", "json").output)  # its last two
+    assert same["a"]["version"] == local_project["v1"] and same["b"]["version"] == local_project["v2"]
+    bad = cli("models", "show", "digits-mlp@ffff", "--specs", "specs")
+    assert bad.exit_code != 0
+
+
+def test_models_report_json_and_html(local_project: dict[str, Any], tmp_path: Path) -> None:
+    data = json.loads(cli("models", "report", "--specs", "specs", "-o", "json").output)
+    assert data["leaderboards"][0]["metric"] == "accuracy"
+    page = tmp_path / "report.html"
+    out = cli("models", "report", "--specs", "specs", "--html", str(page))
+    assert out.exit_code == 0, out.output
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "Content-Security-Policy" in text and "default-src 'none'" in text
+    assert text.count("<svg") == 2 and text.count('<g class="point">') == 20  # two plots × ten rows
+    # self-contained: nothing is fetched from anywhere
+    for needle in ("http://", "https://", "<script", "<link", "@import", "url("):
+        assert needle not in text.replace('xmlns="http://www.w3.org/2000/svg"', ""), needle
