@@ -77,6 +77,10 @@ def _e(value: Any) -> str:
     return escape("" if value is None else str(value))
 
 
+def _num(value: Any) -> Any:
+    return f"{value:.4g}" if isinstance(value, float) else value
+
+
 def _served(record: dict[str, Any]) -> str:
     parts = []
     for s in record.get("servedBy") or []:
@@ -239,7 +243,7 @@ def diff(
         for key, change in result["evaluation"].items():
             if change.get("from") != change.get("to"):
                 delta = f" ({change['delta']:+.4g})" if "delta" in change else ""
-                console.print(f"  {_e(key)}: {_e(change.get('from'))} → {_e(change.get('to'))}{delta}")
+                console.print(f"  {_e(key)}: {_e(_num(change.get('from')))} → {_e(_num(change.get('to')))}{delta}")
     table = Table(title="Variants (A → B)", title_justify="left")
     for col in ("variant", "accuracy", "size", "p50 (batch 1)", "p99 (batch 1)", "rows/s"):
         table.add_column(col, overflow="fold")

@@ -206,6 +206,8 @@ def serving(live: Iterable[Mapping[str, Any]], rollouts: Mapping[str, Any] | Non
         data = state.to_json() if hasattr(state, "to_json") else dict(state)
         for role in ("stable", "canary"):
             version = data.get(role)
+            if role == "canary" and version == data.get("stable"):
+                continue  # a promoted canary is the stable version now
             if version and not any(e["endpoint"] == endpoint and e["live"] for e in out.get(version, [])):
                 out.setdefault(version, []).append({"endpoint": endpoint, "role": role, "live": False,
                                                     "rollout": str(data.get("phase", ""))})
