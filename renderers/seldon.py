@@ -97,6 +97,10 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
         "replicas": replicas,
         "traffic": traffic,
         "labels": labels,
+        # One model per predictor, serving the v2 protocol and its own metrics: Seldon's executor
+        # would add a hop and a second container with a port named `http`, which the PodMonitor
+        # (port `http`) would scrape too.
+        "annotations": {"seldon.io/no-engine": "true"},
         "componentSpecs": [component],
         "graph": {"name": "model", "type": "MODEL", "endpoint": {"type": "REST", "httpPort": SERVE_PORT}, "children": []},
     }
