@@ -100,8 +100,8 @@ def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
         desired = versions.get(model.name) or model_version(specs, model, env)
         state = ctx.serving.get(endpoint.name, ServingState(stable=desired))
         manifests.append(render_seldon(specs, endpoint, env, ns, ctx.revision, state))
-        manifests.append(render_podmonitor(endpoint, env, ns, ctx.revision))
         policy = specs.policy_of(endpoint, env)
+        manifests.append(render_podmonitor(endpoint, env, ns, ctx.revision, policy))
         if policy is not None and policy.spec.metrics:
             manifests.append(render_rules(endpoint, policy, env, ns, ctx.revision))
         manifests.append(render_dashboard(endpoint, policy, env, ns, ctx.revision))  # Grafana, via its sidecar

@@ -9,8 +9,24 @@ from renderers.labels import ENDPOINT, owner_metadata
 from specs import Endpoint, Environment, RolloutPolicy, duration_seconds
 
 
-def render_podmonitor(endpoint: Endpoint, env: Environment, namespace: str, revision: str | None) -> dict[str, Any]:
-    """A PodMonitor selecting the endpoint's predictor pods, scraping `/metrics` on `http`.
+#: Scrape interval of the model servers unless a policy's rate windows need a shorter one.
+SCRAPE_INTERVAL_S = 5
+#: Samples a `rate()` window should hold (a window with fewer than two has no rate at all).
+SAMPLES_PER_WINDOW = 4
+
+
+def scrape_interval(policy: RolloutPolicy | None) -> str:
+    """The PodMonitor's interval: 5s, or shorter so the policy's shortest `window` holds 4 scrapes
+    (a 10s window scraped every 5s has one or two samples, and its rate is often no data)."""
+    windows = [duration_seconds(m.window) for m in policy.spec.metrics] if policy else []
+    seconds = min([SCRAPE_INTERVAL_S, *(w / SAMPLES_PER_WINDOW for w in windows)])
+    return f"{max(1, int(seconds))}s"
+
+
+def render_podmonitor(endpoint: Endpoint, env: Environment, namespace: str, revision: str | None,
+                      policy: RolloutPolicy | None = None) -> dict[str, Any]:
+    """A PodMonitor selecting the endpoint's predictor pods, scraping `/metrics` on `http` often
+    enough for the policy's rate windows (:func:`scrape_interval`).
 
     No `honorLabels`: the operator's job gives every series the target labels `namespace`, `pod`,
     `container`, `endpoint` (`http`), `job` and `instance`, and the servers' own labels are
@@ -24,7 +40,7 @@ def render_podmonitor(endpoint: Endpoint, env: Environment, namespace: str, revi
                                    revision=revision, labels={ENDPOINT: endpoint.name}),
         "spec": {
             "selector": {"matchLabels": {ENDPOINT: endpoint.name}},
-            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "5s"}],
+            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": scrape_interval(policy)}],
             "namespaceSelector": {"matchNames": [namespace]},
         },
     }

@@ -205,3 +205,11 @@ def test_cluster_requirements_name_what_the_admin_provides() -> None:
             ("CustomResourceDefinition", "seldondeployments.machinelearning.seldon.io"),
             ("PriorityClass", "forge-high"), ("PriorityClass", "forge-medium"), ("StorageClass", "(default)"),
             ("ExtendedResource", "nvidia.com/gpu"), ("ControllerRights", "configmaps")} <= found
+
+
+def test_scrape_interval_leaves_four_samples_in_the_shortest_rate_window() -> None:
+    # quickstart's gates use a 10s window: scraped every 5s it holds 1-2 samples (often no rate)
+    pm = next(m for m in _render(_specs("quickstart")) if m["kind"] == "PodMonitor")
+    assert pm["spec"]["podMetricsEndpoints"][0]["interval"] == "2s"
+    pm = next(m for m in _render(_specs("llm-finetune")) if m["kind"] == "PodMonitor")
+    assert pm["spec"]["podMetricsEndpoints"][0]["interval"] == "5s"  # 2m windows: the default
