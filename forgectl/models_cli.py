@@ -164,7 +164,7 @@ def show(
     from reconciler.registry import find
     from reconciler.report import fmt_bytes, fmt_ms
 
-    _, records = _records(specs, env, kubeconfig, context, namespace, ref.partition("@")[0])
+    _, records = _records(specs, env, kubeconfig, context, namespace)
     record = find(records, ref)
     if output is Output.json:
         print(json.dumps(record, indent=2, default=str))
