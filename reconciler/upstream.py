@@ -7,7 +7,11 @@ Forge follows the controllers' semantics rather than approximating them (docs: D
   from the Go module proxy, cached under ``~/.cache/forge`` by source and pinned versions):
   Argo Workflows' ``validate.ValidateWorkflow`` and expression evaluation, and the Kubeflow
   Training Operator's PyTorchJob validating webhook;
-* ``promtool`` from Debian's ``prometheus`` package, for PrometheusRule groups.
+* ``promtool`` from Debian's ``prometheus`` package, for PrometheusRule groups;
+* ``seldon-judge`` (the Go module in ``judges/seldon``, built by ``judges/seldon/build.sh`` from
+  Seldon Core v1.17.1's operator source in ``../shared/vendor-src``, which the Go module proxy
+  refuses, and its other dependencies from the proxy): the operator's validating webhook for a
+  SeldonDeployment and its controller's Deployments, Services (and Istio routes) for it.
 
 Every function runs a process and returns the upstream verdict; none of them reinterprets it.
 """
@@ -29,6 +33,7 @@ from reconciler.diagnostics import ForgeError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "cluster" / "build.sh"
+SELDON_BUILD_SCRIPT = REPO_ROOT / "judges" / "seldon" / "build.sh"
 
 TaskResult = str | Mapping[str, Any]
 """A dependency's result for :func:`argo_eval_depends`: its node phase (``"Succeeded"``), or
@@ -194,3 +199,90 @@ def promtool_check_rules(prometheus_rule_manifest: Mapping[str, Any]) -> list[st
     lines = [ln.strip() for ln in out.splitlines()]
     errors = [ln for ln in lines if ln and not ln.startswith("Checking ") and ln != "FAILED:"]
     return errors or [f"promtool check rules exited {proc.returncode}"]
+
+
+# --------------------------------------------------------------------------------------------
+# seldon-judge (Seldon Core v1's operator)
+# --------------------------------------------------------------------------------------------
+
+SeldonIngress = str
+"""How the operator is installed, for :func:`seldon_render`: ``"none"`` (its code's default: no
+Istio, no Ambassador), ``"istio"`` (``ISTIO_ENABLED=true``) or ``"ambassador"`` (v1 Mappings)."""
+
+
+@functools.cache
+def seldon_judge_binary() -> Path:
+    """Path of ``seldon-judge``: ``$FORGE_SELDON_JUDGE_BIN``, or built (first time) and reused from the cache.
+
+    The build needs Go, the module proxy (for the operator's dependencies) and the operator's
+    source beside the checkout (``../shared/vendor-src/seldon-core-v1.17.1``, or
+    ``$FORGE_SELDON_OPERATOR_SRC``); the first one takes about two minutes, its log on stderr.
+    """
+    if override := os.environ.get("FORGE_SELDON_JUDGE_BIN"):
+        return Path(override)
+    if shutil.which("go") is None:
+        raise UpstreamError("seldon-judge needs Go to build (`go` is not on PATH); install Go or set FORGE_SELDON_JUDGE_BIN")
+    if not SELDON_BUILD_SCRIPT.is_file():
+        raise UpstreamError(f"seldon-judge is built from the source checkout; {SELDON_BUILD_SCRIPT} is missing (set FORGE_SELDON_JUDGE_BIN)")
+    proc = subprocess.run([str(SELDON_BUILD_SCRIPT)], check=False, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise UpstreamError(f"judges/seldon/build.sh failed (exit {proc.returncode}); see its output above")
+    return Path(lines[-1])
+
+
+def _seldon(args: Sequence[str], payload: Any) -> Any:
+    # The operator reads its settings (ports, Istio, Ambassador, executor, default user …) from its
+    # environment: give it none of ours, so its code's defaults (what -ingress does not set) apply.
+    env = {k: v for k in ("PATH", "HOME", "TMPDIR", "LANG") if (v := os.environ.get(k)) is not None}
+    proc = subprocess.run([str(seldon_judge_binary()), *args], input=json.dumps(payload), capture_output=True,
+                          text=True, timeout=300, env=env, check=False)
+    if proc.returncode != 0:
+        raise UpstreamError(f"seldon-judge {' '.join(args)}: {proc.stderr.strip() or f'exit {proc.returncode}'}")
+    return json.loads(proc.stdout)
+
+
+def seldon_validate_many(objs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """:func:`seldon_validate` for many SeldonDeployments in one process."""
+    if not objs:
+        return []
+    return [v["errors"] for v in _seldon(["validate"], list(objs))]
+
+
+def seldon_validate(obj: Mapping[str, Any]) -> list[str]:
+    """Seldon Core v1's errors for creating a SeldonDeployment; empty when it is admitted.
+
+    Strict decoding into the operator's ``machinelearning.seldon.io/v1`` type (unknown or
+    duplicate fields, bad quantities), then its validating webhook (``ValidateCreate``), then the
+    same validation after ``Default()``, the defaulting its controller runs on every reconcile
+    (such messages start with ``after Default():``). One message per field error.
+    """
+    return seldon_validate_many([obj])[0]
+
+
+def seldon_render_many(objs: Sequence[Mapping[str, Any]], *, ingress: SeldonIngress = "none") -> list[list[dict[str, Any]]]:
+    """:func:`seldon_render` for many SeldonDeployments in one process."""
+    if not objs:
+        return []
+    verdicts = _seldon(["render", "-ingress", ingress], list(objs))
+    out = []
+    for obj, v in zip(objs, verdicts):
+        if v["errors"]:
+            name = (obj.get("metadata") or {}).get("name", "SeldonDeployment")
+            raise UpstreamError(f"Seldon Core rejects SeldonDeployment {name}:\n  " + "\n  ".join(v["errors"]))
+        out.append(v.get("objects") or [])
+    return out
+
+
+def seldon_render(obj: Mapping[str, Any], *, ingress: SeldonIngress = "none") -> list[dict[str, Any]]:
+    """What Seldon Core v1's controller creates for a SeldonDeployment.
+
+    After :func:`seldon_validate` (a rejection raises :class:`UpstreamError` with the operator's
+    messages), one pass of the operator's own ``Reconcile`` against controller-runtime's fake
+    client: the Deployments, Services, HorizontalPodAutoscalers and PodDisruptionBudgets it
+    creates, as manifests sorted by kind and name. With ``ingress="istio"`` the Deployments are
+    then marked available and the controller reconciles again, adding its VirtualServices and
+    DestinationRules (the only place, with Ambassador's Mappings, where Seldon v1 applies a
+    predictor's ``traffic``).
+    """
+    return seldon_render_many([obj], ingress=ingress)[0]
