@@ -64,6 +64,21 @@ def _extended_resource(target: Any, req: Requirement) -> Finding:
     return Finding(req, "missing", f"no node advertises {req.name}: install the vendor's device plugin on the GPU nodes")
 
 
+#: API paths whose resources show an ingress Seldon can split traffic with (the operator's
+#: ISTIO_ENABLED / AMBASSADOR_ENABLED must match; that setting is not visible through the API).
+TRAFFIC_SPLITTERS = (("/apis/networking.istio.io/v1alpha3", "virtualservices", "Istio"),
+                     ("/apis/getambassador.io/v2", "mappings", "Ambassador"))
+
+
+def _traffic_splitter(target: Any, req: Requirement) -> Finding:
+    for path, plural, name in TRAFFIC_SPLITTERS:
+        found = target.read_path(path, what=f"API {path}")
+        if plural in {r.get("name") for r in (found or {}).get("resources", [])}:
+            return Finding(req, "ok", f"{name} is installed ({path}); the Seldon operator must have it enabled")
+    return Finding(req, "missing", "neither Istio's VirtualService nor Ambassador's Mapping API is served: "
+                                   "canary weights would not be applied")
+
+
 def check(target: Any, requirements: list[Requirement]) -> list[Finding]:
     """Check each requirement against a KubernetesTarget (read-only)."""
     findings = []
@@ -77,6 +92,8 @@ def check(target: Any, requirements: list[Requirement]) -> list[Finding]:
                 findings.append(_storage_class(target, req))
             elif req.kind == "ExtendedResource":
                 findings.append(_extended_resource(target, req))
+            elif req.kind == "TrafficSplitter":
+                findings.append(_traffic_splitter(target, req))
             else:
                 findings.append(Finding(req, "manual", "not visible through the API: see docs/cluster-prerequisites.md"))
         except ForbiddenError as exc:

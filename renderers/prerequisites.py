@@ -148,6 +148,12 @@ def cluster_requirements(manifests: Iterable[Mapping[str, Any]]) -> list[Require
         if kind in _CRDS:
             crd, path, why = _CRDS[kind]
             need(Requirement("CustomResourceDefinition", crd, why, path))
+        if kind == "SeldonDeployment":
+            # Seldon v1 applies the predictors' `traffic` only through an ingress it drives: with
+            # neither, every predictor gets its own Service and no weight is enforced.
+            need(Requirement("TrafficSplitter", "istio-or-ambassador",
+                             "Seldon splits traffic between stable and canary by `traffic` only through Istio "
+                             "(VirtualService) or Ambassador (Mapping); the operator must run with one enabled"))
         if kind == "Workflow":
             need(Requirement("ControllerRights", "configmaps",
                              "the Argo controller writes the step cache (memoize) as ConfigMaps in this namespace"))
@@ -169,6 +175,7 @@ def cluster_requirements(manifests: Iterable[Mapping[str, Any]]) -> list[Require
                 for resource in (container.get("resources") or {}).get("limits", {}):
                     if "/" in resource:
                         need(Requirement("ExtendedResource", resource, f"{what} requests it (a device plugin advertises it)"))
-    order = {"CustomResourceDefinition": 0, "ControllerRights": 1, "PriorityClass": 2, "StorageClass": 3, "ExtendedResource": 4}
+    order = {"CustomResourceDefinition": 0, "TrafficSplitter": 1, "ControllerRights": 2, "PriorityClass": 3,
+             "StorageClass": 4, "ExtendedResource": 5}
     return sorted(found.values(), key=lambda r: (order.get(r.kind, 9), r.name))
 

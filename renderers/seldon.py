@@ -15,6 +15,9 @@ from specs import Compute, Endpoint, Environment, SpecSet
 from specs.stepconfig import DEFAULT_WORKSPACE, WORKSPACE_ENV, ServeConfig
 
 SERVE_PORT = 9000
+#: The readiness route of each serving runtime: MLServer's v2 health endpoint; the seldon-core
+#: 1.17.1 wrapper has no `/v2/...` routes (it answers 500 there) but serves `/health/ping`.
+READINESS_PATHS = {"serve": "/v2/health/ready", "serve-seldon": "/health/ping"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
         "args": step_args(step, config.model_dump(mode="json", by_alias=True)),
         "env": [{"name": WORKSPACE_ENV, "value": DEFAULT_WORKSPACE}],
         "ports": [{"name": "http", "containerPort": SERVE_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": SERVE_PORT}, "periodSeconds": 2},
+        "readinessProbe": {"httpGet": {"path": READINESS_PATHS[step], "port": SERVE_PORT}, "periodSeconds": 2},
         "resources": resources,
         "volumeMounts": [{"name": "workspace", "mountPath": DEFAULT_WORKSPACE, "readOnly": True}],
     }

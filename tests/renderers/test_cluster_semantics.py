@@ -204,7 +204,8 @@ def test_cluster_requirements_name_what_the_admin_provides() -> None:
     assert {("CustomResourceDefinition", "workflows.argoproj.io"), ("CustomResourceDefinition", "pytorchjobs.kubeflow.org"),
             ("CustomResourceDefinition", "seldondeployments.machinelearning.seldon.io"),
             ("PriorityClass", "forge-high"), ("PriorityClass", "forge-medium"), ("StorageClass", "(default)"),
-            ("ExtendedResource", "nvidia.com/gpu"), ("ControllerRights", "configmaps")} <= found
+            ("ExtendedResource", "nvidia.com/gpu"), ("ControllerRights", "configmaps"),
+            ("TrafficSplitter", "istio-or-ambassador")} <= found
 
 
 def test_scrape_interval_leaves_four_samples_in_the_shortest_rate_window() -> None:
@@ -213,3 +214,13 @@ def test_scrape_interval_leaves_four_samples_in_the_shortest_rate_window() -> No
     assert pm["spec"]["podMetricsEndpoints"][0]["interval"] == "2s"
     pm = next(m for m in _render(_specs("llm-finetune")) if m["kind"] == "PodMonitor")
     assert pm["spec"]["podMetricsEndpoints"][0]["interval"] == "5s"  # 2m windows: the default
+
+
+def test_readiness_probe_is_the_route_each_serving_runtime_has() -> None:
+    # the seldon-core 1.17.1 wrapper answers 500 on /v2/health/ready: its pods would never be Ready
+    specs = _specs("quickstart")
+    endpoint = next(iter(specs.of(Endpoint)))
+    for protocol, path in (("v2", "/v2/health/ready"), ("seldon", "/health/ping")):
+        sd = next(m for m in _render(_replace(specs, endpoint, protocol=protocol)) if m["kind"] == "SeldonDeployment")
+        container = sd["spec"]["predictors"][0]["componentSpecs"][0]["spec"]["containers"][0]
+        assert container["readinessProbe"]["httpGet"]["path"] == path

@@ -35,6 +35,7 @@ from reconciler.targets.local.monitoring import pod_target
 from reconciler.targets.local.router import Router, RouterError, http_ok
 from reconciler.targets.local.state import StateDB
 from specs.rollout import SERIES_LABELS
+from renderers.seldon import READINESS_PATHS
 from renderers.stepargs import decode_step_config, step_args
 
 ENDPOINT_LABEL = "forge.dev/endpoint"
@@ -42,7 +43,6 @@ VERSION_LABEL = "forge.dev/model-version"
 VARIANT_LABEL = "forge.dev/variant"
 ROLE_LABEL = "forge.dev/role"
 #: Readiness path of each serving step (the router's health check uses the same).
-HEALTH_PATHS = {"serve": "/v2/health/ready", "serve-seldon": "/health/ping"}
 
 
 class ServingError(RuntimeError):
@@ -63,9 +63,12 @@ class Predictor:
         except (KeyError, IndexError, ValueError, TypeError) as exc:
             raise ServingError(f"endpoint {endpoint!r}: predictor {predictor.get('name')!r} is not a rendered "
                                f"Forge predictor (no container args `<step> --config-json …`): {exc}") from exc
-        if step not in HEALTH_PATHS:
+        if step not in READINESS_PATHS:
             raise ServingError(f"endpoint {endpoint!r}: predictor {predictor.get('name')!r} runs {step!r}, "
-                               f"not one of {', '.join(HEALTH_PATHS)}")
+                               f"not one of {', '.join(READINESS_PATHS)}")
+        # ready when the rendered readinessProbe would pass, as the kubelet decides on a cluster
+        probe = (container.get("readinessProbe") or {}).get("httpGet") or {}
+        self.health_path: str = str(probe.get("path") or READINESS_PATHS[step])
         self.endpoint = endpoint
         self.role: str = labels.get(ROLE_LABEL) or config.get("role") or predictor.get("name") or "stable"
         self.version: str = labels.get(VERSION_LABEL) or config.get("version", "")
@@ -110,7 +113,7 @@ class LocalServing:
     # -- routers --------------------------------------------------------------------------------
     def router(self, endpoint: str, step: str = "serve") -> Router:
         """The router of ``endpoint`` (not started by this call)."""
-        return Router(self.db, self.state_dir, endpoint, health_path=HEALTH_PATHS.get(step, HEALTH_PATHS["serve"]))
+        return Router(self.db, self.state_dir, endpoint, health_path=READINESS_PATHS.get(step, READINESS_PATHS["serve"]))
 
     # -- the main operation ---------------------------------------------------------------------
     def ensure_endpoint(self, endpoint: str, predictors: list[dict[str, Any]]) -> str:
@@ -134,7 +137,7 @@ class LocalServing:
             name = f"serve/{endpoint}/{p.role}/{p.key(python)}"
             record = self.db.process(name)
             if record is not None and processes.alive(record) and record.info.get("url") \
-                    and http_ok(record.info["url"] + HEALTH_PATHS[p.step], timeout=5):
+                    and http_ok(record.info["url"] + p.health_path, timeout=5):
                 current[p.role] = record
                 continue
             if record is not None:
@@ -293,7 +296,7 @@ class LocalServing:
         while time.monotonic() < deadline:
             if url is None:
                 url = _serving_url(Path(record.log), offset)
-            if url is not None and http_ok(url + HEALTH_PATHS[p.step]):
+            if url is not None and http_ok(url + p.health_path):
                 ready = processes.ProcessRecord(record.name, record.kind, record.pid, record.start_ticks, record.argv,
                                                 record.log, {**record.info, "url": url})
                 self.db.record_process(ready)
