@@ -3,7 +3,12 @@
 # H200: about 7 minutes), into ONE JSON file, $OUT/gpu-results.json, with the whole log in
 # $OUT/device-run.log.
 #
-#   bench/device-run.sh [--smoke] [--device cuda|cpu] [--budget-s 500]
+#   bench/device-run.sh [--smoke] [--device cuda|cpu] [--budget-s 500] [--only ladder]
+#
+# --only ladder: a SHORT second run (budget 240 s unless --budget-s says otherwise): only the
+# training ladder — fp32 eager, bf16 + fused attention, bf16 + fused + compile, the compiled rung at
+# twice the batch and with `deterministic: true` (the last ones skipped when the budget runs
+# short) — into $OUT/gpu-results-2.json, the log in $OUT/device-run-2.log.
 #
 # Parts, each failing soft (its error goes into the JSON and the next part runs):
 #   1. bench/train_gpu.py  — the product's train step (python -m runtimes train, configs rendered by
@@ -29,25 +34,33 @@ WHEELS="${WHEELS:-.whl}"
 SITE="${SITE:-/tmp/site}"
 SMOKE=0
 DEVICE=cuda
-BUDGET=500
+BUDGET=
+ONLY=
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
     --device) DEVICE="$2"; shift ;;
     --budget-s) BUDGET="$2"; shift ;;
+    --only) ONLY="$2"; shift ;;
     *) echo "device-run: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
+case "$ONLY" in
+  "") RESULT=gpu-results.json; LOG=device-run.log; BUDGET="${BUDGET:-500}" ;;
+  ladder) RESULT=gpu-results-2.json; LOG=device-run-2.log; BUDGET="${BUDGET:-240}" ;;
+  *) echo "device-run: --only takes ladder, not '$ONLY'" >&2; exit 2 ;;
+esac
+LADDER_RUNGS=fp32_eager,bf16_fused_attention,bf16_fused_compile,bf16_fused_compile_batch2x,bf16_fused_compile_deterministic
 mkdir -p "$OUT"
-exec > >(tee -a "$OUT/device-run.log") 2>&1
+exec > >(tee -a "$OUT/$LOG") 2>&1
 TEE_PID=$!
 export PYTHONUNBUFFERED=1
 START=$(date +%s)
 say() { echo "[device-run $(date +%H:%M:%S) +$(( $(date +%s) - START ))s] $*"; }
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 
-say "start: device $DEVICE, smoke $SMOKE, budget ${BUDGET}s, python $($PY -c 'import sys; print(sys.version.split()[0])' 2>&1)"
+say "start: device $DEVICE, smoke $SMOKE, only ${ONLY:-all}, budget ${BUDGET}s, python $($PY -c 'import sys; print(sys.version.split()[0])' 2>&1)"
 if ! $PY -c 'import pydantic, mlserver' >/dev/null 2>&1; then
   if compgen -G "$WHEELS/*.whl" >/dev/null; then
     say "installing $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $SITE"
@@ -83,20 +96,32 @@ if [[ $SMOKE == 1 ]]; then
   SERVE_ARGS=(--seconds 2 --models small --concurrency 4 --max-batch 4)
   RESERVE=45
 fi
+TRAIN_ARGS=()
+# $CPU_COMPILE=1 (with --device cpu): the compiled rungs run too (a C++ toolchain needed), to rehearse them.
+[[ $DEVICE == cpu && ${CPU_COMPILE:-0} == 1 ]] && TRAIN_ARGS+=(--cpu-compile)
+PARTS=2
+if [[ $ONLY == ladder ]]; then
+  TRAIN_ARGS+=(--parts ladder --rungs "$LADDER_RUNGS")
+  RESERVE=5   # the summary below
+  PARTS=1
+fi
 
-say "part 1/2: training (bench/train_gpu.py), budget $(( $(left) - RESERVE ))s"
-$PY bench/train_gpu.py --device "$DEVICE" "${SMOKE_ARGS[@]}" --budget-s $(( $(left) - RESERVE )) \
+say "part 1/$PARTS: training (bench/train_gpu.py${ONLY:+ --parts $ONLY}), budget $(( $(left) - RESERVE ))s"
+$PY bench/train_gpu.py --device "$DEVICE" "${SMOKE_ARGS[@]}" "${TRAIN_ARGS[@]}" --budget-s $(( $(left) - RESERVE )) \
   --workspace "$TMP/train-ws" --out "$TMP/train.json" >"$TMP/train.stdout"
 TRAIN_RC=$?
-say "part 1/2 exited $TRAIN_RC"
+say "part 1/$PARTS exited $TRAIN_RC"
 rm -rf "$TMP/train-ws"
 
-say "part 2/2: serving (bench/serve.py --device $DEVICE), budget $(( $(left) - 10 ))s"
-$PY bench/serve.py --device "$DEVICE" "${SERVE_ARGS[@]}" --budget-s $(( $(left) - 10 )) --out "$TMP/serve.json" >"$TMP/serve.stdout"
-SERVE_RC=$?
-say "part 2/2 exited $SERVE_RC"
+SERVE_RC=skipped
+if [[ $PARTS == 2 ]]; then
+  say "part 2/2: serving (bench/serve.py --device $DEVICE), budget $(( $(left) - 10 ))s"
+  $PY bench/serve.py --device "$DEVICE" "${SERVE_ARGS[@]}" --budget-s $(( $(left) - 10 )) --out "$TMP/serve.json" >"$TMP/serve.stdout"
+  SERVE_RC=$?
+  say "part 2/2 exited $SERVE_RC"
+fi
 
-TRAIN_RC=$TRAIN_RC SERVE_RC=$SERVE_RC TMP="$TMP" START="$START" OUT="$OUT" DEVICE="$DEVICE" SMOKE="$SMOKE" $PY - <<'EOF'
+TRAIN_RC=$TRAIN_RC SERVE_RC=$SERVE_RC TMP="$TMP" START="$START" OUT="$OUT" DEVICE="$DEVICE" SMOKE="$SMOKE" RESULT="$RESULT" ONLY="$ONLY" $PY - <<'EOF'
 import json, os, platform, time
 from pathlib import Path
 
@@ -104,6 +129,8 @@ tmp = Path(os.environ["TMP"])
 
 
 def part(name: str, rc: str) -> dict:
+    if rc == "skipped":
+        return {"skipped": "--only " + os.environ["ONLY"]}
     path = tmp / f"{name}.json"
     try:
         value = json.loads(path.read_text())
@@ -115,7 +142,8 @@ def part(name: str, rc: str) -> dict:
 
 
 result = {
-    "what": "bench/device-run.sh: issue 20 GPU figures (training through the product's train step; GPU serving)",
+    "what": "bench/device-run.sh: issue 20 GPU figures (training through the product's train step; GPU serving)"
+            + (f" — --only {os.environ['ONLY']}" if os.environ["ONLY"] else ""),
     "device": os.environ["DEVICE"], "smoke": os.environ["SMOKE"] == "1", "host": platform.node(),
     "train": part("train", os.environ["TRAIN_RC"]),
     "serve": part("serve", os.environ["SERVE_RC"]),
@@ -127,13 +155,15 @@ try:
 except Exception as exc:
     result["torch"] = f"{type(exc).__name__}: {exc}"
 result["elapsed_s"] = int(time.time()) - int(os.environ["START"])
-out = Path(os.environ["OUT"]) / "gpu-results.json"
+out = Path(os.environ["OUT"]) / os.environ["RESULT"]
 out.write_text(json.dumps(result, indent=2) + "\n")
 train, serve = result["train"], result["serve"]
 summary = {
     "gpu": result.get("gpu"),
     "targets": train.get("targets"),
     "ladder_tokens_per_s": {k: (v or {}).get("tokens_per_s") for k, v in (train.get("ladder") or {}).items() if k != "ratios"},
+    "ladder_mfu": {k: (v or {}).get("mfu") for k, v in (train.get("ladder") or {}).items() if k != "ratios"},
+    "ladder_step_s": {k: (v or {}).get("step_s_median") for k, v in (train.get("ladder") or {}).items() if k != "ratios"},
     "serve_ratio": {k: (v or {}).get("throughput_ratio") for k, v in (serve.get("models") or {}).items()},
     "serve_p99_ms_batched": {k: (v or {}).get("p99_ms_batched") for k, v in (serve.get("models") or {}).items()},
     "elapsed_s": result["elapsed_s"],

@@ -1,7 +1,7 @@
 """bench/train_gpu: training speed and memory through the product's own train step.
 
     python bench/train_gpu.py [--device auto|cuda|cpu] [--smoke] [--parts ladder,ddp,checkpointing]
-                              [--out FILE] [--budget-s S] [--peak-tflops T]
+                              [--rungs R,R,...] [--out FILE] [--budget-s S] [--peak-tflops T]
 
 One training path: every figure comes from ``python -m runtimes train --config-json …`` run as a
 subprocess, with the step configs that ``renderers.workflow.plan_steps`` renders from Model specs
@@ -19,7 +19,8 @@ Parts:
   default), bf16 + fused + ``torch.compile`` (``compile: true``; its warm-up, compilation
   included, is reported apart). Tokens/s and MFU = tokens/s × (6·N + 12·layers·ctx·d_model) /
   peak dense bf16 FLOP/s of the accelerator (a table keyed by the GPU's name; ``--peak-tflops``
-  overrides).
+  overrides). ``--rungs`` picks the rungs: also ``bf16_fused_compile_batch2x`` (twice the batch)
+  and ``bf16_fused_compile_deterministic`` (``deterministic: true``).
 - ``ddp``: the compiled bf16 rung over all GPUs under torchrun (``strategy: ddp``); skipped, and
   said so, with fewer than 2 GPUs.
 - ``checkpointing``: the same width at 4, 8, 16 and 32 layers (batch 8, bf16 + fused), with and
@@ -74,6 +75,9 @@ PEAK_BF16_FLOPS: list[tuple[str, float]] = [
 ]
 
 WARMUP_STEPS = 3  # runtimes.train.StepMeter.WARMUP_STEPS
+#: The ladder's rungs unless --rungs names others (bf16_fused_compile_batch2x and
+#: bf16_fused_compile_deterministic are the two more there are).
+DEFAULT_RUNGS = ("fp32_eager", "bf16_autocast", "bf16_fused_attention", "bf16_fused_compile")
 
 
 # -- model shapes -------------------------------------------------------------------------------
@@ -158,7 +162,7 @@ class Specs:
                             "spec": {"target": "local", "default": True, "defaults": {"computeRef": "bench-pool"}}}
 
     def model(self, name: str, *, layers: int, batch: int, steps: int, precision: str, attention: str = "fused",
-              compile: bool = False, checkpointing: bool = False, ddp: int = 0) -> dict[str, Any]:
+              compile: bool = False, checkpointing: bool = False, ddp: int = 0, deterministic: bool = False) -> dict[str, Any]:
         s = self.sizes
         arch: dict[str, Any] = {"type": "gpt", "layers": layers, "dModel": s["dModel"], "heads": s["heads"],
                                 "contextLength": s["contextLength"], "vocabSize": s["vocabSize"]}
@@ -172,6 +176,8 @@ class Specs:
         }
         if compile:
             spec["compile"] = True
+        if deterministic:
+            spec["deterministic"] = True
         if ddp:
             spec["distributed"] = {"strategy": "ddp", "dataParallel": ddp}
         return {"apiVersion": "forge.dev/v1alpha1", "kind": "Model", "metadata": {"name": name}, "spec": spec}
@@ -332,6 +338,7 @@ class Bench:
                 "world_size": metrics.get("worldSize"),
                 "device": metrics.get("device"),
                 "batch": cfg["spec"]["hyperparameters"]["batchSize"],
+                "deterministic": bool(cfg["spec"].get("deterministic", False)),
                 "subprocess_wall_s": round(wall, 1),
                 "train_loss": round(metrics.get("train", {}).get("loss", float("nan")), 4),
             }
@@ -346,20 +353,33 @@ class Bench:
     def ladder(self) -> dict[str, Any]:
         s = self.sizes
         gpu_full = self.device == "cuda" and not self.args.smoke
-        rungs = [
-            ("fp32_eager", dict(precision="fp32", attention="math"), 45, 240),
-            ("bf16_autocast", dict(precision="bf16", attention="math"), 35, 180),
-            ("bf16_fused_attention", dict(precision="bf16"), 30, 180),
-            ("bf16_fused_compile", dict(precision="bf16", compile=True), 150 if gpu_full else 60, 420),
-        ]
-        if self.device == "cpu":  # bf16 matmuls on a CPU without AMX are emulated; compile needs a C++ toolchain
-            rungs = [r for r in rungs if r[0] != "bf16_fused_compile" or self.args.cpu_compile]
+        # (options, batch multiple, seconds it needs — the first H200 run's wall times plus a margin —, cap)
+        table: dict[str, tuple[dict[str, Any], int, float, float]] = {
+            "fp32_eager": (dict(precision="fp32", attention="math"), 1, 45, 240),
+            "bf16_autocast": (dict(precision="bf16", attention="math"), 1, 35, 180),
+            "bf16_fused_attention": (dict(precision="bf16"), 1, 30, 180),
+            "bf16_fused_compile": (dict(precision="bf16", compile=True), 1, 60, 420),
+            # The same step at twice the batch (what the GPU's memory allows): the per-step costs
+            # (optimizer update, launches) spread over twice the tokens.
+            "bf16_fused_compile_batch2x": (dict(precision="bf16", compile=True), 2, 70, 420),
+            # The compiled rung with `deterministic: true`: what determinism costs.
+            "bf16_fused_compile_deterministic": (dict(precision="bf16", compile=True, deterministic=True), 1, 60, 420),
+        }
+        names = [r.strip() for r in (self.args.rungs or ",".join(DEFAULT_RUNGS)).split(",") if r.strip()]
+        unknown = [r for r in names if r not in table]
+        if unknown:
+            raise ValueError(f"unknown rung(s) {unknown}; known: {sorted(table)}")
         results: dict[str, Any] = {}
-        for key, opts, needs, cap in rungs:
-            doc = self.specs.model(f"bench-{key.replace('_', '-')}", layers=s["layers"], batch=s["batch"], steps=s["steps"], **opts)
+        for key in names:
+            opts, times, needs, cap = table[key]
+            if opts.get("compile") and self.device == "cpu" and not self.args.cpu_compile:
+                # bf16 matmuls on a CPU without AMX are emulated; compile needs a C++ toolchain
+                results[key] = {"skipped": "CPU mode (pass --cpu-compile to try torch.compile on the CPU)"}
+                continue
+            if opts.get("compile") and not gpu_full:
+                needs = 60
+            doc = self.specs.model(f"bench-{key.replace('_', '-')}", layers=s["layers"], batch=s["batch"] * times, steps=s["steps"], **opts)
             results[key] = self.train(doc, needs_s=needs, cap_s=cap)
-        if self.device == "cpu" and "bf16_fused_compile" not in results:
-            results["bf16_fused_compile"] = {"skipped": "CPU mode (pass --cpu-compile to try torch.compile on the CPU)"}
 
         def tps(k: str) -> float | None:
             return (results.get(k) or {}).get("tokens_per_s")
@@ -372,6 +392,8 @@ class Bench:
             "fused_vs_unfused_bf16": ratio("bf16_fused_attention", "bf16_autocast"),
             "compile_vs_eager_bf16_fused": ratio("bf16_fused_compile", "bf16_fused_attention"),
             "best_vs_fp32_eager": ratio("bf16_fused_compile", "fp32_eager") or ratio("bf16_fused_attention", "fp32_eager"),
+            "compile_batch2x_vs_batch1x": ratio("bf16_fused_compile_batch2x", "bf16_fused_compile"),
+            "compile_nondeterministic_vs_deterministic": ratio("bf16_fused_compile", "bf16_fused_compile_deterministic"),
         }
         return results
 
@@ -437,6 +459,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--smoke", action="store_true", help="tiny model, few steps (a check of the path, not figures)")
     parser.add_argument("--parts", default="ladder,ddp,checkpointing", help="comma-separated: ladder, ddp, checkpointing")
+    parser.add_argument("--rungs", default=None, help="the ladder's rungs, comma-separated (default: " + ",".join(DEFAULT_RUNGS)
+                        + "; also bf16_fused_compile_batch2x, bf16_fused_compile_deterministic)")
     parser.add_argument("--out", help="also write the JSON object to this file")
     parser.add_argument("--budget-s", type=float, default=None, help="skip runs that would end after this many seconds")
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s (default: from the GPU's name)")
@@ -479,11 +503,15 @@ def main() -> None:
     ladder = result.get("ladder") or {}
     ck = result.get("checkpointing") or {}
     best = (ladder.get("bf16_fused_compile") or {}).get("mfu")
+    mfus = {k: v["mfu"] for k, v in ladder.items() if k != "ratios" and isinstance(v, dict) and v.get("mfu") is not None}
+    best_rung = max(mfus, key=mfus.get) if mfus else None
     exponent = (ck.get("checkpointed") or {}).get("growth_exponent")
     overheads = list((ck.get("step_time_overhead") or {}).values())
     result["targets"] = {
         "mfu_bf16_fused_compile": best,
-        "mfu_ge_0_40": best >= 0.40 if best is not None else None,
+        "mfu_best": mfus.get(best_rung) if best_rung else None,
+        "mfu_best_rung": best_rung,
+        "mfu_ge_0_40": mfus[best_rung] >= 0.40 if best_rung else None,
         "speedup_vs_fp32_eager": (ladder.get("ratios") or {}).get("best_vs_fp32_eager"),
         "speedup_ge_1_5": ((ladder.get("ratios") or {}).get("best_vs_fp32_eager") or 0) >= 1.5 if ladder.get("ratios") else None,
         "checkpointed_growth_exponent": exponent,

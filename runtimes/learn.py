@@ -21,16 +21,21 @@ from runtimes._step import forge_cache
 
 
 def torch_env() -> None:
-    """Process-wide settings: DeepSpeed's op build cache under the forge cache; deterministic math."""
+    """Process-wide settings: DeepSpeed's op build cache under the forge cache; a fixed cuBLAS
+    workspace (what deterministic cuBLAS needs; the size PyTorch picks on Hopper anyway)."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(forge_cache() / "torch_extensions"))
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, deterministic: bool = True) -> None:
+    """Seed Python, NumPy and torch; ``deterministic``: PyTorch's deterministic kernels where it
+    has them (a warning for the ops that have none). They cost GPU time — sort-based scatters,
+    uninitialised memory filled, fewer kernel choices for TorchInductor — so the train step turns
+    them on only when the Model says ``deterministic: true``; on a CPU nothing Forge runs changes."""
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
 def split_tensors(split: dict[str, np.ndarray], meta: dict[str, Any], context_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -97,10 +97,14 @@ def deepspeed_config(config: TrainConfig, hp: Hyperparameters, cpu: bool) -> dic
 class StepMeter:
     """Throughput and memory of a run, measured by the train step itself.
 
-    Each optimizer step is timed from its first micro-batch to the end of its optimizer update
-    (the device is synchronised there, once a step), so checkpoint writes and progress output
-    fall outside the timings. The first ``WARMUP_STEPS`` steps — where ``torch.compile`` compiles
-    and kernels are autotuned — are reported apart (``warmupSeconds``); rates are over the rest.
+    Each optimizer step is timed from its first micro-batch to the end of its optimizer update,
+    so checkpoint writes and progress output fall outside the timings. On CUDA the two ends are
+    CUDA events on the step's stream, read back later without a synchronisation per step (the host
+    keeps queueing work while the device runs): a step's time is the device's, from the moment it
+    reached the step's start (when the host got there first, the wait for the host's launches
+    included) to the end of the update. On a CPU it is the wall clock. The first ``WARMUP_STEPS``
+    steps — where ``torch.compile`` compiles and kernels are autotuned — are reported apart
+    (``warmupSeconds``); rates are over the rest.
 
     Memory: on CUDA, ``peakMemoryBytes`` is the allocator's peak over the run and
     ``activationMemoryBytes`` the peak within a step (after the first) above what stays
@@ -120,10 +124,12 @@ class StepMeter:
         self.device = device
         self.cuda = device.type == "cuda"
         self.tokens_per_sample = tokens_per_sample
-        self.times: list[float] = []
+        self.times: list[float | None] = []
         self.samples: list[int] = []
         self.saved_tensor_bytes: int | None = None
         self._start: float | None = None
+        self._start_event: Any = None
+        self._pending: list[tuple[int, Any, Any]] = []  # (index in times, start event, end event)
         self._peak = 0
         self._baseline: int | None = None
         self._step_peak = 0
@@ -134,23 +140,43 @@ class StepMeter:
         """Called before the first micro-batch of an optimizer step."""
         if self._start is None:
             self._start = time.perf_counter()
+            if self.cuda:
+                self._start_event = self._torch.cuda.Event(enable_timing=True)
+                self._start_event.record()
 
     def end(self, samples: int) -> None:
-        """Called once the optimizer step is done."""
+        """Called once the optimizer step is done (queued: nothing here waits for the device)."""
         torch = self._torch
         if self.cuda:
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        self.times.append(now - (self._start if self._start is not None else now))
+            if self._start_event is None:
+                self.begin()
+            stop = torch.cuda.Event(enable_timing=True)
+            stop.record()
+            self._pending.append((len(self.times), self._start_event, stop))
+            self.times.append(None)
+            self._collect(wait=False)
+        else:
+            now = time.perf_counter()
+            self.times.append(now - (self._start if self._start is not None else now))
         self.samples.append(samples)
         self._start = None
+        self._start_event = None
         if self.cuda:
+            # The allocator's figures are the host's bookkeeping: no synchronisation needed.
             peak = torch.cuda.max_memory_allocated(self.device)
             self._peak = max(self._peak, peak)
             if self._baseline is not None:
                 self._step_peak = max(self._step_peak, peak - self._baseline)
             self._baseline = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _collect(self, wait: bool) -> None:
+        """Turn the event pairs the device has passed into seconds (all of them with ``wait``)."""
+        if wait and self._pending:
+            self._pending[-1][2].synchronize()
+        while self._pending and (wait or self._pending[0][2].query()):
+            index, start, stop = self._pending.pop(0)
+            self.times[index] = start.elapsed_time(stop) / 1000.0
 
     @contextlib.contextmanager
     def saved_tensors(self, model: Any, enabled: bool):
@@ -177,9 +203,11 @@ class StepMeter:
         self.saved_tensor_bytes = sum(seen.values())
 
     def summary(self) -> dict[str, Any]:
+        self._collect(wait=True)
         n = len(self.times)
         warm = min(self.WARMUP_STEPS, n - 1) if n > 1 else 0
-        timed, samples = self.times[warm:], sum(self.samples[warm:])
+        times = [t or 0.0 for t in self.times]
+        timed, samples = times[warm:], sum(self.samples[warm:])
         seconds = sum(timed)
         ordered = sorted(timed)
         rate = samples / seconds if seconds > 0 else None
@@ -196,7 +224,7 @@ class StepMeter:
         return {
             "steps": n,
             "warmupSteps": warm,
-            "warmupSeconds": round(sum(self.times[:warm]), 4),
+            "warmupSeconds": round(sum(times[:warm]), 4),
             "timedSteps": len(timed),
             "timedSeconds": round(seconds, 4),
             "stepSeconds": {
@@ -226,6 +254,32 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return Trainer(config).run()
+
+
+class _BatchSource:
+    """The training batches on the step's device. On a GPU a training set of at most
+    ``DEVICE_RESIDENT_BYTES`` is copied there once, so a batch is an index on the device (no host
+    copy and no synchronisation per step — a plain host-to-device copy waits for the device);
+    a larger one is gathered on the host into pinned memory and copied without blocking. On a CPU
+    a batch is the index, as before."""
+
+    DEVICE_RESIDENT_BYTES = 1 << 30
+
+    def __init__(self, x: Any, y: Any, device: Any):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.resident = self.cuda and x.nbytes + y.nbytes <= self.DEVICE_RESIDENT_BYTES
+        self.x, self.y = (x.to(device), y.to(device)) if self.resident else (x, y)
+
+    def order(self, perm: Any) -> Any:
+        """An epoch's sample order, where the batches are gathered."""
+        return perm.contiguous().pin_memory().to(self.device, non_blocking=True) if self.resident else perm
+
+    def get(self, idx: Any) -> tuple[Any, Any]:
+        if self.resident or not self.cuda:
+            return self.x[idx], self.y[idx]
+        return (self.x[idx].pin_memory().to(self.device, non_blocking=True),
+                self.y[idx].pin_memory().to(self.device, non_blocking=True))
 
 
 class Trainer:
@@ -277,12 +331,13 @@ class Trainer:
 
         self._init_distributed()
         hp, spec = self.hp, self.config.spec
-        seed_everything(hp.seed)
+        seed_everything(hp.seed, deterministic=spec.deterministic)
         arch = resolve_architecture(spec.architecture)
         ctx = arch.get("contextLength")
         x, y = split_tensors(self.data.split("train"), self.meta, ctx)
         if len(x) == 0:
             raise StepFailed("the training split is empty")
+        batches = _BatchSource(x, y, self.device)
         model = build_model(arch, self.meta)
         if spec.gradient_checkpointing:
             if hasattr(model, "gradient_checkpointing"):
@@ -341,6 +396,10 @@ class Trainer:
                 log.warning("compile: not applied with strategy deepspeed (DeepSpeed wraps the model itself)")
             else:
                 ddp_model = torch.compile(ddp_model)  # compiles on the first step (timed as warm-up)
+                # The loss too: TorchInductor fuses the fp32 upcast of the logits, the log-softmax
+                # and its backward into a few passes over the (bf16) logits, where eager PyTorch
+                # writes and reads [batch × context × vocabulary] fp32 tensors several times.
+                criterion = torch.compile(criterion)
 
         state = {"step": 0, "epoch": 0, "micro": 0}
         state = self._resume(model, optimizer, scheduler, scaler, engine, ckpt_dir, state)
@@ -348,7 +407,6 @@ class Trainer:
 
         start = time.perf_counter()
         samples = 0
-        last_loss = float("nan")
         report_every = max(1, total // 50)
         meter = StepMeter(self.device, ctx if task == "lm" else None)
         step_samples = 0
@@ -358,7 +416,7 @@ class Trainer:
             if done:
                 break
             gen = torch.Generator().manual_seed(hp.seed * 100_003 + epoch)
-            perm = torch.randperm(len(x), generator=gen)[self.rank :: self.world]
+            perm = batches.order(torch.randperm(len(x), generator=gen)[self.rank :: self.world])
             first = state["micro"] if epoch == state["epoch"] else 0
             running, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
             for i in range(first, micro_per_epoch):
@@ -366,7 +424,7 @@ class Trainer:
                 if len(idx) == 0:
                     continue
                 meter.begin()
-                xb, yb = x[idx].to(self.device), y[idx].to(self.device)
+                xb, yb = batches.get(idx)
                 if input_dtype is not None and xb.is_floating_point():
                     xb = xb.to(input_dtype)
                 boundary = (i + 1) % hp.gradient_accumulation_steps == 0 or i == micro_per_epoch - 1
@@ -401,8 +459,8 @@ class Trainer:
                 meter.end(step_samples)
                 step_samples = 0
                 state["step"] += 1
-                last_loss = float(running) / max(1, count)
                 if self.rank == 0 and (state["step"] % report_every == 0 or state["step"] == total):
+                    last_loss = float(running) / max(1, count)  # the one read-back of the loss (a sync)
                     event = {"step": state["step"], "total": total, "epoch": epoch + 1, "loss": round(last_loss, 6), "lr": optimizer.param_groups[0]["lr"]}
                     emit("progress", **event)
                     write_json(self.out / "progress.json", {"event": "progress", **event})
@@ -466,6 +524,7 @@ class Trainer:
                 "throughput": throughput,
                 "device": torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
                 "compile": spec.compile and self.strategy != "deepspeed",
+                "deterministic": spec.deterministic,
                 "gradientCheckpointing": spec.gradient_checkpointing,
                 "parameters": info["parameters"],
                 "strategy": self.strategy,
@@ -511,9 +570,13 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]
         if hp.optimizer == "sgd":
             return torch.optim.SGD(params, lr=hp.learning_rate, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        # On CUDA the fused Adam(W) kernel: one pass over parameters, gradients and both moments
+        # instead of the ~10 passes of the multi-tensor (foreach) default. DeepSpeed wraps the
+        # optimizer in its own (flattened, partitioned) one: left as it is there.
+        fused = {"fused": True} if self.cuda and self.strategy != "deepspeed" and all(p.is_cuda and p.is_floating_point() for p in params) else {}
         if hp.optimizer == "adam":
-            return torch.optim.Adam(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
-        return torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
+            return torch.optim.Adam(params, lr=hp.learning_rate, weight_decay=hp.weight_decay, **fused)
+        return torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay, **fused)
 
     def _barrier(self) -> None:
         import torch.distributed as dist

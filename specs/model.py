@@ -277,6 +277,14 @@ class ModelSpec(SpecModel):
         "one-time compilation at the start of the run (tens of seconds to minutes; a last partial "
         "batch of an epoch compiles once more). Not applied with `strategy: deepspeed`.",
     )
+    deterministic: bool = Field(
+        default=False,
+        description="Use PyTorch's deterministic kernels (`torch.use_deterministic_algorithms`, "
+        "warning for ops that have none) so that GPU runs repeat bit for bit where PyTorch can. "
+        "Slower on GPUs (sort-based scatters, uninitialised memory filled, fewer kernel choices "
+        "for `compile`); on a CPU the kernels Forge's models use repeat bit for bit either way. "
+        "Off by default, as in PyTorch.",
+    )
     distributed: Distributed = Field(default_factory=Distributed, description="Distribution strategy.")
     search: Search | None = Field(default=None, description="Hyperparameter search; none trains once.")
     evaluation: Evaluation = Field(default_factory=Evaluation, description="Offline evaluation gates.")
@@ -284,7 +292,7 @@ class ModelSpec(SpecModel):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _omit_default(handler(self), "compile", False)
+        return _omit_default(_omit_default(handler(self), "compile", False), "deterministic", False)
 
     @model_validator(mode="after")
     def _custom_needs_size(self) -> "ModelSpec":
