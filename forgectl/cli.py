@@ -179,69 +179,56 @@ def plan(
     save: Annotated[Optional[Path], typer.Option("-out", "--out", help="Save the plan as JSON, to apply exactly it later.")] = None,
     output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text, json or markdown.")] = PlanOutput.text,
     detailed_exitcode: Annotated[bool, typer.Option("--detailed-exitcode", help="Exit 0 with no changes, 2 with changes, 1 on error.")] = False,
+    fail_on_risk: Annotated[Optional[list[str]], typer.Option("--fail-on-risk", metavar="FLAG[,FLAG]", help="Exit 3 when one of these risk flags is raised (`all` for any); see docs/plan-json.md.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also list unchanged objects.")] = False,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
-    """Show what applying the specs would change, and why."""
-    from reconciler.session import make_plan
+    """Show what applying the specs would change, and why: blockers and risk flags first, the GPU
+    arithmetic and cost, then the changes. Exit 1 when the target cannot run it, 3 on a risk flag
+    named by --fail-on-risk, 2 on changes with --detailed-exitcode, else 0."""
+    from reconciler.review import EXIT_ERROR, EXIT_RISK, exit_code, parse_fail_on, reviewed_live_plan
     from reconciler.sources import revision_of
 
+    fail_on = parse_fail_on(fail_on_risk)
     if base is not None:
         plan_json = _pull_request_plan(paths, base, head, env, kubeconfig, context, namespace)
     else:
         result, environment = _load_for(paths, rev, env)
         target, ns = _open(environment, kubeconfig, context, namespace)
-        the_plan, _ = make_plan(result.specs, environment, target, ns, revision_of(paths or ["."], rev))
+        the_plan = reviewed_live_plan(result, environment, target, ns, revision_of(paths or ["."], rev), rev=rev,
+                                      start=(paths or ["."])[0])
         plan_json = the_plan.to_json()
         if save is not None:
             save.write_text(json.dumps(plan_json, indent=2) + "\n")
     _print_plan(plan_json, output, verbose=verbose)
     if save is not None and output is PlanOutput.text:
         err.print(f"saved the plan to {save}; apply exactly it with `forgectl apply {save}`")
-    changed = any(plan_json["summary"][a] for a in ("create", "update", "delete"))
-    raise typer.Exit(2 if detailed_exitcode and changed else 0)
+    code = exit_code(plan_json, detailed=detailed_exitcode, fail_on=fail_on)
+    if code == EXIT_ERROR:
+        err.print(f"[red]error:[/red] the target cannot run this plan ({len(plan_json['blockers'])} blocker(s), listed with it)")
+    elif code == EXIT_RISK:
+        raised = sorted({r["flag"] for r in plan_json["risks"] if r["flag"] in fail_on})
+        err.print(f"[yellow]risk:[/yellow] {_safe(', '.join(raised))} raised (--fail-on-risk)")
+    raise typer.Exit(code)
 
 
 def _pull_request_plan(paths, base, head, env_name, kubeconfig, context, namespace) -> dict:  # type: ignore[no-untyped-def]
-    """The manifest-level diff between two revisions (no cluster needed), plus the spec-level
-    changes as notes, plus the live plan when the environment's cluster answers."""
+    """The manifest-level diff between two revisions (no cluster needed), reviewed against the base
+    (spec changes, risk flags, cost, blockers), plus the live plan when the environment's cluster
+    answers."""
     from reconciler.errors import TargetError
-    from reconciler.plan import build_plan
-    from reconciler.reasons import spec_changes
+    from reconciler.review import live_risks, registry_records, reviewed_git_plan
     from reconciler.session import make_plan
     from reconciler.sources import revision_of
-    from renderers import RenderContext
-    from renderers import render as render_specs
     from specs import Environment
-
-    from renderers import SchedulingError
 
     old, old_env = _load_for(paths, base, env_name)
     new, new_env = _load_for(paths, head, env_name)
-    try:
-        old_rendered = render_specs(old.specs, RenderContext(old_env))
-        new_rendered = render_specs(new.specs, RenderContext(new_env))
-    except SchedulingError as exc:
-        raise ForgeError(str(exc)) from exc
-    the_plan = build_plan(new_rendered.manifests, old_rendered.manifests, environment=new_env.name,
-                          target="git", revision=revision_of(paths or ["."], head), exact=True)
-    notes = []
-    old_docs = {(d.kind, d.name): d for d in old.specs}  # type: ignore[attr-defined]
-    new_docs = {(d.kind, d.name): d for d in new.specs}  # type: ignore[attr-defined]
-    for key in sorted(set(old_docs) | set(new_docs)):
-        a, b = old_docs.get(key), new_docs.get(key)
-        if a is None:
-            notes.append(f"spec {key[0]} `{key[1]}` added")
-        elif b is None:
-            notes.append(f"spec {key[0]} `{key[1]}` removed")
-        else:
-            for line in spec_changes(a.model_dump(mode="json", by_alias=True)["spec"], b.model_dump(mode="json", by_alias=True)["spec"]):
-                notes.append(f"spec {key[0]} `{key[1]}`: {line}")
-    from dataclasses import replace
-
-    plan_json = replace(the_plan, notes=tuple(notes)).to_json()
+    the_plan = reviewed_git_plan(old, old_env, new, new_env, base=base, head=head,
+                                 revision=revision_of(paths or ["."], head), start=(paths or ["."])[0])
+    plan_json = the_plan.to_json()
     plan_json["base"] = base
     plan_json["head"] = head or "working tree"
     if isinstance(new_env, Environment) and new_env.spec.target == "kubernetes":
@@ -266,6 +253,9 @@ def _pull_request_plan(paths, base, head, env_name, kubeconfig, context, namespa
             target = open_target(reviewed, options)
             live_plan, _ = make_plan(new.specs, new_env, target, namespace_of(reviewed, options), None, dry_run=False)
             plan_json["live"] = live_plan.to_json()
+            known = {(r["flag"], r["message"]) for r in plan_json["risks"]}
+            plan_json["risks"] += [r.to_json() for r in live_risks(live_plan, new, old, registry_records(live_plan, target))
+                                   if (r.flag, r.message) not in known]
             plan_json["notes"].append(f"live: {live_plan.counts()} against the cluster (read-only: not settled by "
                                       "server-side dry runs)")
         except (TargetError, ForgeError) as exc:
@@ -309,7 +299,8 @@ def apply(
     """Apply the specs (or a saved plan file): show the plan, confirm, then make it so."""
     from reconciler.apply import apply_plan
     from reconciler.plan import Plan
-    from reconciler.session import ensure_fresh, make_plan
+    from reconciler.review import reviewed_live_plan
+    from reconciler.session import ensure_fresh
     from reconciler.sources import revision_of
 
     saved = None
@@ -334,10 +325,14 @@ def apply(
             ensure_fresh(saved, target)
             the_plan = saved
         else:
-            the_plan, _ = make_plan(result.specs, environment, target, ns, revision_of(paths or ["."], rev))
+            the_plan = reviewed_live_plan(result, environment, target, ns, revision_of(paths or ["."], rev), rev=rev,
+                                          start=(paths or ["."])[0])
         plan_json = the_plan.to_json()
         if output is PlanOutput.text:
             _print_plan(plan_json, output)
+        if the_plan.blockers:
+            raise ForgeError(f"the target cannot run this plan: {the_plan.blockers[0].message}"
+                             + (f" (and {len(the_plan.blockers) - 1} more)" if len(the_plan.blockers) > 1 else ""))
         if not the_plan.has_changes:
             if output is PlanOutput.json:
                 print(json.dumps({"plan": plan_json, "changeset": None}, indent=2))

@@ -9,12 +9,18 @@ What counts as a difference is decided by what Forge manages, not by a list of i
 * where that still reports a change, the caller can settle it with a server-side dry-run apply
   (:func:`same_after_apply`): if applying would leave the object as it is, there is no change.
 
+How a changed value reads (:func:`value_diff`): a long one-line string (a PromQL query, a step's
+JSON config in `args`) as the tokens around each change, a multi-line string (a manifest held as
+text) as a unified diff, so a reviewer sees the difference rather than two equal-looking prefixes.
+
 Nothing here does I/O.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
@@ -42,8 +48,13 @@ class FieldChange:
     new: Any = None
 
     def to_json(self) -> dict[str, Any]:
-        """A plain dict for saved plans and `--output json`."""
-        return {"op": self.op, "path": self.path, "old": self.old, "new": self.new}
+        """A plain dict for saved plans and `--output json` (with `valueDiff` where the values are
+        strings too long or too many lines to compare by eye)."""
+        out = {"op": self.op, "path": self.path, "old": self.old, "new": self.new}
+        shown = value_diff(self.old, self.new)
+        if shown is not None:
+            out["valueDiff"] = shown
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "FieldChange":
@@ -217,3 +228,124 @@ def same_after_apply(dry_run_result: Mapping[str, Any], live: Mapping[str, Any])
     """True when a server-side dry-run apply of the desired object leaves ``live`` as it is: the
     apparent differences were the server's own normalisation (defaults, pruning, formats)."""
     return strip_volatile(dry_run_result) == strip_volatile(live)
+
+
+#: A one-line string longer than this is compared token by token (the views cut values here).
+INLINE_LIMIT = 120
+#: Characters of unchanged text shown either side of a change in a token-level diff.
+CONTEXT = 32
+#: Changes this close (characters of unchanged text between them) are shown as one hunk.
+MERGE_GAP = 12
+#: Hunks shown per value; the rest are counted.
+MAX_HUNKS = 8
+#: Lines of a unified diff shown per value; the rest are counted.
+MAX_LINES = 60
+#: Strings longer than this are compared by their common prefix and suffix only (linear time).
+MAX_COMPARED = 200_000
+
+#: Tokens of code-like text: identifiers, numbers with their unit (`0.005`, `1e-3`, `10m`), runs of
+#: white space, and any other single character (`{`, `"`, `=~`'s parts).
+_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?[A-Za-z]*|\s+|.", re.S)
+
+
+def tokens(text: str) -> list[str]:
+    """``text`` split into the tokens a token-level diff compares."""
+    return _TOKEN.findall(text)
+
+
+def _clip_left(text: str) -> str:
+    if len(text) <= CONTEXT:
+        return text
+    cut = text[-CONTEXT:]
+    parts = tokens(cut)
+    return "…" + ("".join(parts[1:]) if len(parts) > 1 else cut)
+
+
+def _clip_right(text: str) -> str:
+    if len(text) <= CONTEXT:
+        return text
+    cut = text[:CONTEXT]
+    parts = tokens(cut)
+    return ("".join(parts[:-1]) if len(parts) > 1 else cut) + "…"
+
+
+def _opcodes(a: list[str], b: list[str]) -> list[tuple[str, int, int, int, int]]:
+    """difflib's opcodes over the middle of ``a`` and ``b`` (common prefix and suffix removed
+    first: one edit in a long string costs linear time)."""
+    start = 0
+    while start < len(a) and start < len(b) and a[start] == b[start]:
+        start += 1
+    end = 0
+    while end < len(a) - start and end < len(b) - start and a[len(a) - 1 - end] == b[len(b) - 1 - end]:
+        end += 1
+    mid_a, mid_b = a[start:len(a) - end], b[start:len(b) - end]
+    ops: list[tuple[str, int, int, int, int]] = []
+    if start:
+        ops.append(("equal", 0, start, 0, start))
+    if sum(map(len, mid_a)) + sum(map(len, mid_b)) > MAX_COMPARED:
+        ops.append(("replace", start, start + len(mid_a), start, start + len(mid_b)))
+    else:
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, mid_a, mid_b, autojunk=False).get_opcodes():
+            ops.append((tag, i1 + start, i2 + start, j1 + start, j2 + start))
+    if end:
+        ops.append(("equal", len(a) - end, len(a), len(b) - end, len(b)))
+    return ops
+
+
+def token_hunks(old: str, new: str) -> list[dict[str, str]]:
+    """The changes between two one-line strings as hunks `{before, old, new, after}`: the changed
+    tokens with up to :data:`CONTEXT` characters of unchanged text either side (cut at a token,
+    `…` where cut). Changes at most :data:`MERGE_GAP` characters apart share a hunk."""
+    a, b = tokens(old), tokens(new)
+    ops = _opcodes(a, b)
+    # Group the edits, merging those separated by a short equal run.
+    groups: list[list[tuple[str, int, int, int, int]]] = []
+    for i, op in enumerate(ops):
+        if op[0] == "equal":
+            continue
+        if groups:
+            last = groups[-1][-1]
+            between = "".join(a[last[2]:op[1]])
+            if len(between) <= MERGE_GAP:
+                groups[-1].append(op)
+                continue
+        groups.append([op])
+    hunks = []
+    for group in groups:
+        first, last = group[0], group[-1]
+        hunks.append({
+            "before": _clip_left("".join(a[:first[1]])),
+            "old": "".join(a[first[1]:last[2]]),
+            "new": "".join(b[first[3]:last[4]]),
+            "after": _clip_right("".join(a[last[2]:])),
+        })
+    return hunks
+
+
+def line_diff(old: str, new: str) -> list[list[str]]:
+    """A unified diff of two multi-line strings as `[mark, line]` pairs: mark `@@` (a hunk's
+    header), ` ` (context), `-` or `+`; two lines of context."""
+    out: list[list[str]] = []
+    for line in list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=2))[2:]:
+        if line.startswith("@@"):
+            out.append(["@@", line.strip("@ ")])
+        else:
+            out.append([line[:1] or " ", line[1:]])
+    return out
+
+
+def value_diff(old: Any, new: Any) -> dict[str, Any] | None:
+    """How to show a change of ``old`` to ``new`` when the two values do not read well side by
+    side: strings with a line break → `{"kind": "lines", "lines": [[mark, text], …]}` (a unified
+    diff); strings longer than :data:`INLINE_LIMIT` → `{"kind": "tokens", "hunks": [{before, old,
+    new, after}, …]}`. None otherwise (the values are shown as they are). Lists are capped
+    (`more` counts what was left out)."""
+    if not isinstance(old, str) or not isinstance(new, str) or old == new:
+        return None
+    if "\n" in old or "\n" in new:
+        lines = line_diff(old, new)
+        return {"kind": "lines", "lines": lines[:MAX_LINES], "more": max(0, len(lines) - MAX_LINES)}
+    if len(old) <= INLINE_LIMIT and len(new) <= INLINE_LIMIT:
+        return None
+    hunks = token_hunks(old, new)
+    return {"kind": "tokens", "hunks": hunks[:MAX_HUNKS], "more": max(0, len(hunks) - MAX_HUNKS)}

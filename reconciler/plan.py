@@ -4,6 +4,10 @@ object's identity, before, after, a field-level diff and the human reasons for i
 `build_plan` pairs desired with live objects, normalizes and compares (pure). Reasons explain;
 nothing at apply time branches on them. A Plan round-trips through JSON so it can be saved,
 reviewed, and applied later exactly as reviewed (refused when the live state moved since).
+
+What a reviewer decides on travels with it (`reconciler/review.py` fills it in): the spec-level
+changes with their file:line, the GPU arithmetic and cost, the risk flags, and the blockers — what
+the target cannot run, which `apply` refuses. docs/plan-json.md is the JSON's schema.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any, Iterable, Mapping
 from reconciler.diff import FieldChange, field_diff, same_after_apply
 from reconciler.reasons import reasons_for
 from reconciler.resources import ObjectRef
+from reconciler.risks import Finding
 from renderers.bundle import sort_key
 from renderers.labels import KIND, NAME, PRUNE
 
@@ -89,6 +94,14 @@ class Plan:
     live_fingerprint: str = ""
     revision: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: Risk flags (reconciler/risks.py), most important first.
+    risks: tuple[Finding, ...] = ()
+    #: What the target cannot run; `apply` refuses a plan with any.
+    blockers: tuple[Finding, ...] = ()
+    #: The spec-level changes (pull-request mode): `{kind, name, op, path, old, new, file, line}`.
+    spec_changes: tuple[Mapping[str, Any], ...] = ()
+    #: The GPU arithmetic and cost (renderers/cost.py's `Estimate.to_json()`), when computed.
+    cost: Mapping[str, Any] | None = None
 
     @property
     def has_changes(self) -> bool:
@@ -111,6 +124,10 @@ class Plan:
             "revision": self.revision,
             "liveFingerprint": self.live_fingerprint,
             "summary": self.counts(),
+            "blockers": [b.to_json() for b in self.blockers],
+            "risks": [r.to_json() for r in self.risks],
+            "specChanges": [dict(c) for c in self.spec_changes],
+            "cost": self.cost,
             "notes": list(self.notes),
             "changes": [c.to_json() for c in self.changes],
         }
@@ -127,6 +144,10 @@ class Plan:
             data.get("liveFingerprint", ""),
             data.get("revision"),
             tuple(data.get("notes", [])),
+            tuple(Finding.from_json(r) for r in data.get("risks", [])),
+            tuple(Finding.from_json(b) for b in data.get("blockers", [])),
+            tuple(data.get("specChanges", [])),
+            data.get("cost"),
         )
 
 

@@ -21,6 +21,10 @@ The arithmetic, per GPU, for P parameters on N = dp × tp × pp GPUs (ZeRO, Rajb
 
 The job gets the smallest N that fits, rounded up to whole nodes of the pool and kept within its
 `minGpus`..`maxGpus`; when nothing fits, a :class:`SchedulingError` names the numbers.
+
+:func:`memory_breakdown` gives the same arithmetic part by part (weights, gradients, optimizer
+state, activations with and without checkpointing) for the plan to show; `per_gpu_bytes` and the
+breakdown share every term, so what the plan explains is what decided the width.
 """
 
 from __future__ import annotations
@@ -47,8 +51,58 @@ SKLEARN_SHAPES: dict[str, tuple[int, int]] = {
 assert set(SKLEARN_SHAPES) == set(SKLEARN_DATASETS)
 
 
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """One GPU's share of a training job at ``gpus`` GPUs (``data_parallel`` ranks × tp × pp), part
+    by part, in bytes — the terms `per_gpu_bytes` adds up."""
+
+    parameters: int
+    precision: str
+    optimizer: str
+    zero_stage: int
+    offload: str
+    data_parallel: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    #: Bytes per parameter of (weights, gradients, optimizer state) before partitioning/offload.
+    bytes_per_parameter: tuple[float, float, float]
+    #: Divisor of each part by the ZeRO stage (1 = replicated on every rank; 0 = offloaded to CPU).
+    partitions: tuple[int, int, int]
+    weights: float
+    gradients: float
+    optimizer_state: float
+    activations: float
+    #: The activations of the other setting of gradient checkpointing (what turning it on saves,
+    #: or off costs); equal to ``activations`` where the estimate does not depend on it.
+    activations_other: float
+    checkpointing: bool
+    activation_formula: str
+    usable: float
+    device_gib: float
+
+    @property
+    def states(self) -> float:
+        """Weights + gradients + optimizer state on one GPU."""
+        return self.weights + self.gradients + self.optimizer_state
+
+    @property
+    def total(self) -> float:
+        """Everything on one GPU."""
+        return self.states + self.activations
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the job this breakdown is for."""
+        return self.data_parallel * self.tensor_parallel * self.pipeline_parallel
+
+
 class SchedulingError(RenderError):
-    """The model cannot fit the pool; the message names the numbers."""
+    """The model cannot fit the pool; the message names the numbers, ``breakdown`` holds them (at
+    the widest job tried) for the plan to show."""
+
+    def __init__(self, message: str, breakdown: "MemoryBreakdown | None" = None) -> None:
+        super().__init__(message)
+        self.breakdown = breakdown
 
 
 @dataclass(frozen=True)
@@ -63,6 +117,10 @@ class Schedule:
     bytes_per_gpu: int
     usable_bytes_per_gpu: int
     explanation: str
+    #: The fewest GPUs the memory estimate alone allows (before whole nodes and minGpus).
+    fits_on: int = 0
+    #: The per-GPU arithmetic at ``gpus`` (None on a CPU pool).
+    breakdown: MemoryBreakdown | None = None
 
     @property
     def multi_node(self) -> bool:
@@ -111,42 +169,99 @@ def _state_bytes(model: Model) -> tuple[float, float, float]:
     return 4.0, 4.0, opt
 
 
-def activation_bytes(model: Model, dataset: Dataset) -> float:
-    """Activation memory of one micro-batch on one GPU, before tensor/pipeline splitting."""
+def _activations(model: Model, dataset: Dataset, checkpointing: bool) -> tuple[float, str]:
+    """Activation memory of one micro-batch on one GPU (before tensor/pipeline splitting) with or
+    without gradient checkpointing, and the formula used."""
     arch = model.spec.architecture
     batch = model.spec.hyperparameters.batch_size
     scale = 1.0 if model.spec.precision in ("bf16", "fp16") else 2.0
     if isinstance(arch, GPT):
         s, h, layers, a = arch.context_length, arch.d_model, arch.layers, arch.heads
         per_layer = s * batch * h * (34 + 5 * a * s / h)
-        if model.spec.gradient_checkpointing:
-            return scale * (2 * s * batch * h * layers + per_layer)
-        return scale * per_layer * layers
+        width = "" if scale == 1.0 else " × 2 (fp32)"
+        if checkpointing:
+            return scale * (2 * s * batch * h * layers + per_layer), f"2·s·b·h·L + s·b·h·(34 + 5·a·s/h){width}"
+        return scale * per_layer * layers, f"s·b·h·L·(34 + 5·a·s/h){width}"
     features, classes = data_shape(dataset)
     widths = [features, classes]
     if isinstance(arch, MLP):
         widths += arch.hidden_sizes
     elif isinstance(arch, CNN):
         widths += [c * arch.image_size**2 for c in arch.channels]
-    return 4.0 * batch * sum(widths) * 3
+    return 4.0 * batch * sum(widths) * 3, "4 B × batch × Σ layer widths × 3"
+
+
+def activation_bytes(model: Model, dataset: Dataset) -> float:
+    """Activation memory of one micro-batch on one GPU, before tensor/pipeline splitting."""
+    return _activations(model, dataset, model.spec.gradient_checkpointing)[0]
+
+
+def _shares(model: Model, dp: int) -> tuple[tuple[float, float, float], tuple[float, float, float], tuple[int, int, int]]:
+    """(bytes/param of weights, grads, optimizer state), the same after offload and ZeRO
+    partitioning over ``dp`` ranks, and each part's divisor (0: offloaded to CPU)."""
+    dist = model.spec.distributed
+    raw = _state_bytes(model)
+    p_b, g_b, o_b = raw
+    p_div = o_div = 1
+    if dist.offload in ("optimizer", "optimizer+parameters"):
+        o_b, o_div = 0.0, 0
+    if dist.offload == "optimizer+parameters":
+        p_b, p_div = 0.0, 0
+    stage = dist.zero_stage
+    p_share = p_b / dp if stage >= 3 else p_b
+    g_share = g_b / dp if stage >= 2 else g_b
+    o_share = o_b / dp if stage >= 1 else o_b
+    divisors = (p_div and (dp if stage >= 3 else 1), dp if stage >= 2 else 1, o_div and (dp if stage >= 1 else 1))
+    return raw, (p_share, g_share, o_share), divisors
 
 
 def per_gpu_bytes(model: Model, dataset: Dataset, params: int, dp: int) -> float:
     """Estimated peak memory of one GPU with ``dp`` data-parallel ranks."""
     dist = model.spec.distributed
     split = dist.tensor_parallel * dist.pipeline_parallel
-    p_b, g_b, o_b = _state_bytes(model)
-    if dist.offload in ("optimizer", "optimizer+parameters"):
-        o_b = 0.0
-    if dist.offload == "optimizer+parameters":
-        p_b = 0.0
-    stage = dist.zero_stage
-    p_share = p_b / dp if stage >= 3 else p_b
-    g_share = g_b / dp if stage >= 2 else g_b
-    o_share = o_b / dp if stage >= 1 else o_b
+    _, (p_share, g_share, o_share), _ = _shares(model, dp)
     states = params * (p_share + g_share + o_share) / split
     acts = activation_bytes(model, dataset) / dist.tensor_parallel / dist.pipeline_parallel
     return states + acts
+
+
+def memory_breakdown(model: Model, dataset: Dataset, compute: Compute, params: int, dp: int) -> MemoryBreakdown:
+    """:func:`per_gpu_bytes` part by part, with ``dp`` data-parallel ranks on ``compute``'s GPUs."""
+    dist = model.spec.distributed
+    split = dist.tensor_parallel * dist.pipeline_parallel
+    raw, (p_share, g_share, o_share), divisors = _shares(model, dp)
+    ckpt = model.spec.gradient_checkpointing
+    acts, formula = _activations(model, dataset, ckpt)
+    other, _ = _activations(model, dataset, not ckpt)
+    acc = compute.spec.accelerator
+    return MemoryBreakdown(
+        parameters=params, precision=model.spec.precision, optimizer=model.spec.hyperparameters.optimizer,
+        zero_stage=dist.zero_stage, offload=dist.offload, data_parallel=dp, tensor_parallel=dist.tensor_parallel,
+        pipeline_parallel=dist.pipeline_parallel, bytes_per_parameter=raw, partitions=divisors,
+        weights=params * p_share / split, gradients=params * g_share / split, optimizer_state=params * o_share / split,
+        activations=acts / split, activations_other=other / split, checkpointing=ckpt, activation_formula=formula,
+        usable=acc.effective_memory_gib * GIB * USABLE_FRACTION, device_gib=acc.effective_memory_gib,
+    )
+
+
+def _fewest(model: Model, dataset: Dataset, params: int, usable: float, largest: int) -> int:
+    """The fewest GPUs (a multiple of tp × pp, at most ``largest``) whose per-GPU need fits
+    ``usable``, or 0. The need never grows with more data-parallel ranks: a bisection."""
+    dist = model.spec.distributed
+    split = dist.tensor_parallel * dist.pipeline_parallel
+    if dist.data_parallel is not None or dist.strategy == "none":
+        dp = dist.data_parallel or 1
+        return dp * split if per_gpu_bytes(model, dataset, params, dp) <= usable else 0
+    lo, hi = 1, max(largest // split, 1)
+    if per_gpu_bytes(model, dataset, params, hi) > usable:
+        return 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if per_gpu_bytes(model, dataset, params, mid) <= usable:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo * split
 
 
 def schedule_resources(model: Model, dataset: Dataset, compute: Compute) -> Schedule:
@@ -181,13 +296,15 @@ def schedule_resources(model: Model, dataset: Dataset, compute: Compute) -> Sche
         label += ", gradient checkpointing"
     if chosen is None:
         last = candidates[-1] if candidates else split
-        raise SchedulingError(
+        error = SchedulingError(
             f"model {model.name!r} ({params / 1e9:.2f}B parameters, {label}) needs "
             f"{need / GIB:.1f} GiB per GPU even on {last} GPUs, more than the "
             f"{usable / GIB:.1f} GiB usable of a {acc.type} ({acc.effective_memory_gib:g} GiB × "
             f"{USABLE_FRACTION:.0%}) in pool {compute.name!r} (maxGpus {spec.max_gpus}); raise the ZeRO "
             "stage, enable gradient checkpointing or offload, lower the batch size, or use a larger pool"
         )
+        error.breakdown = memory_breakdown(model, dataset, compute, params, max(last // split, 1))
+        raise error
     if dist.strategy == "none":
         gpus, nodes = chosen, 1  # one process uses what it asked for, never a whole node
     else:
@@ -205,4 +322,6 @@ def schedule_resources(model: Model, dataset: Dataset, compute: Compute) -> Sche
             f"{params / 1e9:.2f}B parameters, {label}: {need / GIB:.1f} GiB per GPU at {chosen} GPUs "
             f"≤ {usable / GIB:.1f} GiB usable → {gpus} × {acc.type} on {nodes} node{'s' if nodes > 1 else ''}"
         ),
+        fits_on=_fewest(model, dataset, params, usable, spec.max_gpus) or chosen,
+        breakdown=memory_breakdown(model, dataset, compute, params, max(gpus // split, 1)),
     )

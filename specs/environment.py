@@ -22,6 +22,12 @@ class LocalSettings(SpecModel):
     max_parallel_steps: int = Field(
         default=1, ge=1, le=64, description="Workflow steps run at the same time on this machine."
     )
+    gpus: int = Field(
+        default=0, ge=0, le=64,
+        description="Accelerators this machine offers to workflow steps and model servers (0: none). Declared, "
+        "never probed: `forgectl plan` says a Model or Endpoint needs more than this before anything runs, and "
+        "`apply` refuses it.",
+    )
     scrape_interval: str = Field(
         default="1s",
         pattern=r"^\d{1,6}(ms|s|m)$",

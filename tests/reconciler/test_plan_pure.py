@@ -85,7 +85,7 @@ def test_pull_request_plan_in_a_real_repository_without_a_cluster(tmp_path: Path
     assert "**Plan: 1 to create, 1 to update, 1 to delete" in body
     assert "`hyperparameters.learningRate` 0.002 → 0.005" in body
     assert "cache hit (unchanged since the last run): prepare-data" in body
-    assert "spec Model `digits-mlp`: `hyperparameters.learningRate` 0.002 → 0.005" in body
+    assert "- Model `digits-mlp`: `hyperparameters.learningRate` 0.002 → 0.005 (`specs/model.yaml:15`)" in body
     as_json = subprocess.run([sys.executable, "-m", "forgectl", "plan", "specs", "--base", "HEAD~1", "--env", "cluster",
                               "--output", "json", "--detailed-exitcode"], cwd=work, capture_output=True, text=True, env=env, timeout=60)
     assert as_json.returncode == 2, as_json.stderr

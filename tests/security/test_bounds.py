@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.helpers import DIGEST, Project, assert_diagnostic, doc, snapshot
+from tests.security.helpers import BASE, DIGEST, Project, assert_diagnostic, doc, snapshot
 
 MODEL = "datasetRef: digits\narchitecture: {type: mlp}\n"
 DATASET = f'source: {{uri: "sklearn://digits", format: sklearn}}\nversion: "1"\ndigest: {DIGEST}\n'
@@ -83,8 +83,8 @@ def test_limit(tmp_path: Path, case: tuple[str, str, int, str]) -> None:
 
 def test_largest_pool_still_plans(tmp_path: Path) -> None:
     """At the limit: a pool of 4096 GPUs and a search of 1000 trials render and plan (bounded, not
-    refused)."""
-    project = Project.create(tmp_path)
+    refused). The local Environment declares the 8 GPUs the model gets, so the plan is not blocked."""
+    project = Project.create(tmp_path, BASE.replace("spec: {target: local, default: true,", "spec: {target: local, default: true, local: {gpus: 8},"))
     project.write("case.yaml", doc("Compute", "accelerator: {type: nvidia-h100-80gb}\ngpusPerNode: 8\nmaxGpus: 4096\n", name="big")
                   + "---\n" + doc("Model", "datasetRef: digits\ncomputeRef: big\narchitecture: {type: gpt, layers: 32, dModel: 4096, heads: 32}\n"
                                   "precision: bf16\ngradientCheckpointing: true\nhyperparameters: {batchSize: 1}\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from reconciler import kubeconfig, loader, sources, yamlsource
+from reconciler import kubeconfig, loader, sources, views, yamlsource
 from specs import base, compression, compute, dataset, model, rollout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,3 +77,5 @@ def test_limits_table_matches_the_code() -> None:
     assert (f"{dataset.MAX_CLEANING_STEPS}; {dataset.MAX_COLUMNS:,}; {dataset.MAX_CLASSES:,}"
             in row("cleaning steps; columns/features (each ≤ 256 characters); label classes"))
     assert f"{compression.MAX_VARIANTS}; {compression.MAX_STAGES}" in row("Compression variants; stages per variant")
+    assert f"{views.MAX_MARKDOWN:,} characters; {views.MAX_FLAGS} / {views.MAX_FLAGS}" in row(
+        "Markdown plan (a PR comment); blockers / risk flags listed in it")

@@ -94,8 +94,9 @@ def test_query_with_label_matchers_works_end_to_end(tmp_path: Path) -> None:
     project.write("base.yaml", BASE.replace("max: 1\n", "max: 2\n"))
     run = project.run("plan", "specs", "--base", "HEAD", "-o", "json")
     assert run.returncode == 0, run.output
-    notes = json.loads(run.stdout)["notes"]
-    assert any(note.startswith("spec RolloutPolicy `canary`: `metrics`") and '"max": 2.0' in note for note in notes), notes
+    changes = json.loads(run.stdout)["specChanges"]
+    assert {"kind": "RolloutPolicy", "name": "canary", "op": "change", "path": "metrics[errors].max", "old": 1.0,
+            "new": 2.0, "file": "specs/base.yaml", "line": 41} in changes, changes
 
 
 def test_yaml_1_2_floats_are_numbers(tmp_path: Path) -> None:

@@ -58,8 +58,8 @@ def test_markdown_plan_escapes_spec_values(tmp_path: Path) -> None:
         if line.startswith("```"):
             inside = not inside
             continue
-        if inside:
-            assert line.startswith(("- ", "+ ")), line
+        if inside:  # Forge's diff lines: removed, added, a unified diff's context and hunk headers
+            assert line.startswith(("- ", "+ ", "  ", "@@ ")), line
 
 
 def test_markdown_of_a_plan_json_with_hostile_names() -> None:
