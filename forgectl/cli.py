@@ -18,6 +18,7 @@ from rich.console import Console
 
 from reconciler.diagnostics import ForgeError, SpecError, render_diagnostics
 from reconciler.loader import load
+from renderers.errors import RenderError
 
 app = typer.Typer(
     name="forgectl",
@@ -123,14 +124,11 @@ def render(
     """Render the specs into Kubernetes manifests (YAML on stdout, or one file per object)."""
     from reconciler.manifests import file_name, to_yaml, to_yaml_stream
     from reconciler.sources import revision_of
-    from renderers import RenderContext, SchedulingError
+    from renderers import RenderContext
     from renderers import render as render_specs
 
     result, environment = _load_for(paths, rev, env)
-    try:
-        rendered = render_specs(result.specs, RenderContext(environment, revision_of(paths or ["."], rev)))
-    except SchedulingError as exc:
-        raise ForgeError(str(exc)) from exc
+    rendered = render_specs(result.specs, RenderContext(environment, revision_of(paths or ["."], rev)))
     if out_dir is None:
         sys.stdout.write(to_yaml_stream(rendered.manifests))
         return
@@ -200,6 +198,8 @@ def plan(
         the_plan = reviewed_live_plan(result, environment, target, ns, revision_of(paths or ["."], rev), rev=rev,
                                       start=(paths or ["."])[0])
         plan_json = the_plan.to_json()
+        if environment.spec.target == "kubernetes":
+            plan_json["notes"] = [*plan_json.get("notes", []), *_prerequisite_notes(result.specs, environment, target)]
         if save is not None:
             save.write_text(json.dumps(plan_json, indent=2) + "\n")
     _print_plan(plan_json, output, verbose=verbose)
@@ -212,6 +212,16 @@ def plan(
         raised = sorted({r["flag"] for r in plan_json["risks"] if r["flag"] in fail_on})
         err.print(f"[yellow]risk:[/yellow] {_safe(', '.join(raised))} raised (--fail-on-risk)")
     raise typer.Exit(code)
+
+
+def _prerequisite_notes(specs, environment, target) -> list[str]:  # type: ignore[no-untyped-def]
+    """Notes naming what the cluster lacks for the rendered objects (checked read-only)."""
+    from reconciler.prerequisites import check, missing_notes
+    from renderers import RenderContext
+    from renderers import render as render_specs
+    from renderers.prerequisites import cluster_requirements
+
+    return missing_notes(check(target, cluster_requirements(render_specs(specs, RenderContext(environment)).manifests)))
 
 
 def _pull_request_plan(paths, base, head, env_name, kubeconfig, context, namespace) -> dict:  # type: ignore[no-untyped-def]
@@ -328,6 +338,8 @@ def apply(
             the_plan = reviewed_live_plan(result, environment, target, ns, revision_of(paths or ["."], rev), rev=rev,
                                           start=(paths or ["."])[0])
         plan_json = the_plan.to_json()
+        if environment.spec.target == "kubernetes":
+            plan_json["notes"] = [*plan_json.get("notes", []), *_prerequisite_notes(result.specs, environment, target)]
         if output is PlanOutput.text:
             _print_plan(plan_json, output)
         if the_plan.blockers:
@@ -542,6 +554,44 @@ def rollout_retry(endpoint: EndpointArg, specs_paths: SpecsOpt = None, env: EnvO
 
 
 @app.command()
+def doctor(
+    paths: PathsArg = None,
+    env: EnvOpt = None,
+    output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text or json.")] = PlanOutput.text,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Check that the cluster provides what the rendered objects need (CRDs, PriorityClasses,
+    StorageClass, GPU resources); exit 1 when something is missing."""
+    from reconciler.prerequisites import check
+    from renderers import RenderContext
+    from renderers import render as render_specs
+    from renderers.prerequisites import cluster_requirements
+
+    result, environment = _load_for(paths, None, env)
+    requirements = cluster_requirements(render_specs(result.specs, RenderContext(environment)).manifests)
+    if environment.spec.target != "kubernetes":
+        raise ForgeError(f"environment {environment.name!r} runs on the local target: there is no cluster to check "
+                         "(`forgectl doctor --env <a kubernetes environment>`)")
+    target, _ = _open(environment, kubeconfig, context, namespace)
+    findings = check(target, requirements)
+    if output is PlanOutput.json:
+        print(json.dumps({"environment": environment.name, "findings": [f.to_json() for f in findings]}, indent=2))
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"cluster prerequisites of environment {environment.name}", title_justify="left")
+        for column in ("", "kind", "name", "detail"):
+            table.add_column(column, overflow="fold")
+        marks = {"ok": "[green]✓[/green]", "missing": "[red]✗[/red]", "unknown": "[yellow]?[/yellow]", "manual": "[dim]·[/dim]"}
+        for f in findings:
+            table.add_row(marks[f.status], f.requirement.kind, _safe(f.requirement.name), _safe(f"{f.detail} — {f.requirement.why}"))
+        out.print(table)
+    raise typer.Exit(1 if any(f.status == "missing" for f in findings) else 0)
+
+
+@app.command()
 def status(
     paths: PathsArg = None,
     env: EnvOpt = None,
@@ -658,6 +708,9 @@ def main() -> None:
     except ForgeError as exc:
         err.print(f"[red]error:[/red] {_safe(str(exc))}")
         sys.exit(exc.exit_code)
+    except RenderError as exc:  # specs valid one by one that make no working objects
+        err.print(f"[red]error:[/red] {_safe(str(exc))}")
+        sys.exit(1)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # noqa: BLE001 - never a traceback on user input
