@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from renderers.dashboards import render_dashboard
 from renderers.labels import ENVIRONMENT, GIT_REVISION, MANAGED_BY, MANAGER, PRUNE, TRAINING_STAGE
 from renderers.monitoring import render_podmonitor, render_rules
-from renderers.seldon import ServingState, render_seldon
+from renderers.seldon import ServingState, experiment_serving, render_seldon
 from renderers.versions import model_version
 from renderers.prerequisites import workflow_rbac, workspace_claim
 from renderers.workflow import RenderedWorkflow, render_workflow
@@ -98,7 +98,8 @@ def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
     for endpoint in specs.of(Endpoint):
         model = specs.model_of(endpoint)
         desired = versions.get(model.name) or model_version(specs, model, env)
-        state = ctx.serving.get(endpoint.name, ServingState(stable=desired))
+        state = ctx.serving.get(endpoint.name) or (
+            experiment_serving(endpoint, desired) if endpoint.spec.experiment else ServingState(stable=desired))
         manifests.append(render_seldon(specs, endpoint, env, ns, ctx.revision, state))
         policy = specs.policy_of(endpoint, env)
         manifests.append(render_podmonitor(endpoint, env, ns, ctx.revision, policy))

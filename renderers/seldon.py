@@ -1,5 +1,7 @@
 """Endpoint → Seldon Core v1 `SeldonDeployment`: a stable predictor and, during a rollout, a canary
-predictor, with traffic weights; served by Forge's serve runtime over the Open Inference (v2)
+predictor, with traffic weights — or, while an experiment runs, one predictor per arm with its
+share — and optionally a shadow predictor (`shadow: true`: Seldon mirrors requests to it through
+Istio, its answers are discarded); served by Forge's serve runtime over the Open Inference (v2)
 protocol, labelled so Prometheus can select by endpoint, model version, variant and role."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from renderers.stepargs import step_args
 from renderers.pods import INFERENCE_PRIORITY, SECURITY_CONTEXT, placement
 from renderers.workflow import WORKSPACE_PVC, await_registration, image, registry_dir
 from specs import Compute, Endpoint, Environment, SpecSet
+from specs.endpoint import FaultInjection
 from specs.stepconfig import DEFAULT_WORKSPACE, WORKSPACE_ENV, ServeConfig
 
 SERVE_PORT = 9000
@@ -31,17 +34,43 @@ class ServingState:
     stable: str
     canary: str | None = None
     canary_weight: int = 0
+    #: While an experiment runs: one entry per arm (the controller resolves each arm's version).
+    arms: tuple["ArmServing", ...] = ()
+    #: The version the shadow predictor serves, when the Endpoint has a `shadow`.
+    shadow: str | None = None
+    #: The variant of the stable predictor when it is not the Endpoint's (an experiment's winner).
+    stable_variant: str | None = None
+
+
+@dataclass(frozen=True)
+class ArmServing:
+    """One arm of a running experiment: its name (predictor name and `forge.dev/role`), version,
+    variant and share of traffic (percent)."""
+
+    name: str
+    version: str
+    variant: str
+    share: int
+
+
+def _arm_faults(endpoint: Endpoint, role: str) -> FaultInjection | None:
+    experiment = endpoint.spec.experiment
+    arm = next((a for a in experiment.arms if a.name == role), None) if experiment else None
+    if arm is None or arm.fault_injection is None:
+        return None
+    return FaultInjection(error_rate=arm.fault_injection.error_rate, added_latency_ms=arm.fault_injection.added_latency_ms)
 
 
 def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, namespace: str, model: str,
-               version: str, role: str, traffic: int, replicas: int) -> dict[str, Any]:
+               version: str, role: str, traffic: int, replicas: int, variant: str | None = None) -> dict[str, Any]:
     spec = endpoint.spec
+    variant = variant or spec.variant
+    # Injected faults are for drills: they apply to the canary of a rollout, or to the arm that names them.
+    faults = spec.fault_injection if role == "canary" else _arm_faults(endpoint, role)
     config = ServeConfig(
-        endpoint=endpoint.name, namespace=namespace, model=model, version=version, variant=spec.variant,
-        role=role,  # type: ignore[arg-type]
-        model_dir=registry_dir(model, version, spec.variant), batching=spec.batching,
-        # Injected faults are for rollback drills: they apply to the canary of a rollout only.
-        fault_injection=spec.fault_injection if role == "canary" else None, host="0.0.0.0", port=SERVE_PORT,
+        endpoint=endpoint.name, namespace=namespace, model=model, version=version, variant=variant,
+        role=role, model_dir=registry_dir(model, version, variant), batching=spec.batching,
+        fault_injection=faults, host="0.0.0.0", port=SERVE_PORT,
     )
     runtime = "forge-serve-seldon" if spec.protocol == "seldon" else "forge-serve"
     step = "serve-seldon" if spec.protocol == "seldon" else "serve"
@@ -55,7 +84,7 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
             values[compute.spec.accelerator.effective_resource_name] = str(rl.gpus)
         if values:
             resources[part] = values
-    labels = {ENDPOINT: endpoint.name, MODEL_VERSION: version, VARIANT: spec.variant, ROLE: role}
+    labels = {ENDPOINT: endpoint.name, MODEL_VERSION: version, VARIANT: variant, ROLE: role}
     container = {
         "name": "model",
         "image": image(env, runtime),
@@ -89,7 +118,7 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
             "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC, "readOnly": True}}],
         },
     }
-    if spec.autoscaling and role == "stable":
+    if spec.autoscaling and role == "stable" and not spec.experiment:
         component["hpaSpec"] = {
             "minReplicas": spec.autoscaling.min_replicas,
             "maxReplicas": spec.autoscaling.max_replicas,
@@ -109,17 +138,46 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
     }
 
 
+def experiment_serving(endpoint: Endpoint, version: str) -> ServingState:
+    """The serving state of an Endpoint whose experiment runs: one arm per predictor, each arm's
+    version pinned or ``version`` (what the specs build now), its variant or the Endpoint's."""
+    experiment = endpoint.spec.experiment
+    assert experiment is not None
+    arms = tuple(ArmServing(a.name, a.version or version, a.variant or endpoint.spec.variant, a.share)
+                 for a in experiment.arms)
+    control = next(a for a in arms if a.name == experiment.control_arm.name)
+    return ServingState(control.version, arms=arms)
+
+
 def render_seldon(specs: SpecSet, endpoint: Endpoint, env: Environment, namespace: str, revision: str | None,
                   state: ServingState) -> dict[str, Any]:
     """The SeldonDeployment of an Endpoint in the given serving state."""
     model = specs.model_of(endpoint)
     compute = specs.serving_compute_of(endpoint)
     replicas = endpoint.spec.replicas
-    predictors = [_predictor(endpoint, compute, env, namespace, model.name, state.stable, "stable", 100 - state.canary_weight, replicas)]
-    if state.canary is not None and state.canary != state.stable:
-        predictors.append(_predictor(endpoint, compute, env, namespace, model.name, state.canary, "canary", state.canary_weight, max(1, min(replicas, 1))))
+    if state.arms:
+        # An experiment: one predictor per arm, named after it, with its share. Seldon applies the
+        # shares through Istio's or Ambassador's weighted routes: per request, never per user —
+        # sticky assignment exists only where Forge routes itself (the local router).
+        predictors = [_predictor(endpoint, compute, env, namespace, model.name, arm.version, arm.name, arm.share,
+                                 replicas, arm.variant) for arm in state.arms]
     else:
-        predictors[0]["traffic"] = 100
+        predictors = [_predictor(endpoint, compute, env, namespace, model.name, state.stable, "stable", 100 - state.canary_weight, replicas,
+                                 state.stable_variant)]
+        if state.canary is not None and state.canary != state.stable:
+            predictors.append(_predictor(endpoint, compute, env, namespace, model.name, state.canary, "canary", state.canary_weight, max(1, min(replicas, 1))))
+        else:
+            predictors[0]["traffic"] = 100
+    shadow = endpoint.spec.shadow
+    if shadow is not None:
+        # Seldon's shadow: Istio mirrors `traffic` percent of the requests to it (VirtualService
+        # `mirror` + `mirrorPercentage`) and drops its answers; one shadow at most. It serves the
+        # pinned version, else the one being rolled out, else the stable one.
+        version = shadow.version or state.shadow or state.canary or state.stable
+        predictor = _predictor(endpoint, compute, env, namespace, model.name, version, "shadow", shadow.percent,
+                               1, shadow.variant)
+        predictor["shadow"] = True
+        predictors.append(predictor)
     return {
         "apiVersion": "machinelearning.seldon.io/v1",
         "kind": "SeldonDeployment",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from specs.base import Name, Quantity, SpecModel
+from specs.experiment import Experiment, Shadow
 
 
 class ResourceList(SpecModel):
@@ -72,3 +73,21 @@ class EndpointSpec(SpecModel):
     fault_injection: FaultInjection | None = Field(
         default=None, description="Injected faults for rollback drills; applied to the canary of a rollout only."
     )
+    experiment: Experiment | None = Field(
+        default=None,
+        description="An A/B(/n) experiment: arms with shares of traffic, decided by a sequential test on a primary "
+        "metric, with guardrails, a minimum sample per arm and a deadline (docs/experiments.md).",
+    )
+    shadow: Shadow | None = Field(
+        default=None, description="A shadow predictor that gets a copy of live requests; its answers are discarded."
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Unset, they stay out of the dump: an Endpoint without them keeps its spec digest.
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("experiment", "shadow"):
+                if data.get(key) is None:
+                    data.pop(key, None)
+        return data

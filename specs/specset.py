@@ -172,15 +172,22 @@ def check_references(specs: SpecSet) -> list[ReferenceProblem]:
                                  + ": name an accelerator pool in `computeRef`")
             )
         model = specs.get(Model, ep.spec.model_ref)
-        if model is not None and ep.spec.variant != "base":
+        if model is not None:
             comp = specs.get(Compression, model.spec.compression_ref)
             variants = [v.name for v in comp.spec.variants] if comp else []
-            if ep.spec.variant not in variants:
-                problems.append(
-                    ReferenceProblem("Endpoint", ep.name, ("spec", "variant"),
-                                     f"model {model.name!r} builds no variant {ep.spec.variant!r} "
-                                     f"(expected `base`{''.join(', ' + repr(v) for v in variants)})")
-                )
+            wanted: list[tuple[tuple[str | int, ...], str]] = [(("spec", "variant"), ep.spec.variant)]
+            if ep.spec.experiment is not None:
+                wanted += [(("spec", "experiment", "arms", i, "variant"), arm.variant)
+                           for i, arm in enumerate(ep.spec.experiment.arms) if arm.variant is not None]
+            if ep.spec.shadow is not None and ep.spec.shadow.variant is not None:
+                wanted.append((("spec", "shadow", "variant"), ep.spec.shadow.variant))
+            for path, variant in wanted:
+                if variant != "base" and variant not in variants:
+                    problems.append(
+                        ReferenceProblem("Endpoint", ep.name, path,
+                                         f"model {model.name!r} builds no variant {variant!r} "
+                                         f"(expected `base`{''.join(', ' + repr(v) for v in variants)})")
+                    )
 
     problems.extend(_teacher_cycles(specs))
     return problems

@@ -194,7 +194,7 @@ class ServeConfig(SpecModel):
     model: Name = Field(description="Model name.")
     version: str = Field(description="Model version served (a metrics label).")
     variant: Name = Field(default="base", description="Compression variant served.")
-    role: Literal["stable", "canary"] = Field(default="stable", description="Predictor role (a metrics label).")
+    role: Name = Field(default="stable", description="Predictor role (a metrics label): `stable`, `canary`, `shadow` or an experiment arm's name.")
     model_dir: str = Field(description="Folder of the served model.")
     batching: Batching = Field(default_factory=Batching, description="Dynamic batching.")
     fault_injection: FaultInjection | None = Field(default=None, description="Injected faults for drills.")
