@@ -380,6 +380,10 @@ from forgectl.models_cli import app as models_app  # noqa: E402 - the registry, 
 
 app.add_typer(models_app, name="models")
 
+from forgectl.experiment_cli import app as experiment_app  # noqa: E402 - A/B experiments
+
+app.add_typer(experiment_app, name="experiment")
+
 
 def _controller(paths, env, kubeconfig, context, namespace):  # type: ignore[no-untyped-def]
     """Specs, environment, the rollout backend and controller of an environment."""
@@ -450,7 +454,11 @@ def reconcile(
     """Run the rollout controller: one pass over every endpoint, or continuously with --watch."""
 
     result, environment, backend, controller = _controller(paths, env, kubeconfig, context, namespace)
+    from reconciler.experiment import FINAL as EXPERIMENT_FINAL
+    from reconciler.experiment import ExperimentController
     from reconciler.rollout import FINAL, Phase
+
+    experiments = ExperimentController(backend, controller.prometheus, controller.namespace)
 
     count = 0
     last: dict[str, str] = {}
@@ -459,6 +467,15 @@ def reconcile(
         backend.refresh()
         states = {}
         for endpoint, model, version, policy in _endpoints(result, environment):
+            if endpoint.spec.experiment is not None:  # the experiment controller decides what it serves
+                xs = experiments.reconcile(endpoint, version)
+                if xs is not None:
+                    states[endpoint.name] = backend.load_state(endpoint.name)
+                    line = f"{endpoint.name}: experiment {xs.phase} — {xs.reason}"
+                    if output is PlanOutput.text and last.get(endpoint.name) != line:
+                        out.print(line, markup=False)
+                        last[endpoint.name] = line
+                continue
             state = controller.reconcile(endpoint, version, model, policy)
             if state is not None:
                 states[endpoint.name] = state
@@ -469,7 +486,8 @@ def reconcile(
         if output is PlanOutput.json:
             print(json.dumps({k: v.to_json() for k, v in states.items()}))
         count += 1
-        settled = all(st.phase in FINAL or st.phase is Phase.IDLE for st in states.values())
+        settled = all((st.phase in FINAL or st.phase is Phase.IDLE)
+                      and (not st.experiment or st.experiment.get("phase") in EXPERIMENT_FINAL) for st in states.values())
         if not watch or (passes and count >= passes) or (until_settled and settled):
             failed = [n for n, st in states.items() if st.phase in (Phase.ROLLED_BACK, Phase.ABORTED)]
             raise typer.Exit(3 if until_settled and failed else 0)

@@ -95,6 +95,8 @@ class RolloutState:
     reason: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
     writeback: str = ""
+    #: The Endpoint's experiment (reconciler/experiment.py `ExperimentState.to_json()`), if any.
+    experiment: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain data, stored in the target."""

@@ -13,7 +13,8 @@ from reconciler.resources import ObjectRef
 from reconciler.targets.base import Target
 from renderers import RenderContext, ServingState, render
 from renderers.bundle import Rendered
-from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE
+from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, VARIANT
+from renderers.seldon import ArmServing
 from renderers.versions import model_version
 from specs import Endpoint, Environment, SpecSet
 
@@ -65,12 +66,21 @@ def serving_states(live: Iterable[Mapping[str, Any]]) -> dict[str, ServingState]
             continue
         endpoint = (obj.get("metadata", {}).get("labels") or {}).get(ENDPOINT)
         roles = {}
+        arms = []
         for predictor in obj.get("spec", {}).get("predictors", []):
             labels = predictor.get("labels") or {}
-            roles[labels.get(ROLE, predictor.get("name"))] = (labels.get(MODEL_VERSION), int(predictor.get("traffic", 0)))
+            role = labels.get(ROLE, predictor.get("name"))
+            roles[role] = (labels.get(MODEL_VERSION), int(predictor.get("traffic", 0)), labels.get(VARIANT))
+            if role not in ("stable", "canary", "shadow"):
+                arms.append(ArmServing(role, labels.get(MODEL_VERSION) or "", labels.get(VARIANT) or "", int(predictor.get("traffic", 0))))
+        shadow = roles.get("shadow", (None,))[0]
         if endpoint and "stable" in roles and roles["stable"][0]:
             canary = roles.get("canary")
-            states[endpoint] = ServingState(roles["stable"][0], canary[0] if canary else None, canary[1] if canary else 0)
+            states[endpoint] = ServingState(roles["stable"][0], canary[0] if canary else None, canary[1] if canary else 0,
+                                            shadow=shadow, stable_variant=roles["stable"][2])
+        elif endpoint and arms:
+            # an experiment: the first arm's version stands for "stable" (nothing reads it as such)
+            states[endpoint] = ServingState(arms[0].version, arms=tuple(arms), shadow=shadow)
     return states
 
 
@@ -78,6 +88,7 @@ def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: st
                   live: Iterable[Mapping[str, Any]], rollouts: Mapping[str, Any] | None = None) -> Rendered:
     """Render the specs against what is live: an endpoint whose model has a new version keeps its
     stable version and gets the new one as a canary (at the weight the rollout controller set)."""
+    from reconciler.experiment import serving_for
     from reconciler.rollout import Phase
 
     live = list(live)
@@ -88,7 +99,10 @@ def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: st
         want = model_version(specs, specs.model_of(endpoint), env)
         state = current.get(endpoint.name)
         rollout = rollouts.get(endpoint.name)
-        if state is None or state.stable == want:
+        experiment = serving_for(endpoint, want, getattr(rollout, "experiment", None))
+        if experiment is not None:
+            serving[endpoint.name] = experiment  # the experiment controller decides what serves
+        elif state is None or state.stable == want:
             serving[endpoint.name] = ServingState(want)
         elif rollout is not None and rollout.canary == want and rollout.phase in (Phase.ROLLED_BACK, Phase.ABORTED):
             serving[endpoint.name] = ServingState(state.stable)  # rolled back: `rollout retry` to try again

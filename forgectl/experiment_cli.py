@@ -1,0 +1,106 @@
+"""`forgectl experiment …`: an Endpoint's A/B experiment — status (arms, counts, effect, interval,
+the rule that fired) and stop. The controller itself runs in `forgectl reconcile`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Optional
+
+import typer
+
+app = typer.Typer(help="A/B experiments of endpoints: status and stop (the decision runs in `forgectl reconcile`).",
+                  no_args_is_help=True)
+
+EndpointArg = Annotated[str, typer.Argument(help="Endpoint name.")]
+SpecsOpt = Annotated[Optional[list[str]], typer.Option("--specs", help="Spec files or folders (default: current folder).")]
+
+
+def _context(specs_paths, env, kubeconfig, context, namespace, endpoint):  # type: ignore[no-untyped-def]
+    from forgectl.cli import _controller, _endpoints
+    from reconciler.diagnostics import ForgeError
+    from reconciler.experiment import ExperimentController
+
+    result, environment, backend, controller = _controller(specs_paths, env, kubeconfig, context, namespace)
+    backend.refresh()
+    found = list(_endpoints(result, environment, endpoint))
+    if not found:
+        raise ForgeError(f"no Endpoint {endpoint!r} in the specs")
+    ep, model, version, _ = found[0]
+    if ep.spec.experiment is None:
+        raise ForgeError(f"Endpoint {endpoint!r} has no `experiment` in its spec")
+    experiments = ExperimentController(backend, controller.prometheus, controller.namespace)
+    return backend, experiments, ep, model, version
+
+
+def status_data(endpoint: str, model: str, version: str, saved: dict[str, Any] | None) -> dict[str, Any]:
+    """The JSON of `experiment status`."""
+    return {"endpoint": endpoint, "model": model, "desiredVersion": version, "experiment": saved}
+
+
+def status_text(data: dict[str, Any]) -> str:
+    """The terminal view of `experiment status`."""
+    x = data["experiment"]
+    if not x:
+        return f"{data['endpoint']}: experiment not started yet (run `forgectl apply` / `forgectl reconcile`)"
+    lines = [f"{data['endpoint']}: {x['phase']}" + (f" — winner {x['winner']}" if x.get("winner") else ""),
+             f"  {x['reason']}", "",
+             f"  {'arm':<12} {'version':<13} {'variant':<12} {'share':>5} {'successes':>10} {'trials':>10} {'rate':>8}"]
+    for arm in x["arms"]:
+        c = x.get("counts", {}).get(arm["name"], {})
+        trials = c.get("trials", 0.0)
+        rate = f"{c['successes'] / trials:.4f}" if trials else "-"
+        mark = " (control)" if arm["name"] == x["control"] else ""
+        lines.append(f"  {arm['name']:<12} {arm['version']:<13} {arm['variant']:<12} {arm['share']:>4}% "
+                     f"{c.get('successes', 0):>10.0f} {trials:>10.0f} {rate:>8}{mark}")
+    comparisons = (x.get("decision") or {}).get("comparisons") or []
+    if comparisons:
+        lines += ["", f"  {'vs control':<12} {'effect':>9} {'interval':>22} {'p (always valid)':>17} {'P(beats)':>9} verdict"]
+        for c in comparisons:
+            p = f"{c['pValue']:.4g}" if c.get("pValue") is not None else "-"
+            prob = f"{c['probabilityToBeat']:.3f}" if c.get("probabilityToBeat") is not None else "-"
+            interval = f"[{c['low']:+.4f}, {c['high']:+.4f}]"
+            lines.append(f"  {c['arm']:<12} {c['effect']:>+9.4f} {interval:>22} {p:>17} {prob:>9} {c['verdict']}")
+    for g in x.get("guardrails") or []:
+        lines.append(f"  guardrail {g['metric']} on {g['arm']}: {g['verdict']} ({g['detail']})")
+    lines.append(f"  looks: {x.get('looks', 0)}")
+    return "\n".join(lines)
+
+
+@app.command("status")
+def status(
+    endpoint: EndpointArg,
+    specs_paths: SpecsOpt = None,
+    env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment name.")] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="text or json.")] = "text",
+    kubeconfig: Annotated[Optional[str], typer.Option("--kubeconfig")] = None,
+    context: Annotated[Optional[str], typer.Option("--context")] = None,
+    namespace: Annotated[Optional[str], typer.Option("--namespace", "-n")] = None,
+) -> None:
+    """Arms, counts per arm, effect with its interval, p-value or probability to beat control, and the rule."""
+    backend, _, ep, model, version = _context(specs_paths, env, kubeconfig, context, namespace, endpoint)
+    rollout = backend.load_state(endpoint)
+    data = status_data(endpoint, model, version, rollout.experiment if rollout else None)
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        print(status_text(data))
+
+
+@app.command("stop")
+def stop(
+    endpoint: EndpointArg,
+    specs_paths: SpecsOpt = None,
+    env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment name.")] = None,
+    kubeconfig: Annotated[Optional[str], typer.Option("--kubeconfig")] = None,
+    context: Annotated[Optional[str], typer.Option("--context")] = None,
+    namespace: Annotated[Optional[str], typer.Option("--namespace", "-n")] = None,
+) -> None:
+    """Stop a running experiment now: control serves all traffic."""
+    from reconciler.diagnostics import ForgeError
+
+    _, experiments, ep, _, version = _context(specs_paths, env, kubeconfig, context, namespace, endpoint)
+    try:
+        state = experiments.stop(ep, version)
+    except ValueError as exc:
+        raise ForgeError(str(exc)) from exc
+    print(state.reason)
