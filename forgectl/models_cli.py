@@ -181,6 +181,8 @@ def show(
     evaluation = record.get("evaluation") or {}
     if evaluation:
         console.print("  evaluation    " + _e(", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(evaluation.items()))))
+    for line in trust_lines(record):
+        console.print("  " + _e(line))
     hw = record.get("hardware") or {}
     if hw:
         console.print(f"  measured on   {_e(hw.get('cpu'))} ({_e(hw.get('machine'))}, {_e(hw.get('cores'))} cores, "
@@ -202,6 +204,34 @@ def show(
         state = "[green]built[/green]" if report.get("built") else "[yellow]not built[/yellow]"
         console.print(f"  artifact {_e(name)}: {state}" + (f" — {_e(report.get('reason'))}" if report.get("reason") else
                                                            f" ({fmt_bytes(report.get('sizeBytes'))})"))
+
+
+def trust_lines(record: dict[str, Any]) -> list[str]:
+    """`models show` lines for the privacy budget, robustness and explanations of a version."""
+    lines = []
+    privacy = record.get("privacy") or {}
+    if privacy:
+        lines.append(f"{'privacy':<13} DP-SGD ε {privacy.get('epsilonSpent', float('nan')):.4g} spent of "
+                     f"{privacy.get('epsilonTarget', float('nan')):g} at δ {privacy.get('delta', float('nan')):g} "
+                     f"({privacy.get('accountant')} accountant; noise σ {privacy.get('noiseMultiplier', float('nan')):.4g}, "
+                     f"clip {privacy.get('maxGradNorm', float('nan')):g}, {privacy.get('steps')} steps) — covers `base` only")
+    robust = record.get("robustness") or {}
+    if robust:
+        parts = [f"{a.upper()} {100 * robust[f'{a}Accuracy']:.2f} %" for a in robust.get("attacks", [])
+                 if isinstance(robust.get(f"{a}Accuracy"), (int, float))]
+        lines.append(f"{'robustness':<13} L∞ ε {robust.get('epsilon'):g}: " + ", ".join(parts)
+                     + f" (clean {100 * robust.get('cleanAccuracy', float('nan')):.2f} %, {robust.get('rows')} test rows)")
+    explained = record.get("explanations") or {}
+    if explained:
+        agreement = ", ".join(f"{m} {v:.3g}" for m, v in (explained.get("agreement") or {}).items())
+        verdict = "passed" if explained.get("sanityPassed") else "FAILED"
+        lines.append(f"{'explanations':<13} {', '.join(explained.get('methods') or [])} on {explained.get('rows')} test rows; "
+                     f"randomised-weights sanity: rank correlation {explained.get('sanityRankCorrelation')} "
+                     f"({verdict}, < {explained.get('sanityBound')})"
+                     + (f"; agreement with {explained.get('primary')}: {agreement}" if agreement else "")
+                     + (f"; {explained.get('maps')} PNG maps" if explained.get("maps") else "")
+                     + (f" in {explained['folder']}" if explained.get("folder") else ""))
+    return lines
 
 
 @app.command("diff")

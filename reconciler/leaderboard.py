@@ -53,8 +53,14 @@ def rows(records: Iterable[Mapping[str, Any]], metric: str, batch: int = 1) -> l
     for record in records:
         for name, entry in record.get("variants", {}).items():
             figures = variant_figures(name, entry, record.get("evaluation"), batch)
+            value = _value(entry, figures, metric)
+            if value is None and name == "base":
+                # A metric only the evaluate step measures (fgsmAccuracy, pgdAccuracy, epsilon):
+                # it was measured on the trained model, which is `base`.
+                found = (record.get("evaluation") or {}).get(metric)
+                value = float(found) if isinstance(found, (int, float)) and not isinstance(found, bool) else None
             out.append({"model": record["model"], "version": record["version"], "variant": name,
-                        "registeredAt": record.get("registeredAt"), "metric": _value(entry, figures, metric),
+                        "registeredAt": record.get("registeredAt"), "metric": value,
                         **{k: figures.get(k) for k in ("kind", "runtime", "accuracy", "accuracyFrom", "sizeBytes",
                                                         "parameters", "p50Ms", "p99Ms", "throughput", "memoryBytes")}})
     return out

@@ -114,9 +114,13 @@ def variant_figures(name: str, entry: Mapping[str, Any], evaluation: Mapping[str
 
 
 def build_record(workflow: Mapping[str, Any], registry: Mapping[str, Any], evaluation: Mapping[str, Any] | None,
-                 registered: float, environment: str) -> dict[str, Any]:
-    """The registry record of one version (pure)."""
+                 registered: float, environment: str, explanations: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The registry record of one version (pure). `privacy`, `robustness` (from the evaluate
+    step's metrics) and `explanations` (the explain step's summary) only when the version has them."""
     line = lineage(workflow)
+    trust = {k: (evaluation or {}).get(k) for k in ("privacy", "robustness") if isinstance((evaluation or {}).get(k), dict)}
+    if isinstance(explanations, Mapping) and explanations:
+        trust["explanations"] = dict(explanations)
     evaluation = {k: v for k, v in (evaluation or {}).items()
                   if (isinstance(v, (int, float)) and not isinstance(v, bool)) or k == "passed"}
     variants = {name: {**entry, "figures": variant_figures(name, entry, evaluation)}
@@ -131,6 +135,7 @@ def build_record(workflow: Mapping[str, Any], registry: Mapping[str, Any], evalu
         "hardware": registry.get("hardware"),
         "variants": variants,
         "artifacts": registry.get("artifacts") or {},
+        **trust,
     }
 
 
@@ -151,8 +156,11 @@ def ingest_local(db: Any, workspace: Path, workflow: Mapping[str, Any], environm
     line = lineage(workflow)
     evaluate = workflow_steps(workflow).get("evaluate", {}).get("config", {})
     evaluation = _read(workspace / evaluate["output"] / "metrics.json") if evaluate.get("output") else None
+    explain = workflow_steps(workflow).get("explain", {}).get("config", {})
+    explanations = _read(workspace / explain["output"] / "metrics.json") if explain.get("output") else None
     when = registered if registered is not None else (workspace / relative).stat().st_mtime
-    record = build_record(workflow, registry, evaluation if isinstance(evaluation, dict) else None, when, environment)
+    record = build_record(workflow, registry, evaluation if isinstance(evaluation, dict) else None, when, environment,
+                          explanations if isinstance(explanations, dict) else None)
     db.put_model_version(record["model"], record["version"], when, record)
     return record
 
@@ -160,6 +168,15 @@ def ingest_local(db: Any, workspace: Path, workflow: Mapping[str, Any], environm
 def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> dict[str, Any] | None:
     """A record from a cluster Workflow: the register node's `metrics` output parameter."""
     nodes = (workflow.get("status") or {}).get("nodes") or {}
+    outputs: dict[str, Any] = {}  # the evaluate and explain steps' `metrics` output parameters
+    for node in nodes.values():
+        if node.get("templateName") in ("evaluate", "explain") and node.get("phase") == "Succeeded":
+            for param in (node.get("outputs") or {}).get("parameters") or []:
+                if param.get("name") == "metrics":
+                    try:
+                        outputs[node["templateName"]] = json.loads(param.get("value") or "{}")
+                    except ValueError:
+                        pass
     for node in nodes.values():
         if node.get("templateName") != "register" or node.get("phase") != "Succeeded":
             continue
@@ -183,7 +200,10 @@ def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> dict
                 when = 0.0
             registry = {"model": summary.get("model"), "version": summary.get("version"), "variants": variants,
                         "hardware": summary.get("hardware"), "artifacts": summary.get("artifacts")}
-            return build_record(workflow, registry, None, when, environment)
+            evaluation = outputs.get("evaluate")
+            explanations = outputs.get("explain")
+            return build_record(workflow, registry, evaluation if isinstance(evaluation, dict) else None, when, environment,
+                                explanations if isinstance(explanations, dict) else None)
     return None
 
 

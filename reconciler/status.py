@@ -52,7 +52,8 @@ def collect(specs: SpecSet, env: Environment, target: Any) -> dict[str, Any]:
                                      "accuracy": metrics.get("accuracy", (report.get("after") or {}).get("accuracy"))}
             evaluate = _read(target.workspace / "models" / info.get("model", "") / info.get("version", "") / "evaluate" / "metrics.json") or {}
             data["models"].append({"model": info.get("model"), "version": info.get("version"), "variants": variants,
-                                   "evaluation": {k: v for k, v in evaluate.items() if isinstance(v, (int, float, bool))}})
+                                   "evaluation": {k: v for k, v in evaluate.items() if isinstance(v, (int, float, bool))},
+                                   **({"privacy": evaluate["privacy"]} if isinstance(evaluate.get("privacy"), dict) else {})})
     states = serving_states(live)
     backend = target.rollout_backend(specs, env, None)
     for sd in (o for o in live if o["kind"] == "SeldonDeployment"):
@@ -85,7 +86,12 @@ def render_text(data: dict[str, Any]) -> str:
         lines += ["", "[bold]Model versions[/bold]"]
         for m in data["models"]:
             acc = m["evaluation"].get("accuracy")
-            lines.append(f"  {m['model']} {m['version']}" + (f"  test accuracy {acc:.4f}" if isinstance(acc, float) else ""))
+            privacy = m.get("privacy") or {}
+            robust = "".join(f"  {k} {m['evaluation'][k]:.4f}" for k in ("fgsmAccuracy", "pgdAccuracy")
+                             if isinstance(m["evaluation"].get(k), float))
+            lines.append(f"  {m['model']} {m['version']}" + (f"  test accuracy {acc:.4f}" if isinstance(acc, float) else "")
+                         + (f"  privacy ε {privacy.get('epsilonSpent', 0):.3g} spent of {privacy.get('epsilonTarget', 0):g} "
+                            f"(δ {privacy.get('delta', 0):g})" if privacy else "") + robust)
             for name, v in m["variants"].items():
                 size = f"{v['sizeBytes'] / 1024:.0f} KiB" if v.get("sizeBytes") else ""
                 accuracy = f"accuracy {v['accuracy']:.4f}" if isinstance(v.get("accuracy"), float) else ""

@@ -129,8 +129,11 @@ def apply_placement(template: dict[str, Any], kind: str, config: dict[str, Any])
 
 
 def export_reasons(steps: dict[str, dict[str, Any]]) -> list[str]:
-    """Plan lines naming which export each target gets (from a Workflow's step configs)."""
-    lines = []
+    """Plan lines naming which export each target gets (from a Workflow's step configs), after
+    the trust lines (privacy budget, robustness, explanations: renderers/trust.py)."""
+    from renderers.trust import trust_reasons
+
+    lines = trust_reasons(steps)
     for name, step in steps.items():
         config = step.get("config") or {}
         if config.get("step") == "export":

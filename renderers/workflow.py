@@ -36,6 +36,7 @@ from specs.stepconfig import (
     CompressConfig,
     DEFAULT_WORKSPACE,
     EvaluateConfig,
+    ExplainConfig,
     PERMANENT_EXIT_CODES,
     PickBestConfig,
     PrepareConfig,
@@ -189,8 +190,16 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
         trained = "train"
     add("evaluate", "evaluate",
         EvaluateConfig(model=model.name, model_dir=f"{vdir}/train", data=data,
-                       thresholds=list(model.spec.evaluation.thresholds), output=f"{vdir}/evaluate"),
+                       thresholds=list(model.spec.evaluation.thresholds), output=f"{vdir}/evaluate",
+                       robustness=model.spec.evaluation.robustness),
         train_image, (trained, "prepare-data"))
+    explain: tuple[str, ...] = ()
+    if model.spec.explanations is not None:
+        # Attributions of the evaluated model, beside compression (neither needs the other).
+        explain = (add("explain", "explain",
+                       ExplainConfig(model=model.name, model_dir=f"{vdir}/train", data=data,
+                                     settings=model.spec.explanations, output=f"{vdir}/explain"),
+                       train_image, ("evaluate", "prepare-data")).name,)
     variants = {"base": f"{vdir}/train"}
     compression = specs.compression_of(model)
     if compression is not None:
@@ -228,7 +237,7 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
     add("register", "register",
         RegisterConfig(model=model.name, version=version, variants={**variants, **hw.variants},
                        output=registry_dir(model.name, version), benchmark=hw.benchmark, artifacts=hw.artifacts),
-        train_image, ("evaluate", *compress_steps, *hw.names))
+        train_image, ("evaluate", *explain, *compress_steps, *hw.names))
     return version, steps, schedule
 
 

@@ -12,6 +12,7 @@ _MODULES = {
     "train": "runtimes.train",
     "pick-best": "runtimes.pick_best",
     "evaluate": "runtimes.evaluate",
+    "explain": "runtimes.explain",
     "compress": "runtimes.compress",
     "export": "runtimes.export",
     "build-engine": "runtimes.engine",

@@ -370,6 +370,14 @@ class Trainer:
         ckpt_dir = self.out / "checkpoints"
         if self.rank == 0:
             ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if spec.privacy is not None:
+            # DP-SGD (runtimes/privacy.py): its own loop over Poisson-sampled batches.
+            from runtimes.privacy import train_private
+
+            final, state, elapsed, samples, throughput, privacy = train_private(
+                self, model, optimizer, scheduler, criterion, x, y, total)
+            del model, optimizer, scheduler
+            return self._finish(final, arch, ctx, x, y, task, state, 0, elapsed, samples, throughput, privacy)
 
         engine = None
         ddp_model = model
@@ -477,17 +485,31 @@ class Trainer:
                 log.info("epoch %d/%d: loss %.4f", epoch + 1, hp.epochs, float(running) / count)
         elapsed = time.perf_counter() - start
         throughput = meter.summary()
+        state["total"] = total
 
         final = self._final_weights(model, engine)
         # The training state is not needed any more: free the device for the measurement below.
         del model, ddp_model, optimizer, scheduler, engine
+        return self._finish(final, arch, ctx, x, y, task, state, resumed_from, elapsed, samples, throughput)
+
+    def _finish(self, final: dict[str, Any], arch: dict[str, Any], ctx: Any, x: Any, y: Any, task: str,
+                state: dict[str, int], resumed_from: int, elapsed: float, samples: int, throughput: dict[str, Any],
+                privacy: dict[str, Any] | None = None) -> int:
+        """Measure the final weights, write the bundle and ``metrics.json`` (rank 0), then wait for
+        the other ranks."""
+        import torch
+
+        from runtimes.learn import split_tensors
+
+        spec = self.config.spec
         if self.cuda:
             import gc
 
             gc.collect()
             torch.cuda.empty_cache()
         if self.rank == 0:
-            from runtimes.models import build_model as _build, save_bundle
+            from runtimes.models import build_model as _build
+            from runtimes.models import count_parameters, save_bundle
 
             clean = _build(arch, self.meta)
             clean.load_state_dict(final)
@@ -533,9 +555,12 @@ class Trainer:
                 "precision": spec.precision,
                 "hyperparameters": self.hp.to_yaml_dict(),
             }
+            if privacy is not None:
+                metrics["privacy"] = privacy
+                metrics["epsilon"] = privacy["epsilonSpent"]
             write_json(self.out / "metrics.json", metrics)
             rates = {k: throughput[k] for k in ("tokensPerSecond", "samplesPerSecond", "peakMemoryBytes") if throughput[k] is not None}
-            emit("done", steps=state["step"], total=total, seconds=round(elapsed, 3), **rates, **{k: v for k, v in val.items()})
+            emit("done", steps=state["step"], total=state.get("total", state["step"]), seconds=round(elapsed, 3), **rates, **{k: v for k, v in val.items()})
             log.info("done: %d steps in %.1fs (warm-up %.1fs, then %s/s, step %.4fs median); validation %s", state["step"], elapsed,
                      throughput["warmupSeconds"], f"{throughput['tokensPerSecond']:,.0f} tokens" if throughput["tokensPerSecond"] else
                      f"{throughput['samplesPerSecond'] or 0:,.1f} samples", throughput["stepSeconds"]["median"] or 0.0,

@@ -223,7 +223,52 @@ class Search(SpecModel):
         return self
 
 
-EvaluationMetric = Literal["accuracy", "f1", "precision", "recall", "loss", "perplexity", "latencyP99Ms"]
+EvaluationMetric = Literal["accuracy", "f1", "precision", "recall", "loss", "perplexity", "latencyP99Ms",
+                           "epsilon", "fgsmAccuracy", "pgdAccuracy"]
+
+
+class Privacy(SpecModel):
+    """Differential privacy: train with DP-SGD (Opacus). Every per-sample gradient is clipped to
+    `maxGradNorm` and Gaussian noise is added, calibrated so that the whole run (all epochs, Poisson
+    sampled batches) spends at most `epsilon` at `delta`. The accountant's spent ε is recorded
+    with the version (metric `epsilon`, usable in a threshold)."""
+
+    epsilon: float = Field(gt=0, le=100, description="Privacy budget ε the run may spend (lower is more private).")
+    delta: float = Field(
+        default=1e-5, gt=0, lt=1,
+        description="δ of (ε, δ)-differential privacy; keep it below 1 / (training rows).",
+    )
+    max_grad_norm: float = Field(default=1.0, gt=0, le=1000, description="Per-sample gradient clipping bound (L2).")
+
+
+class Robustness(SpecModel):
+    """Accuracy under adversarial attack on the held-out split: FGSM (one signed-gradient step) and
+    PGD (`pgdSteps` projected steps of `stepSize`, random start), both in the L∞ ball of radius
+    `epsilon` around each input, in the model's input space (after the Dataset's cleaning and
+    standardisation). Recorded as the metrics `fgsmAccuracy` and `pgdAccuracy`."""
+
+    epsilon: float = Field(gt=0, le=1000, description="Radius of the L∞ ball the attacker may move each input within.")
+    attacks: list[Literal["fgsm", "pgd"]] = Field(
+        default_factory=lambda: ["fgsm", "pgd"], min_length=1, max_length=2, description="Attacks to run."
+    )
+    pgd_steps: int = Field(default=10, ge=1, le=1000, description="PGD iterations.")
+    step_size: float | None = Field(
+        default=None, gt=0, description="PGD step; default 2.5 · epsilon / pgdSteps (Madry et al.)."
+    )
+    samples: int = Field(default=1000, ge=1, le=1_000_000, description="Held-out rows attacked (the first ones).")
+
+
+class Explanations(SpecModel):
+    """An `explain` step after `evaluate`: attributions (Captum) on a sample of the test split,
+    per-class summaries, PNG attribution maps for images, and a randomised-weights sanity check."""
+
+    methods: list[Literal["integratedGradients", "saliency", "inputXGradient"]] = Field(
+        default_factory=lambda: ["integratedGradients", "saliency"], min_length=1, max_length=3,
+        description="Attribution methods; the first is the primary one, the others are compared with it.",
+    )
+    samples: int = Field(default=200, ge=1, le=100_000, description="Test rows explained (the first ones).")
+    steps: int = Field(default=32, ge=2, le=1000, description="Integrated Gradients: steps of the path integral.")
+    maps_per_class: int = Field(default=1, ge=0, le=20, description="PNG attribution maps per class (image data).")
 
 
 class ModelThreshold(Threshold):
@@ -237,6 +282,13 @@ class Evaluation(SpecModel):
     """Offline evaluation on the held-out split."""
 
     thresholds: list[ModelThreshold] = Field(default_factory=list, description="Bounds every one of which must hold.")
+    robustness: Robustness | None = Field(
+        default=None, description="Adversarial accuracy (FGSM/PGD) at a stated ε, as metrics thresholds can use."
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _omit_default(handler(self), "robustness", None)
 
     @model_validator(mode="after")
     def _unique(self) -> "Evaluation":
@@ -245,6 +297,11 @@ class Evaluation(SpecModel):
             if t.metric in seen:
                 raise ValueError(f"metric {t.metric!r} has two thresholds; merge them into one with min and max")
             seen.add(t.metric)
+        robust = {t.metric for t in self.thresholds} & {"fgsmAccuracy", "pgdAccuracy"}
+        for metric in sorted(robust):
+            if self.robustness is None or metric.removesuffix("Accuracy") not in self.robustness.attacks:
+                raise ValueError(f"a threshold on {metric} needs `robustness` with attack "
+                                 f"{metric.removesuffix('Accuracy')!r}")
         return self
 
 
@@ -288,14 +345,35 @@ class ModelSpec(SpecModel):
     distributed: Distributed = Field(default_factory=Distributed, description="Distribution strategy.")
     search: Search | None = Field(default=None, description="Hyperparameter search; none trains once.")
     evaluation: Evaluation = Field(default_factory=Evaluation, description="Offline evaluation gates.")
+    privacy: Privacy | None = Field(
+        default=None, description="Differential privacy (DP-SGD with Opacus); none trains without it."
+    )
+    explanations: Explanations | None = Field(
+        default=None, description="Attributions after evaluation (Captum); none skips the `explain` step."
+    )
     retries: int = Field(default=2, ge=0, le=10, description="Retries of a failed step, with exponential backoff.")
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _omit_default(_omit_default(handler(self), "compile", False), "deterministic", False)
+        data = _omit_default(_omit_default(handler(self), "compile", False), "deterministic", False)
+        return _omit_default(_omit_default(data, "privacy", None), "explanations", None)
 
     @model_validator(mode="after")
     def _custom_needs_size(self) -> "ModelSpec":
+        if self.privacy is None and any(t.metric == "epsilon" for t in self.evaluation.thresholds):
+            raise ValueError("a threshold on epsilon needs `privacy` (a model trained without it has no ε)")
+        if self.privacy is not None:
+            # What Opacus's per-sample gradients and accountant do not cover here; the layers
+            # Opacus cannot make private (BatchNorm, …) are refused by the train step, by name.
+            refused = [why for bad, why in (
+                (self.distributed.strategy != "none", f"strategy {self.distributed.strategy}"),
+                (self.precision != "fp32", f"precision {self.precision}"),
+                (self.compile, "compile"),
+                (self.hyperparameters.gradient_accumulation_steps != 1, "gradientAccumulationSteps > 1"),
+            ) if bad]
+            if refused:
+                raise ValueError("privacy (DP-SGD) trains one fp32 process without compile or gradient "
+                                 f"accumulation; not with {', '.join(refused)}")
         if isinstance(self.architecture, CustomArchitecture) and self.parameters is None:
             raise ValueError("a `custom` architecture needs `parameters` (its size) for scheduling")
         if self.search is not None and self.search.parallelism > self.search.trials:

@@ -18,7 +18,7 @@ from specs.base import Name, SpecModel
 from specs.compression import Benchmark, HardwareTarget, OnnxInt8, TensorRT, Variant
 from specs.dataset import DatasetSpec
 from specs.endpoint import Batching, FaultInjection
-from specs.model import ModelSpec, ModelThreshold
+from specs.model import Explanations, ModelSpec, ModelThreshold, Robustness
 
 WORKSPACE_ENV = "FORGE_WORKSPACE"
 DEFAULT_WORKSPACE = "/forge/workspace"
@@ -85,6 +85,26 @@ class EvaluateConfig(StepConfig):
     data: str = Field(description="Folder of the prepared splits.")
     thresholds: list[ModelThreshold] = Field(default_factory=list, description="Offline gates.")
     output: str = Field(description="Folder for `metrics.json`.")
+    robustness: Robustness | None = Field(default=None, description="Adversarial accuracy to measure (FGSM/PGD).")
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Unset, it stays out of the config: a model without it keeps its step keys.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("robustness") is None:
+            data.pop("robustness", None)
+        return data
+
+
+class ExplainConfig(StepConfig):
+    """Attributions of an evaluated model (Captum) on a sample of the held-out split."""
+
+    step: Literal["explain"] = "explain"
+    model: Name = Field(description="Model name.")
+    model_dir: str = Field(description="Folder of the trained model.")
+    data: str = Field(description="Folder of the prepared splits.")
+    settings: Explanations = Field(default_factory=Explanations, description="Methods, sample, maps.")
+    output: str = Field(description="Folder for `explanations.json`, `metrics.json` and `maps/*.png`.")
 
 
 class CompressConfig(StepConfig):
@@ -202,5 +222,5 @@ class ServeConfig(SpecModel):
     port: int = Field(default=8080, ge=0, le=65535, description="HTTP port (0 picks a free one).")
 
 
-AnyStepConfig = (PrepareConfig | TrainConfig | PickBestConfig | EvaluateConfig | CompressConfig | ExportConfig
-                 | EngineConfig | BenchmarkConfig | RegisterConfig)
+AnyStepConfig = (PrepareConfig | TrainConfig | PickBestConfig | EvaluateConfig | ExplainConfig | CompressConfig
+                 | ExportConfig | EngineConfig | BenchmarkConfig | RegisterConfig)

@@ -20,7 +20,7 @@ from specs import Model
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
-EXAMPLES = ["quickstart", "llm-finetune", "edge-vision"]
+EXAMPLES = ["quickstart", "llm-finetune", "edge-vision", "trust"]
 
 
 def rendered_text(example: str, env: str) -> str:
