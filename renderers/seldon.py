@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, VARIANT, owner_metadata
+from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, STICKY, VARIANT, owner_metadata
 from renderers.stepargs import step_args
 from renderers.pods import INFERENCE_PRIORITY, SECURITY_CONTEXT, placement
 from renderers.workflow import WORKSPACE_PVC, await_registration, image, registry_dir
@@ -178,11 +178,15 @@ def render_seldon(specs: SpecSet, endpoint: Endpoint, env: Environment, namespac
                                1, shadow.variant)
         predictor["shadow"] = True
         predictors.append(predictor)
+    annotations = {}
+    sticky = endpoint.spec.experiment.sticky if endpoint.spec.experiment else None
+    if state.arms and sticky is not None:
+        annotations[STICKY] = f"header:{sticky.header}" if sticky.header else f"cookie:{sticky.cookie}"
     return {
         "apiVersion": "machinelearning.seldon.io/v1",
         "kind": "SeldonDeployment",
         "metadata": owner_metadata(endpoint, name=endpoint.name, namespace=namespace, environment=env.name,
-                                   revision=revision, labels={ENDPOINT: endpoint.name}),
+                                   revision=revision, labels={ENDPOINT: endpoint.name}, annotations=annotations),
         "spec": {
             "name": endpoint.name,
             "protocol": "v2" if endpoint.spec.protocol == "v2" else "seldon",

@@ -30,7 +30,7 @@ from reconciler.resources import ObjectRef
 from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
 from reconciler.targets.local.state import StateDB
-from renderers.labels import ENDPOINT
+from renderers.labels import ENDPOINT, STICKY
 from renderers.stepargs import decode_step_config
 from specs import Environment
 from specs.safety import OutsideRoot, resolve_inside
@@ -139,7 +139,8 @@ class LocalTarget:
             predictors = self._servable(obj["spec"]["predictors"])
             if any(_step_of(p) == "serve-seldon" for p in predictors) and "serve-seldon" not in self.serving.pythons:
                 self.serving.pythons["serve-seldon"] = runtime_python("seldon")
-            self.serving.ensure_endpoint(endpoint, predictors)
+            sticky = (obj["metadata"].get("annotations") or {}).get(STICKY)
+            self.serving.ensure_endpoint(endpoint, predictors, tuple(sticky.split(":", 1)) if sticky else None)  # type: ignore[arg-type]
             self._refresh_scraping()
         elif ref.kind == "PodMonitor":
             self._refresh_scraping()

@@ -116,16 +116,22 @@ class LocalServing:
         return Router(self.db, self.state_dir, endpoint, health_path=READINESS_PATHS.get(step, READINESS_PATHS["serve"]))
 
     # -- the main operation ---------------------------------------------------------------------
-    def ensure_endpoint(self, endpoint: str, predictors: list[dict[str, Any]]) -> str:
+    def ensure_endpoint(self, endpoint: str, predictors: list[dict[str, Any]], sticky: tuple[str, str] | None = None) -> str:
         """Make the endpoint serve exactly ``predictors`` (as rendered in the SeldonDeployment's
-        ``spec.predictors``) with their ``traffic``; returns the router's URL."""
-        wanted = [Predictor(endpoint, p) for p in predictors]
+        ``spec.predictors``) with their ``traffic``; returns the router's URL. Either a `stable` (and
+        at most one `canary`) predictor, or the arms of an experiment (any other names), routed by
+        their shares — by a hash of the ``sticky`` header or cookie when one is given. A `shadow`
+        predictor is not run: HAProxy 2.6 cannot mirror requests (docs/experiments.md)."""
+        shadows = [p for p in predictors if p.get("shadow")]
+        wanted = [Predictor(endpoint, p) for p in predictors if not p.get("shadow")]
         roles = [p.role for p in wanted]
-        if len(set(roles)) != len(roles) or not set(roles) <= {"stable", "canary"}:
-            raise ServingError(f"endpoint {endpoint!r}: predictors must be one `stable` and at most one `canary`, got {roles}")
+        arms = [r for r in roles if r not in ("stable", "canary")]
+        if len(set(roles)) != len(roles) or (arms and len(arms) != len(roles)) or (not arms and roles and "stable" not in roles):
+            raise ServingError(f"endpoint {endpoint!r}: predictors must be one `stable` and at most one `canary`, "
+                               f"or the arms of an experiment, got {roles}")
         router = self.router(endpoint, wanted[0].step if wanted else "serve")
         try:
-            router.ensure()
+            router.ensure(sticky=sticky)
         except RouterError as exc:
             raise ServingError(str(exc)) from exc
 
@@ -160,7 +166,11 @@ class LocalServing:
         if stable is None and canary is not None:
             canary_weight = 100
         try:
-            router.set(_addr(stable), _addr(canary), max(0, min(100, canary_weight)), drain_timeout=self.drain_timeout)
+            if arms:
+                router.set_roles({role: (_addr(current[role]), max(0, min(100, by_role[role].traffic)))  # type: ignore[misc]
+                                  for role in arms}, drain_timeout=self.drain_timeout)
+            else:
+                router.set(_addr(stable), _addr(canary), max(0, min(100, canary_weight)), drain_timeout=self.drain_timeout)
         except RouterError as exc:
             raise ServingError(str(exc)) from exc
 
@@ -173,9 +183,12 @@ class LocalServing:
         self.db.kv_set(f"serving/{endpoint}", {
             "endpoint": endpoint,
             "roles": {role: {"process": r.name, "version": r.info.get("version"), "url": r.info.get("url"),
-                             "traffic": (canary_weight if role == "canary" else 100 - canary_weight if canary else 100)}
+                             "traffic": (by_role[role].traffic if arms else canary_weight if role == "canary"
+                                         else 100 - canary_weight if canary else 100)}
                       for role, r in current.items()},
             "url": router.url,
+            "sticky": list(sticky) if sticky else None,
+            "shadow": ("not mirrored on the local target (HAProxy 2.6 cannot mirror requests)" if shadows else None),
         })
         return router.url
 

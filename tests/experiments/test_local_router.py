@@ -1,0 +1,88 @@
+"""The local router in front of an experiment's arms (tiny HTTP servers, real HAProxy): shares by
+weight, a user kept in one arm by a header or a cookie, arms replaced and removed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from reconciler.targets.local import processes
+from reconciler.targets.local.router import Router
+from reconciler.targets.local.state import StateDB
+from tests.local.test_serving import BACKEND
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / ".forge"
+    yield path
+    if (path / "state.db").exists():
+        for record in StateDB(path / "state.db").processes():
+            processes.stop(record)
+
+
+def _ask(url: str, headers: dict[str, str] | None = None) -> str:
+    req = urllib.request.Request(url + "/v2/models/m/infer", data=b"{}", headers=headers or {}, method="POST")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())["model_version"]
+
+
+@pytest.mark.slow
+def test_arms_by_share_and_sticky_users(state_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "backend.py"
+    script.write_text(BACKEND)
+    backends = []
+    try:
+        ports = {}
+        for version in ("v1", "v2", "v3"):
+            proc = subprocess.Popen([sys.executable, str(script), version], stdout=subprocess.PIPE, text=True)
+            backends.append(proc)
+            assert proc.stdout is not None
+            ports[version] = ("127.0.0.1", int(proc.stdout.readline()))
+        db = StateDB(state_dir / "state.db")
+        router = Router(db, state_dir, "ab")
+        router.set_roles({"control": (ports["v1"], 50), "treatment": (ports["v2"], 50)}, sticky=("header", "x-user-id"))
+        url = router.url
+        assert set(router.traffic()) == {"control", "treatment"}
+
+        # without the header: weighted round robin over the arms
+        seen = Counter(_ask(url) for _ in range(100))
+        assert set(seen) == {"v1", "v2"} and 25 <= seen["v1"] <= 75, seen
+
+        # with it: every user stays in one arm, and users are spread over both
+        per_user = {u: {_ask(url, {"x-user-id": f"user-{u}"}) for _ in range(4)} for u in range(40)}
+        assert all(len(v) == 1 for v in per_user.values()), per_user
+        arms = Counter(next(iter(v)) for v in per_user.values())
+        assert set(arms) == {"v1", "v2"}, arms
+        # a client cannot pick its arm with the internal header
+        assert Counter(_ask(url, {"X-Forge-Sticky": "x"}) for _ in range(40)).keys() == {"v1", "v2"}
+
+        # shares move (no restart: same port); a user at 0 % share is moved away
+        router.set_roles({"control": (ports["v1"], 100), "treatment": (ports["v2"], 0)}, sticky=("header", "x-user-id"))
+        assert router.url == url
+        assert {_ask(url, {"x-user-id": f"user-{u}"}) for u in range(20)} == {"v1"}
+
+        # a replaced arm gets a fresh slot; a third arm a free family
+        router.set_roles({"control": (ports["v1"], 34), "treatment": (ports["v3"], 33), "third": (ports["v2"], 33)},
+                         sticky=("cookie", "uid"))
+        assert router.url == url  # started again for the new sticky setting, on the same port
+        by_cookie = {u: {_ask(url, {"Cookie": f"uid=u{u}"}) for _ in range(3)} for u in range(30)}
+        assert all(len(v) == 1 for v in by_cookie.values()), by_cookie
+        assert set().union(*by_cookie.values()) == {"v1", "v2", "v3"}
+
+        # the experiment ends: the rollout's stable slot takes all, the arms' slots are drained
+        router.set(ports["v2"], None, 0)
+        assert set(router.traffic()) == {"stable"}
+        assert {_ask(url, {"Cookie": f"uid=u{u}"}) for u in range(10)} == {"v2"}
+        router.stop()
+    finally:
+        for proc in backends:
+            proc.terminate()
+            proc.wait()
