@@ -21,6 +21,8 @@ _MODULES = {
     "serve": "runtimes.serve",
     "serve-seldon": "runtimes.serve_seldon",
     "await": "runtimes.await_files",
+    "autolabel": "runtimes.autolabel",
+    "merge-labels": "runtimes.merge_labels",
 }
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from specs.base import MAX_SEED, Digest, ImportRef, SpecModel, check_relative_path
+from specs.base import MAX_SEED, Digest, ImportRef, Name, SpecModel, check_relative_path
 
 DataFormat = Literal["sklearn", "csv", "parquet", "npz", "text"]
 SKLEARN_DATASETS = ("digits", "iris", "wine", "breast_cancer", "diabetes")
@@ -119,6 +119,31 @@ CleaningStep = Annotated[
 ]
 
 
+class AutoLabel(SpecModel):
+    """Pre-label unlabelled rows with a registered model (`python -m runtimes autolabel`): rows whose
+    top class reaches `confidence` get it as their label; the others go to a review file with the
+    model's top-k classes. Accepted reviews are merged into the source (`python -m runtimes
+    merge-labels`), which changes its digest: the plan then shows which models retrain."""
+
+    model_ref: Name = Field(description="The registered Model whose `base` variant pre-labels.")
+    confidence: float = Field(gt=0, le=1, description="Top-class probability at or above which a row is labelled without review.")
+    top_k: int = Field(default=3, ge=1, le=20, description="Classes (with probabilities) shown per row in the review file.")
+    unlabelled: str = Field(
+        max_length=1024, pattern=r"^(file|pvc)://[^{}$]+$",
+        description="`file://` (or `pvc://`) CSV/Parquet of rows to label: the source's feature columns, "
+        "plus optionally `heldBackColumn`.",
+    )
+    held_back_column: Column | None = Field(
+        default=None, description="A column of true labels held back from labelling, only to measure the agreement.",
+    )
+    review_format: Literal["csv", "parquet"] = Field(default="csv", description="Format of the review file.")
+
+    @model_validator(mode="after")
+    def _contained(self) -> "AutoLabel":
+        check_relative_path(self.unlabelled.partition("://")[2], "labeling.auto.unlabelled")
+        return self
+
+
 class Labeling(SpecModel):
     """Where labels come from: a column, or a function that labels each row."""
 
@@ -130,6 +155,14 @@ class Labeling(SpecModel):
         default_factory=list, max_length=MAX_CLASSES,
         description=f"Class names in label order, used by reports and serving (at most {MAX_CLASSES:,}).",
     )
+    auto: AutoLabel | None = Field(default=None, description="Auto-labeling with a registered model; none: off.")
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("auto") is None:
+            data.pop("auto", None)  # unset, the Dataset's digest-bearing dump stays as it was
+        return data
 
     @model_validator(mode="after")
     def _one_source(self) -> "Labeling":

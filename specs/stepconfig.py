@@ -49,6 +49,27 @@ class PrepareConfig(StepConfig):
     verify_digest: bool = Field(default=True, description="Fail when the data's digest differs from the spec.")
 
 
+class AutoLabelConfig(StepConfig):
+    """Pre-label a Dataset's unlabelled rows with a registered model (`labeling.auto`)."""
+
+    step: Literal["autolabel"] = "autolabel"
+    dataset: Name = Field(description="Dataset name.")
+    spec: DatasetSpec = Field(description="The Dataset spec (with `labeling.auto`).")
+    model_dir: str = Field(description="Folder of the labelling model's bundle (its registered `base`).")
+    output: str = Field(description="Folder for `auto-labels.csv`, the review file and `report.json`.")
+
+
+class MergeLabelsConfig(StepConfig):
+    """Merge auto-labels and accepted reviews into a copy of the Dataset's source, with its new digest."""
+
+    step: Literal["merge-labels"] = "merge-labels"
+    dataset: Name = Field(description="Dataset name.")
+    spec: DatasetSpec = Field(description="The Dataset spec (with `labeling.auto`).")
+    labels: str = Field(description="The autolabel step's output folder.")
+    review: str = Field(description="The reviewed file (CSV/Parquet): rows whose `label` is filled are accepted.")
+    output: str = Field(description="Folder for the merged source file and `merge.json` (with its digest).")
+
+
 class TrainConfig(StepConfig):
     """Train one Model (or one hyperparameter-search trial) on prepared data."""
 

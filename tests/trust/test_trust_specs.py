@@ -137,3 +137,19 @@ def test_models_show_and_the_leaderboard_use_them() -> None:
     assert "rank correlation 0.36 (passed, < 0.5)" in lines[2] and "40 PNG maps in models/digits-private/v/explain" in lines[2]
     assert [r["metric"] for r in rows([record], "pgdAccuracy")] == [0.56]
     assert [r["metric"] for r in rows([record], "accuracy")] == [0.86]
+
+
+def test_auto_labeling_is_omitted_unset_and_stays_inside_the_root() -> None:
+    from specs.dataset import DatasetSpec
+
+    base = {"source": {"uri": "file://d.csv", "format": "csv"}, "version": "1", "digest": "sha256:" + "0" * 64,
+            "labeling": {"column": "y"}}
+    assert "auto" not in DatasetSpec.model_validate(base).model_dump(mode="json", by_alias=True)["labeling"]
+    auto = {"modelRef": "m", "confidence": 0.9, "unlabelled": "file://u.csv"}
+    dumped = DatasetSpec.model_validate({**base, "labeling": {"column": "y", "auto": auto}}).model_dump(mode="json", by_alias=True)
+    assert dumped["labeling"]["auto"] == {**auto, "topK": 3, "heldBackColumn": None, "reviewFormat": "csv"}
+    for bad in ("file://../u.csv", "file:///etc/passwd", "s3://bucket/u.csv", "file://{{x}}.csv"):
+        with pytest.raises(ValidationError):
+            DatasetSpec.model_validate({**base, "labeling": {"column": "y", "auto": {**auto, "unlabelled": bad}}})
+    with pytest.raises(ValidationError):
+        DatasetSpec.model_validate({**base, "labeling": {"column": "y", "auto": {**auto, "confidence": 1.5}}})

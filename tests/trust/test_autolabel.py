@@ -1,0 +1,153 @@
+"""Auto-labeling round trip (issue 18): a model trained on the labelled part of a CSV pre-labels
+the unlabelled rows; the rows under the confidence go to a review file with the model's top-k;
+accepted reviews and the auto-labels merge back into the source, whose digest changes; pinned in
+the Dataset, that digest change is what the plan shows as the reason to retrain."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+import pytest
+
+from tests.runtimes.helpers import Runner
+
+pytestmark = pytest.mark.runtime
+
+SPECS = """\
+apiVersion: forge.dev/v1alpha1
+kind: Environment
+metadata: {{name: cluster}}
+spec:
+  target: kubernetes
+  default: true
+  kubernetes: {{namespace: forge-labels}}
+  defaults: {{computeRef: cpu}}
+---
+apiVersion: forge.dev/v1alpha1
+kind: Compute
+metadata: {{name: cpu}}
+spec: {{accelerator: {{type: cpu}}, node: {{cpu: "2", memory: 4Gi}}}}
+---
+apiVersion: forge.dev/v1alpha1
+kind: Dataset
+metadata: {{name: scans}}
+spec: {dataset}
+---
+apiVersion: forge.dev/v1alpha1
+kind: Model
+metadata: {{name: scan-classifier}}
+spec:
+  datasetRef: scans
+  architecture: {{type: mlp, hiddenSizes: [64]}}
+  hyperparameters: {{epochs: 20, learningRate: 0.005, seed: 3}}
+"""
+
+
+WRITE_CSVS = """
+import sys
+import pandas as pd
+from sklearn.datasets import load_digits
+d = load_digits()
+cols = [f"f{i}" for i in range(64)]
+labelled = pd.DataFrame(d.data[:700].astype(int), columns=cols)
+labelled["digit"] = d.target[:700]
+labelled.to_csv(sys.argv[1] + "/scans.csv", index=False)
+rest = pd.DataFrame(d.data[700:1300].astype(int), columns=cols)
+rest["truth"] = d.target[700:1300]
+rest.to_csv(sys.argv[1] + "/unlabelled.csv", index=False)
+"""
+
+
+class SourceRunner(Runner):
+    """Runs the steps with the repository's specs folder as the source root (the local target's way)."""
+
+    def __init__(self, python: str, workspace: Path, source_root: Path):
+        super().__init__(python, workspace)
+        self.source_root = source_root
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "FORGE_SOURCE_ROOT": str(self.source_root)}
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _dataset(digest: str) -> dict:
+    return {"source": {"uri": "file://data/scans.csv", "format": "csv"}, "version": "1", "digest": digest,
+            "splits": {"train": 0.8, "validation": 0.1, "test": 0.1, "seed": 3},
+            "labeling": {"column": "digit", "auto": {"modelRef": "scan-classifier", "confidence": 0.9, "topK": 3,
+                                                      "unlabelled": "file://data/unlabelled.csv",
+                                                      "heldBackColumn": "truth"}}}
+
+
+def test_pre_label_review_merge_changes_the_digest_and_the_plan_retrains(runtime_python: str, tmp_path: Path) -> None:
+    import hashlib
+
+    repo = tmp_path / "repo"
+    (repo / "specs" / "data").mkdir(parents=True)
+    # scikit-learn's digits as two CSV files (the runtime environment has scikit-learn; this one not)
+    subprocess.run([runtime_python, "-c", WRITE_CSVS, str(repo / "specs" / "data")], check=True, timeout=120)
+    digest = "sha256:" + hashlib.sha256((repo / "specs/data/scans.csv").read_bytes()).hexdigest()
+    spec = _dataset(digest)
+    (repo / "specs" / "specs.yaml").write_text(SPECS.format(dataset=json.dumps(spec)))
+    r = git.Repo.init(repo)
+    r.index.add(["specs/specs.yaml", "specs/data/scans.csv", "specs/data/unlabelled.csv"])
+    r.index.commit("scans")
+
+    runner = SourceRunner(runtime_python, tmp_path / "ws", repo / "specs")
+    if True:
+        runner.run("prepare", {"step": "prepare", "dataset": "scans", "spec": spec, "output": "data/scans"})
+        model = {"datasetRef": "scans", "architecture": {"type": "mlp", "hiddenSizes": [64]},
+                 "hyperparameters": {"epochs": 20, "learningRate": 0.005, "seed": 3}}
+        runner.run("train", {"step": "train", "model": "scan-classifier", "version": "v1", "spec": model,
+                             "data": "data/scans", "output": "models/labeller"}, timeout=600)
+        # 1. pre-label
+        runner.run("autolabel", {"step": "autolabel", "dataset": "scans", "spec": spec, "modelDir": "models/labeller",
+                                 "output": "labels"})
+        report = runner.read("labels/report.json")
+        assert report["rows"] == 600 and report["autoLabelled"] + report["toReview"] == 600
+        assert report["autoLabelled"] > 300 and report["toReview"] > 0
+        agreement = report["agreement"]
+        assert agreement["autoLabels"] >= 0.95  # confident labels agree with the held-back truth
+        assert agreement["autoLabels"] >= agreement["allRowsTop1"]  # the confidence filter helps
+        assert agreement["reviewRowsTopK"] >= 0.8
+        # 2. the review file: the rows under the confidence, with the top-3 and an empty label
+        review = _rows(runner.workspace / "labels/review.csv")
+        assert len(review) == report["toReview"]
+        assert {"row", "top1", "p1", "top2", "p2", "top3", "p3", "digit"} <= set(review[0])
+        assert all(float(r["p1"]) < 0.9 and float(r["p1"]) >= float(r["p2"]) and r["digit"] == "" for r in review)
+        auto = _rows(runner.workspace / "labels/auto-labels.csv")
+        assert "truth" not in auto[0] and len(auto) == report["autoLabelled"]
+        # 3. a reviewer accepts half the rows (with the true label) and leaves the rest
+        truth = [r["truth"] for r in _rows(repo / "specs/data/unlabelled.csv")]
+        half = len(review) // 2
+        for i, r in enumerate(review):
+            r["digit"] = truth[int(r["row"])] if i < half else ""
+        with (runner.workspace / "labels/reviewed.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(review[0]))
+            writer.writeheader()
+            writer.writerows(review)
+        # 4. merge: the source grows and its digest changes
+        proc = runner.run("merge-labels", {"step": "merge-labels", "dataset": "scans", "spec": spec, "labels": "labels",
+                                           "review": "labels/reviewed.csv", "output": "merged"})
+        merge = runner.read("merged/merge.json")
+        assert merge["oldDigest"] == digest != merge["newDigest"] == proc.stdout.strip().splitlines()[-1]
+        assert merge["accepted"] == half and merge["rows"] == 700 + report["autoLabelled"] + half
+        merged = _rows(runner.workspace / "merged/scans.csv")
+        assert list(merged[0]) == [*[f"f{i}" for i in range(64)], "digit"] and all(r["digit"].isdigit() for r in merged)
+    # 5. the merged file and its digest, committed: the plan retrains the model and says why
+    (repo / "specs/data/scans.csv").write_bytes((runner.workspace / "merged/scans.csv").read_bytes())
+    text = (repo / "specs/specs.yaml").read_text().replace(digest, merge["newDigest"])
+    (repo / "specs/specs.yaml").write_text(text)
+    plan = subprocess.run([sys.executable, "-m", "forgectl", "plan", "specs", "--base", "HEAD"], cwd=repo,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    out = plan.stdout + plan.stderr
+    assert "dataset `scans` digest changed" in out and "retrain model `scan-classifier`" in out, out[-3000:]
