@@ -15,7 +15,9 @@ Why these tests:
   interval and stop the moment p ≤ α. The matching confidence sequence is
   θ̂ ± sqrt(2 V (V + τ²)/τ² · (log(1/α) + ½ log((V + τ²)/V))). With k treatment arms each is compared
   with control at α/k (Bonferroni). The normal approximation needs some successes and failures in
-  each arm: nothing is decided before `min_samples` trials per arm (and ≥ 10 of each outcome).
+  each arm: nothing is decided before `min_samples` trials per arm (and ≥ 10 successes and ≥ 10
+  failures over all arms); V uses the Agresti–Caffo adjustment (one success and one failure added
+  to each arm), so an arm without a single failure does not claim zero variance.
 * **Bayesian** probability to beat control, Beta(1, 1) priors: P(p_arm > p_control) exactly
   (Evan Miller's closed form, a sum of Beta functions) when the arm has at most 5 000 successes,
   else by the normal approximation to the two Beta posteriors. It is a posterior statement, not a
@@ -85,8 +87,11 @@ class Decision:
 
 # -- mSPRT ---------------------------------------------------------------------------------------
 def _variance(control: ArmCounts, arm: ArmCounts) -> float:
-    pa, pb = control.rate, arm.rate
-    return pa * (1 - pa) / control.trials + pb * (1 - pb) / arm.trials
+    # Agresti–Caffo: one success and one failure added to each arm, so an arm with no failures
+    # (or no successes) does not claim zero variance
+    pa = (control.successes + 1) / (control.trials + 2)
+    pb = (arm.successes + 1) / (arm.trials + 2)
+    return pa * (1 - pa) / (control.trials + 2) + pb * (1 - pb) / (arm.trials + 2)
 
 
 def msprt_lambda(effect: float, variance: float, tau2: float) -> float:
@@ -151,13 +156,16 @@ def decide(control: ArmCounts, arms: Sequence[ArmCounts], *, rule: Rule = "msprt
     if tau2 is None:
         tau2 = max(minimum_effect, 0.01) ** 2
     sign = 1.0 if higher_is_better else -1.0
-    short = [a for a in (control, *arms) if a.trials < min_samples
-             or min(a.successes, a.trials - a.successes) < MIN_OUTCOMES]
-    if short:
-        names = ", ".join(f"{a.name} {a.trials:.0f}" for a in short)
-        why = f"below the minimum sample ({min_samples} per arm, ≥ {MIN_OUTCOMES} of each outcome): {names}"
+    everyone = (control, *arms)
+    short = [a for a in everyone if a.trials < min_samples]
+    pooled_s = sum(a.successes for a in everyone)
+    pooled_f = sum(a.trials - a.successes for a in everyone)
+    if short or min(pooled_s, pooled_f) < MIN_OUTCOMES:
+        names = ", ".join(f"{a.name} {a.trials:.0f}" for a in everyone)
+        why = (f"below the minimum sample ({min_samples} per arm, ≥ {MIN_OUTCOMES} successes and failures in all): "
+               f"{names}")
         if deadline_passed:
-            return Decision("inconclusive", None, f"deadline reached {why}; control kept")
+            return Decision("inconclusive", None, f"deadline reached {why}; control {control.name} kept")
         return Decision("running", None, why)
     level = alpha / max(1, len(arms))
     comparisons = []

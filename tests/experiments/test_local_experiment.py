@@ -1,0 +1,153 @@
+"""An A/B experiment end to end on the local target: two real model servers (the serve runtime)
+behind the endpoint's HAProxy, Debian's Prometheus scraping them, load through the router, and the
+experiment controller deciding from Prometheus's counters.
+
+Run 1: the control arm fails 8 % of its requests (injected errors), the treatment none: the
+controller must decide for the treatment within the sample bound, and the treatment's variant
+then serves all traffic. Run 2: two identical arms and a short deadline: inconclusive, control
+kept.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.experiment import DECIDED, INCONCLUSIVE, RUNNING, ExperimentController
+from reconciler.loader import load_or_raise
+from reconciler.prometheus import Prometheus
+from reconciler.rollout import RolloutState
+from reconciler.session import serving_states
+from reconciler.targets.local import processes
+from reconciler.targets.local.load import generate
+from reconciler.targets.local.monitoring import LocalPrometheus
+from reconciler.targets.local.serving import LocalServing
+from reconciler.targets.local.state import StateDB
+from renderers.labels import STICKY
+from renderers.seldon import ServingState, render_seldon
+from specs import Endpoint
+from specs.experiment import ArmFaults
+from tests.runtimes.helpers import ROOT, Runner
+
+EXAMPLE = ROOT / "examples" / "experiments"
+MODEL = "digits-mlp"
+VERSION = "0123456789ab"
+
+
+class LocalBackend:
+    """The controller's backend over LocalServing: what the local target does on apply (render
+    the SeldonDeployment, serve its predictors, point Prometheus at the servers)."""
+
+    def __init__(self, specs: Any, env: Any, serving: LocalServing, prom: LocalPrometheus) -> None:
+        self.specs, self.env, self.local, self.prom = specs, env, serving, prom
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.states: dict[str, RolloutState] = {}
+        self.events: list[tuple[str, str]] = []
+
+    def serving(self, endpoint: str) -> ServingState | None:
+        obj = self.objects.get(endpoint)
+        return serving_states([obj]).get(endpoint) if obj else None
+
+    def load_state(self, endpoint: str) -> RolloutState | None:
+        return self.states.get(endpoint)
+
+    def save_state(self, endpoint: str, state: RolloutState) -> None:
+        self.states[endpoint] = RolloutState.from_json(state.to_json())
+
+    def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
+        obj = render_seldon(self.specs, endpoint, self.env, "default", None, state)
+        sticky = (obj["metadata"].get("annotations") or {}).get(STICKY)
+        self.url = self.local.ensure_endpoint(endpoint.name, obj["spec"]["predictors"],
+                                                tuple(sticky.split(":", 1)) if sticky else None)  # type: ignore[arg-type]
+        self.prom.set_targets(self.local.scrape_targets())
+        self.objects[endpoint.name] = obj
+
+    def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
+        self.events.append((reason, message))
+
+
+def _endpoint(control_errors: float, max_duration: str, treatment_errors: float = 0.0) -> tuple[Any, Endpoint]:
+    specs = load_or_raise([str(EXAMPLE)]).specs
+    ep = next(e for e in specs.of(Endpoint) if e.name == "digits-ab")
+    exp = ep.spec.experiment
+    assert exp is not None
+    arms = [exp.arms[0].model_copy(update={"fault_injection": ArmFaults(error_rate=control_errors) if control_errors else None}),
+            exp.arms[1].model_copy(update={"fault_injection": ArmFaults(error_rate=treatment_errors) if treatment_errors else None})]
+    exp = exp.model_copy(update={"arms": arms, "guardrails": [], "min_samples_per_arm": 400, "interval": "1s",
+                                 "max_duration": max_duration,
+                                 # α 1 %: run 2 (no difference) may falsely decide with at most this probability
+                                 "decision": exp.decision.model_copy(update={"minimum_effect": 0.0, "alpha": 0.01})})
+    ep = ep.model_copy(update={"spec": ep.spec.model_copy(update={"experiment": exp, "shadow": None})})
+    return specs, ep
+
+
+def _run(specs: Any, ep: Endpoint, serving: LocalServing, prom: LocalPrometheus, budget: float) -> tuple[LocalBackend, Any, dict[str, Any]]:
+    env = specs.environment("local")
+    backend = LocalBackend(specs, env, serving, prom)
+    backend.set_serving(ep, ServingState(VERSION))  # what serves before the experiment: the stable version
+    controller = ExperimentController(backend, Prometheus(prom.url), "default")
+    state = controller.reconcile(ep, VERSION)
+    assert state is not None and state.phase == RUNNING
+    stop = threading.Event()
+    result: dict[str, Any] = {}
+    url = backend.url
+    loader = threading.Thread(target=lambda: result.update(
+        generate(url, MODEL, rate=80, seconds=budget, concurrency=4, stop=stop)))
+    loader.start()
+    deadline = time.monotonic() + budget
+    try:
+        while state.phase == RUNNING and time.monotonic() < deadline:
+            time.sleep(1.0)
+            state = controller.reconcile(ep, VERSION)
+    finally:
+        stop.set()
+        loader.join()
+    return backend, state, result
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_ab_experiment_decides_for_the_better_arm_and_identical_arms_are_inconclusive(
+        digits: Runner, runtime_python: str, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    for variant in ("base", "int8"):  # both arms serve the trained digits model
+        target = workspace / "registry" / MODEL / VERSION / variant
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(digits.workspace / "models" / "base", target_is_directory=True)
+    state_dir = tmp_path / ".forge"
+    db = StateDB(state_dir / "state.db")
+    serving = LocalServing(db, state_dir, runtime_python, workspace, ROOT)
+    prom = LocalPrometheus(db, state_dir, scrape_interval="1s")
+    prom.ensure()
+    try:
+        # run 1: control fails 8 % of requests
+        specs, ep = _endpoint(0.08, "10m")
+        backend, state, load = _run(specs, ep, serving, prom, budget=150)
+        assert state.phase == DECIDED and state.winner == "int8", (state.reason, state.counts)
+        counts = state.counts
+        assert all(c["trials"] >= 400 for c in counts.values()), counts  # not before the minimum sample
+        assert counts["base"]["successes"] / counts["base"]["trials"] < 0.97 < counts["int8"]["successes"] / counts["int8"]["trials"]
+        comparison = state.decision["comparisons"][0]
+        assert comparison["pValue"] <= 0.01 and comparison["low"] > 0, comparison
+        # the winner serves all traffic, as the stable predictor with its variant
+        roles = serving.status("digits-ab")["roles"]
+        assert set(roles) == {"stable"}
+        assert [p["labels"]["forge.dev/variant"] for p in backend.objects["digits-ab"]["spec"]["predictors"]] == ["int8"]
+        assert load["by_version"] and load["failed"] > 0  # the injected errors reached the clients of the control arm
+
+        # run 2: identical arms (both fail 5 %), a 45 s deadline: the test runs and finds nothing
+        specs, ep = _endpoint(0.05, "45s", treatment_errors=0.05)
+        backend, state, load = _run(specs, ep, serving, prom, budget=90)
+        assert state.phase == INCONCLUSIVE and state.winner is None, (state.reason, state.counts)
+        assert "deadline reached without" in state.reason and "control base kept" in state.reason, state.reason
+        assert all(c["trials"] >= 400 for c in state.counts.values()), state.counts
+        assert [p["labels"]["forge.dev/variant"] for p in backend.objects["digits-ab"]["spec"]["predictors"]] == ["base"]
+    finally:
+        records = db.processes()
+        serving.stop_all()
+        prom.stop()
+        assert [r.name for r in records if processes.alive(r)] == []
