@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import sys
 import urllib.request
 from collections import Counter
@@ -81,6 +82,58 @@ def test_arms_by_share_and_sticky_users(state_dir: Path, tmp_path: Path) -> None
         router.set(ports["v2"], None, 0)
         assert set(router.traffic()) == {"stable"}
         assert {_ask(url, {"Cookie": f"uid=u{u}"}) for u in range(10)} == {"v2"}
+        router.stop()
+    finally:
+        for proc in backends:
+            proc.terminate()
+            proc.wait()
+
+
+COUNTING = BACKEND.replace("    def do_POST(self):\n",
+                           "    def do_POST(self):\n        open(sys.argv[2], 'a').write('x')\n")
+
+
+@pytest.mark.slow
+def test_the_router_mirrors_to_the_shadow_and_clients_never_see_it(state_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "backend.py"
+    script.write_text(COUNTING)
+    backends = []
+    try:
+        ports, hits = {}, {}
+        for version in ("live", "shadow"):
+            hits[version] = tmp_path / f"hits-{version}"
+            proc = subprocess.Popen([sys.executable, str(script), version, str(hits[version])], stdout=subprocess.PIPE, text=True)
+            backends.append(proc)
+            assert proc.stdout is not None
+            ports[version] = ("127.0.0.1", int(proc.stdout.readline()))
+        db = StateDB(state_dir / "state.db")
+        router = Router(db, state_dir, "sh")
+        router.set(ports["live"], None, 0)
+        router.set_shadow(ports["shadow"], 100)
+        url = router.url
+
+        def count(version: str) -> int:
+            return len(hits[version].read_text()) if hits[version].exists() else 0
+
+        answers = Counter(_ask(url) for _ in range(60))
+        assert answers == {"live": 60}  # the shadow's answers never reach a client
+        deadline = time.monotonic() + 10
+        while count("shadow") < 60 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert count("live") == 60 and count("shadow") == 60  # every request, once
+
+        router.set_shadow(ports["shadow"], 50)
+        for _ in range(200):
+            _ask(url)
+        time.sleep(1.0)
+        assert 60 + 60 <= count("shadow") <= 60 + 140, count("shadow")
+
+        router.set_shadow(None)
+        before = count("shadow")
+        for _ in range(20):
+            _ask(url)
+        time.sleep(0.5)
+        assert count("shadow") == before
         router.stop()
     finally:
         for proc in backends:

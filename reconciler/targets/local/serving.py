@@ -121,10 +121,14 @@ class LocalServing:
         ``spec.predictors``) with their ``traffic``; returns the router's URL. Either a `stable` (and
         at most one `canary`) predictor, or the arms of an experiment (any other names), routed by
         their shares — by a hash of the ``sticky`` header or cookie when one is given. A `shadow`
-        predictor is not run: HAProxy 2.6 cannot mirror requests (docs/experiments.md)."""
-        shadows = [p for p in predictors if p.get("shadow")]
-        wanted = [Predictor(endpoint, p) for p in predictors if not p.get("shadow")]
-        roles = [p.role for p in wanted]
+        predictor (``shadow: true``) runs too and gets a copy of ``traffic`` percent of the requests
+        (the router's Lua mirror); its answers are dropped."""
+        shadows = [Predictor(endpoint, p) for p in predictors if p.get("shadow")]
+        for p in shadows:
+            p.role = "shadow"
+        routed = [Predictor(endpoint, p) for p in predictors if not p.get("shadow")]
+        wanted = routed + shadows[:1]
+        roles = [p.role for p in routed]
         arms = [r for r in roles if r not in ("stable", "canary")]
         if len(set(roles)) != len(roles) or (arms and len(arms) != len(roles)) or (not arms and roles and "stable" not in roles):
             raise ServingError(f"endpoint {endpoint!r}: predictors must be one `stable` and at most one `canary`, "
@@ -166,6 +170,10 @@ class LocalServing:
         if stable is None and canary is not None:
             canary_weight = 100
         try:
+            if shadows and "shadow" in current:
+                router.set_shadow(_addr(current["shadow"]), shadows[0].traffic or 100)
+            else:
+                router.set_shadow(None)
             if arms:
                 router.set_roles({role: (_addr(current[role]), max(0, min(100, by_role[role].traffic)))  # type: ignore[misc]
                                   for role in arms}, drain_timeout=self.drain_timeout)
@@ -183,12 +191,13 @@ class LocalServing:
         self.db.kv_set(f"serving/{endpoint}", {
             "endpoint": endpoint,
             "roles": {role: {"process": r.name, "version": r.info.get("version"), "url": r.info.get("url"),
-                             "traffic": (by_role[role].traffic if arms else canary_weight if role == "canary"
-                                         else 100 - canary_weight if canary else 100)}
+                             "traffic": (0 if role == "shadow" else by_role[role].traffic if arms
+                                         else canary_weight if role == "canary" else 100 - canary_weight if canary else 100),
+                             **({"mirrored": by_role[role].traffic or 100} if role == "shadow" else {})}
                       for role, r in current.items()},
             "url": router.url,
             "sticky": list(sticky) if sticky else None,
-            "shadow": ("not mirrored on the local target (HAProxy 2.6 cannot mirror requests)" if shadows else None),
+            "shadow": "mirrored by the router (Lua forge_mirror)" if shadows else None,
         })
         return router.url
 
