@@ -528,12 +528,17 @@ def rollout_status(
             "serving": None if serving is None else {"stable": serving.stable, "canary": serving.canary,
                                                      "weights": {"stable": 100 - serving.canary_weight, "canary": serving.canary_weight}},
             "rollout": state.to_json() if state else None}
+    shadow_stats = getattr(backend, "shadow_stats", None)  # the local router's mirror (docs/experiments.md)
+    data["shadow"] = shadow_stats(endpoint) if shadow_stats is not None and ep.spec.shadow is not None else None
     if output is PlanOutput.json:
         print(json.dumps(data, indent=2))
         return
+    from forgectl.experiment_cli import experiment_lines
     from reconciler import views
 
     out.print(views.rollout_text(data))
+    for line in experiment_lines(data):
+        out.print(line, markup=False)
 
 
 def _steer(endpoint: str, specs_paths, env, kubeconfig, context, namespace, promote: bool) -> None:  # type: ignore[no-untyped-def]

@@ -104,3 +104,21 @@ def stop(
     except ValueError as exc:
         raise ForgeError(str(exc)) from exc
     print(state.reason)
+
+
+def experiment_lines(data: dict[str, Any]) -> list[str]:
+    """The lines `rollout status` adds for an endpoint's experiment and shadow."""
+    lines = []
+    x = (data.get("rollout") or {}).get("experiment")
+    if x:
+        lines.append(f"experiment: {x['phase']}" + (f", winner {x['winner']}" if x.get("winner") else "")
+                     + f" — {x['reason']} (details: forgectl experiment status {data['endpoint']})")
+    s = data.get("shadow")
+    if s:
+        agreement = f"{s['agreement']:.2%}" if s.get("agreement") is not None else "-"
+        distance = f"{s['meanProbabilityDistance']:.4f}" if s.get("meanProbabilityDistance") is not None else "-"
+        latency = f"{s['meanLatencySeconds'] * 1000:.1f} ms" if s.get("meanLatencySeconds") is not None else "-"
+        lines.append(f"shadow: {s['mirrored']} mirrored, {s['answered']} answered, {s['failed']} failed, "
+                     f"agreement {agreement} of {s['compared']}, mean probability distance {distance}, "
+                     f"mean latency {latency}")
+    return lines

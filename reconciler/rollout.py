@@ -97,6 +97,8 @@ class RolloutState:
     writeback: str = ""
     #: The Endpoint's experiment (reconciler/experiment.py `ExperimentState.to_json()`), if any.
     experiment: dict[str, Any] | None = None
+    #: The regression gate's result for the current canary (reconciler/regression.py), if the policy has one.
+    regression: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain data, stored in the target."""
@@ -173,7 +175,8 @@ class Controller:
             if state.canary is not None and state.phase not in FINAL:
                 state = _transition(replace(state, canary=None, weight=0), Phase.IDLE, f"specs serve {desired} again", now)
         elif state.canary != desired:
-            state = replace(state, stable=serving.stable, canary=desired, step=-1, weight=0, runs={}, last_analysis=[], writeback="")
+            state = replace(state, stable=serving.stable, canary=desired, step=-1, weight=0, runs={}, last_analysis=[], writeback="",
+                            regression=None)
             state = _transition(state, Phase.WAITING, f"new version {desired} of model `{model}` (stable {serving.stable})", now)
         if state.phase in (Phase.WAITING, Phase.PROGRESSING, Phase.HOLDING, Phase.PAUSED):
             state = self._advance(endpoint, model, policy, state, now)
@@ -190,6 +193,18 @@ class Controller:
                 return replace(state, reason=f"waiting for the offline gate: {detail}")
             if not passed:
                 return self._rollback(endpoint, state, f"offline evaluation failed: {detail}", now)
+            gate = policy.spec.regression_gate if policy is not None else None
+            if gate is not None:
+                from reconciler.regression import GateResult, regression_gate
+
+                registered = getattr(self.backend, "registered", None)
+                result = (regression_gate(gate, registered(model, state.canary), registered(model, state.stable),
+                                          endpoint.spec.variant) if registered is not None
+                          else GateResult(None, "regression gate skipped: this target keeps no registry records"))
+                state = replace(state, regression=result.to_json())
+                if result.passed is False:
+                    return self._rollback(endpoint, state, result.detail, now)
+                detail = f"{detail}; {result.detail}"
             return self._enter_step(endpoint, state, 0, steps, f"offline gate passed ({detail})", now)
         if state.phase is Phase.PAUSED:
             return state

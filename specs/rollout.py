@@ -4,9 +4,9 @@ Prometheus analysis that gates each step."""
 from __future__ import annotations
 
 import re
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from specs.base import Duration, Name, SpecModel, duration_seconds
 
@@ -278,6 +278,20 @@ def check_branch(name: str) -> str:
     return name
 
 
+class RegressionGate(SpecModel):
+    """Before a canary takes traffic: the candidate against the live (stable) version on the same
+    held-out data, from the registry's measurements of both. Refused when the candidate is worse
+    by more than `maxDrop`."""
+
+    metric: Literal["accuracy"] = Field(default="accuracy", description="The held-out metric compared (higher is better).")
+    max_drop: float = Field(default=0.0, ge=0, le=1, description="Largest drop (absolute, e.g. 0.01 = 1 point) accepted.")
+    on_different_data: Literal["skip", "refuse"] = Field(
+        default="skip",
+        description="When the two versions were evaluated on different datasets (digests differ) the numbers are not "
+        "comparable: `skip` the gate (and say so) or `refuse` the candidate.",
+    )
+
+
 class RolloutPolicySpec(SpecModel):
     """How new model versions reach traffic, and when Forge rolls them back by itself."""
 
@@ -294,6 +308,18 @@ class RolloutPolicySpec(SpecModel):
         "`inconclusiveLimit` may still roll back); `rollback`: treat it as a failure.",
     )
     git_writeback: GitWriteback = Field(default_factory=GitWriteback, description="Revert commit after rollback.")
+    regression_gate: RegressionGate | None = Field(
+        default=None, description="Compare the candidate with the live version on the held-out data before any traffic moves."
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Unset, it stays out of the dump: a policy without it keeps its spec digest.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("regressionGate", data.get("regression_gate", 0)) is None:
+            data.pop("regressionGate", None)
+            data.pop("regression_gate", None)
+        return data
 
     @model_validator(mode="after")
     def _strategy_section(self) -> "RolloutPolicySpec":

@@ -70,10 +70,12 @@ def test_arms_by_share_and_sticky_users(state_dir: Path, tmp_path: Path) -> None
         assert router.url == url
         assert {_ask(url, {"x-user-id": f"user-{u}"}) for u in range(20)} == {"v1"}
 
-        # a replaced arm gets a fresh slot; a third arm a free family
+        # a replaced arm gets a fresh slot; a third arm a free family; the sticky setting changes in
+        # place (the admin socket's `set map`), the router is not restarted
+        pid = db.process("router/ab").pid  # type: ignore[union-attr]
         router.set_roles({"control": (ports["v1"], 34), "treatment": (ports["v3"], 33), "third": (ports["v2"], 33)},
                          sticky=("cookie", "uid"))
-        assert router.url == url  # started again for the new sticky setting, on the same port
+        assert router.url == url and db.process("router/ab").pid == pid  # type: ignore[union-attr]
         by_cookie = {u: {_ask(url, {"Cookie": f"uid=u{u}"}) for _ in range(3)} for u in range(30)}
         assert all(len(v) == 1 for v in by_cookie.values()), by_cookie
         assert set().union(*by_cookie.values()) == {"v1", "v2", "v3"}
@@ -90,7 +92,12 @@ def test_arms_by_share_and_sticky_users(state_dir: Path, tmp_path: Path) -> None
 
 
 COUNTING = BACKEND.replace("    def do_POST(self):\n",
-                           "    def do_POST(self):\n        open(sys.argv[2], 'a').write('x')\n")
+                           "    def do_POST(self):\n        open(sys.argv[2], 'a').write('x')\n").replace(
+    'self._send(200, json.dumps({"model_version": sys.argv[1]}))',
+    'p = [0.9, 0.1] if sys.argv[1] == "live" else [0.75, 0.25]\n'
+    '        self._send(200, json.dumps({"model_version": sys.argv[1], "outputs": ['
+    '{"name": "probabilities", "shape": [1, 2], "datatype": "FP32", "parameters": {"content_type": "np"}, "data": p}, '
+    '{"name": "label", "shape": [1], "datatype": "INT64", "data": [0]}]}))')
 
 
 @pytest.mark.slow
@@ -121,6 +128,13 @@ def test_the_router_mirrors_to_the_shadow_and_clients_never_see_it(state_dir: Pa
         while count("shadow") < 60 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert count("live") == 60 and count("shadow") == 60  # every request, once
+        stats = router.shadow_stats()
+        while stats is not None and stats["answered"] < 60 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            stats = router.shadow_stats()
+        assert stats is not None and stats["mirrored"] == 60 and stats["answered"] == 60, stats
+        assert stats["agreement"] == 1.0 and stats["maxProbabilityDistance"] == pytest.approx(0.15), stats
+        assert stats["meanLatencySeconds"] is not None and stats["meanLatencySeconds"] > 0.005, stats  # the backend sleeps 10 ms
 
         router.set_shadow(ports["shadow"], 50)
         for _ in range(200):

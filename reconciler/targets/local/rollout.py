@@ -60,6 +60,15 @@ class LocalRolloutBackend:
             return False, False, f"Workflow {name} is {phase}"
         return False, False, f"no run of version {version} of model `{model}` yet"
 
+    def registered(self, model: str, version: str) -> dict[str, Any] | None:
+        """The registry record of a model version (the regression gate compares two of them)."""
+        return next((r for r in self.target.db.model_versions(model) if r.get("version") == version), None)
+
+    def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
+        """The router's mirror figures for the endpoint's shadow (agreement, distance, latency)."""
+        router = self.target.serving.router(endpoint)
+        return router.shadow_stats() if router.running() else None
+
     def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
         path = self.target.state_dir / "events.jsonl"
         with open(path, "a") as fh:

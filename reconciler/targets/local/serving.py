@@ -253,7 +253,9 @@ class LocalServing:
                            "running": processes.alive(record), "log": record.log,
                            "weight": traffic.get(role, {}).get("weight", 0),
                            "router_status": traffic.get(role, {}).get("status", "-")}
-        return {"endpoint": endpoint, "url": router.url if router.running() else None, "roles": roles}
+        shadow = router.shadow_stats() if router.running() else None
+        return {"endpoint": endpoint, "url": router.url if router.running() else None, "roles": roles,
+                **({"shadow": shadow} if shadow is not None else {})}
 
     def logs(self, endpoint: str) -> list[Path]:
         """Log files of the endpoint's current model servers and of its router."""
