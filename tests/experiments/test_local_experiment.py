@@ -70,7 +70,8 @@ class LocalBackend:
         self.events.append((reason, message))
 
 
-def _endpoint(control_errors: float, max_duration: str, treatment_errors: float = 0.0) -> tuple[Any, Endpoint]:
+def _endpoint(control_errors: float, max_duration: str, treatment_errors: float = 0.0,
+              shadow: bool = False) -> tuple[Any, Endpoint]:
     specs = load_or_raise([str(EXAMPLE)]).specs
     ep = next(e for e in specs.of(Endpoint) if e.name == "digits-ab")
     exp = ep.spec.experiment
@@ -81,7 +82,8 @@ def _endpoint(control_errors: float, max_duration: str, treatment_errors: float 
                                  "max_duration": max_duration,
                                  # α 1 %: run 2 (no difference) may falsely decide with at most this probability
                                  "decision": exp.decision.model_copy(update={"minimum_effect": 0.0, "alpha": 0.01})})
-    ep = ep.model_copy(update={"spec": ep.spec.model_copy(update={"experiment": exp, "shadow": None})})
+    ep = ep.model_copy(update={"spec": ep.spec.model_copy(update={"experiment": exp,
+                                                                  "shadow": ep.spec.shadow if shadow else None})})
     return specs, ep
 
 
@@ -114,7 +116,7 @@ def _run(specs: Any, ep: Endpoint, serving: LocalServing, prom: LocalPrometheus,
 def test_ab_experiment_decides_for_the_better_arm_and_identical_arms_are_inconclusive(
         digits: Runner, runtime_python: str, tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
-    for variant in ("base", "int8"):  # both arms serve the trained digits model
+    for variant in ("base", "int8", "pruned"):  # both arms (and the shadow) serve the trained digits model
         target = workspace / "registry" / MODEL / VERSION / variant
         target.parent.mkdir(parents=True, exist_ok=True)
         target.symlink_to(digits.workspace / "models" / "base", target_is_directory=True)
@@ -139,13 +141,29 @@ def test_ab_experiment_decides_for_the_better_arm_and_identical_arms_are_inconcl
         assert [p["labels"]["forge.dev/variant"] for p in backend.objects["digits-ab"]["spec"]["predictors"]] == ["int8"]
         assert load["by_version"] and load["failed"] > 0  # the injected errors reached the clients of the control arm
 
-        # run 2: identical arms (both fail 5 %), a 45 s deadline: the test runs and finds nothing
-        specs, ep = _endpoint(0.05, "45s", treatment_errors=0.05)
+        # run 2: identical arms (both fail 5 %), a 45 s deadline: the test runs and finds nothing;
+        # a shadow (the `pruned` variant) gets a copy of every request through the router
+        specs, ep = _endpoint(0.05, "45s", treatment_errors=0.05, shadow=True)
         backend, state, load = _run(specs, ep, serving, prom, budget=90)
         assert state.phase == INCONCLUSIVE and state.winner is None, (state.reason, state.counts)
         assert "deadline reached without" in state.reason and "control base kept" in state.reason, state.reason
         assert all(c["trials"] >= 400 for c in state.counts.values()), state.counts
-        assert [p["labels"]["forge.dev/variant"] for p in backend.objects["digits-ab"]["spec"]["predictors"]] == ["base"]
+        assert [(p["labels"]["forge.dev/variant"], p.get("shadow")) for p in backend.objects["digits-ab"]["spec"]["predictors"]] == [
+            ("base", None), ("pruned", True)]
+        time.sleep(2.0)
+        shadow = serving.status("digits-ab")["shadow"]
+        # every request the clients sent was mirrored once (the errors are the arms' injected 500s:
+        # mirrored too), the shadow answered, and it agrees with the live answers (same model)
+        assert shadow["mirrored"] >= 0.95 * load["requests"] and shadow["answered"] >= 0.95 * shadow["mirrored"], (shadow, load["requests"])
+        assert shadow["compared"] > 0 and shadow["agreement"] == 1.0 and shadow["maxProbabilityDistance"] < 1e-4, shadow
+        # the shadow's own series, as Prometheus scraped them (role `shadow`)
+        rows = prom.query('sum(forge_requests_total{forge_endpoint="digits-ab",forge_role="shadow"})')
+        assert rows and float(rows[0]["value"][1]) >= 0.9 * shadow["answered"], rows
+        # (that clients never see a shadow's answer: tests/experiments/test_local_router.py)
+        from forgectl.experiment_cli import experiment_lines
+
+        lines = experiment_lines({"endpoint": "digits-ab", "rollout": backend.states["digits-ab"].to_json(), "shadow": shadow})
+        assert lines[0].startswith("experiment: Inconclusive") and "agreement 100.00%" in lines[1], lines
     finally:
         records = db.processes()
         serving.stop_all()
