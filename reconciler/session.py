@@ -145,6 +145,10 @@ def in_use(live: Iterable[Mapping[str, Any]]) -> dict[ObjectRef, str]:
         versions[state.stable] = endpoint
         if state.canary:
             versions[state.canary] = endpoint
+        for arm in state.arms:  # an experiment's arms (a pinned older version among them) and its shadow
+            versions[arm.version] = endpoint
+        if state.shadow:
+            versions[state.shadow] = endpoint
     kept = {}
     for obj in live:
         if obj.get("kind") == "Workflow":

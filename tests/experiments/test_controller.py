@@ -178,3 +178,21 @@ def test_status_text_and_json() -> None:
 
     again = json.loads(json.dumps(data))
     assert again["experiment"]["decision"]["comparisons"][0]["verdict"] == "better"
+
+
+def test_versions_an_experiment_serves_are_kept() -> None:
+    """A Workflow whose version an arm or the shadow serves is not pruned (session.in_use)."""
+    from reconciler.session import in_use
+    from renderers.seldon import ArmServing, render_seldon
+
+    specs = load_or_raise([str(ROOT / "examples" / "experiments")]).specs
+    ep = next(e for e in specs.of(Endpoint) if e.name == "digits-ab")
+    env = specs.environment("local")
+    state = ServingState("aaaaaaaaaaaa", arms=(ArmServing("base", "aaaaaaaaaaaa", "base", 50),
+                                                ArmServing("int8", "bbbbbbbbbbbb", "int8", 50)), shadow="cccccccccccc")
+    sd = render_seldon(specs, ep, env, "ns", None, state)  # type: ignore[arg-type]
+    workflows = [{"kind": "Workflow", "metadata": {"name": f"wf-{v[:2]}", "namespace": "ns",
+                                                   "labels": {"forge.dev/model-version": v}}}
+                 for v in ("aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc", "dddddddddddd")]
+    kept = {ref.name for ref in in_use([sd, *workflows])}
+    assert kept == {"wf-aa", "wf-bb", "wf-cc"}
