@@ -11,6 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from forgectl.cli import app
+from reconciler.targets.local import processes
+from reconciler.targets.local.state import StateDB
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,6 +21,15 @@ def test_experiment_commands_before_the_first_apply(tmp_path: Path, monkeypatch:
     specs = tmp_path / "specs"
     shutil.copytree(ROOT / "examples" / "experiments", specs)
     monkeypatch.chdir(specs)
+    try:
+        _commands()
+    finally:  # the commands start the environment's local Prometheus: stop what was recorded
+        for db_path in specs.glob(".forge/*/state.db"):
+            for record in StateDB(db_path).processes():
+                processes.stop(record)
+
+
+def _commands() -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["experiment", "status", "digits-ab", "--specs", ".", "--env", "local", "-o", "json"])
     assert result.exit_code == 0, result.output
