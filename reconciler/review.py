@@ -27,6 +27,7 @@ from reconciler.risks import (
     locate,
     metric_risks,
     prune_risks,
+    regression_risks,
     spec_risks,
 )
 from renderers.cost import DataSize, capacity_problems, estimate
@@ -156,8 +157,11 @@ def annotate(plan: Plan, head: Any, env: Environment, *, base: Any = None, base_
         risks += spec_risks(base.specs, head.specs, base_env, env)
     risks += fault_injection_risks(head.specs, base.specs if base is not None else None)
     risks += prune_risks(plan.changes)
+    gate_notes: list[str] = []
     if records:
         risks += metric_risks(plan.changes, list(records))
+        gate_risks, gate_notes = regression_risks(plan.changes, list(records), head.specs, env)
+        risks += gate_risks
     base_raws = base.raws if base is not None else None
     cost = est.to_json()
     if base is not None and base_env is not None:
@@ -168,6 +172,7 @@ def annotate(plan: Plan, head: Any, env: Environment, *, base: Any = None, base_
         risks=tuple(_order(locate(risks, head.raws, base_raws))),
         spec_changes=tuple(_spec_changes(base, head)) if base is not None else (),
         cost=cost,
+        notes=(*plan.notes, *gate_notes),
     )
 
 

@@ -40,6 +40,8 @@ FLAGS: dict[str, str] = {
     "traffic-jump": f"traffic to a new version grows by more than {MAX_TRAFFIC_JUMP} points in one step (or all at "
                     "once, blue-green)",
     "offline-metrics-fell": "the version about to take traffic scored worse offline than the version serving",
+    "regression-gate-refused": "the rollout policy's regression gate will refuse the version about to take traffic: "
+                               "worse than the live version on the same held-out data by more than its margin",
     "compression-bound-widened": "a compressed or exported variant may lose more accuracy than before",
     "prune-live-traffic": "an object serving traffic is deleted",
 }
@@ -395,6 +397,52 @@ def metric_risks(changes: Iterable["Change"], records: Iterable[Mapping[str, Any
                                f"offline than version {serving.get(MODEL_VERSION)}, which serves now: {'; '.join(worse)}",
                                labels.get(KIND, "Endpoint"), labels.get(NAME, ""), "spec.modelRef", keys=("spec", "modelRef")))
     return out
+
+
+def _incoming_and_serving(change: "Change") -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Labels of the predictor about to take traffic and of the one serving now, when they differ."""
+    if change.ref.kind != "SeldonDeployment" or change.after is None or change.before is None \
+            or change.action.value not in ("create", "update"):
+        return None
+    roles = {p.get("labels", {}).get(ROLE, p.get("name")): p.get("labels", {}) for p in change.after["spec"].get("predictors", [])}
+    live = {p.get("labels", {}).get(ROLE, p.get("name")): p.get("labels", {}) for p in change.before.get("spec", {}).get("predictors", [])}
+    incoming, serving = roles.get("canary") or roles.get("stable"), live.get("stable")
+    if not incoming or not serving or incoming.get(MODEL_VERSION) == serving.get(MODEL_VERSION):
+        return None
+    return incoming, serving
+
+
+def regression_risks(changes: Iterable["Change"], records: Iterable[Mapping[str, Any]], specs: Any,
+                     env: Any) -> tuple[list[Finding], list[str]]:
+    """The rollout policies' regression gates, judged now with what the registry knows: a flag for
+    each the controller will refuse, and a note with the numbers for each it can judge or skip
+    (the same function the controller runs: reconciler/regression.py)."""
+    from reconciler.regression import regression_gate
+    from specs import Endpoint
+
+    records = list(records)
+    by_version = {(r.get("model"), r.get("version")): r for r in records}
+    risks: list[Finding] = []
+    notes: list[str] = []
+    for change in changes:
+        pair = _incoming_and_serving(change)
+        if pair is None:
+            continue
+        incoming, serving = pair
+        name = _labels(change.after or {}).get(NAME, "")
+        endpoint = specs.get(Endpoint, name)
+        policy = specs.policy_of(endpoint, env) if endpoint is not None else None
+        gate = policy.spec.regression_gate if policy is not None else None
+        if endpoint is None or gate is None:
+            continue
+        model = endpoint.spec.model_ref
+        result = regression_gate(gate, by_version.get((model, incoming.get(MODEL_VERSION))),
+                                 by_version.get((model, serving.get(MODEL_VERSION))), endpoint.spec.variant)
+        notes.append(f"endpoint `{name}`: {result.detail}")
+        if result.passed is False:
+            risks.append(Finding("regression-gate-refused", f"endpoint `{name}`: {result.detail}", "Endpoint", name,
+                                 "spec.modelRef", keys=("spec", "modelRef")))
+    return risks, notes
 
 
 # -- where ----------------------------------------------------------------------------------------

@@ -279,3 +279,33 @@ def test_live_diff_risks_in_pull_request_mode() -> None:
     [risk] = live_risks(live_plan, head, base)
     assert (risk.flag, risk.kind, risk.name, risk.file, risk.line) == ("prune-live-traffic", "Endpoint", "web", "specs/all.yaml", 82)
     assert "(stable 90 %, canary 10 %)" in risk.message
+
+
+def test_regression_gate_is_judged_in_the_plan_with_the_numbers() -> None:
+    """The plan runs the controller's own regression gate (reconciler/regression.py) on the
+    registry's records: a flag when the candidate will be refused, a note with the numbers always."""
+    from reconciler.risks import regression_risks
+
+    text = BASE.replace("  onPrometheusUnreachable: rollback\n",
+                        "  onPrometheusUnreachable: rollback\n  regressionGate: {metric: accuracy, maxDrop: 0.005}\n", 1)
+    specs = loaded(text).specs
+    env = specs.environment(None)
+    records = [
+        {"model": "m", "version": "aaa", "lineage": {"datasetDigest": "sha256:d"}, "evaluation": {"accuracy": 0.97}},
+        {"model": "m", "version": "bbb", "lineage": {"datasetDigest": "sha256:d"}, "evaluation": {"accuracy": 0.95}},
+    ]
+    sd_before, sd_after = _seldon("aaa"), _seldon("aaa", "bbb")
+    for sd in (sd_before, sd_after):
+        for p in sd["spec"]["predictors"]:
+            p["labels"]["forge.dev/variant"] = "base"
+    change = Change(ObjectRef("SeldonDeployment", "ns", "web"), Action.UPDATE, sd_before, sd_after)
+    [risk], [note] = regression_risks([change], records, specs, env)
+    assert risk.flag == "regression-gate-refused" and (risk.kind, risk.name) == ("Endpoint", "web")
+    assert note == ("endpoint `web`: regression gate refused: accuracy on the held-out split: candidate bbb 0.9500, "
+                    "live aaa 0.9700 (-0.0200; largest drop allowed 0.005)")
+    better = [records[0], {**records[1], "evaluation": {"accuracy": 0.968}}]
+    risks, [note] = regression_risks([change], better, specs, env)
+    assert risks == [] and note.startswith("endpoint `web`: regression gate passed: accuracy on the held-out split: candidate bbb 0.9680")
+    risks, [note] = regression_risks([change], records[:1], specs, env)
+    assert risks == [] and "skipped: no registry record of the candidate" in note
+    assert regression_risks([change], records, loaded(BASE).specs, env) == ([], [])  # no gate in the policy
