@@ -139,10 +139,18 @@ core.register_action("forge_mirror_answer", {"http-res"}, function(txn)
   local live = txn.f:res_body()
   stats.mirrored = stats.mirrored + 1
   core.register_task(function()
-    local hc = core.httpclient()
     local started = core.now()
-    local res = hc:post{url = "http://" .. m.addr .. m.path, body = m.body, timeout = 30000,
-                        headers = {["content-type"] = {m.ctype}, ["x-forge-shadow"] = {"1"}}}
+    local res
+    -- a connection that fails before any answer (no status, or the 502/503 HAProxy's http
+    -- client makes up when the connection is refused or reset, e.g. a keep-alive the server had
+    -- just closed) is tried again, twice: a mirror drops a copy only when the shadow cannot be
+    -- reached, not on one unlucky connection
+    for _ = 1, 3 do
+      local hc = core.httpclient()
+      res = hc:post{url = "http://" .. m.addr .. m.path, body = m.body, timeout = 30000,
+                    headers = {["content-type"] = {m.ctype}, ["x-forge-shadow"] = {"1"}}}
+      if res ~= nil and res.status ~= nil and res.status ~= 0 and res.status ~= 502 and res.status ~= 503 then break end
+    end
     local now = core.now()
     if res == nil or res.status == nil or res.status >= 500 or res.status == 0 then
       stats.failed = stats.failed + 1
