@@ -216,12 +216,9 @@ def plan(
 
 def _prerequisite_notes(specs, environment, target) -> list[str]:  # type: ignore[no-untyped-def]
     """Notes naming what the cluster lacks for the rendered objects (checked read-only)."""
-    from reconciler.prerequisites import check, missing_notes
-    from renderers import RenderContext
-    from renderers import render as render_specs
-    from renderers.prerequisites import cluster_requirements
+    from reconciler.prerequisites import check_environment, missing_notes
 
-    return missing_notes(check(target, cluster_requirements(render_specs(specs, RenderContext(environment)).manifests)))
+    return missing_notes(check_environment(specs, environment, target))
 
 
 def _pull_request_plan(paths, base, head, env_name, kubeconfig, context, namespace) -> dict:  # type: ignore[no-untyped-def]
@@ -587,18 +584,14 @@ def doctor(
 ) -> None:
     """Check that the cluster provides what the rendered objects need (CRDs, PriorityClasses,
     StorageClass, GPU resources); exit 1 when something is missing."""
-    from reconciler.prerequisites import check
-    from renderers import RenderContext
-    from renderers import render as render_specs
-    from renderers.prerequisites import cluster_requirements
+    from reconciler.prerequisites import check_environment
 
     result, environment = _load_for(paths, None, env)
-    requirements = cluster_requirements(render_specs(result.specs, RenderContext(environment)).manifests)
     if environment.spec.target != "kubernetes":
         raise ForgeError(f"environment {environment.name!r} runs on the local target: there is no cluster to check "
                          "(`forgectl doctor --env <a kubernetes environment>`)")
     target, _ = _open(environment, kubeconfig, context, namespace)
-    findings = check(target, requirements)
+    findings = check_environment(result.specs, environment, target)
     if output is PlanOutput.json:
         print(json.dumps({"environment": environment.name, "findings": [f.to_json() for f in findings]}, indent=2))
     else:

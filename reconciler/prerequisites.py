@@ -107,3 +107,11 @@ def missing_notes(findings: list[Finding]) -> list[str]:
     """One plan note per requirement the cluster lacks."""
     return [f"cluster prerequisite missing: {f.requirement.kind} {f.requirement.name} — {f.detail} ({f.requirement.why})"
             for f in findings if f.status == "missing"]
+
+
+def check_environment(specs: Any, env: Any, target: Any) -> list[Finding]:
+    """Render ``specs`` for ``env`` and check what the rendered objects need of the cluster."""
+    from renderers import RenderContext, render
+    from renderers.prerequisites import cluster_requirements
+
+    return check(target, cluster_requirements(render(specs, RenderContext(env)).manifests))
