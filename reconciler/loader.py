@@ -12,7 +12,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
@@ -198,7 +198,7 @@ def _validate(raw: RawDocument, diagnostics: list[Diagnostic]) -> Document | Non
         return None
     for path, is_key, message, hint in evaluated_text(data):
         report(path, message, hint, key=is_key)
-    cls = KINDS[kind]
+    cls = KINDS[str(kind)]
     try:
         return cls.model_validate(data, by_alias=True, by_name=False)
     except ValidationError as exc:
@@ -208,7 +208,7 @@ def _validate(raw: RawDocument, diagnostics: list[Diagnostic]) -> Document | Non
         return None
 
 
-def _explain(cls: type[BaseModel], data: Any, err: dict[str, Any]) -> tuple[tuple[str | int, ...], str, str, bool]:
+def _explain(cls: type[BaseModel], data: Any, err: Mapping[str, Any]) -> tuple[tuple[str | int, ...], str, str, bool]:
     """Turn one pydantic error into (path in the data, message, hint, whether to point at the key)."""
     loc = tuple(err["loc"])
     path = _data_path(data, loc)

@@ -48,7 +48,7 @@ def lineage(workflow: Mapping[str, Any]) -> dict[str, Any]:
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     steps = workflow_steps(workflow)
     prepare = steps.get("prepare-data", {}).get("config", {})
-    train = next((s["config"] for n, s in steps.items() if s["config"].get("step") == "train"), {})
+    train: dict[str, Any] = next((s["config"] for s in steps.values() if s["config"].get("step") == "train"), {})
     revision = annotations.get(GIT_REVISION)
     parents: list[dict[str, Any]] = []
     compression: dict[str, Any] = {}

@@ -271,8 +271,8 @@ def compression_risks(name: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> 
                           f"{_num(eb['maxAbsDiff'])} (ONNX may differ more from PyTorch)", kind, name,
                           ("export", "maxAbsDiff"), "export.maxAbsDiff"))
         ia, ib = ea.get("int8") or {}, eb.get("int8") or {}
-        before = ia.get("maxAccuracyDrop") if ia.get("maxAccuracyDrop") is not None else a.get("maxAccuracyDrop", 0)
-        after = ib.get("maxAccuracyDrop") if ib.get("maxAccuracyDrop") is not None else b.get("maxAccuracyDrop", 0)
+        before = float(ia["maxAccuracyDrop"] if ia.get("maxAccuracyDrop") is not None else a.get("maxAccuracyDrop", 0))
+        after = float(ib["maxAccuracyDrop"] if ib.get("maxAccuracyDrop") is not None else b.get("maxAccuracyDrop", 0))
         own = ia.get("maxAccuracyDrop") is not None or ib.get("maxAccuracyDrop") is not None
         if ib.get("enabled", True) and after > before and own:
             out.append(_f("compression-bound-widened", f"ONNX Runtime INT8 may lose {_num(after)} points (was "
@@ -303,16 +303,16 @@ def spec_risks(base: SpecSet, head: SpecSet, base_env: Environment | None, head_
     """Every change-based risk between the specs at the base revision and the head."""
     out: list[Finding] = []
     for policy in head.of(RolloutPolicy):
-        before = base.get(RolloutPolicy, policy.name)
-        if before is not None:
-            out += policy_risks("RolloutPolicy", policy.name, _dump(before), _dump(policy))
+        old = base.get(RolloutPolicy, policy.name)
+        if old is not None:
+            out += policy_risks("RolloutPolicy", policy.name, _dump(old), _dump(policy))
     # An endpoint moved to another policy: the old policy against the new one.
     for endpoint in head.of(Endpoint):
-        before = base.get(Endpoint, endpoint.name)
-        if before is None:
+        old_endpoint = base.get(Endpoint, endpoint.name)
+        if old_endpoint is None:
             continue
         try:
-            old_policy = base.policy_of(before, base_env)
+            old_policy = base.policy_of(old_endpoint, base_env)
             new_policy = head.policy_of(endpoint, head_env)
         except Exception:  # noqa: BLE001 - a dangling reference is the loader's to report
             continue
@@ -325,13 +325,13 @@ def spec_risks(base: SpecSet, head: SpecSet, base_env: Environment | None, head_
                 out.append(replace(finding, message=f"policy `{old_policy.name}` → `{new_policy.name}`: {finding.message}",
                                    path="spec.rolloutPolicyRef", keys=("spec", *keys), in_old=False))
     for model in head.of(Model):
-        before = base.get(Model, model.name)
-        if before is not None:
-            out += model_risks(model.name, _dump(before), _dump(model))
+        old_model = base.get(Model, model.name)
+        if old_model is not None:
+            out += model_risks(model.name, _dump(old_model), _dump(model))
     for compression in head.of(Compression):
-        before = base.get(Compression, compression.name)
-        if before is not None:
-            out += compression_risks(compression.name, _dump(before), _dump(compression))
+        old_compression = base.get(Compression, compression.name)
+        if old_compression is not None:
+            out += compression_risks(compression.name, _dump(old_compression), _dump(compression))
     return out
 
 

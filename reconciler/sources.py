@@ -141,9 +141,9 @@ def files_from_paths(paths: list[str]) -> list[SourceFile]:
             raise ForgeError(f"{_printable(raw)}: no such file or folder") from None
         root = project_root(path)
         if stat.S_ISDIR(mode):
-            for base, dirs, files in os.walk(path):
+            for base, dirs, names in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not _hidden(d))
-                for name in files:
+                for name in names:
                     if _is_spec_file(name):
                         full = Path(base) / name
                         found[str(full)] = (full, root)
@@ -154,7 +154,7 @@ def files_from_paths(paths: list[str]) -> list[SourceFile]:
             found[str(path)] = (path, root)  # named on the command line: read (or refused) below
     if not found:
         raise ForgeError(f"no spec files (*.yaml, *.yml) under {', '.join(_printable(p) for p in paths)}")
-    files = []
+    files: list[SourceFile] = []
     total = 0
     for display, (path, root) in sorted(found.items()):
         source = read_bounded(path, display, root)
@@ -214,9 +214,11 @@ def files_from_git(paths: list[str], rev: str) -> list[SourceFile]:
         items = [top] if top.type == "blob" else list(top.traverse()) if top.type == "tree" else []
         matched = False
         for item in items:
-            if item.type != "blob":
+            # Tree.traverse() is typed as yielding trees, blobs, submodules and tuples; a tree
+            # walk yields only the first three, and only blobs are spec files.
+            if not isinstance(item, git.Blob):
                 continue
-            parts = item.path.split("/")
+            parts = str(item.path).split("/")
             if any(_hidden(p) for p in parts[len(rel.split("/")) if rel else 0:-1]) or (
                 item.path != rel and not _is_spec_file(parts[-1])
             ):

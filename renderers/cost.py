@@ -291,7 +291,7 @@ def _flops(model: Model, dataset: Dataset, params: int, dp: int, size: DataSize 
             source += f" × {hp.epochs} epoch{'s' if hp.epochs != 1 else ''}"
         if not tokens:
             return None, formula, "", f"how much text Dataset `{dataset.name}` holds is not known at plan time; set `hyperparameters.maxSteps` for a bound"
-        flops = factor * params * tokens * trials
+        flops: float = factor * params * tokens * trials
         work = f"N = {params:,} parameters; tokens = {source} = {tokens:,}"
         formula = f"{factor} × {sci(params)} × {tokens:,}{f' × {trials}' if trials > 1 else ''}"
         formula = f"{factor} · N · tokens{times_trials} = {formula}"
@@ -304,8 +304,9 @@ def _flops(model: Model, dataset: Dataset, params: int, dp: int, size: DataSize 
         per_sample = 6 * params
         what = f"6 · N = 6 × {params:,}"
     samples = int(size.samples * split) if size is not None and size.samples is not None else 0
-    total = samples * hp.epochs
-    source = f"{size.samples:,} samples ({size.source}) × {split:g} train split × {hp.epochs} epochs" if samples else ""
+    total: float = samples * hp.epochs
+    source = (f"{size.samples:,} samples ({size.source}) × {split:g} train split × {hp.epochs} epochs"
+              if size is not None and samples else "")
     if hp.max_steps is not None:
         cap = hp.max_steps * per_step
         if not total or cap < total:
@@ -326,7 +327,8 @@ def training_estimate(specs: SpecSet, model: Model, env: Environment, size: Data
     compute = specs.compute_of(model, env)
     acc = compute.spec.accelerator.type
     size = size or known_size(dataset)
-    limits = {"min_gpus": compute.spec.min_gpus, "max_gpus": compute.spec.max_gpus, "gpus_per_node": compute.spec.gpus_per_node}
+    limits: dict[str, Any] = {"min_gpus": compute.spec.min_gpus, "max_gpus": compute.spec.max_gpus,
+                              "gpus_per_node": compute.spec.gpus_per_node}
     trials = model.spec.search.trials if model.spec.search else 1
     try:
         schedule = schedule_resources(model, dataset, compute)

@@ -30,6 +30,7 @@ from renderers.stepargs import step_args
 from renderers.scheduling import Schedule, schedule_resources
 from renderers.versions import model_version, step_key
 from specs import Compression, Environment, Model, SpecSet
+from specs.compression import Distill
 from specs.model import Choice, IntRange, Uniform
 from specs.stepconfig import (
     AwaitConfig,
@@ -206,9 +207,9 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
         for variant in compression.spec.variants:
             teachers = {}
             awaits: list[str] = []
-            for name in sorted({s.teacher_ref for s in variant.stages if getattr(s, "teacher_ref", None)}):
+            for name in sorted({ref for s in variant.stages if isinstance(s, Distill) and (ref := s.teacher_ref)}):
                 teacher = specs.get(Model, name)
-                assert teacher is not None and name is not None
+                assert teacher is not None
                 if name == model.name:
                     teachers[name] = f"{vdir}/train"
                     continue
@@ -377,7 +378,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             "volumeMounts": [{"name": "workspace", "mountPath": DEFAULT_WORKSPACE}],
         },
     }
-    manifest = {
+    manifest: dict[str, Any] = {
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "Workflow",
         "metadata": owner_metadata(

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     drop = round(100.0 * ((before["accuracy"] or 0.0) - (after["accuracy"] or 0.0)), 4)
     bound = config.variant.max_accuracy_drop if config.variant.max_accuracy_drop is not None else config.max_accuracy_drop
     accepted = drop <= bound
-    report = {
+    report: dict[str, Any] = {
         "model": config.model,
         "variant": config.variant.name,
         "hardwareTarget": config.hardware_target,

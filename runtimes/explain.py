@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     attributions: dict[str, Any] = {}
     completeness = None
+    method: str  # reused below for the keys of `attributions`
     for method in settings.methods:
         attr, delta = _attribute(method, model, x, y, settings.steps)
         attributions[method] = attr

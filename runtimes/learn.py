@@ -10,7 +10,7 @@ import math
 import os
 import random
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -76,7 +76,7 @@ def device_of(model: object) -> torch.device:
 def predict(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
     """Outputs of ``model`` on ``x`` (on the CPU), computed on the model's device in batches."""
     if getattr(model, "training", False) and not _is_exported(model):
-        model.eval()  # type: ignore[union-attr]
+        cast(nn.Module, model).eval()  # only modules carry `training`
     device = device_of(model)
     outs = [model(x[i : i + batch_size].to(device)).float().cpu() for i in range(0, len(x), batch_size)]
     return torch.cat(outs) if outs else torch.zeros(0)
@@ -87,7 +87,7 @@ def _measure_lm(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, 
     """Loss, perplexity and next-token accuracy of an LM, streamed: its logits ([N, T, vocab])
     are never held for the whole split (50k-token vocabularies make that gigabytes)."""
     if getattr(model, "training", False) and not _is_exported(model):
-        model.eval()  # type: ignore[union-attr]
+        cast(nn.Module, model).eval()  # only modules carry `training`
     device = device_of(model)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)

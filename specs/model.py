@@ -3,7 +3,7 @@ distribute it, how to search hyperparameters and which offline thresholds gate i
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
@@ -210,7 +210,7 @@ class Search(SpecModel):
 
     @model_validator(mode="after")
     def _known_parameters(self) -> "Search":
-        known = {Hyperparameters.model_fields[n].alias for n in _SEARCHABLE}
+        known = {Hyperparameters.model_fields[n].alias or n for n in _SEARCHABLE}
         for name in self.space:
             if name not in known:
                 raise ValueError(
@@ -241,6 +241,15 @@ class Privacy(SpecModel):
     max_grad_norm: float = Field(default=1.0, gt=0, le=1000, description="Per-sample gradient clipping bound (L2).")
 
 
+Attack = Literal["fgsm", "pgd"]
+AttributionMethod = Literal["integratedGradients", "saliency", "inputXGradient"]
+
+
+def _default_methods() -> list[AttributionMethod]:
+    """Integrated gradients first (the primary), saliency to compare it with."""
+    return ["integratedGradients", "saliency"]
+
+
 class Robustness(SpecModel):
     """Accuracy under adversarial attack on the held-out split: FGSM (one signed-gradient step) and
     PGD (`pgdSteps` projected steps of `stepSize`, random start), both in the L∞ ball of radius
@@ -248,8 +257,8 @@ class Robustness(SpecModel):
     standardisation). Recorded as the metrics `fgsmAccuracy` and `pgdAccuracy`."""
 
     epsilon: float = Field(gt=0, le=1000, description="Radius of the L∞ ball the attacker may move each input within.")
-    attacks: list[Literal["fgsm", "pgd"]] = Field(
-        default_factory=lambda: ["fgsm", "pgd"], min_length=1, max_length=2, description="Attacks to run."
+    attacks: list[Attack] = Field(
+        default_factory=lambda: list[Attack](get_args(Attack)), min_length=1, max_length=2, description="Attacks to run."
     )
     pgd_steps: int = Field(default=10, ge=1, le=1000, description="PGD iterations.")
     step_size: float | None = Field(
@@ -262,8 +271,8 @@ class Explanations(SpecModel):
     """An `explain` step after `evaluate`: attributions (Captum) on a sample of the test split,
     per-class summaries, PNG attribution maps for images, and a randomised-weights sanity check."""
 
-    methods: list[Literal["integratedGradients", "saliency", "inputXGradient"]] = Field(
-        default_factory=lambda: ["integratedGradients", "saliency"], min_length=1, max_length=3,
+    methods: list[AttributionMethod] = Field(
+        default_factory=_default_methods, min_length=1, max_length=3,
         description="Attribution methods; the first is the primary one, the others are compared with it.",
     )
     samples: int = Field(default=200, ge=1, le=100_000, description="Test rows explained (the first ones).")

@@ -171,21 +171,21 @@ def check_references(specs: SpecSet) -> list[ReferenceProblem]:
                                  + (f"Compute {pool.name!r} is a CPU pool" if pool else "the Endpoint has no `computeRef`")
                                  + ": name an accelerator pool in `computeRef`")
             )
-        model = specs.get(Model, ep.spec.model_ref)
-        if model is not None:
-            comp = specs.get(Compression, model.spec.compression_ref)
-            variants = [v.name for v in comp.spec.variants] if comp else []
+        served = specs.get(Model, ep.spec.model_ref)
+        if served is not None:
+            pipeline = specs.get(Compression, served.spec.compression_ref)
+            variants = [v.name for v in pipeline.spec.variants] if pipeline else []
             wanted: list[tuple[tuple[str | int, ...], str]] = [(("spec", "variant"), ep.spec.variant)]
             if ep.spec.experiment is not None:
                 wanted += [(("spec", "experiment", "arms", i, "variant"), arm.variant)
                            for i, arm in enumerate(ep.spec.experiment.arms) if arm.variant is not None]
             if ep.spec.shadow is not None and ep.spec.shadow.variant is not None:
                 wanted.append((("spec", "shadow", "variant"), ep.spec.shadow.variant))
-            for path, variant in wanted:
-                if variant != "base" and variant not in variants:
+            for path, wanted_variant in wanted:
+                if wanted_variant != "base" and wanted_variant not in variants:
                     problems.append(
                         ReferenceProblem("Endpoint", ep.name, path,
-                                         f"model {model.name!r} builds no variant {variant!r} "
+                                         f"model {served.name!r} builds no variant {wanted_variant!r} "
                                          f"(expected `base`{''.join(', ' + repr(v) for v in variants)})")
                     )
 
