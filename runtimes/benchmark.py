@@ -104,6 +104,7 @@ def probe(folder: Path, threads: int, batch: Any) -> dict[str, Any]:
     pid = os.fork()
     if pid == 0:  # the child: measure, report on the pipe, leave without running any cleanup
         code = 0
+        result: dict[str, Any]
         try:
             os.close(read_fd)
             baseline = _status_kb("VmRSS") or 0

@@ -284,7 +284,7 @@ class ModelThreshold(Threshold):
     """An offline gate: the evaluate step fails, and nothing is compressed, registered or served,
     unless the metric on the held-out split meets it."""
 
-    metric: EvaluationMetric = Field(description="Metric on the held-out test split.")  # type: ignore[assignment]
+    metric: EvaluationMetric = Field(description="Metric on the held-out test split.")
 
 
 class Evaluation(SpecModel):
