@@ -2,6 +2,8 @@
 # Build the test cluster's binaries from the Go module proxy into a cache keyed by version.
 #
 #   scripts/cluster/build.sh [etcd|kube-apiserver|all]    (default: all)
+#   scripts/cluster/build.sh node     kubelet, kube-scheduler, kube-controller-manager, kube-proxy,
+#                                     kubectl of the same KUBERNETES_VERSION
 #   scripts/cluster/build.sh judge                        (prints the binary's path on stdout)
 #
 # Output: ${FORGE_CACHE:-$HOME/.cache/forge}/bin/<name>-<version>/<name>
@@ -56,22 +58,19 @@ GOMOD
   log "etcd $ETCD_VERSION: built $out/etcd"
 }
 
-build_kube_apiserver() {
-  local v="$KUBERNETES_VERSION"
-  local out="$cache/bin/kube-apiserver-$v"
-  if [[ -x "$out/kube-apiserver" ]]; then log "kube-apiserver $v: cached ($out/kube-apiserver)"; return; fi
-  local src="$cache/src/kube-apiserver-$v"
+# k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with
+# ./staging/src/k8s.io/<name>. Those replaces do not apply to a module that requires it,
+# so derive the list from the pinned go.mod and point each one at the published
+# v0.<minor>.<patch> of the same release (v1.34.4 -> v0.34.4).
+kube_wrapper() { # <src dir> <module name> <package>...: writes the wrapper module and resolves it
+  local v="$KUBERNETES_VERSION" src="$1" modname="$2"; shift 2
   rm -rf "$src"; mkdir -p "$src"
-  # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with
-  # ./staging/src/k8s.io/<name>. Those replaces do not apply to a module that requires it,
-  # so derive the list from the pinned go.mod and point each one at the published
-  # v0.<minor>.<patch> of the same release (v1.34.4 -> v0.34.4).
-  log "kube-apiserver $v: reading k8s.io/kubernetes@$v go.mod"
+  log "kubernetes $v: reading k8s.io/kubernetes@$v go.mod"
   local gomod
   gomod="$(cd "$src" && go mod download -json "k8s.io/kubernetes@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
   local staging="v0.${v#v1.}"
   {
-    echo "module forge.local/cluster/kube-apiserver"
+    echo "module $modname"
     echo
     echo "go 1.24.0"
     echo
@@ -93,12 +92,17 @@ if n == 0:
     sys.exit("no staging replaces found in k8s.io/kubernetes go.mod")
 '
   } >"$src/go.mod"
-  log "kube-apiserver $v: $(grep -c '^replace' "$src/go.mod") staging modules replaced with $staging"
-  log "kube-apiserver $v: resolving modules"
-  (cd "$src" && go get "k8s.io/kubernetes/cmd/kube-apiserver@$v")
+  log "kubernetes $v: $(grep -c '^replace' "$src/go.mod") staging modules replaced with $staging"
+  log "kubernetes $v: resolving modules for $*"
+  local p
+  for p in "$@"; do (cd "$src" && go get "$p@$v"); done
+}
+
+kube_ldflags() { # <src dir>: the version stamp `--version` and /version report
+  local v="$KUBERNETES_VERSION"
   local minor="${v#v1.}"; minor="${minor%%.*}"
   local commit
-  commit="$(cd "$src" && go mod download -json "k8s.io/kubernetes@$v" | python3 -c 'import json,sys; print((json.load(sys.stdin).get("Origin") or {}).get("Hash",""))')"
+  commit="$(cd "$1" && go mod download -json "k8s.io/kubernetes@$v" | python3 -c 'import json,sys; print((json.load(sys.stdin).get("Origin") or {}).get("Hash",""))')"
   local date; date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   local ld="-s -w"
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -106,12 +110,54 @@ if n == 0:
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
     [[ -n "$commit" ]] && ld+=" -X $pkg.gitCommit=$commit"
   done
+  echo "$ld"
+}
+
+build_kube_apiserver() {
+  local v="$KUBERNETES_VERSION"
+  local out="$cache/bin/kube-apiserver-$v"
+  if [[ -x "$out/kube-apiserver" ]]; then log "kube-apiserver $v: cached ($out/kube-apiserver)"; return; fi
+  local src="$cache/src/kube-apiserver-$v"
+  kube_wrapper "$src" forge.local/cluster/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+  local ld; ld="$(kube_ldflags "$src")"
   log "kube-apiserver $v: compiling (the long pole: about 6 min on 2 idle cores the first time)"
   local tmp="$out.tmp.$$"; mkdir -p "$tmp"
   (cd "$src" && go build -p "$jobs" -ldflags "$ld" -o "$tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
   "$tmp/kube-apiserver" --version >&2
   finish "$tmp" "$out"
   log "kube-apiserver $v: built $out/kube-apiserver"
+}
+
+# The node's components, from the same k8s.io/kubernetes release as kube-apiserver:
+# bin/<name>-<version>/<name>. They share the Go build cache with kube-apiserver (most of
+# k8s.io/{api,apimachinery,client-go,...} is compiled already). Missing ones are built together
+# in one `go build` (one link step each), then each is installed atomically.
+NODE_COMPONENTS=(kubelet kube-scheduler kube-controller-manager kube-proxy kubectl)
+
+build_kube_node() {
+  local v="$KUBERNETES_VERSION" missing=() name
+  for name in "${NODE_COMPONENTS[@]}"; do
+    if [[ -x "$cache/bin/$name-$v/$name" ]]; then log "$name $v: cached ($cache/bin/$name-$v/$name)"
+    else missing+=("$name"); fi
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return
+  local src="$cache/src/kube-node-$v" pkgs=()
+  for name in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$name"); done
+  kube_wrapper "$src" forge.local/cluster/kube-node "${pkgs[@]}"
+  local ld; ld="$(kube_ldflags "$src")"
+  log "kubernetes $v: compiling ${missing[*]}"
+  local tmp="$cache/bin/.kube-node-$v.tmp.$$"; rm -rf "$tmp"; mkdir -p "$tmp"
+  local t0=$SECONDS
+  (cd "$src" && go build -p "$jobs" -ldflags "$ld" -o "$tmp/" "${pkgs[@]}")
+  log "kubernetes $v: compiled ${missing[*]} in $((SECONDS - t0)) s"
+  for name in "${missing[@]}"; do
+    local one="$cache/bin/$name-$v.tmp.$$"; mkdir -p "$one"
+    mv "$tmp/$name" "$one/$name"
+    if [[ "$name" == kubectl ]]; then "$one/$name" version --client >&2; else "$one/$name" --version >&2; fi
+    finish "$one" "$cache/bin/$name-$v"
+    log "$name $v: built $cache/bin/$name-$v/$name"
+  done
+  rm -rf "$tmp"
 }
 
 judges="$(cd "$here/../.." && pwd)/judges"
@@ -157,11 +203,12 @@ what="${1:-all}"
 case "$what" in
   etcd) lock; build_etcd ;;
   kube-apiserver) lock; build_kube_apiserver ;;
+  node) lock; build_kube_node ;;
   all) lock; build_etcd; build_kube_apiserver ;;
   judge)
     # A cached judge needs no lock: installs are atomic renames, and a kube-apiserver build
     # holding the lock for minutes must not stall every test that only asks for the path.
     if [[ ! -x "$(judge_out)/forge-judge" ]]; then lock; build_judge; fi
     echo "$(judge_out)/forge-judge" ;;
-  *) echo "usage: $0 [etcd|kube-apiserver|all|judge]" >&2; exit 2 ;;
+  *) echo "usage: $0 [etcd|kube-apiserver|all|node|judge]" >&2; exit 2 ;;
 esac
