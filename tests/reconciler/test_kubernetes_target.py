@@ -8,18 +8,19 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from reconciler.apply import Outcome, apply_plan
-from reconciler.errors import ApplyFailed, ForbiddenError, LockHeldError, UnreachableError
+from reconciler.errors import ApplyFailed, ForbiddenError, LockHeldError, TargetError, UnreachableError
 from reconciler.loader import load_or_raise
 from reconciler.plan import Action, Plan
 from reconciler.resources import ObjectRef
 from reconciler.session import TargetOptions, make_plan, open_target
 from specs import Environment
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FORGECTL = [sys.executable, "-m", "forgectl"]
@@ -166,16 +167,26 @@ def test_concurrent_apply_is_refused_and_expired_lock_taken_over(kube_cluster, n
         refused = forgectl("apply", str(specs), "--env", "cluster", "-n", namespace, "--auto-approve", kubeconfig=kube_cluster.kubeconfig)
         assert refused.returncode == 1 and "locked by alice@laptop:1" in refused.stderr
     # An expired lease (its holder died) is taken over.
-    from reconciler.targets.kubernetes import _micro
-
     old = "2020-01-01T00:00:00.000000Z"
     target._call("POST", target._lease_path(), verb="create", ref="lease", namespace=namespace, body={
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "forgectl-cluster", "namespace": namespace},
         "spec": {"holderIdentity": "dead@host:9", "leaseDurationSeconds": 10, "acquireTime": old, "renewTime": old}})
+    taken = datetime.now(timezone.utc)
     with target.lock("carol@host:3"):
         lease = target._call("GET", target._lease_path("forgectl-cluster"), verb="get", ref="lease", namespace=namespace)
         assert lease["spec"]["holderIdentity"] == "carol@host:3"
-    assert _micro  # imported for the timestamp format
+        # the taker's own times, in the API's MicroTime format (the server would reject another)
+        for key in ("acquireTime", "renewTime"):
+            stamp = datetime.strptime(lease["spec"][key], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+            assert abs((stamp - taken).total_seconds()) < 60, (key, lease["spec"][key])
+        # … and it is a live lock now: the next taker is refused, naming carol
+        with pytest.raises(LockHeldError, match=r"locked by carol@host:3"):
+            with target.lock("dave@host:4"):
+                pass
+    # released on exit: the Lease is gone
+    with pytest.raises(TargetError) as gone:
+        target._call("GET", target._lease_path("forgectl-cluster"), verb="get", ref="lease", namespace=namespace)
+    assert gone.value.status == 404
 
 
 def test_forbidden_error_names_verb_resource_and_namespace(kube_cluster, namespace, restricted_kubeconfig, tmp_path) -> None:
@@ -218,7 +229,8 @@ def test_api_server_stopped_mid_apply_then_rerun_converges(kube_cluster, namespa
     changeset = err.value.changeset
     assert changeset.count(Outcome.CREATED) == 1 and changeset.count(Outcome.FAILED) == 1
     assert changeset.count(Outcome.NOT_ATTEMPTED) == 7
-    time.sleep(0.5)
+    wait_until(lambda: target.read_live() is not None, timeout=60, what="the API server answering again after SIGCONT",
+               interval=0.2, ignore=(UnreachableError,))
     plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
     apply_plan(plan, target)
     assert not plan_for(specs, kube_cluster.kubeconfig, namespace)[0].has_changes
