@@ -1,4 +1,5 @@
-"""Apply a Plan to a Target: in dependency order, skipping no-ops, returning a typed change set.
+"""Apply a Plan to a Target: in dependency order, skipping no-ops, independent objects of one
+wave written concurrently (bounded), returning a typed change set.
 
 A failure part-way raises :class:`ApplyFailed` carrying what was applied and what was not; a rerun
 plans again from the live state and converges.
@@ -6,14 +7,17 @@ plans again from the live state and converges.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from reconciler.errors import ApplyFailed, TargetError
 from reconciler.plan import Action, Change, Plan
 from reconciler.resources import ObjectRef
 from reconciler.targets.base import Target
+from renderers.bundle import sort_key
 
 
 class Outcome(str, Enum):
@@ -56,35 +60,94 @@ class ChangeSet:
 
 _OUTCOME = {Action.CREATE: Outcome.CREATED, Action.UPDATE: Outcome.CONFIGURED, Action.DELETE: Outcome.DELETED}
 
+def waves(changes: Sequence[Change]) -> list[list[int]]:
+    """The plan's changes (indices) cut into waves that may each be applied all at once.
 
-def apply_plan(plan: Plan, target: Target, *, progress: Callable[[Change, Outcome], None] | None = None) -> ChangeSet:
-    """Make the plan's changes on ``target`` in the plan's order."""
-    changeset = ChangeSet()
-    pending = list(plan.changes)
-    for index, change in enumerate(pending):
+    The plan is already in dependency order (kinds in apply order, a distillation teacher's
+    Workflow before its students', deletions last in reverse): consecutive changes that share a
+    kind and a training stage depend on nothing among themselves, so they form one wave. A wave
+    starts only when the one before it has finished, which keeps that order.
+    """
+    out: list[list[int]] = []
+    last: tuple[Any, ...] | None = None
+    for index, change in enumerate(changes):
         if change.action is Action.NOOP:
-            changeset.entries.append(ChangeSetEntry(change.ref, Outcome.UNCHANGED))
             continue
-        try:
-            if change.action is Action.DELETE:
-                uid = (change.before or {}).get("metadata", {}).get("uid")
-                target.delete(change.ref, uid=uid)
+        obj = change.after or change.before or {}
+        key = (change.action is Action.DELETE, *sort_key(obj)[:3])
+        if key != last:
+            out.append([])
+            last = key
+        out[-1].append(index)
+    return out
+
+
+def _attempt(change: Change, target: Target) -> TargetError | None:
+    """Write one change; the target's error, if any, is returned (not raised) so that the rest
+    of its wave still finishes."""
+    try:
+        if change.action is Action.DELETE:
+            uid = (change.before or {}).get("metadata", {}).get("uid")
+            target.delete(change.ref, uid=uid)
+        else:
+            assert change.after is not None
+            target.apply(change.after)
+    except TargetError as exc:
+        return exc
+    return None
+
+
+def apply_plan(plan: Plan, target: Target, *, progress: Callable[[Change, Outcome], None] | None = None,
+               parallelism: int | None = None) -> ChangeSet:
+    """Make the plan's changes on ``target``: wave after wave (see :func:`waves`), up to
+    ``parallelism`` objects at once within a wave (default: the target's ``apply_parallelism``;
+    one at a time for a target that does not say).
+
+    Every object's outcome is recorded in the plan's order. When objects of a wave fail, the rest
+    of that wave still finishes (its writes are independent), later waves are not attempted, and
+    :class:`ApplyFailed` names every failed object with its error.
+    """
+    width = max(1, parallelism or getattr(target, "apply_parallelism", 1))
+    changes = plan.changes
+    outcomes: dict[int, ChangeSetEntry] = {}
+    errors: dict[int, TargetError] = {}
+    pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="forge-apply") if width > 1 else None
+    try:
+        for wave in waves(changes):
+            if errors:
+                break
+            if pool is None or len(wave) == 1:
+                results = [(i, _attempt(changes[i], target)) for i in wave]
             else:
-                assert change.after is not None
-                target.apply(change.after)
-        except TargetError as exc:
-            changeset.entries.append(ChangeSetEntry(change.ref, Outcome.FAILED, str(exc)))
-            for rest in pending[index + 1 :]:
-                outcome = Outcome.UNCHANGED if rest.action is Action.NOOP else Outcome.NOT_ATTEMPTED
-                changeset.entries.append(ChangeSetEntry(rest.ref, outcome))
-            done = changeset.count(Outcome.CREATED) + changeset.count(Outcome.CONFIGURED) + changeset.count(Outcome.DELETED)
-            raise ApplyFailed(
-                f"apply stopped at {change.ref}: {exc}\n  {done} change(s) were applied, "
-                f"{changeset.count(Outcome.NOT_ATTEMPTED)} not attempted; run `forgectl apply` again to converge",
-                changeset,
-            ) from exc
-        outcome = _OUTCOME[change.action]
-        changeset.entries.append(ChangeSetEntry(change.ref, outcome))
-        if progress:
-            progress(change, outcome)
+                futures = {pool.submit(_attempt, changes[i], target): i for i in wave}
+                results = [(futures[f], f.result()) for f in as_completed(futures)]
+            for index, error in results:  # reported from this thread, as each object finishes
+                change = changes[index]
+                if error is not None:
+                    outcomes[index] = ChangeSetEntry(change.ref, Outcome.FAILED, str(error))
+                    errors[index] = error
+                    continue
+                outcome = _OUTCOME[change.action]
+                outcomes[index] = ChangeSetEntry(change.ref, outcome)
+                if progress:
+                    progress(change, outcome)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+    changeset = ChangeSet()
+    for index, change in enumerate(changes):
+        entry = outcomes.get(index)
+        if entry is None:
+            entry = ChangeSetEntry(change.ref, Outcome.UNCHANGED if change.action is Action.NOOP else Outcome.NOT_ATTEMPTED)
+        changeset.entries.append(entry)
+    if errors:
+        failed = sorted(errors)
+        first = changes[failed[0]]
+        done = changeset.count(Outcome.CREATED) + changeset.count(Outcome.CONFIGURED) + changeset.count(Outcome.DELETED)
+        others = "".join(f"\n  also failed: {changes[i].ref}: {outcomes[i].error}" for i in failed[1:])
+        raise ApplyFailed(
+            f"apply stopped at {first.ref}: {outcomes[failed[0]].error}{others}\n  {done} change(s) were applied, "
+            f"{changeset.count(Outcome.NOT_ATTEMPTED)} not attempted; run `forgectl apply` again to converge",
+            changeset,
+        ) from errors[failed[0]]
     return changeset

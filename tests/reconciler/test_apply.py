@@ -1,0 +1,103 @@
+"""apply_plan: waves in dependency order, bounded concurrency inside a wave, per-object errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from reconciler.apply import Outcome, apply_plan, waves
+from reconciler.errors import ApplyFailed, ConflictError
+from reconciler.plan import Action, Change, Plan
+from reconciler.resources import ObjectRef
+
+
+def obj(kind: str, name: str, api: str = "v1") -> dict[str, Any]:
+    return {"apiVersion": api, "kind": kind, "metadata": {"name": name, "namespace": "ns"}}
+
+
+def change(kind: str, name: str, action: Action = Action.CREATE, api: str = "v1") -> Change:
+    o = obj(kind, name, api)
+    before = o if action in (Action.DELETE, Action.NOOP) else None
+    after = None if action is Action.DELETE else o
+    return Change(ObjectRef.of(o), action, before, after)
+
+
+def plan_of(*changes: Change) -> Plan:
+    return Plan("env", "kubernetes", tuple(changes), "fp", None)
+
+
+class FakeTarget:
+    """Records what was written, how many writes overlapped, and fails the names it is told to."""
+
+    name = "fake"
+
+    def __init__(self, parallelism: int, fail: frozenset[str] = frozenset(), delay: float = 0.05) -> None:
+        self.apply_parallelism = parallelism
+        self.fail, self.delay = fail, delay
+        self.written: list[str] = []
+        self.in_flight = self.peak = 0
+        self._lock = threading.Lock()
+
+    def _write(self, name: str) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        try:
+            time.sleep(self.delay)
+            if name in self.fail:
+                raise ConflictError(f"{name}: refused")
+            with self._lock:
+                self.written.append(name)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def apply(self, o: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        self._write(o["metadata"]["name"])
+        return o
+
+    def delete(self, ref: ObjectRef, *, uid: str | None = None) -> None:
+        self._write(ref.name)
+
+
+WF = "argoproj.io/v1alpha1"
+
+
+def test_waves_follow_kind_and_keep_deletions_apart() -> None:
+    changes = [change("ServiceAccount", "a"), change("Workflow", "w1", api=WF), change("Workflow", "w2", api=WF),
+               change("ConfigMap", "c", Action.NOOP), change("ConfigMap", "d"), change("ConfigMap", "old", Action.DELETE)]
+    assert waves(changes) == [[0], [1, 2], [4], [5]]
+
+
+def test_a_wave_is_written_concurrently_within_the_bound_and_in_order_across_waves() -> None:
+    sa = [change("ServiceAccount", f"sa-{i}") for i in range(3)]
+    wfs = [change("Workflow", f"wf-{i}", api=WF) for i in range(12)]
+    target = FakeTarget(parallelism=4)
+    result = apply_plan(plan_of(*sa, *wfs), target)
+    assert result.count(Outcome.CREATED) == 15
+    assert target.peak == 4  # bounded, and really concurrent
+    assert set(target.written[:3]) == {"sa-0", "sa-1", "sa-2"}  # the first wave finished before the second
+    assert [e.ref.name for e in result.entries] == [c.ref.name for c in (*sa, *wfs)]  # the plan's order
+
+
+def test_one_at_a_time_unless_the_target_says_otherwise() -> None:
+    target = FakeTarget(parallelism=1)
+    apply_plan(plan_of(*[change("Workflow", f"wf-{i}", api=WF) for i in range(5)]), target)
+    assert target.peak == 1
+
+
+def test_failures_in_a_wave_are_all_named_and_later_waves_are_not_attempted() -> None:
+    wfs = [change("Workflow", f"wf-{i}", api=WF) for i in range(6)]
+    later = change("SeldonDeployment", "sd", api="machinelearning.seldon.io/v1")
+    target = FakeTarget(parallelism=3, fail=frozenset({"wf-1", "wf-4"}))
+    with pytest.raises(ApplyFailed) as err:
+        apply_plan(plan_of(*wfs, later), target)
+    cs = err.value.changeset
+    assert cs.count(Outcome.FAILED) == 2 and cs.count(Outcome.CREATED) == 4  # the rest of the wave finished
+    assert cs.count(Outcome.NOT_ATTEMPTED) == 1 and "sd" not in target.written
+    message = str(err.value)
+    assert "wf-1" in message and "wf-4: refused" in message
+    assert isinstance(err.value.__cause__, ConflictError)
