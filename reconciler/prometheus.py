@@ -2,15 +2,18 @@
 
 A query answers a number, "no data" (None) or raises :class:`PrometheusUnavailable`; the
 analysis turns the last two into *inconclusive*, never into a failure by itself.
+:class:`MetricSource` is that contract as a type: the controllers depend on it, not on the HTTP
+client, so their unit tests can answer queries without a server.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import requests
-from urllib3.util.retry import Retry
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
 
 from reconciler.diagnostics import ForgeError
 
@@ -19,8 +22,17 @@ class PrometheusUnavailable(ForgeError):
     """Prometheus could not answer (down, timeout, HTTP error, bad query)."""
 
 
+class MetricSource(Protocol):
+    """Anything that answers an instant PromQL query with one number."""
+
+    def value(self, query: str) -> float | None:
+        """The query's value; None when there are no samples (or NaN). Raises
+        :class:`PrometheusUnavailable` when the source cannot answer at all."""
+        ...
+
+
 class Prometheus:
-    """A Prometheus server's HTTP API."""
+    """A Prometheus server's HTTP API (a :class:`MetricSource`)."""
 
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url.rstrip("/")

@@ -5,115 +5,43 @@ for the local target), never only in memory: each pass loads it, does what is du
 weight, take a measurement, promote, roll back), saves it if it changed, and returns. A killed
 controller restarted later continues from the same step.
 
-    Idle ──new version──▶ WaitingForModel ──offline gate passed──▶ Progressing(step i)
-      Progressing ──pause elapsed, analysis passed──▶ Progressing(step i+1) … ──▶ Promoted
-      Progressing ──failures > failureLimit──▶ RolledBack   (traffic back to stable, canary removed)
-      Progressing ──no data / NaN / Prometheus down──▶ Holding ──data again──▶ Progressing
-      Holding ──inconclusiveLimit reached──▶ RolledBack
-      WaitingForModel ──offline evaluation failed──▶ RolledBack (no traffic ever moved)
-      any ──`rollout abort`──▶ Aborted;  RolledBack/Aborted ──`rollout retry`──▶ WaitingForModel
-
-Every transition is recorded with its reason: query, value, threshold, step.
+The states and transitions are :mod:`reconciler.rollout_machine` (pure, diagram there); this
+module is the loop around them: it reads the target (serving, saved state, the offline gate), asks
+the :class:`~reconciler.prometheus.MetricSource` for measurements, and carries out each
+:class:`~reconciler.rollout_machine.Decision` (serving change, event, write-back hook). Every
+transition is recorded with its reason: query, value, threshold, step.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
-from enum import Enum
-from typing import Any, Callable, Mapping, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
-from reconciler.analysis import Measurement, Verdict, judge, render_query
-from reconciler.prometheus import Prometheus, PrometheusUnavailable
+from reconciler import rollout_machine as machine
+from reconciler.analysis import Measurement, judge, render_query
+from reconciler.prometheus import MetricSource, PrometheusUnavailable
+from reconciler.regression import GateResult, regression_gate
+from reconciler.rollout_machine import (
+    ACTIVE,
+    FINAL,
+    HISTORY_LIMIT,
+    STATE_ANNOTATION,
+    MetricRun,
+    OfflineGate,
+    Phase,
+    RolloutState,
+    Step,
+    policy_steps,
+)
 from renderers.seldon import ServingState
-from specs import Endpoint, RolloutPolicy, duration_seconds
+from specs import Endpoint, RolloutPolicy
 from specs.rollout import Metric
 
-STATE_ANNOTATION = "forge.dev/rollout"
-HISTORY_LIMIT = 50
-
-
-class Phase(str, Enum):
-    """Where a rollout stands."""
-
-    IDLE = "Idle"
-    WAITING = "WaitingForModel"
-    PROGRESSING = "Progressing"
-    HOLDING = "Holding"
-    PAUSED = "Paused"
-    PROMOTED = "Promoted"
-    ROLLED_BACK = "RolledBack"
-    ABORTED = "Aborted"
-
-
-FINAL = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK, Phase.ABORTED})
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of a policy, strategy-independent: a weight, a pause and the metrics to analyse."""
-
-    weight: int
-    pause: float
-    analysis: tuple[str, ...]
-
-
-def policy_steps(policy: RolloutPolicy | None) -> list[Step]:
-    """A policy's steps; blue-green is one preview step (its preview traffic, its analysis)."""
-    if policy is None:
-        return [Step(100, 0.0, ())]
-    if policy.spec.canary is not None:
-        return [Step(s.weight, duration_seconds(s.pause), tuple(s.analysis)) for s in policy.spec.canary.steps]
-    bg = policy.spec.blue_green
-    assert bg is not None
-    return [Step(bg.preview_traffic_percent, 0.0, tuple(bg.analysis))]
-
-
-@dataclass
-class MetricRun:
-    """Counters of one metric's analysis in the current step."""
-
-    measurements: int = 0
-    failures: int = 0
-    inconclusive_in_a_row: int = 0
-    last_at: float = 0.0
-
-
-@dataclass
-class RolloutState:
-    """Everything the controller needs to resume an endpoint's rollout."""
-
-    endpoint: str
-    stable: str
-    canary: str | None = None
-    phase: Phase = Phase.IDLE
-    step: int = -1
-    weight: int = 0
-    step_started: float = 0.0
-    runs: dict[str, MetricRun] = field(default_factory=dict)
-    last_analysis: list[dict[str, Any]] = field(default_factory=list)
-    reason: str = ""
-    history: list[dict[str, Any]] = field(default_factory=list)
-    writeback: str = ""
-    #: The Endpoint's experiment (reconciler/experiment.py `ExperimentState.to_json()`), if any.
-    experiment: dict[str, Any] | None = None
-    #: The regression gate's result for the current canary (reconciler/regression.py), if the policy has one.
-    regression: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain data, stored in the target."""
-        data = asdict(self)
-        data["phase"] = self.phase.value
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RolloutState":
-        """Inverse of :meth:`to_json`."""
-        values = dict(data)
-        values["phase"] = Phase(values.get("phase", "Idle"))
-        values["runs"] = {k: MetricRun(**v) for k, v in (values.get("runs") or {}).items()}
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in values.items() if k in known})
+# The state types are re-exported: the targets and the CLI import them from here.
+__all__ = ["ACTIVE", "FINAL", "HISTORY_LIMIT", "STATE_ANNOTATION", "Backend", "Controller", "MetricRun", "Phase",
+           "RolloutState", "Step", "policy_steps"]
 
 
 class Backend(Protocol):
@@ -144,20 +72,16 @@ class Backend(Protocol):
         ...
 
 
-def _transition(state: RolloutState, phase: Phase, reason: str, now: float, measurement: Measurement | None = None) -> RolloutState:
-    entry = {"at": now, "from": state.phase.value, "to": phase.value, "step": state.step, "weight": state.weight, "reason": reason}
-    if measurement is not None:
-        entry["measurement"] = measurement.to_json()
-    history = (state.history + [entry])[-HISTORY_LIMIT:]
-    return replace(state, phase=phase, reason=reason, history=history)
-
-
 @dataclass
 class Controller:
-    """Drives the rollouts of one environment. ``clock`` is injectable for tests."""
+    """Drives the rollouts of one environment. ``clock`` is injectable for tests.
+
+    ``prometheus`` answers the analysis queries (None: none configured, every measurement is
+    inconclusive as if Prometheus were unreachable). A backend that also has
+    ``registered(model, version)`` (registry records) lets a policy's regression gate compare."""
 
     backend: Backend
-    prometheus: Prometheus | None
+    prometheus: MetricSource | None
     namespace: str
     on_rollback: Callable[[Endpoint, RolloutState], str] | None = None
     clock: Callable[[], float] = time.time
@@ -169,16 +93,9 @@ class Controller:
         if serving is None:
             return None  # not applied yet
         saved = self.backend.load_state(endpoint.name)
-        state = saved or RolloutState(endpoint.name, serving.stable)
         now = self.clock()
-        if desired == serving.stable and serving.canary is None:
-            if state.canary is not None and state.phase not in FINAL:
-                state = _transition(replace(state, canary=None, weight=0), Phase.IDLE, f"specs serve {desired} again", now)
-        elif state.canary != desired:
-            state = replace(state, stable=serving.stable, canary=desired, step=-1, weight=0, runs={}, last_analysis=[], writeback="",
-                            regression=None)
-            state = _transition(state, Phase.WAITING, f"new version {desired} of model `{model}` (stable {serving.stable})", now)
-        if state.phase in (Phase.WAITING, Phase.PROGRESSING, Phase.HOLDING, Phase.PAUSED):
+        state = machine.observe(saved, endpoint.name, serving, desired, model, now)
+        if state.phase in ACTIVE:
             state = self._advance(endpoint, model, policy, state, now)
         if state != saved:
             self.backend.save_state(endpoint.name, state)
@@ -187,72 +104,33 @@ class Controller:
     def _advance(self, endpoint: Endpoint, model: str, policy: RolloutPolicy | None, state: RolloutState, now: float) -> RolloutState:
         steps = policy_steps(policy)
         if state.phase is Phase.WAITING:
-            assert state.canary is not None
-            finished, passed, detail = self.backend.model_gate(model, state.canary)
-            if not finished:
-                return replace(state, reason=f"waiting for the offline gate: {detail}")
-            if not passed:
-                return self._rollback(endpoint, state, f"offline evaluation failed: {detail}", now)
-            gate = policy.spec.regression_gate if policy is not None else None
-            if gate is not None:
-                from reconciler.regression import GateResult, regression_gate
-
-                registered = getattr(self.backend, "registered", None)
-                result = (regression_gate(gate, registered(model, state.canary), registered(model, state.stable),
-                                          endpoint.spec.variant) if registered is not None
-                          else GateResult(None, "regression gate skipped: this target keeps no registry records"))
-                state = replace(state, regression=result.to_json())
-                if result.passed is False:
-                    return self._rollback(endpoint, state, result.detail, now)
-                detail = f"{detail}; {result.detail}"
-            return self._enter_step(endpoint, state, 0, steps, f"offline gate passed ({detail})", now)
-        if state.phase is Phase.PAUSED:
-            return state
-        step = steps[state.step]
-        if now < state.step_started + step.pause:
-            return state
+            gate = self._offline_gate(endpoint, model, policy, state)
+            return self._carry_out(endpoint, machine.after_offline_gate(state, steps, gate, now))
+        if not machine.analysis_due(state, steps, now):
+            return state  # paused by the policy, or the step's pause has not elapsed
         metrics = {m.name: m for m in (policy.spec.metrics if policy else [])}
-        runs = dict(state.runs)
-        analysis = list(state.last_analysis)
-        for name in step.analysis:
+        # One metric at a time: a rollback stops the pass before the next metric is queried.
+        for name in steps[state.step].analysis:
             metric = metrics[name]
-            run = runs.get(name, MetricRun())
-            if run.measurements >= metric.count or now < run.last_at + duration_seconds(metric.interval):
+            if not machine.measurement_due(state, metric, now):
                 continue
-            m = self._measure(metric, endpoint, state)
-            analysis = [a for a in analysis if a.get("metric") != name] + [m.to_json()]
-            run = replace(run, last_at=now)
-            if m.verdict is Verdict.INCONCLUSIVE:
-                run = replace(run, inconclusive_in_a_row=run.inconclusive_in_a_row + 1)
-                runs[name] = run
-                state = replace(state, runs=runs, last_analysis=analysis)
-                unreachable = m.detail.startswith("Prometheus unreachable")
-                if unreachable and policy is not None and policy.spec.on_prometheus_unreachable == "rollback":
-                    return self._rollback(endpoint, state, f"step {state.step + 1}: {m.metric}: {m.detail} (policy: rollback)", now, m)
-                if metric.inconclusive_limit is not None and run.inconclusive_in_a_row >= metric.inconclusive_limit:
-                    return self._rollback(endpoint, state, f"step {state.step + 1}: {m.metric} inconclusive "
-                                          f"{run.inconclusive_in_a_row} times in a row ({m.detail})", now, m)
-                if state.phase is not Phase.HOLDING:
-                    state = _transition(state, Phase.HOLDING, f"step {state.step + 1}: holding, {m.metric} inconclusive: {m.detail}", now, m)
-                continue
-            run = replace(run, measurements=run.measurements + 1, inconclusive_in_a_row=0,
-                          failures=run.failures + (m.verdict is Verdict.FAIL))
-            runs[name] = run
-            state = replace(state, runs=runs, last_analysis=analysis)
-            if run.failures > metric.failure_limit:
-                return self._rollback(endpoint, state, f"step {state.step + 1} at {state.weight} %: {m.metric} {m.detail} "
-                                      f"({run.failures} failed measurements > failureLimit {metric.failure_limit}); query: {m.query}", now, m)
-            if state.phase is Phase.HOLDING:
-                state = _transition(state, Phase.PROGRESSING, f"step {state.step + 1}: {m.metric} has data again ({m.detail})", now, m)
-        done = all(runs.get(n, MetricRun()).measurements >= metrics[n].count for n in step.analysis)
-        if not done:
-            return replace(state, runs=runs, last_analysis=analysis)
-        summary = ", ".join(f"{a['metric']}={a['value']:.4g}" for a in analysis if a.get("value") is not None) or "no analysis"
-        if state.step + 1 < len(steps):
-            return self._enter_step(endpoint, state, state.step + 1, steps, f"step {state.step + 1} passed ({summary})", now)
-        if policy is not None and policy.spec.blue_green is not None and not policy.spec.blue_green.auto_promote:
-            return _transition(state, Phase.PAUSED, f"preview passed ({summary}); waiting for `forgectl rollout promote`", now)
-        return self.promote(endpoint, state, f"all {len(steps)} step(s) passed ({summary})", now)
+            decision = machine.record(state, policy, metric, self._measure(metric, endpoint, state), now)
+            if decision.state.phase in FINAL:
+                return self._carry_out(endpoint, decision)
+            state = decision.state
+        return self._carry_out(endpoint, machine.conclude(state, policy, steps, now))
+
+    def _offline_gate(self, endpoint: Endpoint, model: str, policy: RolloutPolicy | None, state: RolloutState) -> OfflineGate:
+        """The offline gate of the canary: its workflow, then (once that passed) the policy's regression gate."""
+        assert state.canary is not None
+        finished, passed, detail = self.backend.model_gate(model, state.canary)
+        gate = policy.spec.regression_gate if policy is not None else None
+        if not (finished and passed) or gate is None:
+            return OfflineGate(finished, passed, detail)
+        registered: Callable[[str, str], dict[str, Any] | None] | None = getattr(self.backend, "registered", None)
+        result = (regression_gate(gate, registered(model, state.canary), registered(model, state.stable), endpoint.spec.variant)
+                  if registered is not None else GateResult(None, "regression gate skipped: this target keeps no registry records"))
+        return OfflineGate(finished, passed, detail, result)
 
     def _measure(self, metric: Metric, endpoint: Endpoint, state: RolloutState) -> Measurement:
         assert state.canary is not None
@@ -270,42 +148,26 @@ class Controller:
             return judge(metric, None, None, query=query, at=at, error=str(exc))
         return judge(metric, value, stable, query=query, at=at)
 
-    # -- transitions with effects ------------------------------------------------------------
-    def _enter_step(self, endpoint: Endpoint, state: RolloutState, index: int, steps: list[Step], reason: str, now: float) -> RolloutState:
-        assert state.canary is not None
-        weight = steps[index].weight
-        if weight >= 100 and index == len(steps) - 1 and not steps[index].analysis:
-            return self.promote(endpoint, state, reason, now)
-        self.backend.set_serving(endpoint, ServingState(state.stable, state.canary, min(weight, 100)))
-        state = replace(state, step=index, weight=weight, step_started=now, runs={})
-        message = f"{reason}; step {index + 1}/{len(steps)}: canary {state.canary} at {weight} %"
-        self.backend.event(endpoint.name, "Normal", "RolloutStep", message)
-        return _transition(state, Phase.PROGRESSING, message, now)
-
-    def promote(self, endpoint: Endpoint, state: RolloutState, reason: str, now: float | None = None) -> RolloutState:
-        """Make the canary the stable version (all traffic)."""
-        now = self.clock() if now is None else now
-        assert state.canary is not None
-        self.backend.set_serving(endpoint, ServingState(state.canary))
-        message = f"promoted {state.canary} (was {state.stable}): {reason}"
-        self.backend.event(endpoint.name, "Normal", "Promoted", message)
-        state = replace(state, stable=state.canary, weight=100, runs={})
-        return _transition(state, Phase.PROMOTED, message, now)
-
-    def _rollback(self, endpoint: Endpoint, state: RolloutState, reason: str, now: float,
-                  measurement: Measurement | None = None, phase: Phase = Phase.ROLLED_BACK) -> RolloutState:
-        self.backend.set_serving(endpoint, ServingState(state.stable))
-        message = f"rolled back to {state.stable}, canary {state.canary} removed: {reason}"
-        self.backend.event(endpoint.name, "Warning", "RolledBack" if phase is Phase.ROLLED_BACK else "Aborted", message)
-        state = _transition(replace(state, weight=0, runs={}), phase, message, now, measurement)
-        if self.on_rollback is not None and phase is Phase.ROLLED_BACK:
+    def _carry_out(self, endpoint: Endpoint, decision: machine.Decision) -> RolloutState:
+        """The decision's effects, in order: serving, event, write-back hook. Returns the new state."""
+        state = decision.state
+        if decision.serving is not None:
+            self.backend.set_serving(endpoint, decision.serving)
+        if decision.event is not None:
+            self.backend.event(endpoint.name, decision.event.kind, decision.event.reason, decision.event.message)
+        if decision.writeback_due and self.on_rollback is not None:
             state = replace(state, writeback=self.on_rollback(endpoint, state))
         return state
 
+    # -- by hand ------------------------------------------------------------------------------
+    def promote(self, endpoint: Endpoint, state: RolloutState, reason: str, now: float | None = None) -> RolloutState:
+        """Make the canary the stable version (all traffic)."""
+        return self._carry_out(endpoint, machine.promote(state, reason, self.clock() if now is None else now))
+
     def abort(self, endpoint: Endpoint, state: RolloutState, who: str = "user") -> RolloutState:
         """Roll back now, by hand."""
-        return self._rollback(endpoint, state, f"aborted by {who}", self.clock(), phase=Phase.ABORTED)
+        return self._carry_out(endpoint, machine.abort(state, who, self.clock()))
 
     def retry(self, state: RolloutState) -> RolloutState:
         """Start a rolled-back or aborted rollout again from the offline gate."""
-        return _transition(replace(state, step=-1, weight=0, runs={}, last_analysis=[]), Phase.WAITING, "retry requested", self.clock())
+        return machine.retry(state, self.clock())
