@@ -24,7 +24,7 @@ from specs import API_VERSION, KINDS, Dataset, Document, Environment, SpecSet, c
 from specs.safety import OutsideRoot, evaluated_text, resolve_inside
 
 #: Most documents one run validates (docs/security.md).
-MAX_DOCUMENTS = 10_000
+MAX_DOCUMENTS = 50_000
 
 
 @dataclass(frozen=True)

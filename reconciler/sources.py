@@ -21,7 +21,7 @@ from reconciler.yamlsource import MAX_FILE_BYTES
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 #: Limits on one run's input (docs/security.md): spec files, and their bytes in all.
-MAX_FILES = 10_000
+MAX_FILES = 50_000
 MAX_TOTAL_BYTES = 64 * 1024 * 1024
 
 
