@@ -577,7 +577,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work folder (specs, rendered manifests)")
     args = ap.parse_args()
 
-    from tests.clusterkit import Cluster
+    from devkit.cluster import Cluster
 
     kubectl, kubectl_origin = find_kubectl()
     work = Path(tempfile.mkdtemp(prefix="forge-plan-scale-"))

@@ -5,8 +5,8 @@ DEFAULT analysis settings (issue 6).
     .venv/bin/python bench/rollback_latency.py [--runs 5] [--rate 40] [--error-rate 0.5]
                                                [--scrape-interval 1s] [--run-timeout 180]
 
-Everything is real and local: a kube-apiserver + etcd with the CRDs (``tests.clusterkit.Cluster``),
-a Prometheus scraping the model servers (``tests.clusterkit.Prometheus``), two
+Everything is real and local: a kube-apiserver + etcd with the CRDs (``devkit.cluster.Cluster``),
+a Prometheus scraping the model servers (``devkit.prometheus.Prometheus``), two
 ``python -m runtimes serve`` processes of the runtime environment (``scripts/runtime-env main``)
 serving a digits MLP trained once for all runs (stable, and canary with fault injection
 ``errorRate``), a traffic generator that splits ~``--rate`` req/s between them by the weights of
@@ -71,7 +71,9 @@ from reconciler.prometheus import Prometheus as PromClient  # noqa: E402
 from reconciler.prometheus import PrometheusUnavailable  # noqa: E402
 from reconciler.rollout import Phase  # noqa: E402
 from reconciler.session import serving_states  # noqa: E402
-from tests import clusterkit  # noqa: E402
+from devkit.cluster import Cluster  # noqa: E402
+from devkit.common import ClusterError  # noqa: E402
+from devkit.prometheus import Prometheus  # noqa: E402
 from tests.cluster_fixtures import delete_namespace  # noqa: E402
 from tests.rollout.test_rollout_controller import ZERO, Rollout, Traffic  # noqa: E402
 from tests.runtimes.helpers import DIGITS_DATASET, Runner, Server, train_config  # noqa: E402
@@ -123,12 +125,12 @@ def train_digits(python: str, workspace: Path) -> Runner:
     return runner
 
 
-def create_namespace(cluster: clusterkit.Cluster) -> str:
+def create_namespace(cluster: Cluster) -> str:
     name = f"bench-rollback-{uuid.uuid4().hex[:6]}"
     body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"forge.dev/bench": "true"}}}
     status, resp = cluster.raw_client().request("POST", "/api/v1/namespaces", json.dumps(body).encode())
     if status != 201:
-        raise clusterkit.ClusterError(f"creating namespace {name}: HTTP {status}: {resp}")
+        raise ClusterError(f"creating namespace {name}: HTTP {status}: {resp}")
     return name
 
 
@@ -139,7 +141,7 @@ def _replace(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def prepare_rollout(cluster: clusterkit.Cluster, prom: clusterkit.Prometheus, runner: Runner, namespace: str, work: Path) -> Rollout:
+def prepare_rollout(cluster: Cluster, prom: Prometheus, runner: Runner, namespace: str, work: Path) -> Rollout:
     """Quick-start specs with the default policy, applied at version 1 (workflow done), then a
     learning-rate change applied: version 2 is the canary at weight 0, its workflow done."""
     specs_dir = work / "repo" / "specs"
@@ -259,7 +261,7 @@ class Marks:
     stop: threading.Event = field(default_factory=threading.Event)
 
 
-def watch_seldon(cluster: clusterkit.Cluster, r: Rollout, traffic: Traffic, marks: Marks, deadline: float) -> None:
+def watch_seldon(cluster: Cluster, r: Rollout, traffic: Traffic, marks: Marks, deadline: float) -> None:
     """The mesh: follow the live weights (every 0.1 s), and mark when the canary gets / loses traffic."""
     raw = cluster.raw_client()
     path = f"/apis/machinelearning.seldon.io/v1/namespaces/{r.namespace}/seldondeployments"
@@ -293,7 +295,7 @@ def watch_prometheus(url: str, query: str, marks: Marks, deadline: float) -> Non
         marks.stop.wait(max(0.0, at + 0.25 - time.monotonic()))
 
 
-def one_run(index: int, cluster: clusterkit.Cluster, prom: clusterkit.Prometheus, runner: Runner, args: argparse.Namespace) -> dict[str, Any]:
+def one_run(index: int, cluster: Cluster, prom: Prometheus, runner: Runner, args: argparse.Namespace) -> dict[str, Any]:
     namespace = create_namespace(cluster)
     work = Path(tempfile.mkdtemp(prefix="forge-bench-rollback-"))
     servers: list[Server] = []
@@ -407,16 +409,16 @@ def main() -> None:
     cluster_dir = Path(tempfile.mkdtemp(prefix="forge-bench-cluster-"))
     prom_dir = Path(tempfile.mkdtemp(prefix="forge-bench-prometheus-"))
     workspace = Path(tempfile.mkdtemp(prefix="forge-bench-digits-"))
-    cluster: clusterkit.Cluster | None = None
-    prom: clusterkit.Prometheus | None = None
+    cluster: Cluster | None = None
+    prom: Prometheus | None = None
     results: list[dict[str, Any]] = []
     try:
         log("training the digits MLP once for all runs (prepare + train)")
         t0 = time.monotonic()
         runner = train_digits(python, workspace)
         log(f"trained in {time.monotonic() - t0:.1f} s; starting kube-apiserver + etcd and Prometheus")
-        cluster = clusterkit.Cluster.start(cluster_dir, die_with_parent=True, log=lambda msg: None)
-        prom = clusterkit.Prometheus.start(state_dir=prom_dir, scrape_interval=args.scrape_interval, die_with_parent=True, log=log)
+        cluster = Cluster.start(cluster_dir, die_with_parent=True, log=lambda msg: None)
+        prom = Prometheus.start(state_dir=prom_dir, scrape_interval=args.scrape_interval, die_with_parent=True, log=log)
         log(f"apiserver {cluster.server}, prometheus {prom.url} (scrape every {args.scrape_interval})")
         for i in range(1, args.runs + 1):
             res = one_run(i, cluster, prom, runner, args)

@@ -6,13 +6,13 @@ Register it once, in the top-level ``tests/conftest.py``::
 
 Fixtures (see docs/test-cluster.md):
 
-* ``kube_cluster`` (session) -> :class:`tests.clusterkit.Cluster`: ``.kubeconfig``, ``.server``,
+* ``kube_cluster`` (session) -> :class:`tests.Cluster`: ``.kubeconfig``, ``.server``,
   ``.api_client(kubeconfig=None)``, ``.version()``, ``.user_kubeconfig(user, groups)``.
 * ``k8s_api`` (session) -> ``kubernetes.client.ApiClient`` for the admin.
 * ``namespace`` (function) -> ``str``: a fresh namespace, emptied and removed after the test.
 * ``restricted_kubeconfig`` (function) -> ``pathlib.Path``: a kubeconfig whose user ``forgectl``
   holds exactly docs/rbac/forgectl-role.yaml in ``namespace`` (its default namespace).
-* ``prometheus`` (function) -> :class:`tests.clusterkit.Prometheus`: one server per session,
+* ``prometheus`` (function) -> :class:`tests.Prometheus`: one server per session,
   reset for each test (running again, no targets, no series): ``.url``, ``.set_targets()``,
   ``.pause()``/``.resume()`` for outage tests, ``.query()``, ``.wait_for_targets()``.
   ``prometheus_server`` (session) is the same object without the reset.
@@ -39,7 +39,11 @@ from typing import Iterator
 
 import pytest
 
-from tests import clusterkit
+from devkit.cluster import Cluster
+from devkit.common import ClusterError
+from devkit.gobuild import ensure_binaries
+from devkit.prometheus import Prometheus, ensure_prometheus
+from devkit.rbac import FORGECTL_GROUP, FORGECTL_USER, bind_forgectl, install_forgectl_rbac
 
 
 _started: list[str] = []  # one line per component started by this session, for the summary
@@ -73,15 +77,15 @@ def _uncaptured(config: pytest.Config) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def kube_cluster(pytestconfig: pytest.Config) -> Iterator[clusterkit.Cluster]:
-    external = clusterkit.Cluster.external_from_env()
+def kube_cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
+    external = Cluster.external_from_env()
     if external is not None:
         yield external
         return
     with _uncaptured(pytestconfig):
-        clusterkit.ensure_binaries()
+        ensure_binaries()
     state_dir = tempfile.mkdtemp(prefix="forge-test-cluster-")
-    cluster = clusterkit.Cluster.start(state_dir, die_with_parent=True, log=lambda msg: None)
+    cluster = Cluster.start(state_dir, die_with_parent=True, log=lambda msg: None)
     _started.append(f"kube-apiserver {cluster.versions['KUBERNETES_VERSION']} + etcd {cluster.versions['ETCD_VERSION']} "
                     f"+ {len(cluster.crds)} CRDs ready in {cluster.start_seconds:.1f} s at {cluster.server}")
     _started.extend("  note: " + n for n in cluster.notes if "refused by the module proxy" not in n)
@@ -96,7 +100,7 @@ def kube_cluster(pytestconfig: pytest.Config) -> Iterator[clusterkit.Cluster]:
 
 
 @pytest.fixture(scope="session")
-def k8s_api(kube_cluster: clusterkit.Cluster):
+def k8s_api(kube_cluster: Cluster):
     client = kube_cluster.api_client()
     try:
         yield client
@@ -120,7 +124,7 @@ _NAMESPACED = (
 )
 
 
-def delete_namespace(cluster: clusterkit.Cluster, name: str) -> None:
+def delete_namespace(cluster: Cluster, name: str) -> None:
     """Delete every object of the known kinds in ``name``, then the namespace itself."""
     raw = cluster.raw_client()
     for gv, plural in _NAMESPACED:
@@ -142,7 +146,7 @@ def delete_namespace(cluster: clusterkit.Cluster, name: str) -> None:
 
 
 @pytest.fixture
-def namespace(kube_cluster: clusterkit.Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+def namespace(kube_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"t-{base}-{uuid.uuid4().hex[:6]}"
     raw = kube_cluster.raw_client()
@@ -150,7 +154,7 @@ def namespace(kube_cluster: clusterkit.Cluster, request: pytest.FixtureRequest) 
             "metadata": {"name": name, "labels": {"forge.dev/test": "true"}}}
     status, resp = raw.request("POST", "/api/v1/namespaces", json.dumps(body).encode())
     if status != 201:
-        raise clusterkit.ClusterError(f"creating namespace {name}: HTTP {status}: {resp}")
+        raise ClusterError(f"creating namespace {name}: HTTP {status}: {resp}")
     try:
         yield name
     finally:
@@ -161,23 +165,23 @@ def namespace(kube_cluster: clusterkit.Cluster, request: pytest.FixtureRequest) 
 
 
 @pytest.fixture(scope="session")
-def _forgectl_rbac(kube_cluster: clusterkit.Cluster) -> None:
+def _forgectl_rbac(kube_cluster: Cluster) -> None:
     if kube_cluster.external:
         pytest.skip("restricted_kubeconfig needs the client CA of a cluster started by the tests")
-    clusterkit.install_forgectl_rbac(kube_cluster)
+    install_forgectl_rbac(kube_cluster)
 
 
 @pytest.fixture
-def restricted_kubeconfig(kube_cluster: clusterkit.Cluster, namespace: str, _forgectl_rbac: None) -> Path:
+def restricted_kubeconfig(kube_cluster: Cluster, namespace: str, _forgectl_rbac: None) -> Path:
     """Kubeconfig for user ``forgectl`` (group ``forge:controllers``) bound to ClusterRole
     ``forgectl`` in ``namespace`` only, plus cluster-wide ``forgectl-namespace-reader``."""
-    clusterkit.bind_forgectl(kube_cluster, namespace)
-    path = kube_cluster.user_kubeconfig(clusterkit.FORGECTL_USER, [clusterkit.FORGECTL_GROUP], namespace)
+    bind_forgectl(kube_cluster, namespace)
+    path = kube_cluster.user_kubeconfig(FORGECTL_USER, [FORGECTL_GROUP], namespace)
     _wait_allowed(kube_cluster, path, namespace)
     return path
 
 
-def _wait_allowed(cluster: clusterkit.Cluster, kubeconfig: Path, namespace: str, timeout: float = 10.0) -> None:
+def _wait_allowed(cluster: Cluster, kubeconfig: Path, namespace: str, timeout: float = 10.0) -> None:
     """RBAC is served from an informer cache: wait until the new binding is visible."""
     from kubernetes import client
 
@@ -190,18 +194,18 @@ def _wait_allowed(cluster: clusterkit.Cluster, kubeconfig: Path, namespace: str,
         deadline = time.monotonic() + timeout
         while not authz.create_self_subject_access_review(review).status.allowed:
             if time.monotonic() > deadline:
-                raise clusterkit.ClusterError(f"RoleBinding forgectl in {namespace} not effective after {timeout} s")
+                raise ClusterError(f"RoleBinding forgectl in {namespace} not effective after {timeout} s")
             time.sleep(0.05)
     finally:
         api.close()
 
 
 @pytest.fixture(scope="session")
-def prometheus_server(pytestconfig: pytest.Config) -> Iterator[clusterkit.Prometheus]:
+def prometheus_server(pytestconfig: pytest.Config) -> Iterator[Prometheus]:
     """The session's Prometheus as is (no per-test reset): for session/module-scoped fixtures."""
     with _uncaptured(pytestconfig):
-        clusterkit.ensure_prometheus()  # apt-get install on first use
-    prom = clusterkit.Prometheus.start(die_with_parent=True)
+        ensure_prometheus()  # apt-get install on first use
+    prom = Prometheus.start(die_with_parent=True)
     _started.append(f"prometheus at {prom.url} (1 s scrape interval)")
     try:
         yield prom
@@ -210,7 +214,7 @@ def prometheus_server(pytestconfig: pytest.Config) -> Iterator[clusterkit.Promet
 
 
 @pytest.fixture
-def prometheus(prometheus_server: clusterkit.Prometheus) -> clusterkit.Prometheus:
+def prometheus(prometheus_server: Prometheus) -> Prometheus:
     """The session's Prometheus, running, with no scrape targets and no stored series."""
     prometheus_server.reset()
     return prometheus_server

@@ -1,4 +1,4 @@
-"""CLI behind scripts/dev-cluster (the logic lives in tests/clusterkit.py)."""
+"""CLI behind scripts/dev-cluster (the logic lives in the devkit package)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests import clusterkit  # noqa: E402
+from devkit.cluster import Cluster, default_state_dir  # noqa: E402
+from devkit.common import ClusterError  # noqa: E402
+from devkit.gobuild import ensure_binaries  # noqa: E402
+from devkit.prometheus import Prometheus  # noqa: E402
 
 
-def _exports(cluster: clusterkit.Cluster, prom_url: str | None) -> str:
+def _exports(cluster: Cluster, prom_url: str | None) -> str:
     lines = [f"export KUBECONFIG={shlex.quote(cluster.kubeconfig)}"]
     if prom_url:
         lines.append(f"export FORGE_PROMETHEUS_URL={shlex.quote(prom_url)}")
@@ -38,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="print the saved state as JSON")
     sub.add_parser("build", help="build (or reuse) the binaries only")
     args = ap.parse_args(argv)
-    sd = clusterkit.default_state_dir()
+    sd = default_state_dir()
     try:
         if args.cmd == "build":
-            for name, path in clusterkit.ensure_binaries().items():
+            for name, path in ensure_binaries().items():
                 print(f"{name}: {path}")
             return 0
         if args.cmd == "start":
@@ -49,16 +52,16 @@ def main(argv: list[str] | None = None) -> int:
             ps = _prom_state(sd)
             if ps:  # left from an earlier start: end it unless that cluster still runs
                 try:
-                    running = clusterkit.Cluster.load(sd).alive()
-                except clusterkit.ClusterError:
+                    running = Cluster.load(sd).alive()
+                except ClusterError:
                     running = False
                 if running:
-                    raise clusterkit.ClusterError(f"a cluster is already running from {sd}; stop it first")
-                clusterkit.Prometheus(**ps).stop()
-            cluster = clusterkit.Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False)
+                    raise ClusterError(f"a cluster is already running from {sd}; stop it first")
+                Prometheus(**ps).stop()
+            cluster = Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False)
             prom_url = None
             if args.prometheus:
-                prom = clusterkit.Prometheus.start(state_dir=sd / "prometheus", die_with_parent=False)
+                prom = Prometheus.start(state_dir=sd / "prometheus", die_with_parent=False)
                 (sd / "prometheus.json").write_text(json.dumps(asdict(prom)))
                 prom_url = prom.url
             v = cluster.version()
@@ -70,27 +73,27 @@ def main(argv: list[str] | None = None) -> int:
             print(_exports(cluster, prom_url))
             return 0
         if args.cmd == "env":
-            cluster = clusterkit.Cluster.load(sd)
+            cluster = Cluster.load(sd)
             ps = _prom_state(sd)
             print(_exports(cluster, f"http://127.0.0.1:{ps['port']}" if ps else None))
             return 0
         if args.cmd == "status":
-            cluster = clusterkit.Cluster.load(sd)
+            cluster = Cluster.load(sd)
             doc = asdict(cluster) | {"alive": cluster.alive(), "prometheus": _prom_state(sd)}
             print(json.dumps(doc, indent=2))
             return 0 if cluster.alive() else 1
         if args.cmd == "stop":
             ps = _prom_state(sd)
             if ps:
-                clusterkit.Prometheus(**ps).stop()
+                Prometheus(**ps).stop()
             try:
-                cluster = clusterkit.Cluster.load(sd)
-            except clusterkit.ClusterError as e:
+                cluster = Cluster.load(sd)
+            except ClusterError as e:
                 print(f"dev-cluster: {e}", file=sys.stderr)
                 return 0
             cluster.stop()
             return 0
-    except clusterkit.ClusterError as e:
+    except ClusterError as e:
         print(f"dev-cluster: error: {e}", file=sys.stderr)
         return 1
     return 2

@@ -16,7 +16,9 @@ import pytest
 from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
-from tests import clusterkit
+from devkit.common import versions
+from devkit.rbac import forgectl_rbac_documents
+from reconciler.targets.local.processes import free_port, running
 
 pytestmark = pytest.mark.cluster
 
@@ -67,7 +69,7 @@ def seldon_deployment(name: str) -> dict:
 
 
 def test_version_is_the_pinned_release(kube_cluster, k8s_api):
-    pinned = clusterkit.versions()["KUBERNETES_VERSION"]
+    pinned = versions()["KUBERNETES_VERSION"]
     info = client.VersionApi(k8s_api).get_code()
     assert info.git_version == pinned
     assert (info.major, info.minor) == ("1", pinned.split(".")[1])
@@ -204,7 +206,7 @@ def test_rbac_file_is_what_the_cluster_enforces(kube_cluster, restricted_kubecon
                     namespace=namespace, verb=verb, group=group, resource=resource)))
             return authz.create_self_subject_access_review(review).status.allowed
 
-        for doc in clusterkit.forgectl_rbac_documents():
+        for doc in forgectl_rbac_documents():
             for rule in doc["rules"]:
                 for group in rule["apiGroups"]:
                     for res in rule["resources"]:
@@ -251,7 +253,7 @@ def test_prometheus_scrapes_targets_and_survives_an_outage(prometheus):
 
 
 def test_prometheus_target_down_is_reported(prometheus):
-    dead = f"127.0.0.1:{clusterkit.free_port()}"
+    dead = f"127.0.0.1:{free_port()}"
     prometheus.set_targets([dead])
     prometheus.wait_for_targets(1, health="down")
     assert [r["value"][1] for r in prometheus.query(f'up{{instance="{dead}"}}')] == ["0"]
@@ -269,13 +271,13 @@ def test_dev_cluster_script_start_env_stop(tmp_path):
         assert start.stdout.startswith(f"export KUBECONFIG={tmp_path / 'dc' / 'kubeconfig'}")
         assert "started in" in start.stderr
         state = json.loads((tmp_path / "dc" / "state.json").read_text())
-        pids = state["pids"]
+        pids, starts = state["pids"], state["starts"]
         assert set(pids) == {"etcd", "kube-apiserver"}
         again = subprocess.run([script, "env"], env=env, capture_output=True, text=True, timeout=60)
         assert again.stdout == start.stdout
     finally:
         stop = subprocess.run([script, "stop"], env=env, capture_output=True, text=True, timeout=60)
     assert stop.returncode == 0, stop.stderr
-    for pid in pids.values():
-        assert not Path(f"/proc/{pid}").exists() or clusterkit._cmdline(pid) == [], pid
+    for name, pid in pids.items():
+        assert not running(pid, starts[name]), (name, pid)
     assert not (tmp_path / "dc").exists()

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from reconciler import upstream
-from tests import clusterkit
+from devkit.common import ClusterError
+from devkit.prometheus import ensure_prometheus
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +29,7 @@ def judge() -> Path:
 def promtool() -> str:
     """promtool from Debian's prometheus package (installed by the test set-up when missing)."""
     try:
-        clusterkit.ensure_prometheus()
+        ensure_prometheus()
         return upstream.promtool_binary()
-    except (clusterkit.ClusterError, upstream.UpstreamError) as exc:
+    except (ClusterError, upstream.UpstreamError) as exc:
         pytest.fail(str(exc))

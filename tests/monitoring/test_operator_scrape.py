@@ -42,6 +42,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.prometheus import ensure_prometheus
 from reconciler.analysis import render_query
 from reconciler.loader import load_or_raise
 from reconciler.targets.local import processes
@@ -51,7 +52,6 @@ from reconciler.targets.local.state import StateDB
 from renderers import RenderContext, ServingState, render
 from renderers.stepargs import decode_step_config
 from specs import Endpoint, RolloutPolicy, SpecSet
-from tests import clusterkit
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ["quickstart", "llm-finetune", "edge-vision"]
@@ -198,7 +198,7 @@ def promop() -> str:
 @pytest.fixture(scope="session")
 def prometheus_exe() -> tuple[str, str]:
     """Debian's prometheus and its version (the operator generates the config for that version)."""
-    exe = clusterkit.ensure_prometheus(lambda msg: None)
+    exe = ensure_prometheus(lambda msg: None)
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False).stdout
     match = re.search(r"version (\d+\.\d+\.\d+)", out)
     assert match, out
@@ -285,14 +285,15 @@ def operator_prometheus(request: pytest.FixtureRequest, scene: Scene, promop: st
     work = tmp_path_factory.mktemp(f"prometheus-{request.param}")
     config = _operator_prometheus_config(scene, promop, version, VARIANTS[request.param], work / "rules")
     (work / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    port = clusterkit.free_port()
-    pid, start = clusterkit.spawn([exe, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-                                   f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                                  work / "prometheus.log", die_with_parent=True)
+    port = processes.free_port()
+    server = processes.spawn("prometheus", "prometheus",
+                             [exe, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
+                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                             log=work / "prometheus.log", die_with_parent=True)
     url = f"http://127.0.0.1:{port}"
     try:
         def ready() -> bool:
-            if not clusterkit._is_ours(pid, start):
+            if not processes.alive(server):
                 raise AssertionError("prometheus exited:\n" + (work / "prometheus.log").read_text()[-3000:])
             try:
                 with urllib.request.urlopen(url + "/-/ready", timeout=1) as resp:
@@ -302,7 +303,7 @@ def operator_prometheus(request: pytest.FixtureRequest, scene: Scene, promop: st
         _wait("prometheus ready", ready, timeout=60)
         yield url
     finally:
-        clusterkit.kill_pid(pid, start)
+        processes.stop(server)
 
 
 # -- the checks ---------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from tests import clusterkit
+from devkit.cluster import Cluster
+from devkit.rbac import apply as apply_rbac, install_forgectl_rbac
 from tests.security.helpers import BASE, Project
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,24 +19,24 @@ READER_FILE = ROOT / "docs" / "rbac" / "forgectl-plan-reader.yaml"
 USER = "forge-pr-plan"
 
 
-def _bind_reader(cluster: clusterkit.Cluster, namespace: str) -> Path:
+def _bind_reader(cluster: Cluster, namespace: str) -> Path:
     raw = cluster.raw_client()
-    clusterkit.install_forgectl_rbac(cluster)  # ClusterRole forgectl-namespace-reader (read-only)
+    install_forgectl_rbac(cluster)  # ClusterRole forgectl-namespace-reader (read-only)
     for doc in yaml.safe_load_all(READER_FILE.read_text()):
         if doc:
-            clusterkit._apply(raw, doc)
+            apply_rbac(raw, doc)
     role = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole"}
     subject = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": USER}]
-    clusterkit._apply(raw, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+    apply_rbac(raw, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                             "metadata": {"name": "forgectl-plan-reader", "namespace": namespace},
                             "roleRef": {**role, "name": "forgectl-plan-reader"}, "subjects": subject})
-    clusterkit._apply(raw, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+    apply_rbac(raw, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                             "metadata": {"name": f"forgectl-namespace-reader-{USER}"},
                             "roleRef": {**role, "name": "forgectl-namespace-reader"}, "subjects": subject})
     return cluster.user_kubeconfig(USER, [], namespace)
 
 
-def test_pull_request_plan_with_the_read_only_role(kube_cluster: clusterkit.Cluster, namespace: str, tmp_path: Path) -> None:
+def test_pull_request_plan_with_the_read_only_role(kube_cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     if kube_cluster.external:
         import pytest
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -34,10 +33,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from reconciler.targets.local import processes
-from reconciler.targets.local.router import ensure_package, RouterError, port_free, log_tail
 from reconciler.targets.local.state import StateDB
 
-PROMETHEUS = "/usr/bin/prometheus"
+PROMETHEUS = processes.PROMETHEUS
 NAME = "prometheus"
 #: The file_sd label that carries a target's ``job`` (the operator writes it as a constant per
 #: PodMonitor; one local job scrapes every endpoint, so here it comes with the target).
@@ -100,42 +98,25 @@ class LocalPrometheus:
             if self._write_config():
                 self.reload()
             return self.url
-        try:
-            exe = ensure_package(self.binary, "prometheus")
-        except RouterError as exc:
-            raise PrometheusError(str(exc)) from exc
+        exe = processes.ensure_package(self.binary, "prometheus", error=PrometheusError)
         for sub in ("targets", "rules", "data"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self._write_config()
         if not (self.dir / "targets" / "forge.json").exists():
             self.set_targets([])
         log = self.dir / "prometheus.log"
-        port = self.port
-        last = ""
-        for attempt in range(3):
-            if attempt or not port or not port_free(port):
-                port = processes.free_port()
-            offset = log.stat().st_size if log.exists() else 0
-            argv = [exe, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle",
-                    f"--storage.tsdb.retention.time={self.retention}", "--log.level=warn"]
-            record = processes.spawn(NAME, "prometheus", argv, env=_plain_env(), cwd=self.dir, log=log,
-                                     info={"port": port})
-            self.db.record_process(record)
-            self.db.kv_set(NAME, {"port": port, "dir": str(self.dir)})
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and processes.alive(record):
-                with suppress(OSError):
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as resp:
-                        if resp.status == 200:
-                            return self.url
-                time.sleep(0.1)
-            last = log_tail(log, offset)
-            processes.stop(record)
-            self.db.forget_process(NAME)
-            if "address already in use" not in last:
-                break
-        raise PrometheusError(f"prometheus did not start; its log ({log}) ends with:\n{last}")
+        try:
+            processes.start_server(
+                NAME, "prometheus", lambda port: processes.prometheus_argv(exe, self.dir, port, retention=self.retention),
+                lambda port: f"http://127.0.0.1:{port}/-/ready", log=log, port=self.port, timeout=timeout,
+                env=processes.plain_env(), cwd=self.dir, on_spawn=self._recorded, on_failed=lambda _: self.db.forget_process(NAME))
+        except processes.ServerNotStarted as exc:
+            raise PrometheusError(f"prometheus did not start; its log ({log}) ends with:\n{exc.tail}") from None
+        return self.url
+
+    def _recorded(self, record: processes.ProcessRecord) -> None:
+        self.db.record_process(record)
+        self.db.kv_set(NAME, {"port": record.info["port"], "dir": str(self.dir)})
 
     def stop(self) -> None:
         """Stop Prometheus (by its recorded PID). Its data and port stay for the next ``ensure()``."""
@@ -227,7 +208,3 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
-
-
-def _plain_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ")}

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
-import subprocess
 import time
 import urllib.request
 from contextlib import suppress
@@ -44,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.targets.local import processes
+from reconciler.targets.local.processes import ensure_package, log_tail, plain_env, port_free
 from reconciler.targets.local.state import StateDB
 
 HAPROXY = "/usr/sbin/haproxy"
@@ -182,32 +181,6 @@ class RouterError(RuntimeError):
     """The router could not be started or changed (a message for the user)."""
 
 
-def ensure_package(binary: str, package: str) -> str:
-    """Path of ``binary``; installs Debian's ``package`` with apt-get when it is missing."""
-    if os.access(binary, os.X_OK):
-        return binary
-    found = shutil.which(Path(binary).name)
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        raise RouterError(f"{binary} is missing and apt-get is not available: install the {package} package")
-    sudo: list[str] = []
-    if os.geteuid() != 0:
-        if shutil.which("sudo") is None:
-            raise RouterError(f"{binary} is missing: run `sudo apt-get install -y {package}`")
-        sudo = ["sudo", "-n"]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]):
-        proc = subprocess.run(sudo + cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RouterError(f"{binary} is missing and `{' '.join(cmd)}` failed "
-                              f"(install the {package} package yourself): {proc.stderr.strip()[-1500:]}")
-    found = binary if os.access(binary, os.X_OK) else shutil.which(Path(binary).name)
-    if not found:
-        raise RouterError(f"apt-get installed {package} but {binary} is not there")
-    return found
-
-
 @dataclass(frozen=True)
 class ServerStat:
     """One slot as HAProxy reports it (``show stat``)."""
@@ -292,7 +265,7 @@ class Router:
             deadline = time.monotonic() + 5.0  # keep the endpoint's URL: wait for its port
             while time.monotonic() < deadline and not port_free(state["port"]):
                 time.sleep(0.05)
-        exe = ensure_package(self.haproxy, "haproxy")
+        exe = ensure_package(self.haproxy, "haproxy", error=RouterError)
         self.dir.mkdir(parents=True, exist_ok=True)
         log = self.dir / "haproxy.log"
         port, metrics_port = state.get("port"), state.get("metrics_port")
@@ -309,7 +282,7 @@ class Router:
             with suppress(FileNotFoundError):
                 (self.dir / "admin.sock").unlink()
             offset = log.stat().st_size if log.exists() else 0
-            record = processes.spawn(self.name, "router", [exe, "-db", "-f", "haproxy.cfg"], env=_plain_env(),
+            record = processes.spawn(self.name, "router", [exe, "-db", "-f", "haproxy.cfg"], env=plain_env(),
                                      cwd=self.dir, log=log, info={"endpoint": self.endpoint, "port": port,
                                                                   "metrics_port": metrics_port})
             self.db.record_process(record)
@@ -608,31 +581,6 @@ backend {SHADOW_BACKEND}
             stat = stats.get(active["slot"])
             out[names.get(family, family)] = {**active, "status": stat.status if stat else "STOPPED"}
         return out
-
-
-def _plain_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ")}
-
-
-def port_free(port: int) -> bool:
-    """Whether HAProxy could bind ``port`` now: it sets SO_REUSEADDR, so connections of a stopped
-    router still in TIME_WAIT do not hold the port."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def log_tail(path: Path, offset: int = 0, limit: int = 3000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")[-limit:]
-    except OSError:
-        return ""
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:

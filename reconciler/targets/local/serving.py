@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from reconciler.targets.local import processes
+from reconciler.targets.local.processes import log_tail
 from reconciler.targets.local.monitoring import pod_target
 from reconciler.targets.local.router import Router, RouterError, http_ok
 from reconciler.targets.local.state import StateDB
@@ -327,12 +328,12 @@ class LocalServing:
                 return ready
             if not processes.alive(record):
                 raise ServingError(f"endpoint {p.endpoint!r}: the {p.role} model server ({p.version}) exited before it "
-                                   f"was ready; its log ({record.log}) ends with:\n{_tail(Path(record.log), offset)}")
+                                   f"was ready; its log ({record.log}) ends with:\n{log_tail(record.log, offset)}")
             time.sleep(0.1)
         processes.stop(record)
         self.db.forget_process(record.name)
         raise ServingError(f"endpoint {p.endpoint!r}: the {p.role} model server ({p.version}) was not ready within "
-                           f"{self.ready_timeout:g}s; its log ({record.log}) ends with:\n{_tail(Path(record.log), offset)}")
+                           f"{self.ready_timeout:g}s; its log ({record.log}) ends with:\n{log_tail(record.log, offset)}")
 
 
 def _addr(record: processes.ProcessRecord | None) -> tuple[str, int] | None:
@@ -359,12 +360,3 @@ def _serving_url(log: Path, offset: int) -> str | None:
             if event.get("event") == "serving" and event.get("url"):
                 return str(event["url"])
     return None
-
-
-def _tail(path: Path, offset: int = 0, limit: int = 3000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")[-limit:]
-    except OSError:
-        return "(no log)"

@@ -1,0 +1,37 @@
+"""What every part of the harness shares: the repository's paths, the pins in
+``scripts/cluster/versions.env``, the cache folder, the log callback and the error type."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO_ROOT / "scripts" / "cluster"
+
+Log = Callable[[str], None]
+
+
+def stderr_log(msg: str) -> None:
+    print(f"[dev-cluster] {msg}", file=sys.stderr, flush=True)
+
+
+class ClusterError(RuntimeError):
+    """The test cluster (or its Prometheus) could not be built, started or stopped."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FORGE_CACHE") or Path.home() / ".cache" / "forge")
+
+
+def versions() -> dict[str, str]:
+    """The pins in scripts/cluster/versions.env."""
+    out: dict[str, str] = {}
+    for line in (SCRIPTS / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
