@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import cProfile  # noqa: F401  (documented: --profile runs `python -m cProfile`)
 import io
 import json
@@ -47,7 +48,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -305,33 +306,52 @@ def setup_apply(spec_dir: Path, kubeconfig: str, workers: int = 8) -> dict[str, 
     return {"objects": len(plan.changes), "applied": len(todo), "seconds": round(time.perf_counter() - t0, 2)}
 
 
+#: make_plan's phases (reconciler.session.PhaseHook) as this report names them
+PHASES = {
+    "read live": "LIST per kind (read live)",
+    "rollout states": "rollout states (from the live objects)",
+    "render": "render",
+    "diff": "diff + reasons (build_plan)",
+    "dry runs": "server-side dry runs",
+    "settle": "settle",
+}
+
+
 def forge_breakdown(spec_dir: Path, kubeconfig: str) -> tuple[dict[str, Any], Any, Any]:
     """One `make_plan` with its phases timed and its API requests counted, in this process.
 
     Meant for a fresh process (`--_breakdown`, see `breakdown_subprocess`): then no cache is warm
-    and the imports `forgectl plan` needs are timed too.  The phases are timed by wrapping the
-    functions `reconciler.session.make_plan` calls, so this measures that very function rather
-    than a copy of it.  Returns (figures, plan, rendered).
+    and the imports `forgectl plan` needs are timed too.  The phases are timed through
+    `make_plan`'s own `phase` hook, so this measures that very function rather than a copy of
+    it; the requests are counted by the `kubernetes` client the target talks through (its public
+    `ApiClient.call_api`, in a subclass).  Returns (figures, plan, rendered).
     """
     phases: Counter[str] = Counter()
     t = time.perf_counter()
     import forgectl.cli  # noqa: F401  (what the CLI imports before the command runs)
     import reconciler.session as session
-    import reconciler.targets.kubernetes  # noqa: F401
+    from kubernetes import client as k8s
     from reconciler import views
     from reconciler.loader import load_or_raise  # noqa: F401
+    from reconciler.targets.kubernetes import KubernetesTarget
     phases["imports"] = time.perf_counter() - t
 
     requests: Counter[str] = Counter()
 
-    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*a: Any, **kw: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                phases[name] += time.perf_counter() - t
-        return wrapper
+    class CountingApiClient(k8s.ApiClient):
+        """The target's client, counting each request by method (and dry run)."""
+
+        def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            requests[f"{method}{' dry-run' if 'dryRun=' in url else ''}"] += 1
+            return super().call_api(method, url, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            phases[PHASES.get(name, name)] += time.perf_counter() - t
 
     t0 = time.perf_counter()
     specs, env = _load(spec_dir)
@@ -341,28 +361,12 @@ def forge_breakdown(spec_dir: Path, kubeconfig: str) -> tuple[dict[str, Any], An
     options = session.TargetOptions(kubeconfig=kubeconfig)
     target = session.open_target(env, options)
     phases["open target (kubeconfig)"] = time.perf_counter() - t
+    assert isinstance(target, KubernetesTarget), target
+    target.api = CountingApiClient(target.api.configuration)
 
-    real_call = target._call
-
-    def counting_call(method: str, path: str, **kw: Any) -> Any:
-        dry = any(k == "dryRun" for k, _ in (kw.get("query") or []))
-        requests[f"{method}{' dry-run' if dry else ''}"] += 1
-        return real_call(method, path, **kw)
-
-    target._call = counting_call  # type: ignore[method-assign]
-    target.read_live = timed("LIST per kind (read live)", target.read_live)  # type: ignore[method-assign]
-    target.apply = timed("server-side dry runs", target.apply)  # type: ignore[method-assign]
-    saved = {n: getattr(session, n) for n in ("desired_state", "build_plan", "settle")}
-    session.desired_state = timed("render", saved["desired_state"])  # type: ignore[assignment]
-    session.build_plan = timed("diff + reasons (build_plan)", saved["build_plan"])  # type: ignore[assignment]
-    session.settle = timed("settle", saved["settle"])  # type: ignore[assignment]
-    try:
-        t = time.perf_counter()
-        plan, rendered = session.make_plan(specs, env, target, session.namespace_of(env, options), None)
-        total_make_plan = time.perf_counter() - t
-    finally:
-        for n, fn in saved.items():
-            setattr(session, n, fn)
+    t = time.perf_counter()
+    plan, rendered = session.make_plan(specs, env, target, session.namespace_of(env, options), None, phase=phase)
+    total_make_plan = time.perf_counter() - t
     t = time.perf_counter()
     views.text(plan.to_json())
     phases["plan → JSON → text view"] = time.perf_counter() - t

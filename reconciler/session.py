@@ -3,9 +3,10 @@ the plan and settle it with server-side dry runs; check a saved plan is still fr
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from reconciler.errors import StalePlanError
 from reconciler.plan import Action, Plan, build_plan, fingerprint, settle
@@ -119,21 +120,39 @@ def _with_namespace(env: Environment, namespace: str) -> Environment:
     return env.model_copy(update={"spec": env.spec.model_copy(update={"kubernetes": k8s})})
 
 
+#: What :func:`make_plan` calls around each of its phases ("read live", "rollout states", "render",
+#: "diff", "dry runs", "settle"): a context manager, e.g. a benchmark's clock. Nothing by default.
+PhaseHook = Callable[[str], AbstractContextManager[object]]
+
+
+def _no_phase(name: str) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
 def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
-              *, dry_run: bool = True) -> tuple[Plan, Rendered]:
+              *, dry_run: bool = True, phase: PhaseHook = _no_phase) -> tuple[Plan, Rendered]:
     """Read live (one LIST per kind), render, diff, and settle apparent updates by dry run (unless
-    ``dry_run`` is false: pull-request mode holds a read-only credential and uses no write verb)."""
-    live = target.read_live()
-    rendered = desired_state(specs, env, namespace, revision, live, target.rollout_states(live))
-    plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision,
-                      keep=in_use(live))
+    ``dry_run`` is false: pull-request mode holds a read-only credential and uses no write verb).
+    ``phase(name)`` wraps each phase (see :data:`PhaseHook`)."""
+    with phase("read live"):
+        live = target.read_live()
+    with phase("rollout states"):
+        rollouts = target.rollout_states(live)
+    with phase("render"):
+        rendered = desired_state(specs, env, namespace, revision, live, rollouts)
+    with phase("diff"):
+        plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision,
+                          keep=in_use(live))
     if not dry_run:
         return plan, rendered
     dry_runs: dict[ObjectRef, dict[str, Any]] = {}
-    for change in plan.changes:
-        if change.action is Action.UPDATE and change.after is not None:
-            dry_runs[change.ref] = target.apply(change.after, dry_run=True)
-    return settle(plan, dry_runs), rendered
+    with phase("dry runs"):
+        for change in plan.changes:
+            if change.action is Action.UPDATE and change.after is not None:
+                dry_runs[change.ref] = target.apply(change.after, dry_run=True)
+    with phase("settle"):
+        settled = settle(plan, dry_runs)
+    return settled, rendered
 
 
 def in_use(live: Iterable[Mapping[str, Any]]) -> dict[ObjectRef, str]:
