@@ -40,3 +40,17 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, *, interva
         if time.monotonic() >= deadline:
             raise WaitTimeout(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
         time.sleep(interval)
+
+
+def holds_for(predicate: Callable[[], object], seconds: float, what: str, *, interval: float = 0.05) -> None:
+    """Check that ``predicate`` stays truthy for ``seconds`` (asked every ``interval``), failing
+    as soon as it does not. For "nothing more happens" (no copy reaches a removed shadow), which
+    no deadline can prove: the window is the claim, and it is named."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = predicate()
+        if not value:
+            raise AssertionError(f"{what} stopped holding within {seconds:g}s (got {value!r})")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)

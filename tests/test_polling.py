@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests.polling import WaitTimeout, wait_until
+from tests.polling import WaitTimeout, holds_for, wait_until
 
 
 def test_returns_the_first_truthy_value() -> None:
@@ -36,3 +36,10 @@ def test_ignored_exceptions_mean_not_yet_others_propagate() -> None:
     with pytest.raises(WaitTimeout, match="ConnectionRefusedError"):
         wait_until(lambda: (_ for _ in ()).throw(ConnectionRefusedError()), timeout=0.1, what="x", interval=0.01,
                    ignore=(ConnectionError,))
+
+
+def test_holds_for_fails_as_soon_as_the_condition_breaks() -> None:
+    holds_for(lambda: True, 0.1, "always", interval=0.01)
+    values = iter([1, 1, 0, 1])
+    with pytest.raises(AssertionError, match=r"the count stopped holding within 5s \(got 0\)"):
+        holds_for(lambda: next(values), 5, "the count", interval=0)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import sys
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -18,6 +17,7 @@ from reconciler.targets.local import processes
 from reconciler.targets.local.router import Router
 from reconciler.targets.local.state import StateDB
 from tests.local.test_serving import BACKEND
+from tests.polling import holds_for, wait_until
 
 
 @pytest.fixture
@@ -122,32 +122,32 @@ def test_the_router_mirrors_to_the_shadow_and_clients_never_see_it(state_dir: Pa
         def count(version: str) -> int:
             return len(hits[version].read_text()) if hits[version].exists() else 0
 
+        def settled() -> dict[str, Any] | None:
+            """The mirror's counts once no copy is in flight (each mirrored one answered or failed;
+            a copy is counted as mirrored before its client gets the live answer)."""
+            stats = router.shadow_stats()
+            return stats if stats is not None and stats["answered"] + stats["failed"] == stats["mirrored"] else None
+
         answers = Counter(_ask(url) for _ in range(60))
         assert answers == {"live": 60}  # the shadow's answers never reach a client
-        deadline = time.monotonic() + 10
-        while count("shadow") < 60 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        stats = wait_until(settled, timeout=10, what="every mirrored copy answered or failed")
+        assert stats["mirrored"] == 60 and stats["answered"] == 60, stats
         assert count("live") == 60 and count("shadow") == 60  # every request, once
-        stats = router.shadow_stats()
-        while stats is not None and stats["answered"] < 60 and time.monotonic() < deadline:
-            time.sleep(0.1)
-            stats = router.shadow_stats()
-        assert stats is not None and stats["mirrored"] == 60 and stats["answered"] == 60, stats
         assert stats["agreement"] == 1.0 and stats["maxProbabilityDistance"] == pytest.approx(0.15), stats
         assert stats["meanLatencySeconds"] is not None and stats["meanLatencySeconds"] > 0.005, stats  # the backend sleeps 10 ms
 
         router.set_shadow(ports["shadow"], 50)
         for _ in range(200):
             _ask(url)
-        time.sleep(1.0)
-        assert 60 + 60 <= count("shadow") <= 60 + 140, count("shadow")
+        half = wait_until(settled, timeout=10, what="every mirrored copy answered or failed")
+        assert 60 + 60 <= half["mirrored"] <= 60 + 140, half
+        assert count("shadow") == half["answered"] == half["mirrored"], (count("shadow"), half)
 
         router.set_shadow(None)
         before = count("shadow")
         for _ in range(20):
             _ask(url)
-        time.sleep(0.5)
-        assert count("shadow") == before
+        holds_for(lambda: count("shadow") == before, 0.5, "no copy reaching the removed shadow")
         router.stop()
     finally:
         for proc in backends:
