@@ -9,7 +9,8 @@ it saw — the deadline only bounds a failure, it is never the thing under test.
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

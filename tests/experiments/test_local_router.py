@@ -8,8 +8,9 @@ import subprocess
 import sys
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

@@ -19,7 +19,6 @@ from reconciler.targets.local.state import StateDB
 from renderers.workflow import _retry
 
 
-
 def _step(name: str, code: str) -> dict[str, Any]:
     return {"name": name, "retryStrategy": {**_retry(2), "backoff": {"duration": "10ms", "factor": "1"}},
             "container": {"image": "x", "command": ["python", "-c", code], "args": []}}

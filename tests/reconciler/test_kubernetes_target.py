@@ -8,7 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -171,13 +171,13 @@ def test_concurrent_apply_is_refused_and_expired_lock_taken_over(kube_cluster, n
     target._call("POST", target._lease_path(), verb="create", ref="lease", namespace=namespace, body={
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "forgectl-cluster", "namespace": namespace},
         "spec": {"holderIdentity": "dead@host:9", "leaseDurationSeconds": 10, "acquireTime": old, "renewTime": old}})
-    taken = datetime.now(timezone.utc)
+    taken = datetime.now(UTC)
     with target.lock("carol@host:3"):
         lease = target._call("GET", target._lease_path("forgectl-cluster"), verb="get", ref="lease", namespace=namespace)
         assert lease["spec"]["holderIdentity"] == "carol@host:3"
         # the taker's own times, in the API's MicroTime format (the server would reject another)
         for key in ("acquireTime", "renewTime"):
-            stamp = datetime.strptime(lease["spec"][key], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+            stamp = datetime.strptime(lease["spec"][key], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
             assert abs((stamp - taken).total_seconds()) < 60, (key, lease["spec"][key])
         # … and it is a live lock now: the next taker is refused, naming carol
         with pytest.raises(LockHeldError, match=r"locked by carol@host:3"):
