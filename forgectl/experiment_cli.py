@@ -4,32 +4,29 @@ the rule that fired) and stop. The controller itself runs in `forgectl reconcile
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from forgectl.options import NO_OVERRIDES, EndpointArg, SpecsOpt, TargetFlags, with_target_flags
+from forgectl.shell import one_endpoint
+
+if TYPE_CHECKING:
+    from reconciler.endpoints import DesiredEndpoint
+    from reconciler.watch import Controllers
 
 app = typer.Typer(help="A/B experiments of endpoints: status and stop (the decision runs in `forgectl reconcile`).",
                   no_args_is_help=True)
 
-EndpointArg = Annotated[str, typer.Argument(help="Endpoint name.")]
-SpecsOpt = Annotated[Optional[list[str]], typer.Option("--specs", help="Spec files or folders (default: current folder).")]
-
-
-def _context(specs_paths, env, kubeconfig, context, namespace, endpoint):  # type: ignore[no-untyped-def]
-    from forgectl.cli import _controller, _endpoints
+def _context(specs_paths: list[str] | None, env: str | None, flags: TargetFlags,
+             endpoint: str) -> tuple[Controllers, DesiredEndpoint]:
+    """The controllers and the Endpoint, which must have an experiment."""
     from reconciler.diagnostics import ForgeError
-    from reconciler.experiment import ExperimentController
 
-    result, environment, backend, controller = _controller(specs_paths, env, kubeconfig, context, namespace)
-    backend.refresh()
-    found = list(_endpoints(result, environment, endpoint))
-    if not found:
-        raise ForgeError(f"no Endpoint {endpoint!r} in the specs")
-    ep, model, version, _ = found[0]
-    if ep.spec.experiment is None:
+    controllers, desired = one_endpoint(specs_paths, env, flags, endpoint)
+    if desired.endpoint.spec.experiment is None:
         raise ForgeError(f"Endpoint {endpoint!r} has no `experiment` in its spec")
-    experiments = ExperimentController(backend, controller.prometheus, controller.namespace)
-    return backend, experiments, ep, model, version
+    return controllers, desired
 
 
 def status_data(endpoint: str, model: str, version: str, saved: dict[str, Any] | None) -> dict[str, Any]:
@@ -67,19 +64,18 @@ def status_text(data: dict[str, Any]) -> str:
 
 
 @app.command("status")
+@with_target_flags
 def status(
     endpoint: EndpointArg,
     specs_paths: SpecsOpt = None,
-    env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment name.")] = None,
+    env: Annotated[str | None, typer.Option("--env", "-e", help="Environment name.")] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="text or json.")] = "text",
-    kubeconfig: Annotated[Optional[str], typer.Option("--kubeconfig")] = None,
-    context: Annotated[Optional[str], typer.Option("--context")] = None,
-    namespace: Annotated[Optional[str], typer.Option("--namespace", "-n")] = None,
+    flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Arms, counts per arm, effect with its interval, p-value or probability to beat control, and the rule."""
-    backend, _, ep, model, version = _context(specs_paths, env, kubeconfig, context, namespace, endpoint)
-    rollout = backend.load_state(endpoint)
-    data = status_data(endpoint, model, version, rollout.experiment if rollout else None)
+    controllers, desired = _context(specs_paths, env, flags, endpoint)
+    rollout = controllers.backend.load_state(endpoint)
+    data = status_data(endpoint, desired.model, desired.version, rollout.experiment if rollout else None)
     if output == "json":
         print(json.dumps(data, indent=2))
     else:
@@ -87,20 +83,19 @@ def status(
 
 
 @app.command("stop")
+@with_target_flags
 def stop(
     endpoint: EndpointArg,
     specs_paths: SpecsOpt = None,
-    env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment name.")] = None,
-    kubeconfig: Annotated[Optional[str], typer.Option("--kubeconfig")] = None,
-    context: Annotated[Optional[str], typer.Option("--context")] = None,
-    namespace: Annotated[Optional[str], typer.Option("--namespace", "-n")] = None,
+    env: Annotated[str | None, typer.Option("--env", "-e", help="Environment name.")] = None,
+    flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Stop a running experiment now: control serves all traffic."""
     from reconciler.diagnostics import ForgeError
 
-    _, experiments, ep, _, version = _context(specs_paths, env, kubeconfig, context, namespace, endpoint)
+    controllers, desired = _context(specs_paths, env, flags, endpoint)
     try:
-        state = experiments.stop(ep, version)
+        state = controllers.experiments.stop(desired.endpoint, desired.version)
     except ValueError as exc:
         raise ForgeError(str(exc)) from exc
     print(state.reason)

@@ -16,12 +16,15 @@ import json
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
+
+from forgectl.options import NO_OVERRIDES, SpecsOpt, TargetFlags, with_target_flags
+from forgectl.shell import load_for, open_target_for, out
 
 
 class _ListByDefault(TyperGroup):
@@ -47,29 +50,23 @@ class GroupBy(str, Enum):
     model = "model"
 
 
-SpecsOpt = Annotated[Optional[list[str]], typer.Option("--specs", help="Spec files or folders (default: current folder).")]
-EnvOpt = Annotated[Optional[str], typer.Option("--env", "-e", help="Environment (default: the one marked default, else `local`).")]
+EnvOpt = Annotated[str | None, typer.Option("--env", "-e", help="Environment (default: the one marked default, else `local`).")]
 OutOpt = Annotated[Output, typer.Option("--output", "-o", help="text or json.")]
 ByOpt = Annotated[GroupBy, typer.Option("--by", help="Leaderboards per dataset or per model family.")]
 BatchOpt = Annotated[int, typer.Option("--batch", help="Batch size whose latency the leaderboard shows.", min=1)]
-KubeconfigOpt = Annotated[Optional[str], typer.Option("--kubeconfig", help="Kubeconfig file.")]
-ContextOpt = Annotated[Optional[str], typer.Option("--context", help="Kubeconfig context.")]
-NamespaceOpt = Annotated[Optional[str], typer.Option("--namespace", "-n", help="Namespace (default: the environment's).")]
 
 
-def _records(specs: list[str] | None, env: str | None, kubeconfig: str | None, context: str | None,
-             namespace: str | None, model: str | None = None) -> tuple[str, list[dict[str, Any]]]:
-    from forgectl.cli import _load_for, _open
+def _records(specs: list[str] | None, env: str | None, flags: TargetFlags,
+             model: str | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """The environment's name and its registry records (of ``model`` only, when given)."""
     from reconciler.registry import collect
 
-    _, environment = _load_for(specs, None, env)
-    target, _ = _open(environment, kubeconfig, context, namespace)
+    _, environment = load_for(specs, None, env)
+    target, _ = open_target_for(environment, flags)
     return environment.name, collect(target, model)
 
 
 def _console() -> Any:
-    from forgectl.cli import out
-
     return out
 
 
@@ -129,15 +126,16 @@ def board_table(board: dict[str, Any]) -> Table:
 
 
 @app.command("list")
+@with_target_flags
 def list_models(
-    model: Annotated[Optional[str], typer.Argument(help="Only this model.")] = None,
+    model: Annotated[str | None, typer.Argument(help="Only this model.")] = None,
     specs: SpecsOpt = None, env: EnvOpt = None, output: OutOpt = Output.text, by: ByOpt = GroupBy.dataset,
-    batch: BatchOpt = 1, kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None,
+    batch: BatchOpt = 1, flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Registered versions with their lineage, then the leaderboard."""
     from reconciler.leaderboard import leaderboards
 
-    environment, records = _records(specs, env, kubeconfig, context, namespace, model)
+    environment, records = _records(specs, env, flags, model)
     boards = leaderboards(records, by.value, batch)
     if output is Output.json:
         print(json.dumps({"environment": environment, "versions": records, "leaderboards": boards}, indent=2, default=str))
@@ -155,16 +153,17 @@ def list_models(
 
 
 @app.command("show")
+@with_target_flags
 def show(
     ref: Annotated[str, typer.Argument(help="MODEL@VERSION (a unique version prefix is enough; MODEL alone: the newest).")],
     specs: SpecsOpt = None, env: EnvOpt = None, output: OutOpt = Output.text,
-    kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None,
+    flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """One version: lineage, evaluation, every variant's figures per batch size, built artifacts."""
     from reconciler.registry import find
     from reconciler.report import fmt_bytes, fmt_ms
 
-    _, records = _records(specs, env, kubeconfig, context, namespace)
+    _, records = _records(specs, env, flags)
     record = find(records, ref)
     if output is Output.json:
         print(json.dumps(record, indent=2, default=str))
@@ -235,11 +234,12 @@ def trust_lines(record: dict[str, Any]) -> list[str]:
 
 
 @app.command("diff")
+@with_target_flags
 def diff(
     a: Annotated[str, typer.Argument(help="MODEL@VERSION (or MODEL alone: its last two versions).")],
-    b: Annotated[Optional[str], typer.Argument(help="MODEL@VERSION, or a VERSION of A's model.")] = None,
+    b: Annotated[str | None, typer.Argument(help="MODEL@VERSION, or a VERSION of A's model.")] = None,
     specs: SpecsOpt = None, env: EnvOpt = None, output: OutOpt = Output.text,
-    kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None,
+    flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """What changed between two versions: the specs, the evaluation, and each variant's figures."""
     from reconciler.diagnostics import ForgeError
@@ -248,7 +248,7 @@ def diff(
     from reconciler.report import fmt_bytes, fmt_metric, fmt_ms
 
     model = a.partition("@")[0]
-    _, records = _records(specs, env, kubeconfig, context, namespace)
+    _, records = _records(specs, env, flags)
     if b is None and "@" not in a:
         mine = [r for r in records if r["model"] == model]
         if len(mine) < 2:
@@ -299,17 +299,18 @@ def diff(
 
 
 @app.command("report")
+@with_target_flags
 def report(
-    html_file: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML report (plots + tables) here.")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="Only this model's versions.")] = None,
+    html_file: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report (plots + tables) here.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Only this model's versions.")] = None,
     specs: SpecsOpt = None, env: EnvOpt = None, output: OutOpt = Output.text, by: ByOpt = GroupBy.dataset,
-    batch: BatchOpt = 1, kubeconfig: KubeconfigOpt = None, context: ContextOpt = None, namespace: NamespaceOpt = None,
+    batch: BatchOpt = 1, flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """The leaderboard: a terminal table, JSON, or an HTML file that opens offline."""
     from reconciler.leaderboard import leaderboards
     from reconciler.report import html_report
 
-    environment, records = _records(specs, env, kubeconfig, context, namespace, model)
+    environment, records = _records(specs, env, flags, model)
     boards = leaderboards(records, by.value, batch)
     if html_file is not None:
         page = html_report(boards, records, environment=environment,

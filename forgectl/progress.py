@@ -23,7 +23,7 @@ class StepProgress:
         self.tasks: dict[tuple[str, str], TaskID] = {}
         self.lock = threading.Lock()
 
-    def __enter__(self) -> "StepProgress":
+    def __enter__(self) -> StepProgress:
         self.progress.start()
         return self
 

@@ -1,0 +1,85 @@
+"""What every `forgectl` command group shares: the two consoles, printing user text safely, and
+the few calls that turn command-line values into library objects (the specs with their
+Environment, the target, the rollout controllers). The command modules import this one and never
+each other, so `forgectl.cli` can add the `models` and `experiment` groups without a cycle.
+
+Library imports stay inside the functions: a command pays only for what it uses (`validate` and
+`plan --base` never load a target).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from forgectl.options import NO_OVERRIDES, TargetFlags
+
+if TYPE_CHECKING:
+    from reconciler.endpoints import DesiredEndpoint
+    from reconciler.loader import LoadResult
+    from reconciler.session import TargetOptions
+    from reconciler.targets.base import Target
+    from reconciler.watch import Controllers
+    from specs import Environment
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+def safe(text: str) -> str:
+    """A message for the terminal: each line's control characters shown as escapes, rich markup
+    escaped (messages quote user input: file names, revisions, values)."""
+    from rich.markup import escape
+
+    from reconciler.diagnostics import log_safe
+
+    return "\n".join(escape(log_safe(line)) for line in text.split("\n"))
+
+
+def load_for(paths: list[str] | None, rev: str | None, env_name: str | None) -> tuple[LoadResult, Environment]:
+    """Load specs (raising on any problem) and pick the environment."""
+    from reconciler.environments import load_environment
+
+    return load_environment(paths, rev, env_name)
+
+
+def target_options(flags: TargetFlags, progress: Any = None) -> TargetOptions:
+    """The library's target options from the command line's target flags. ``progress``: the local
+    target's callback for workflow step events (`apply`'s bars)."""
+    from reconciler.session import TargetOptions
+
+    return TargetOptions(flags.kubeconfig, flags.context, flags.namespace, progress)
+
+
+def open_target_for(environment: Environment, flags: TargetFlags = NO_OVERRIDES, progress: Any = None) -> tuple[Target, str]:
+    """The environment's target with the command line's overrides, and its namespace."""
+    from reconciler.session import namespace_of, open_target
+
+    options = target_options(flags, progress)
+    return open_target(environment, options), namespace_of(environment, options)
+
+
+def rollout_controllers(paths: list[str] | None, env_name: str | None,
+                        flags: TargetFlags) -> tuple[LoadResult, Environment, Controllers]:
+    """Specs, environment, and the rollout and experiment controllers on the target's rollout
+    backend, measuring with the Environment's Prometheus, else the one the target runs."""
+    from reconciler.sources import revision_of
+    from reconciler.watch import controllers_for
+
+    result, environment = load_for(paths, None, env_name)
+    target, namespace = open_target_for(environment, flags)
+    backend = target.rollout_backend(result.specs, environment, revision_of(paths or ["."], None))
+    url = environment.spec.prometheus.url or target.prometheus_url()
+    return result, environment, controllers_for(result, environment, backend, url, namespace)
+
+
+def one_endpoint(paths: list[str] | None, env_name: str | None, flags: TargetFlags,
+                 endpoint: str) -> tuple[Controllers, DesiredEndpoint]:
+    """The controllers (their backend freshly read) and the Endpoint named ``endpoint`` with
+    what the specs want it to serve; :class:`ForgeError` when the specs have no such Endpoint."""
+    from reconciler.endpoints import find_endpoint
+
+    result, environment, controllers = rollout_controllers(paths, env_name, flags)
+    controllers.backend.refresh()
+    return controllers, find_endpoint(result.specs, environment, endpoint)
