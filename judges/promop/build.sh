@@ -22,27 +22,14 @@ if [[ "$pinned" != "$PROMETHEUS_OPERATOR_VERSION" ]]; then
   exit 1
 fi
 
-cache="${FORGE_CACHE:-$HOME/.cache/forge}"
-digest="$(cd "$here" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-12)"
-out="$cache/bin/promop-$PROMETHEUS_OPERATOR_VERSION-$digest"
-if [[ -x "$out/promop" ]]; then echo "$out/promop"; exit 0; fi
+# shellcheck source=../../scripts/cluster/gocache.sh
+source "$here/../../scripts/cluster/gocache.sh"
+forge_go_env
+digest="$(go_module_text "$here" | short_key 12)"
 
-export GOMODCACHE="$cache/go/mod"
-export GOCACHE="$cache/go/build"
-export GOFLAGS="-trimpath -modcacherw -buildvcs=false"
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
-export CGO_ENABLED=0
-mkdir -p "$cache/bin"
-exec 9>"$cache/bin/.promop.lock"
-flock 9
-if [[ -x "$out/promop" ]]; then echo "$out/promop"; exit 0; fi
-echo "[build] promop ($PROMETHEUS_OPERATOR_MODULE $PROMETHEUS_OPERATOR_VERSION): compiling" >&2
-tmp="$out.tmp.$$"
-rm -rf "$tmp"; mkdir -p "$tmp"
-trap 'rm -rf "$tmp"' EXIT
-(cd "$here" && go build -p "${FORGE_BUILD_JOBS:-$(nproc)}" -ldflags "-s -w" -o "$tmp/promop" .)
-rm -rf "$out"
-mv "$tmp" "$out"
-trap - EXIT
-echo "[build] promop: built $out/promop" >&2
-echo "$out/promop"
+build() { # <tmp dir>
+  echo "[build] promop ($PROMETHEUS_OPERATOR_MODULE $PROMETHEUS_OPERATOR_VERSION): compiling" >&2
+  (cd "$here" && go build -p "${FORGE_BUILD_JOBS:-$(nproc)}" -ldflags "-s -w" -o "$1/promop" .)
+  echo "[build] promop: built" >&2
+}
+cached_build "$cache/bin/promop-$PROMETHEUS_OPERATOR_VERSION-$digest" promop "$cache/bin/.promop.lock" build

@@ -49,41 +49,28 @@ if [[ -f "$src/../SOURCE.md" ]] && ! grep -qF "$ver" "$src/../SOURCE.md"; then
   exit 1
 fi
 
-cache="${FORGE_CACHE:-$HOME/.cache/forge}"
-export GOMODCACHE="$cache/go/mod"
-export GOCACHE="$cache/go/build"
-export GOFLAGS="-trimpath -modcacherw -buildvcs=false"
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
-export CGO_ENABLED=0
-
+# shellcheck source=../../scripts/cluster/gocache.sh
+source "$repo/scripts/cluster/gocache.sh"
+forge_go_env
 digest="$(
   {
-    (cd "$here" && cat go.mod go.sum ./*.go)
-    (cd "$src" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) ! -name '*_test.go' \
-       ! -path './testing/*' | LC_ALL=C sort | xargs sha256sum)
+    go_module_text "$here"
+    go_sources "$src" ! -name '*_test.go' ! -path './testing/*'
     go env GOVERSION
-  } | sha256sum | cut -c1-12
+  } | short_key 12
 )"
-out="$cache/bin/seldon-judge-$ver-$digest"
-if [[ -x "$out/seldon-judge" ]]; then echo "$out/seldon-judge"; exit 0; fi
 
-mkdir -p "$cache/bin"
-exec 9>"$cache/bin/.seldon-judge.lock"
-flock 9
-if [[ -x "$out/seldon-judge" ]]; then echo "$out/seldon-judge"; exit 0; fi
-echo "[build] seldon-judge ($mod $ver from $src): compiling" >&2
-tmp="$out.tmp.$$"
-rm -rf "$tmp"; mkdir -p "$tmp/mod"
-trap 'rm -rf "$tmp"' EXIT
-# The same go.mod and go.sum, with the operator's replace made absolute.
-cp "$here/go.mod" "$tmp/mod/go.mod"
-cp "$here/go.sum" "$tmp/mod/go.sum"
-go mod edit -replace="$mod=$src" "$tmp/mod/go.mod"
-(cd "$here" && go build -mod=readonly -modfile="$tmp/mod/go.mod" -p "${FORGE_BUILD_JOBS:-$(nproc)}" \
-   -ldflags "-s -w" -o "$tmp/seldon-judge" .)
-rm -rf "$tmp/mod"
-rm -rf "$out"
-mv "$tmp" "$out"
-trap - EXIT
-echo "[build] seldon-judge: built $out/seldon-judge" >&2
-echo "$out/seldon-judge"
+build() { # <tmp dir>
+  local tmp="$1"
+  echo "[build] seldon-judge ($mod $ver from $src): compiling" >&2
+  mkdir -p "$tmp/mod"
+  # The same go.mod and go.sum, with the operator's replace made absolute.
+  cp "$here/go.mod" "$tmp/mod/go.mod"
+  cp "$here/go.sum" "$tmp/mod/go.sum"
+  go mod edit -replace="$mod=$src" "$tmp/mod/go.mod"
+  (cd "$here" && go build -mod=readonly -modfile="$tmp/mod/go.mod" -p "${FORGE_BUILD_JOBS:-$(nproc)}" \
+     -ldflags "-s -w" -o "$tmp/seldon-judge" .)
+  rm -rf "$tmp/mod"
+  echo "[build] seldon-judge: built" >&2
+}
+cached_build "$cache/bin/seldon-judge-$ver-$digest" seldon-judge "$cache/bin/.seldon-judge.lock" build

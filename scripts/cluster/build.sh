@@ -17,12 +17,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 
-cache="${FORGE_CACHE:-$HOME/.cache/forge}"
-export GOMODCACHE="$cache/go/mod"
-export GOCACHE="$cache/go/build"
-export GOFLAGS="-trimpath -modcacherw -buildvcs=false"
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
-export CGO_ENABLED=0
+# shellcheck source=gocache.sh
+source "$here/gocache.sh"
+forge_go_env  # sets $cache
 jobs="${FORGE_BUILD_JOBS:-$(nproc)}"
 
 log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -165,12 +162,13 @@ judges="$(cd "$here/../.." && pwd)/judges"
 judge_key() {
   # Sources + the pins they must match + the toolchain: any change builds a new directory.
   # Folders with their own go.mod (judges/promop) are other modules: not part of the key.
+  local nested=() d
+  while IFS= read -r d; do nested+=(! -path "$d/*"); done < <(cd "$judges" && find . -mindepth 2 -name go.mod -printf '%h\n')
   {
-    (cd "$judges" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | LC_ALL=C sort |
-       grep -v -F -f <(find . -mindepth 2 -name go.mod -printf '%h/\n'; echo '//none//') | xargs sha256sum)
+    go_sources "$judges" "${nested[@]}"
     echo "ARGO_WORKFLOWS_VERSION=$ARGO_WORKFLOWS_VERSION TRAINING_OPERATOR_VERSION=$TRAINING_OPERATOR_VERSION"
     go env GOVERSION
-  } | sha256sum | cut -c1-16
+  } | short_key 16
 }
 
 judge_out() { echo "$cache/bin/forge-judge-$(judge_key)"; }
