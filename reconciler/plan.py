@@ -14,74 +14,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from reconciler.diff import FieldChange, field_diff, same_after_apply
+from reconciler.change import Action, Change
+from reconciler.diff import field_diff, same_after_apply
 from reconciler.reasons import reasons_for
 from reconciler.resources import ObjectRef
 from reconciler.risks import Finding
 from renderers.bundle import sort_key
-from renderers.labels import KIND, NAME, PRUNE
+from renderers.labels import PRUNE
+
+# Action and Change live in reconciler.change (reasons.py and risks.py read them without importing
+# the planner); they stay importable from here, where callers have always found them.
+__all__ = ["PLAN_FORMAT", "Action", "Change", "Plan", "build_plan", "fingerprint", "settle"]
 
 PLAN_FORMAT = 1
-
-
-class Action(str, Enum):
-    """What applying a change does to its object."""
-
-    CREATE = "create"
-    UPDATE = "update"
-    DELETE = "delete"
-    NOOP = "no-op"
-
-
-@dataclass(frozen=True)
-class Change:
-    """One object's change."""
-
-    ref: ObjectRef
-    action: Action
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
-    diff: tuple[FieldChange, ...] = ()
-    reasons: tuple[str, ...] = ()
-    live_version: str | None = None
-
-    @property
-    def spec(self) -> tuple[str, str]:
-        """(kind, name) of the spec this object was rendered from, or ("", "") for shared objects."""
-        meta = (self.after or self.before or {}).get("metadata", {})
-        labels = meta.get("labels") or {}
-        return labels.get(KIND, ""), labels.get(NAME, "")
-
-    def to_json(self) -> dict[str, Any]:
-        """A plain dict (for saved plans and `--output json`)."""
-        return {
-            "ref": self.ref.to_json(),
-            "action": self.action.value,
-            "spec": {"kind": self.spec[0], "name": self.spec[1]},
-            "before": self.before,
-            "after": self.after,
-            "diff": [d.to_json() for d in self.diff],
-            "reasons": list(self.reasons),
-            "liveVersion": self.live_version,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Change":
-        """Inverse of :meth:`to_json`."""
-        ref = data["ref"]
-        return cls(
-            ObjectRef(ref["kind"], ref["namespace"], ref["name"]),
-            Action(data["action"]),
-            data.get("before"),
-            data.get("after"),
-            tuple(FieldChange.from_json(d) for d in data.get("diff", [])),
-            tuple(data.get("reasons", [])),
-            data.get("liveVersion"),
-        )
 
 
 @dataclass(frozen=True)
@@ -133,7 +82,7 @@ class Plan:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Plan":
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
         """Inverse of :meth:`to_json`; rejects other formats."""
         if data.get("format") != PLAN_FORMAT:
             raise ValueError(f"not a Forge plan of format {PLAN_FORMAT}")

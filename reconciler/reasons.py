@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import Any
 
+from reconciler.change import Action, Change
 from renderers.hardware import export_reasons
 from renderers.labels import KIND, MODEL_VERSION, NAME, ROLE
 from renderers.stepargs import decode_step_config
-
-if TYPE_CHECKING:
-    from reconciler.plan import Change
 
 
 def workflow_steps(workflow: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -157,9 +156,7 @@ def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
     return ((obj or {}).get("metadata", {}).get("labels")) or {}
 
 
-def _workflow_reasons(change: "Change", changes: Iterable["Change"]) -> list[str]:
-    from reconciler.plan import Action
-
+def _workflow_reasons(change: Change, changes: Iterable[Change]) -> list[str]:
     model = _labels(change.after or change.before).get(NAME, "?")
     siblings = [c for c in changes if c.ref.kind == "Workflow" and c is not change and _labels(c.after or c.before).get(NAME) == model]
     if change.action is Action.DELETE:
@@ -205,9 +202,7 @@ def _workflow_reasons(change: "Change", changes: Iterable["Change"]) -> list[str
     return reasons
 
 
-def _seldon_reasons(change: "Change") -> list[str]:
-    from reconciler.plan import Action
-
+def _seldon_reasons(change: Change) -> list[str]:
     if change.action is Action.CREATE and change.after is not None:
         versions = {p["name"]: p["labels"].get(MODEL_VERSION) for p in change.after.get("spec", {}).get("predictors", [])}
         return [f"serve version {versions.get('stable')} as stable"]
@@ -232,10 +227,8 @@ def _seldon_reasons(change: "Change") -> list[str]:
     return reasons
 
 
-def reasons_for(change: "Change", changes: list["Change"]) -> list[str]:
+def reasons_for(change: Change, changes: list[Change]) -> list[str]:
     """The reasons for ``change`` given every change of the plan."""
-    from reconciler.plan import Action
-
     if change.action is Action.NOOP:
         return []  # nothing happens, nothing to explain (and large plans are mostly no-ops)
     if change.ref.kind == "Workflow":

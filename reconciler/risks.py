@@ -20,7 +20,7 @@ from renderers.labels import KIND, MODEL_VERSION, NAME, ROLE, VARIANT
 from specs import Compression, Endpoint, Environment, Model, RolloutPolicy, SpecSet
 
 if TYPE_CHECKING:
-    from reconciler.plan import Change
+    from reconciler.change import Change
     from reconciler.yamlsource import RawDocument
 
 #: A canary step may move at most this many points of traffic at once before `traffic-jump`
