@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from reconciler.targets.local.processes import ensure_package
+
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run", "--disable-default-apps", "--disable-extensions", "--hide-scrollbars",
          "--mute-audio", "--no-default-browser-check", "--disable-features=Translate,MediaRouter,OptimizationHints")
@@ -22,22 +24,7 @@ def ensure_chromium() -> str:
     exe = os.environ.get("FORGE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if exe:
         return exe
-    if shutil.which("apt-get") is None:
-        raise BrowserUnavailable("chromium is not installed and apt-get is not available; install it or set FORGE_CHROMIUM")
-    sudo: list[str] = []
-    if os.geteuid() != 0:
-        if shutil.which("sudo") is None:
-            raise BrowserUnavailable("chromium is missing: run `sudo apt-get install -y chromium`")
-        sudo = ["sudo", "-n"]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]):
-        proc = subprocess.run(sudo + cmd, env=env, capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            raise BrowserUnavailable(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-2000:]}")
-    exe = shutil.which("chromium")
-    if not exe:
-        raise BrowserUnavailable("apt-get installed chromium but no binary was found")
-    return exe
+    return ensure_package("/usr/bin/chromium", "chromium", error=BrowserUnavailable)
 
 
 def run(exe: str, page: Path, profile: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

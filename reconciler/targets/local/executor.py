@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reconciler import upstream
-from reconciler.targets.local.processes import ProcessRecord, alive, start_ticks, stop
+from reconciler.targets.local.processes import ProcessRecord, alive, die_with_parent, start_ticks, stop
 from reconciler.targets.local.state import StateDB
 from renderers.stepargs import decode_step_config
 from specs.stepconfig import WORKSPACE_ENV
@@ -179,7 +179,7 @@ class WorkflowExecutor:
             log.write(f"$ {' '.join(argv[:4])} …\n".encode())
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=self._env(container), cwd=str(self.repo_root), start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
         record = ProcessRecord(f"step/{workflow}/{task.name}", "step", proc.pid, start_ticks(proc.pid) or -1, argv[:4],
                                str(log_path), {"workflow": workflow, "step": task.name})
         self.db.record_process(record)
@@ -292,15 +292,6 @@ class WorkflowExecutor:
         container["args"] = [a.replace("{{workflow.status}}", phase).replace("{{workflow.failures}}", failures) for a in container.get("args", [])]
         log = self.state_dir / "logs" / "workflows" / workflow["metadata"]["name"] / f"{handler}.log"
         self._spawn_and_wait(workflow["metadata"]["name"], Task(handler, [], template), container, log)
-
-
-def _die_with_parent() -> None:
-    """A step dies with the `forgectl` that runs it (no orphans); the next apply resumes it."""
-    import ctypes
-    import signal
-
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _seconds(text: str) -> float:
