@@ -45,6 +45,54 @@ class Batching(SpecModel):
     enabled: bool = Field(default=True, description="Batch concurrent requests.")
     max_batch_size: int = Field(default=16, ge=1, le=4096, description="Largest batch.")
     max_latency_ms: float = Field(default=5.0, gt=0, le=10_000, description="Longest a request waits for its batch to fill.")
+    p99_target_ms: float | None = Field(
+        default=None, gt=0, le=60_000,
+        description="The p99 latency budget of a request. When set, the server batches by load instead of MLServer's "
+        "fixed window: a request that finds the model idle runs at once (no hold at low load); requests that arrive "
+        "while the model computes run together as the next batch (up to `maxBatchSize`); a batch is held for more "
+        "arrivals only while the measured arrival rate says it will fill, at most `maxLatencyMs` and never past the "
+        "budget left after the measured compute time. Unset: MLServer's adaptive batching, which holds every batch "
+        "(even a lone request) up to `maxLatencyMs`.",
+    )
+
+    @model_validator(mode="after")
+    def _budget(self) -> "Batching":
+        if self.p99_target_ms is not None and self.p99_target_ms <= self.max_latency_ms:
+            raise ValueError(f"p99TargetMs ({self.p99_target_ms:g}) must be larger than maxLatencyMs ({self.max_latency_ms:g}): "
+                             "a request may be held up to maxLatencyMs before it computes, so a budget at or below it cannot be kept")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Unset, it stays out of the dump: existing Endpoints keep their rendered objects and digests.
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("p99TargetMs", "p99_target_ms"):
+                if data.get(key, 0) is None:
+                    data.pop(key, None)
+        return data
+
+
+class ServingBackend(SpecModel):
+    """Which registered variant of the version a server runs (PyTorch fp32, INT8, ONNX Runtime, …),
+    and with how many threads."""
+
+    select: Literal["variant", "fastest"] = Field(
+        default="variant",
+        description="`variant`: serve the Endpoint's `variant` as it is. `fastest`: at start-up the server reads the "
+        "version's registry record and serves the variant with the highest throughput the `benchmark` step measured "
+        "(at the batch size nearest `batching.maxBatchSize`, or 1 without batching) among those whose accuracy is "
+        "within `maxAccuracyDrop` points of the base's; the Endpoint's `variant` when no variant has figures.",
+    )
+    max_accuracy_drop: float = Field(
+        default=1.0, ge=0, le=100,
+        description="With `select: fastest`: most accuracy a served variant may lose against the base, in points (1.0 = one percentage point).",
+    )
+    threads: int | None = Field(
+        default=None, ge=1, le=256,
+        description="Intra-op threads of the model (PyTorch and ONNX Runtime). Default: the CPUs the server may use "
+        "(its cgroup CPU limit, else its CPU affinity), less one for the HTTP event loop when there are three or more.",
+    )
 
 
 class FaultInjection(SpecModel):
@@ -67,6 +115,10 @@ class EndpointSpec(SpecModel):
     resources: Resources = Field(default_factory=Resources, description="Resources of each server.")
     autoscaling: Autoscaling | None = Field(default=None, description="Horizontal autoscaling; none keeps `replicas`.")
     batching: Batching = Field(default_factory=Batching, description="Dynamic batching.")
+    backend: ServingBackend | None = Field(
+        default=None, description="How the variant to serve is chosen (`select: fastest` picks by the benchmark's "
+        "measurements within an accuracy bound) and the model's thread count; unset: the `variant` as it is."
+    )
     protocol: Literal["v2", "seldon"] = Field(
         default="v2", description="`v2` (Open Inference protocol, MLServer) or `seldon` (Seldon v1 wrapper)."
     )
@@ -82,12 +134,21 @@ class EndpointSpec(SpecModel):
         default=None, description="A shadow predictor that gets a copy of live requests; its answers are discarded."
     )
 
+    @model_validator(mode="after")
+    def _v2_only(self) -> "EndpointSpec":
+        if self.protocol == "seldon":
+            used = [name for name, on in (("backend", self.backend is not None), ("batching.p99TargetMs", self.batching.p99_target_ms is not None)) if on]
+            if used:
+                raise ValueError(f"{' and '.join(used)} need protocol v2 (the MLServer runtime); the seldon wrapper serves the "
+                                 f"Endpoint's variant with its own batching — remove {' and '.join(used)} or use protocol: v2")
+        return self
+
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Unset, they stay out of the dump: an Endpoint without them keeps its spec digest.
         data = handler(self)
         if isinstance(data, dict):
-            for key in ("experiment", "shadow"):
+            for key in ("experiment", "shadow", "backend"):
                 if data.get(key) is None:
                     data.pop(key, None)
         return data

@@ -17,7 +17,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 from specs.base import Name, SpecModel
 from specs.compression import Benchmark, HardwareTarget, OnnxInt8, TensorRT, Variant
 from specs.dataset import DatasetSpec
-from specs.endpoint import Batching, FaultInjection
+from specs.endpoint import Batching, FaultInjection, ServingBackend
 from specs.model import Explanations, ModelSpec, ModelThreshold, Robustness
 
 WORKSPACE_ENV = "FORGE_WORKSPACE"
@@ -241,6 +241,15 @@ class ServeConfig(SpecModel):
     fault_injection: FaultInjection | None = Field(default=None, description="Injected faults for drills.")
     host: str = Field(default="0.0.0.0", description="Listen address.")
     port: int = Field(default=8080, ge=0, le=65535, description="HTTP port (0 picks a free one).")
+    backend: ServingBackend | None = Field(default=None, description="Variant selection and threads (the Endpoint's `backend`).")
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Unset, it stays out of the dump: the rendered servers of Endpoints without it do not change.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("backend", 0) is None:
+            data.pop("backend", None)
+        return data
 
 
 AnyStepConfig = (PrepareConfig | TrainConfig | PickBestConfig | EvaluateConfig | ExplainConfig | CompressConfig
