@@ -1,0 +1,211 @@
+"""The one-node cluster (devkit.node): pods really run.
+
+A cluster of its own (etcd + kube-apiserver, no CRDs) plus the node: containerd, runc and CNI from
+Debian, kubelet, kube-scheduler, kube-controller-manager and kube-proxy built from the pinned
+k8s.io/kubernetes, images built here without a registry. Checked: a Pod runs to Succeeded and its
+log comes back through the API server; a Deployment's pod serves HTTP that the host reaches at the
+pod IP, the Service's ClusterIP (kube-proxy) and a NodePort on 127.0.0.1; a pod reaches the API
+server at the `kubernetes` Service; stopping leaves no process, mount, cgroup, bridge, iptables
+chain or changed sysctl behind. Needs root (containerd, iptables, cgroups) and a Go toolchain for
+the first build. See docs/test-cluster.md, "The node".
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from devkit.cluster import Cluster
+from devkit.node import Node
+from devkit.node import node as nodemod
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+
+def _wait(what: str, fn: Callable[[], Any], timeout: float = 90.0, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def node(pytestconfig: pytest.Config) -> Iterator[Node]:
+    if os.geteuid() != 0:
+        pytest.fail("the node needs root (containerd, runc, iptables, cgroups); this test does not skip")
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+    cluster = Cluster.start(tempfile.mkdtemp(prefix="forge-node-test-cluster-"), install_crds=False,
+                            die_with_parent=True, log=lambda m: None)
+    n = None
+    try:
+        with capman.global_and_fixture_disabled() if capman else _null():
+            n = Node.start(cluster, tempfile.mkdtemp(prefix="forge-node-test-"), die_with_parent=True,
+                           wait_for_other=600)
+        yield n
+    finally:
+        if n is not None:
+            n.stop(quiet=True)
+        cluster.stop(quiet=True)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def core(node: Node) -> Iterator[client.CoreV1Api]:
+    api = node.api()
+    try:
+        yield client.CoreV1Api(api)
+    finally:
+        api.close()
+
+
+def _busybox(node: Node) -> str:
+    return node.images["busybox"][1]
+
+
+def test_node_is_ready_with_the_pinned_versions(node: Node, core: client.CoreV1Api) -> None:
+    n = core.read_node(node.name)
+    ready = {c.type: c.status for c in n.status.conditions}
+    assert ready["Ready"] == "True"
+    assert not n.spec.taints
+    assert n.status.node_info.kubelet_version == node.versions["KUBERNETES_VERSION"]
+    assert n.status.node_info.container_runtime_version.startswith("containerd://")
+    assert {"type": "InternalIP", "address": node.node_ip} in [a.to_dict() for a in n.status.addresses]
+    # the node's images are there, imported, never pulled
+    names = {name for img in n.status.images for name in img.names}
+    assert _busybox(node) in names and node.images["pause"][1] in names
+
+
+def test_pod_runs_to_completion(node: Node, core: client.CoreV1Api) -> None:
+    ns = "default"
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="hello"),
+        spec=client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(
+            name="main", image=_busybox(node), image_pull_policy="Never",
+            command=["sh", "-c", "echo hello from $(hostname) on the forge node; ls /proc/1/ns >/dev/null"])]))
+    core.create_namespaced_pod(ns, pod)
+    try:
+        phase = _wait("the pod to finish",
+                      lambda: (p := core.read_namespaced_pod("hello", ns).status.phase) in ("Succeeded", "Failed") and p)
+        assert phase == "Succeeded", core.read_namespaced_pod("hello", ns).status
+        # the log, through the API server -> kubelet (logs on loopback)
+        log = core.read_namespaced_pod_log("hello", ns)
+        assert "hello from hello on the forge node" in log
+        st = core.read_namespaced_pod("hello", ns).status.container_statuses[0].state.terminated
+        assert st.exit_code == 0 and st.reason == "Completed"
+    finally:
+        core.delete_namespaced_pod("hello", ns, grace_period_seconds=1)
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=3) as r:
+        return r.read().decode()
+
+
+def test_deployment_serves_http_reachable_from_the_host(node: Node, core: client.CoreV1Api) -> None:
+    ns = "default"
+    apps = client.AppsV1Api(core.api_client)
+    labels = {"app": "web"}
+    dep = client.V1Deployment(
+        metadata=client.V1ObjectMeta(name="web"),
+        spec=client.V1DeploymentSpec(
+            replicas=1, selector=client.V1LabelSelector(match_labels=labels),
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels=labels),
+                spec=client.V1PodSpec(termination_grace_period_seconds=1, containers=[client.V1Container(
+                    name="httpd", image=_busybox(node), image_pull_policy="Never",
+                    command=["sh", "-c", "mkdir -p /www && echo served-by-$HOSTNAME > /www/index.html "
+                                         "&& exec httpd -f -p 8080 -h /www"],
+                    ports=[client.V1ContainerPort(container_port=8080, name="http")],
+                    readiness_probe=client.V1Probe(http_get=client.V1HTTPGetAction(path="/index.html", port=8080),
+                                                   period_seconds=1))]))))
+    svc = client.V1Service(
+        metadata=client.V1ObjectMeta(name="web"),
+        spec=client.V1ServiceSpec(type="NodePort", selector=labels,
+                                  ports=[client.V1ServicePort(port=80, target_port=8080)]))
+    apps.create_namespaced_deployment(ns, dep)
+    core.create_namespaced_service(ns, svc)
+    try:
+        _wait("the Deployment to be available",
+              lambda: (apps.read_namespaced_deployment("web", ns).status.available_replicas or 0) >= 1)
+        pod = core.list_namespaced_pod(ns, label_selector="app=web").items[0]
+        want = f"served-by-{pod.metadata.name}"
+        assert pod.spec.node_name == node.name
+        # the pod IP through the node's bridge
+        assert _get(f"http://{pod.status.pod_ip}:8080/").strip() == want
+        s = core.read_namespaced_service("web", ns)
+        # the ClusterIP and the NodePort (on 127.0.0.1): kube-proxy's iptables rules, once synced
+        assert _wait("the ClusterIP to answer", lambda: _try(f"http://{s.spec.cluster_ip}/"), 30).strip() == want
+        assert _wait("the NodePort to answer",
+                     lambda: _try(f"http://127.0.0.1:{s.spec.ports[0].node_port}/"), 30).strip() == want
+    finally:
+        core.delete_namespaced_service("web", ns)
+        apps.delete_namespaced_deployment("web", ns, propagation_policy="Foreground")
+
+
+def _try(url: str) -> str | None:
+    try:
+        return _get(url)
+    except OSError:
+        return None
+
+
+def test_a_pod_reaches_the_api_server(node: Node, core: client.CoreV1Api) -> None:
+    """The `kubernetes` Service (10.0.0.1:443) leads to the API server on loopback. Plain HTTP to
+    its TLS port gets the API server's own answer, which proves the route (the image has no TLS
+    client)."""
+    ns = "default"
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="api-route"),
+        spec=client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(
+            name="main", image=_busybox(node), image_pull_policy="Never",
+            command=["sh", "-c", "printf 'GET /version HTTP/1.0\\r\\n\\r\\n' | "
+                                 "nc -w 5 $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT"])]))
+    core.create_namespaced_pod(ns, pod)
+    try:
+        _wait("the pod to finish",
+              lambda: core.read_namespaced_pod("api-route", ns).status.phase in ("Succeeded", "Failed"))
+        log = core.read_namespaced_pod_log("api-route", ns)
+        assert "Client sent an HTTP request to an HTTPS server" in log, log
+    finally:
+        core.delete_namespaced_pod("api-route", ns, grace_period_seconds=1)
+
+
+def test_stop_gives_everything_back(node: Node) -> None:
+    sd = Path(node.state_dir)
+    pids = dict(node.pids)
+    node.stop(quiet=True)
+    for name, pid in pids.items():
+        assert not node.running(name), f"{name} (pid {pid}) still runs"
+    shims = subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*{node.containerd_sock}"],
+                           capture_output=True, text=True).stdout.split()
+    assert not shims
+    assert str(sd) not in Path("/proc/self/mountinfo").read_text()
+    assert not sd.exists()
+    assert subprocess.run(["ip", "link", "show", nodemod.BRIDGE], capture_output=True).returncode != 0
+    assert not any((d / nodemod.CGROUP_ROOT).exists() for d in nodemod.Node._cgroup_dirs())
+    for table in ("filter", "nat"):
+        rules = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True).stdout
+        assert "KUBE-" not in rules and "FORGE-NODE-" not in rules and 'name: \\"forge\\"' not in rules, rules
+    for key, val in node.sysctls_saved.items():
+        assert Path("/proc/sys", key).read_text().strip() == val, key
