@@ -2,9 +2,15 @@
 
 - ``POST /v2/models/<model>/infer`` with one input tensor (``FP32`` features ``[N, F]`` or
   ``INT64`` tokens ``[N, T]``); outputs ``probabilities`` and ``label`` (see ``serving.core``).
-- Dynamic batching is MLServer's adaptive batching: ``batching.maxBatchSize`` →
-  ``max_batch_size``, ``batching.maxLatencyMs`` → ``max_batch_time``; disabled when
-  ``batching.enabled`` is false.
+- Batching: with ``batching.p99TargetMs`` set, Forge's load-adaptive batcher
+  (``serving.batcher``: no hold at low load, batches that fill at high load, holds bounded by
+  ``maxLatencyMs`` and the budget); without it, MLServer's adaptive batching
+  (``batching.maxBatchSize`` → ``max_batch_size``, ``batching.maxLatencyMs`` →
+  ``max_batch_time``); with ``batching.enabled`` false, one request per model call.
+- Backend: ``backend.select: fastest`` serves the registered variant of the version with the
+  best measured throughput within ``backend.maxAccuracyDrop`` points of the base
+  (``serving.select``); ``backend.threads`` intra-op threads (default: the CPUs the process may
+  use). ``GET /forge/serving`` says what runs and why (JSON); so does the ``serving`` line.
 - ``GET /metrics`` on the same port: the ``forge_*`` series (``serving.telemetry``). MLServer's own
   metrics server is switched off; its gRPC server listens on a free port (Forge does not use it).
 - Fault injection (``faultInjection``): added latency on every inference request, and HTTP 500
@@ -53,10 +59,26 @@ class TelemetryMiddleware:
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", tel.content_type.encode())]})
             await send({"type": "http.response.body", "body": body})
             return
+        if path == "/forge/serving":
+            from runtimes.serving.mlserver_model import STATE
+
+            batcher = STATE.get("batcher")
+            body = json.dumps({**tel.serving, **({"batcherState": batcher.describe()} if batcher else {})}).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
         if not tel.is_inference(path):
             return await self.app(scope, receive, send)
+        from runtimes.serving.mlserver_model import CURRENT, STATE
+
         start = time.perf_counter()
         status = [500]
+        timing: dict[str, Any] = {"start": start}
+        batcher = STATE.get("batcher")
+        if batcher is not None:  # accepted, not yet at the batcher: it may hold a batch for it
+            timing["inbound"] = True
+            batcher.inbound += 1
+        token = CURRENT.set(timing)
 
         async def send_wrapper(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -73,7 +95,13 @@ class TelemetryMiddleware:
                 return
             await self.app(scope, receive, send_wrapper)
         finally:
-            tel.observe_request(status[0], time.perf_counter() - start)
+            if timing.pop("inbound", False) and batcher is not None:
+                batcher.inbound -= 1
+            end = time.perf_counter()
+            tel.observe_request(status[0], end - start)
+            if status[0] == 200 and "computed" in timing:
+                tel.observe_phases(timing, end)
+            CURRENT.reset(token)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,13 +114,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from runtimes.serving.telemetry import Telemetry
 
-    model_dir = in_workspace(config.model_dir)
+    served_dir, selection = resolve_variant(config)
+    model_dir = in_workspace(served_dir)
     if not (model_dir / "model.json").exists():
         raise StepFailed(f"no model to serve at {model_dir} (missing model.json)")
     from runtimes.serving import mlserver_model
+    from runtimes.serving.core import cpu_budget
 
     telemetry = Telemetry(config)
-    mlserver_model.STATE["telemetry"] = telemetry
+    batching = config.batching
+    mode = "off" if not batching.enabled else "adaptive" if batching.p99_target_ms else "mlserver"
+    threads = (config.backend.threads if config.backend and config.backend.threads else None) or cpu_budget()
+    mlserver_model.STATE.update(
+        telemetry=telemetry, threads=threads,
+        batching={"mode": mode, "maxBatchSize": batching.max_batch_size, "maxWaitS": batching.max_latency_ms / 1000.0,
+                  "p99TargetS": batching.p99_target_ms / 1000.0 if batching.p99_target_ms else None})
     port = config.port or free_port(config.host)
     settings = Settings(
         host=config.host,
@@ -107,14 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     model_settings = ModelSettings(
         name=config.model,
         implementation="runtimes.serving.mlserver_model.ForgeModel",
-        parameters=ModelParameters(uri=config.model_dir, version=config.version),
-        max_batch_size=batching.max_batch_size if batching.enabled else 0,
-        max_batch_time=batching.max_latency_ms / 1000.0 if batching.enabled else 0.0,
+        parameters=ModelParameters(uri=served_dir, version=config.version),
+        max_batch_size=batching.max_batch_size if mode == "mlserver" else 0,
+        max_batch_time=batching.max_latency_ms / 1000.0 if mode == "mlserver" else 0.0,
     )
     server = MLServer(settings)
     server._rest_server._app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
-    log.info("serving %s %s (variant %s, role %s) on %s:%d; batching %s", config.model, config.version, config.variant, config.role, config.host, port,
-             f"up to {batching.max_batch_size} rows / {batching.max_latency_ms:g} ms" if batching.enabled else "off")
+    batcher = {"off": "off", "mlserver": f"mlserver (up to {batching.max_batch_size} rows / {batching.max_latency_ms:g} ms)",
+               "adaptive": f"adaptive (up to {batching.max_batch_size} rows, hold ≤ {batching.max_latency_ms:g} ms, "
+                           f"p99 budget {batching.p99_target_ms:g} ms)" if batching.p99_target_ms else ""}[mode]
+    log.info("serving %s %s (variant %s, role %s) on %s:%d; batching %s; %s", config.model, config.version, selection["variant"],
+             config.role, config.host, port, batcher, selection["reason"])
 
     async def announce() -> None:
         host = "127.0.0.1" if config.host in ("0.0.0.0", "") else config.host
@@ -127,16 +166,61 @@ def main(argv: list[str] | None = None) -> int:
                 await asyncio.sleep(0.1)
         while not mlserver_model.STATE.get("ready"):
             await asyncio.sleep(0.1)
-        emit("serving", url=f"http://{host}:{port}", model=config.model, version=config.version, protocol="v2")
+        core = mlserver_model.STATE["core"]
+        serving = {"variant": selection["variant"], "endpointVariant": config.variant, "select": selection["select"],
+                   "reason": selection["reason"], "backend": core.backend, "kind": core.info.get("kind"),
+                   "threads": core.threads, "batcher": mode, "modelDir": served_dir}
+        telemetry.set_serving({**serving, "candidates": selection.get("candidates", [])})
+        emit("serving", url=f"http://{host}:{port}", model=config.model, version=config.version, protocol="v2", **serving)
 
     async def serve() -> None:
         asyncio.get_running_loop().create_task(announce())
         await server.start([model_settings])
 
-    asyncio.run(serve())
+    run_loop(serve())
     if not mlserver_model.STATE.get("ready"):
         raise StepFailed(f"the model at {config.model_dir} failed to load: {mlserver_model.STATE.get('error', 'see the log above')}")
     return 0
+
+
+def run_loop(main_coroutine: Any) -> None:
+    """Run the server on uvloop (MLServer installs it; libuv's loop costs less per request than
+    asyncio's), or asyncio's own loop when it is missing or ``FORGE_SERVE_LOOP=asyncio``."""
+    import os
+
+    if os.environ.get("FORGE_SERVE_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            uvloop.run(main_coroutine)
+            return
+    asyncio.run(main_coroutine)
+
+
+def resolve_variant(config: ServeConfig) -> tuple[str, dict[str, Any]]:
+    """(workspace folder to serve, the selection): the config's folder, or with ``backend.select:
+    fastest`` the fastest variant of the version within the accuracy bound (``serving.select``),
+    from the registry record beside it (``registry/<model>/<version>/registry.json``)."""
+    from pathlib import PurePosixPath
+
+    from runtimes.serving.select import choose_variant
+
+    backend = config.backend
+    if backend is None or backend.select == "variant":
+        return config.model_dir, {"variant": config.variant, "select": "variant", "reason": "the Endpoint's variant"}
+    version_dir = PurePosixPath(config.model_dir).parent
+    record_path = in_workspace(str(version_dir / "registry.json"))
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError) as exc:
+        return config.model_dir, {"variant": config.variant, "select": "fastest",
+                                  "reason": f"no registry record to choose by ({record_path}: {exc}): serving the Endpoint's variant"}
+    batch = config.batching.max_batch_size if config.batching.enabled else 1
+    choice = choose_variant(record, config.variant, backend.max_accuracy_drop, batch)
+    folder = str(version_dir / choice["variant"])
+    return folder, {**choice, "select": "fastest"}
 
 
 def run(argv: list[str] | None = None) -> int:

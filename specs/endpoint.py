@@ -90,8 +90,8 @@ class ServingBackend(SpecModel):
     )
     threads: int | None = Field(
         default=None, ge=1, le=256,
-        description="Intra-op threads of the model (PyTorch and ONNX Runtime). Default: the CPUs the server may use "
-        "(its cgroup CPU limit, else its CPU affinity), less one for the HTTP event loop when there are three or more.",
+        description="Intra-op threads of the model (PyTorch and ONNX Runtime; one server process, one batch computing "
+        "at a time). Default: the CPUs the server may use (its cgroup CPU limit, else its CPU affinity).",
     )
 
 

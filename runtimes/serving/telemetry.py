@@ -9,7 +9,17 @@ The metric names are part of Forge's contract: the rollout gates' PromQL templat
 
 - ``forge_requests_total{code}``: inference requests by HTTP status code (counter);
 - ``forge_request_duration_seconds``: end-to-end latency of an inference request (histogram);
-- ``forge_batch_size``: rows per model invocation, after dynamic batching (histogram).
+- ``forge_batch_size``: rows per model invocation, after dynamic batching (histogram);
+- ``forge_request_phase_seconds{phase}``: where a successful request's time went (histogram), with
+  the load-adaptive batcher or without batching: ``decode`` (from the request's arrival at the
+  server to its rows reaching the batcher: body read, JSON and the v2 types, the input tensor),
+  ``queue`` (waiting for the model: the batch before it, a hold for more arrivals), ``compute`` (the
+  forward pass of its batch) and ``encode`` (from the result to the last byte of the response: the
+  output tensors, the JSON, the write, and any wait for the event loop); the four add up to the
+  request's ``forge_request_duration_seconds``. MLServer's own batching computes batches apart
+  from the requests' tasks, so there only the total is recorded;
+- ``forge_serving_info{backend, served_variant, threads, batcher}``: 1 — what this server runs
+  (``GET /forge/serving`` has the same as JSON, with the reason a variant was chosen).
 
 ``code="200"`` and ``code="500"`` exist from the start (at 0): a healthy server's error rate is 0,
 not "no data", and a server failing every request has a success rate of 0, so the gates and the
@@ -23,7 +33,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from specs.rollout import SERIES_LABELS
@@ -33,6 +43,8 @@ LABELS = tuple(SERIES_LABELS[k] for k in ("endpoint", "namespace", "version", "v
 INITIAL_CODES = ("200", "500")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+PHASES = ("decode", "queue", "compute", "encode")
 
 
 class Telemetry:
@@ -50,8 +62,14 @@ class Telemetry:
         self._requests = Counter("forge_requests", "Inference requests by HTTP status code.", (*LABELS, "code"), registry=self.registry)
         self._duration = Histogram("forge_request_duration_seconds", "End-to-end latency of inference requests.", LABELS, buckets=LATENCY_BUCKETS, registry=self.registry)
         self._batch = Histogram("forge_batch_size", "Rows per model invocation (after dynamic batching).", LABELS, buckets=BATCH_BUCKETS, registry=self.registry)
+        self._phase = Histogram("forge_request_phase_seconds", "Where a request's time went: decode, queue, compute, encode.",
+                                (*LABELS, "phase"), buckets=PHASE_BUCKETS, registry=self.registry)
+        self._info = Gauge("forge_serving_info", "What this server runs: backend, served variant, threads, batcher.",
+                           (*LABELS, "backend", "served_variant", "threads", "batcher"), registry=self.registry)
         for code in INITIAL_CODES:
             self._requests.labels(**self.labels, code=code)
+        #: What `GET /forge/serving` answers (set by the server once the model is loaded).
+        self.serving: dict[str, Any] = {}
         faults = config.fault_injection
         self.error_rate = float(faults.error_rate) if faults else 0.0
         self.added_latency_s = float(faults.added_latency_ms) / 1000.0 if faults else 0.0
@@ -63,6 +81,17 @@ class Telemetry:
 
     def observe_batch(self, rows: int) -> None:
         self._batch.labels(**self.labels).observe(rows)
+
+    def observe_phases(self, timing: dict[str, Any], end: float) -> None:
+        """The four phases of one request from its timing marks (see the module docstring)."""
+        marks = (timing["start"], timing["enqueued"], timing["dispatched"], timing["computed"], end)
+        for phase, (a, b) in zip(PHASES, zip(marks, marks[1:])):
+            self._phase.labels(**self.labels, phase=phase).observe(max(0.0, b - a))
+
+    def set_serving(self, serving: dict[str, Any]) -> None:
+        self.serving = serving
+        self._info.labels(**self.labels, backend=str(serving.get("backend")), served_variant=str(serving.get("variant")),
+                          threads=str(serving.get("threads")), batcher=str(serving.get("batcher"))).set(1)
 
     def inject_error(self) -> bool:
         """True for the fraction ``error_rate`` of requests (answered with HTTP 500)."""
