@@ -70,7 +70,7 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
     config = ServeConfig(
         endpoint=endpoint.name, namespace=namespace, model=model, version=version, variant=variant,
         role=role, model_dir=registry_dir(model, version, variant), batching=spec.batching,
-        fault_injection=faults, host="0.0.0.0", port=SERVE_PORT,
+        fault_injection=faults, host="0.0.0.0", port=SERVE_PORT, backend=spec.backend,
     )
     runtime = "forge-serve-seldon" if spec.protocol == "seldon" else "forge-serve"
     step = "serve-seldon" if spec.protocol == "seldon" else "serve"

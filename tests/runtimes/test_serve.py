@@ -1,13 +1,18 @@
 """Both serving paths answer real requests over HTTP on 127.0.0.1, with forge_* metrics and
-fault injection."""
+fault injection; the load-adaptive batcher and the choice of the fastest registered variant."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import textwrap
+import threading
 
 import pytest
 
-from tests.runtimes.helpers import Runner, get_text, post_json
+from runtimes.serving.select import choose_variant
+from tests.runtimes.helpers import ROOT, Runner, get_text, post_json
 
 pytestmark = pytest.mark.runtime
 
@@ -73,3 +78,153 @@ def test_seldon_wrapper_fault_injection(digits: Runner, seldon_python: str, serv
     status, _ = post_json(f"{server.url}/api/v1.0/predictions", {"data": {"ndarray": [ZERO]}})
     assert status == 500
     assert _count(get_text(f"{server.url}/metrics"), "500") == 1.0
+
+
+# -- the fastest variant within the accuracy bound --------------------------------------------------
+def _record(**variants: tuple[str, float | None, dict[str, float]]) -> dict:
+    return {"variants": {name.replace("_", "-"): {"kind": kind, "benchmark": {"accuracy": acc, "runtime": "x",
+                                                                            "batches": {b: {"throughput": t} for b, t in tp.items()}}}
+                         for name, (kind, acc, tp) in variants.items()}}
+
+
+def test_choose_variant_takes_the_fastest_within_the_bound_at_the_served_batch_size() -> None:
+    record = _record(base=("state_dict", 0.97, {"1": 100, "64": 1000}), int8=("int8", 0.965, {"1": 90, "64": 3000}),
+                     base_onnx=("onnx", 0.97, {"1": 400, "64": 2000}), pruned=("state_dict", 0.95, {"1": 900, "64": 9000}),
+                     engine=("tensorrt", 0.97, {"1": 99999, "64": 99999}))
+    at_16 = choose_variant(record, "base", 1.0, 16)  # 16 is nearer 64 than 1 on a log scale
+    assert at_16["variant"] == "int8" and "3,000 rows/s at batch 64" in at_16["reason"] and "3.00× the base" in at_16["reason"]
+    assert choose_variant(record, "base", 1.0, 1)["variant"] == "base-onnx"  # without batching, batch-1 figures
+    excluded = {r["variant"]: r.get("excluded", "") for r in at_16["candidates"]}
+    assert "loses 2.00 pt" in excluded["pruned"] and "not servable" in excluded["engine"] and not excluded["int8"]
+    assert choose_variant(record, "base", 0.4, 16)["variant"] == "base-onnx"  # int8's 0.5 pt is over a 0.4 pt bound
+    assert choose_variant(record, "base", 5.0, 16)["variant"] == "pruned"
+
+
+def test_choose_variant_falls_back_to_the_endpoints_variant_without_figures() -> None:
+    unmeasured = {"variants": {"base": {"kind": "state_dict"}, "int8": {"kind": "int8"}}}
+    choice = choose_variant(unmeasured, "int8", 1.0, 16)
+    assert choice["variant"] == "int8" and "serving the Endpoint's variant 'int8'" in choice["reason"]
+    no_base = _record(int8=("int8", 0.9, {"1": 10}))
+    assert choose_variant(no_base, "int8", 1.0, 1)["variant"] == "int8"  # no base accuracy to compare with
+
+
+# -- the load-adaptive batcher, in the runtime environment ---------------------------------------
+BATCHER_SCRIPT = textwrap.dedent("""
+    import asyncio, json, time
+    from concurrent.futures import ThreadPoolExecutor
+    import numpy as np
+    from runtimes.serving.batcher import AdaptiveBatcher
+
+    def run(rows):
+        time.sleep(0.02 + 0.002 * len(rows))  # a model: 20 ms a batch + 2 ms a row
+        return {"double": rows * 2}
+
+    async def main():
+        batcher = AdaptiveBatcher(run, ThreadPoolExecutor(1), max_batch_size=8, max_wait_s=0.05, p99_target_s=0.5)
+        low = []
+        for i in range(6):  # low load: one request every 100 ms
+            timing = {"start": time.perf_counter()}
+            out = await batcher.submit(np.array([[i]]), timing)
+            assert out["double"].tolist() == [[2 * i]]
+            low.append(timing["batch"])
+            await asyncio.sleep(0.1)
+        holds_low = batcher.holds
+        timings = [{"start": time.perf_counter()} for _ in range(20)]  # a burst: 20 at once
+        outs = await asyncio.gather(*(batcher.submit(np.array([[i]]), t) for i, t in enumerate(timings)))
+        assert [o["double"].tolist() for o in outs] == [[[2 * i]] for i in range(20)]
+        burst = sorted({(t["dispatched"], t["batch"]) for t in timings})
+        # a budget the fitted compute time does not allow whole batches of 8 within
+        tight = AdaptiveBatcher(run, ThreadPoolExecutor(1), max_batch_size=64, max_wait_s=0.005, p99_target_s=0.1)
+        for n in (1, 4, 8, 1, 4, 8):
+            await asyncio.gather(*(tight.submit(np.array([[0]]), {"start": time.perf_counter()}) for _ in range(n)))
+        print(json.dumps({"low": low, "holds_low": holds_low, "burst": [b for _, b in burst],
+                          "tight_max": tight.effective_max(), "state": batcher.describe()}))
+
+    asyncio.run(main())
+""")
+
+
+def test_adaptive_batcher_holds_nothing_at_low_load_and_fills_batches_in_a_burst(runtime_python: str) -> None:
+    proc = subprocess.run([runtime_python, "-c", BATCHER_SCRIPT], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["low"] == [1] * 6 and result["holds_low"] == 0  # every lone request ran at once
+    assert result["burst"] == [8, 8, 4]  # the burst runs as full batches of maxBatchSize
+    # 2 ms a row, 20 ms a batch: within half of a 100 ms budget (50 - 20) / 2 = 15 rows fit, not 64
+    assert 8 <= result["tight_max"] <= 16, result
+    assert result["state"]["computePerRowMs"] == pytest.approx(2.0, abs=1.5)
+
+
+def test_adaptive_batching_server_exports_where_the_time_goes(digits: Runner, server_factory) -> None:
+    batching = {"enabled": True, "maxBatchSize": 8, "maxLatencyMs": 5, "p99TargetMs": 100}
+    server = server_factory(digits, "serve", _serve_config("models/base", batching=batching))
+    url = f"{server.url}/v2/models/digits-mlp/infer"
+    for _ in range(3):  # one at a time: never held, batches of one request
+        status, body = post_json(url, {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": ONE}]})
+        assert status == 200 and body["outputs"][1]["data"] == [1]
+    answers: list[int] = []
+
+    def client() -> None:
+        for _ in range(5):
+            status, body = post_json(url, {"inputs": [{"name": "x", "shape": [2, 64], "datatype": "FP32", "data": ZERO + ONE}]})
+            answers.append(status)
+            assert {o["name"]: o for o in body["outputs"]}["label"]["data"] == [0, 1]  # each gets its own rows back
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [200] * 40
+    metrics = get_text(f"{server.url}/metrics")
+    for phase in ("decode", "queue", "compute", "encode"):
+        assert re.search(r'forge_request_phase_seconds_count\{[^}]*phase="%s"[^}]*\} 43.0' % phase, metrics), phase
+    assert re.search(r'forge_serving_info\{[^}]*backend="pytorch"[^}]*batcher="adaptive"[^}]*\} 1.0', metrics)
+    serving = json.loads(get_text(f"{server.url}/forge/serving"))
+    assert serving["batcher"] == "adaptive" and serving["variant"] == "base" and serving["batcherState"]["p99TargetMs"] == 100
+
+
+@pytest.fixture(scope="module")
+def registered(digits: Runner) -> Runner:
+    """The digits MLP exported to ONNX, benchmarked and registered as version v9, as a Workflow does."""
+    digits.run("export", {"step": "export", "model": "digits-mlp", "source": "base", "modelDir": "models/base", "data": "data/digits",
+                          "hardwareTarget": "x86-avx2", "maxAbsDiff": 1e-4, "maxAccuracyDrop": 1.0, "output": "exports/serve"}, timeout=600)
+    variants = {"base": "models/base", "base-onnx": "exports/serve/onnx"}
+    digits.run("benchmark", {"step": "benchmark", "model": "digits-mlp", "version": "v9", "variants": variants, "data": "data/digits",
+                             "hardwareTarget": "x86-avx2", "settings": {"batchSizes": [1, 16], "seconds": 0.2, "threads": 1},
+                             "output": "bench-serve"}, timeout=600)
+    digits.run("register", {"step": "register", "model": "digits-mlp", "version": "v9", "variants": variants,
+                            "output": "registry/digits-mlp/v9", "benchmark": "bench-serve"})
+    return digits
+
+
+def test_backend_select_fastest_serves_the_measured_fastest_variant(registered: Runner, server_factory) -> None:
+    record = registered.read("registry/digits-mlp/v9/registry.json")
+    throughput = {name: v["benchmark"]["batches"]["16"]["throughput"] for name, v in record["variants"].items()}
+    fastest = max(throughput, key=throughput.__getitem__)
+    config = _serve_config("registry/digits-mlp/v9/base", version="v9", batching={"enabled": True, "maxBatchSize": 16, "maxLatencyMs": 5,
+                                                                                   "p99TargetMs": 150},
+                           backend={"select": "fastest", "maxAccuracyDrop": 1.0, "threads": 1})
+    server = server_factory(registered, "serve", config)
+    serving = json.loads(get_text(f"{server.url}/forge/serving"))
+    assert serving["variant"] == fastest and serving["endpointVariant"] == "base" and serving["threads"] == 1
+    assert serving["backend"] == ("onnxruntime" if fastest == "base-onnx" else "pytorch")
+    assert "fastest of 2 variants within 1 pt" in serving["reason"]
+    status, body = post_json(f"{server.url}/v2/models/digits-mlp/infer",
+                             {"inputs": [{"name": "x", "shape": [2, 64], "datatype": "FP32", "data": ZERO + ONE}]})
+    assert status == 200 and {o["name"]: o for o in body["outputs"]}["label"]["data"] == [0, 1]
+    metrics = get_text(f"{server.url}/metrics")
+    assert f'served_variant="{fastest}"' in metrics and 'forge_variant="base"' in metrics  # series keep the Endpoint's labels
+
+
+def test_the_onnx_runtime_backend_serves_an_exported_bundle(registered: Runner, server_factory) -> None:
+    server = server_factory(registered, "serve", _serve_config("registry/digits-mlp/v9/base-onnx", version="v9", variant="base-onnx",
+                                                               batching={"enabled": False}))
+    status, body = post_json(f"{server.url}/v2/models/digits-mlp/infer",
+                             {"inputs": [{"name": "x", "shape": [2, 64], "datatype": "FP32", "data": ZERO + ONE}]})
+    outputs = {o["name"]: o for o in body["outputs"]}
+    assert status == 200 and outputs["label"]["data"] == [0, 1] and outputs["probabilities"]["shape"] == [2, 10]
+    assert sum(outputs["probabilities"]["data"][:10]) == pytest.approx(1.0, abs=1e-5)
+    serving = json.loads(get_text(f"{server.url}/forge/serving"))
+    assert serving["backend"] == "onnxruntime" and serving["batcher"] == "off" and serving["kind"] == "onnx"
