@@ -21,8 +21,8 @@ def _http_server(port: int) -> list[str]:
 
 def test_spawn_records_the_process_and_stop_ends_exactly_it(tmp_path: Path) -> None:
     log = tmp_path / "logs" / "sleep.log"
-    record = processes.spawn("sleeper", "test", [sys.executable, "-c", "print('hello', flush=True); import time; time.sleep(60)"],
-                             log=log, info={"why": "test"})
+    argv = [sys.executable, "-c", "print('hello', flush=True); import time; time.sleep(60)"]
+    record = processes.spawn("sleeper", "test", argv, log=log, info={"why": "test"})
     try:
         assert record.start_ticks > 0 and processes.alive(record)
         assert processes.running(record.pid, record.start_ticks)
@@ -96,7 +96,8 @@ def test_start_server_waits_until_ready_and_moves_off_a_taken_port(tmp_path: Pat
 def test_start_server_reports_a_server_that_exits_with_its_log(tmp_path: Path) -> None:
     failed: list[processes.ProcessRecord] = []
     with pytest.raises(processes.ServerNotStarted) as err:
-        processes.start_server("bad", "bad-server", lambda p: [sys.executable, "-c", "print('no config here'); raise SystemExit(3)"],
+        processes.start_server("bad", "bad-server",
+                               lambda p: [sys.executable, "-c", "print('no config here'); raise SystemExit(3)"],
                                lambda p: f"http://127.0.0.1:{p}/", log=tmp_path / "bad.log", timeout=30,
                                on_failed=failed.append)
     assert "no config here" in err.value.tail and "bad-server exited" in str(err.value)
@@ -110,5 +111,6 @@ def test_ensure_package_finds_the_binary_or_says_what_to_install(tmp_path: Path,
         pass
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no apt-get, no binary of that name
-    with pytest.raises(Missing, match="forge-no-such-tool is missing and apt-get is not available: install the forge-no-such-package"):
+    with pytest.raises(Missing, match="forge-no-such-tool is missing and apt-get is not available: "
+                                      "install the forge-no-such-package package"):
         processes.ensure_package(str(tmp_path / "forge-no-such-tool"), "forge-no-such-package", error=Missing)
