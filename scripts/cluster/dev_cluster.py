@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from devkit.cluster import Cluster, default_state_dir  # noqa: E402
 from devkit.common import ClusterError  # noqa: E402
 from devkit.gobuild import ensure_binaries  # noqa: E402
+from devkit.node import Node, NodeError  # noqa: E402
+from devkit.node import default_state_dir as node_state_dir  # noqa: E402
 from devkit.prometheus import Prometheus  # noqa: E402
 
 
@@ -36,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     start = sub.add_parser("start", help="start etcd + kube-apiserver (+ CRDs, + Prometheus)")
     start.add_argument("--prometheus", action="store_true", help="also start a Prometheus (1 s scrape interval)")
     start.add_argument("--no-crds", action="store_true", help="do not install the CRDs")
+    start.add_argument("--node", action="store_true",
+                       help="also start a node: containerd, kubelet, scheduler, controller-manager, kube-proxy (root)")
     sub.add_parser("stop", help="stop what start started, by PID, and remove its data")
     sub.add_parser("env", help="print the export lines")
     sub.add_parser("status", help="print the saved state as JSON")
@@ -58,7 +62,17 @@ def main(argv: list[str] | None = None) -> int:
                 if running:
                     raise ClusterError(f"a cluster is already running from {sd}; stop it first")
                 Prometheus(**ps).stop()
+            if args.node and (node_state_dir() / "state.json").exists():
+                Node.load(node_state_dir()).stop(quiet=True)  # left from a start that died
             cluster = Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False)
+            if args.node:
+                try:
+                    node = Node.start(cluster, node_state_dir(), die_with_parent=False)
+                except BaseException:
+                    cluster.stop(quiet=True, keep_logs=True)
+                    raise
+                print(f"# node {node.name} Ready ({node.versions['KUBERNETES_VERSION']}, containerd, "
+                      f"{node.snapshotter}); state and logs: {node.state_dir}", file=sys.stderr)
             prom_url = None
             if args.prometheus:
                 prom = Prometheus.start(state_dir=sd / "prometheus", die_with_parent=False)
@@ -80,12 +94,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "status":
             cluster = Cluster.load(sd)
             doc = asdict(cluster) | {"alive": cluster.alive(), "prometheus": _prom_state(sd)}
+            if (node_state_dir() / "state.json").exists():
+                node = Node.load(node_state_dir())
+                doc["node"] = asdict(node) | {"alive": node.alive()}
             print(json.dumps(doc, indent=2))
             return 0 if cluster.alive() else 1
         if args.cmd == "stop":
             ps = _prom_state(sd)
             if ps:
                 Prometheus(**ps).stop()
+            if (node_state_dir() / "state.json").exists():
+                Node.load(node_state_dir()).stop()
             try:
                 cluster = Cluster.load(sd)
             except ClusterError as e:
@@ -93,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             cluster.stop()
             return 0
-    except ClusterError as e:
+    except (ClusterError, NodeError) as e:
         print(f"dev-cluster: error: {e}", file=sys.stderr)
         return 1
     return 2
