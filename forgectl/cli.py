@@ -13,7 +13,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -22,10 +22,6 @@ from forgectl.shell import err, load_for, one_endpoint, open_target_for, out, ro
 from reconciler.diagnostics import ForgeError, SpecError, render_diagnostics
 from reconciler.loader import load
 from renderers.errors import RenderError
-
-if TYPE_CHECKING:
-    from reconciler.targets.base import Target
-    from specs import Environment, SpecSet
 
 app = typer.Typer(
     name="forgectl",
@@ -157,40 +153,29 @@ def plan(
     """Show what applying the specs would change, and why: blockers and risk flags first, the GPU
     arithmetic and cost, then the changes. Exit 1 when the target cannot run it, 3 on a risk flag
     named by --fail-on-risk, 2 on changes with --detailed-exitcode, else 0."""
+    from reconciler.liveplan import live_plan, plan_json
     from reconciler.pullrequest import pull_request_plan
-    from reconciler.review import EXIT_ERROR, EXIT_RISK, exit_code, parse_fail_on, reviewed_live_plan
-    from reconciler.sources import revision_of
+    from reconciler.review import EXIT_ERROR, EXIT_RISK, exit_code, parse_fail_on
 
     fail_on = parse_fail_on(fail_on_risk)
     if base is not None:
-        plan_json = pull_request_plan(paths, base, head, env, target_options(flags))
+        shown = pull_request_plan(paths, base, head, env, target_options(flags))
     else:
         result, environment = load_for(paths, rev, env)
         target, ns = open_target_for(environment, flags)
-        the_plan = reviewed_live_plan(result, environment, target, ns, revision_of(paths or ["."], rev), rev=rev,
-                                      start=(paths or ["."])[0])
-        plan_json = the_plan.to_json()
-        if environment.spec.target == "kubernetes":
-            plan_json["notes"] = [*plan_json.get("notes", []), *_prerequisite_notes(result.specs, environment, target)]
+        shown = plan_json(live_plan(result, environment, target, ns, paths, rev), result.specs, environment, target)
         if save is not None:
-            save.write_text(json.dumps(plan_json, indent=2) + "\n")
-    _print_plan(plan_json, output, verbose=verbose)
+            save.write_text(json.dumps(shown, indent=2) + "\n")
+    _print_plan(shown, output, verbose=verbose)
     if save is not None and output is PlanOutput.text:
         err.print(f"saved the plan to {save}; apply exactly it with `forgectl apply {save}`")
-    code = exit_code(plan_json, detailed=detailed_exitcode, fail_on=fail_on)
+    code = exit_code(shown, detailed=detailed_exitcode, fail_on=fail_on)
     if code == EXIT_ERROR:
-        err.print(f"[red]error:[/red] the target cannot run this plan ({len(plan_json['blockers'])} blocker(s), listed with it)")
+        err.print(f"[red]error:[/red] the target cannot run this plan ({len(shown['blockers'])} blocker(s), listed with it)")
     elif code == EXIT_RISK:
-        raised = sorted({r["flag"] for r in plan_json["risks"] if r["flag"] in fail_on})
+        raised = sorted({r["flag"] for r in shown["risks"] if r["flag"] in fail_on})
         err.print(f"[yellow]risk:[/yellow] {safe(', '.join(raised))} raised (--fail-on-risk)")
     raise typer.Exit(code)
-
-
-def _prerequisite_notes(specs: SpecSet, environment: Environment, target: Target) -> list[str]:
-    """Notes naming what the cluster lacks for the rendered objects (checked read-only)."""
-    from reconciler.prerequisites import check_environment, missing_notes
-
-    return missing_notes(check_environment(specs, environment, target))
 
 
 @app.command()
@@ -224,17 +209,11 @@ def apply(
 ) -> None:
     """Apply the specs (or a saved plan file): show the plan, confirm, then make it so."""
     from reconciler.apply import apply_plan
-    from reconciler.plan import Plan
-    from reconciler.review import reviewed_live_plan
+    from reconciler.liveplan import ensure_runnable, live_plan, plan_json, saved_plan
     from reconciler.session import ensure_fresh
-    from reconciler.sources import revision_of
 
-    saved = None
-    if paths and len(paths) == 1 and paths[0].endswith(".json") and Path(paths[0]).is_file():
-        try:
-            saved = Plan.from_json(json.loads(Path(paths[0]).read_text()))
-        except (ValueError, KeyError) as exc:
-            raise ForgeError(f"{paths[0]}: not a saved Forge plan ({exc})") from exc
+    saved = saved_plan(paths)
+    if saved is not None:
         # The plan holds the objects; the specs are read only for the environment's settings.
         result, environment = load_for(specs_dir or ["."], None, env or saved.environment)
     else:
@@ -251,19 +230,14 @@ def apply(
             ensure_fresh(saved, target)
             the_plan = saved
         else:
-            the_plan = reviewed_live_plan(result, environment, target, ns, revision_of(paths or ["."], rev), rev=rev,
-                                          start=(paths or ["."])[0])
-        plan_json = the_plan.to_json()
-        if environment.spec.target == "kubernetes":
-            plan_json["notes"] = [*plan_json.get("notes", []), *_prerequisite_notes(result.specs, environment, target)]
+            the_plan = live_plan(result, environment, target, ns, paths, rev)
+        shown = plan_json(the_plan, result.specs, environment, target)
         if output is PlanOutput.text:
-            _print_plan(plan_json, output)
-        if the_plan.blockers:
-            raise ForgeError(f"the target cannot run this plan: {the_plan.blockers[0].message}"
-                             + (f" (and {len(the_plan.blockers) - 1} more)" if len(the_plan.blockers) > 1 else ""))
+            _print_plan(shown, output)
+        ensure_runnable(the_plan)
         if not the_plan.has_changes:
             if output is PlanOutput.json:
-                print(json.dumps({"plan": plan_json, "changeset": None}, indent=2))
+                print(json.dumps({"plan": shown, "changeset": None}, indent=2))
             raise typer.Exit(0)
         if not auto_approve:
             if not sys.stdin.isatty():
@@ -278,10 +252,10 @@ def apply(
                 changeset = apply_plan(the_plan, target)
         except ApplyFailed as exc:
             if output is PlanOutput.json:
-                print(json.dumps({"plan": plan_json, "changeset": exc.changeset.to_json(), "error": str(exc)}, indent=2))
+                print(json.dumps({"plan": shown, "changeset": exc.changeset.to_json(), "error": str(exc)}, indent=2))
             raise
     if output is PlanOutput.json:
-        print(json.dumps({"plan": plan_json, "changeset": changeset.to_json()}, indent=2))
+        print(json.dumps({"plan": shown, "changeset": changeset.to_json()}, indent=2))
     else:
         s = changeset.to_json()["summary"]
         elapsed = time.monotonic() - started
