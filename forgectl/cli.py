@@ -1,9 +1,10 @@
 """`forgectl`: validate, render, plan and apply Forge specs.
 
 Each command parses its arguments, calls the library and prints: load → render → diff → plan →
-apply, the pull-request plan (`reconciler.pullrequest`), the rollout controllers' watch loop
-(`reconciler.watch`) and steering (`reconciler.steering`). User errors (:class:`ForgeError`)
-print one clear message and exit 1, never a traceback.
+apply (`reconciler.liveplan`), the pull-request plan (`reconciler.pullrequest`), the rollout
+controllers' watch loop (`reconciler.watch`) and steering (`reconciler.steering`). The target
+flags are one option group (`forgectl.options`). User errors (:class:`ForgeError`) print one
+clear message and exit 1, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from typing import Annotated, Any
 
 import typer
 
+from forgectl.experiment_cli import app as experiment_app
+from forgectl.experiment_cli import experiment_lines
+from forgectl.models_cli import app as models_app
 from forgectl.options import NO_OVERRIDES, EndpointArg, EnvOpt, PathsArg, RevOpt, SpecsOpt, TargetFlags, with_target_flags
 from forgectl.shell import err, load_for, one_endpoint, open_target_for, out, rollout_controllers, safe, target_options
 from reconciler.diagnostics import ForgeError, SpecError, render_diagnostics
@@ -37,7 +41,6 @@ class DiagnosticsOutput(str, Enum):
     text = "text"
     json = "json"
     github = "github"
-
 
 
 @app.command()
@@ -265,14 +268,8 @@ def apply(
 
 rollout_app = typer.Typer(help="Inspect and steer rollouts: status, promote, abort, retry.", no_args_is_help=True)
 app.add_typer(rollout_app, name="rollout")
-
-from forgectl.models_cli import app as models_app  # noqa: E402 - the registry, lineage, leaderboard
-
-app.add_typer(models_app, name="models")
-
-from forgectl.experiment_cli import app as experiment_app  # noqa: E402 - A/B experiments
-
-app.add_typer(experiment_app, name="experiment")
+app.add_typer(models_app, name="models")  # the registry, lineage, leaderboard
+app.add_typer(experiment_app, name="experiment")  # A/B experiments
 
 
 @app.command()
@@ -327,7 +324,6 @@ def rollout_status(
     if output is PlanOutput.json:
         print(json.dumps(data, indent=2))
         return
-    from forgectl.experiment_cli import experiment_lines
     from reconciler import views
 
     out.print(views.rollout_text(data))

@@ -1,7 +1,7 @@
 """What every `forgectl` command group shares: the two consoles, printing user text safely, and
 the few calls that turn command-line values into library objects (the specs with their
-Environment, the target, the rollout controllers). The command modules import this one and never
-each other, so `forgectl.cli` can add the `models` and `experiment` groups without a cycle.
+Environment, the target, the rollout controllers). `models_cli` and `experiment_cli` import this
+module, never `forgectl.cli`, so `forgectl.cli` can add their command groups without a cycle.
 
 Library imports stay inside the functions: a command pays only for what it uses (`validate` and
 `plan --base` never load a target).
