@@ -260,3 +260,35 @@ def build_busybox(log=print) -> tuple[Path, str]:
     spec = ImageSpec(BUSYBOX_IMAGE, upstream, entries, cmd=["sh"])
     pack_oci_archive(spec, dest)
     return dest, ref
+
+
+def build_argoexec(argoexec: Path, version: str, log=print) -> tuple[Path, str]:
+    """(archive, ref) of Argo's executor image, as upstream's Dockerfile makes it (target
+    ``argoexec``: distroless/static + /etc/mime.types, hack/ssh_known_hosts, hack/nsswitch.conf,
+    /bin/argoexec, ENTRYPOINT ["argoexec"]): the distroless parts from Debian's files here
+    (``/etc/passwd`` and ``/etc/group`` with root and nonroot, the CA bundle, /tmp)."""
+    moddir = paths.go_mod_download(paths.versions()["ARGO_WORKFLOWS_MODULE"], version)
+    data = argoexec.read_bytes()
+    files = {
+        "/etc/nsswitch.conf": (moddir / "hack" / "nsswitch.conf").read_bytes(),
+        "/etc/ssh/ssh_known_hosts": (moddir / "hack" / "ssh_known_hosts").read_bytes(),
+        "/etc/mime.types": Path("/etc/mime.types").read_bytes() if Path("/etc/mime.types").exists() else b"",
+        "/etc/ssl/certs/ca-certificates.crt": Path("/etc/ssl/certs/ca-certificates.crt").read_bytes(),
+        "/etc/passwd": b"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n"
+                       b"argo:x:8737:8737:argo:/home/argo:/sbin/nologin\n",
+        "/etc/group": b"root:x:0:\nnonroot:x:65532:\nargo:x:8737:\n",
+    }
+    key = _key(data, version, *(k.encode() + v for k, v in sorted(files.items())))
+    dest = paths.cache_dir() / "images" / f"argoexec-{version}-{key}.tar"
+    ref = f"forge.local/argoexec:{version}"
+    if dest.is_file():
+        return dest, ref
+    log(f"building the executor image {ref}")
+    entries = [Entry("/bin/argoexec", 0o755, data), Entry("/tmp", 0o1777), Entry("/root", 0o700),
+               Entry("/home/nonroot", 0o755, uid=65532, gid=65532), Entry("/home/argo", 0o755, uid=8737, gid=8737)]
+    entries += [Entry(p, 0o644, b) for p, b in files.items()]
+    spec = ImageSpec("forge.local/argoexec", version, entries, entrypoint=["argoexec"],
+                     env=["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                          "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"])
+    pack_oci_archive(spec, dest)
+    return dest, ref

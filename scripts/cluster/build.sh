@@ -4,6 +4,7 @@
 #   scripts/cluster/build.sh [etcd|kube-apiserver|all]    (default: all)
 #   scripts/cluster/build.sh node     kubelet, kube-scheduler, kube-controller-manager, kube-proxy,
 #                                     kubectl of the same KUBERNETES_VERSION
+#   scripts/cluster/build.sh argo     Argo Workflows' workflow-controller and argoexec (ARGO_WORKFLOWS_VERSION)
 #   scripts/cluster/build.sh judge                        (prints the binary's path on stdout)
 #
 # Output: ${FORGE_CACHE:-$HOME/.cache/forge}/bin/<name>-<version>/<name>
@@ -157,6 +158,50 @@ build_kube_node() {
   rm -rf "$tmp"
 }
 
+# Argo Workflows' workflow-controller and argoexec (the executor that runs in every step's pod),
+# ARGO_WORKFLOWS_VERSION from the module proxy: bin/argo-workflows-<version>/{workflow-controller,argoexec}.
+# Its go.mod has no replace directives, so a wrapper module that requires it builds the commands
+# with upstream's own requirements; ldflags as upstream's Makefile sets them.
+build_argo() {
+  local v="$ARGO_WORKFLOWS_VERSION" mod="$ARGO_WORKFLOWS_MODULE"
+  local out="$cache/bin/argo-workflows-$v"
+  if [[ -x "$out/workflow-controller" && -x "$out/argoexec" ]]; then log "argo-workflows $v: cached ($out)"; return; fi
+  local src="$cache/src/argo-workflows-$v"
+  rm -rf "$src"; mkdir -p "$src"
+  local gomod
+  gomod="$(cd "$src" && go mod download -json "$mod@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  if grep -q '^replace' "$gomod"; then echo "$mod@$v go.mod has replace directives; the wrapper would ignore them" >&2; exit 1; fi
+  local gover; gover="$(go mod edit -json "$gomod" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Go"])')"
+  printf 'module forge.local/cluster/argo-workflows\n\ngo %s\n\nrequire %s %s\n' "$gover" "$mod" "$v" >"$src/go.mod"
+  log "argo-workflows $v: resolving modules"
+  (cd "$src" && go get "$mod/cmd/workflow-controller@$v" "$mod/cmd/argoexec@$v")
+  local commit
+  commit="$(cd "$src" && go mod download -json "$mod@$v" | python3 -c 'import json,sys; print((json.load(sys.stdin).get("Origin") or {}).get("Hash",""))')"
+  local ld="-s -w -X $mod.version=$v -X $mod.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ) -X $mod.gitTreeState=clean -X $mod.gitTag=$v"
+  [[ -n "$commit" ]] && ld+=" -X $mod.gitCommit=$commit"
+  # Upstream's workflow/executor/osspecific/signal_linux.go is a git symlink to signal_darwin.go,
+  # and module zips leave symlinks out: argoexec built from the proxy's zip fails with
+  # "undefined: Setpgid" (go build -overlay may not touch GOMODCACHE). So the wrapper replaces the
+  # module with a hard-linked copy of the same verified zip contents plus that one symlink, as in
+  # upstream's tree.
+  local moddir; moddir="$(cd "$src" && go list -m -f '{{.Dir}}' "$mod")"
+  if [[ ! -e "$moddir/workflow/executor/osspecific/signal_linux.go" ]]; then
+    cp -al "$moddir" "$src/upstream"
+    chmod -R u+w "$src/upstream/workflow/executor/osspecific"
+    ln -s signal_darwin.go "$src/upstream/workflow/executor/osspecific/signal_linux.go"
+    (cd "$src" && go mod edit -replace "$mod=./upstream")
+    log "argo-workflows $v: restored the symlink signal_linux.go -> signal_darwin.go (missing from the module zip) in a hard-linked copy"
+  fi
+  log "argo-workflows $v: compiling workflow-controller and argoexec"
+  local tmp="$out.tmp.$$"; rm -rf "$tmp"; mkdir -p "$tmp"
+  local t0=$SECONDS
+  (cd "$src" && go build -p "$jobs" -ldflags "$ld" -o "$tmp/" "$mod/cmd/workflow-controller" "$mod/cmd/argoexec")
+  log "argo-workflows $v: compiled in $((SECONDS - t0)) s"
+  "$tmp/workflow-controller" version >&2 || true
+  finish "$tmp" "$out"
+  log "argo-workflows $v: built $out"
+}
+
 judges="$(cd "$here/../.." && pwd)/judges"
 
 judge_key() {
@@ -202,11 +247,12 @@ case "$what" in
   etcd) lock; build_etcd ;;
   kube-apiserver) lock; build_kube_apiserver ;;
   node) lock; build_kube_node ;;
+  argo) lock; build_argo ;;
   all) lock; build_etcd; build_kube_apiserver ;;
   judge)
     # A cached judge needs no lock: installs are atomic renames, and a kube-apiserver build
     # holding the lock for minutes must not stall every test that only asks for the path.
     if [[ ! -x "$(judge_out)/forge-judge" ]]; then lock; build_judge; fi
     echo "$(judge_out)/forge-judge" ;;
-  *) echo "usage: $0 [etcd|kube-apiserver|all|node|judge]" >&2; exit 2 ;;
+  *) echo "usage: $0 [etcd|kube-apiserver|all|node|argo|judge]" >&2; exit 2 ;;
 esac
