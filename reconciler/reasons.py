@@ -180,8 +180,8 @@ def _workflow_reasons(change: Change, changes: Iterable[Change]) -> list[str]:
     new_digest = new_prep.get("spec", {}).get("digest")
     if old_digest and new_digest and old_digest != new_digest:
         reasons.append(f"dataset `{new_prep.get('dataset')}` digest changed {old_digest[:19]}… → {new_digest[:19]}… → retrain model `{model}`")
-    old_train = next((s["config"] for n, s in old_steps.items() if n in ("train", "train-trial-0")), {})
-    new_train = next((s["config"] for n, s in new_steps.items() if n in ("train", "train-trial-0")), {})
+    old_train: dict[str, Any] = next((s["config"] for n, s in old_steps.items() if n in ("train", "train-trial-0")), {})
+    new_train: dict[str, Any] = next((s["config"] for n, s in new_steps.items() if n in ("train", "train-trial-0")), {})
     reasons += spec_changes(old_train.get("spec", {}), new_train.get("spec", {}))
     for name, kind in (("compress", "variant"),):
         old_v = {n: s["config"].get(kind) for n, s in old_steps.items() if n.startswith(name)}

@@ -11,13 +11,16 @@ from typing import Any, Callable, Iterable, Mapping
 from reconciler.errors import StalePlanError
 from reconciler.plan import Action, Plan, build_plan, fingerprint, settle
 from reconciler.resources import ObjectRef
+from reconciler.rollout import RolloutState
+from reconciler.serving import desired_serving, serving_states, with_namespace
 from reconciler.targets.base import Target
-from renderers import RenderContext, ServingState, render
+from renderers import RenderContext, render
 from renderers.bundle import Rendered
-from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, VARIANT
-from renderers.seldon import ArmServing
-from renderers.versions import model_version
-from specs import Endpoint, Environment, SpecSet
+from renderers.labels import MODEL_VERSION
+from specs import Environment, SpecSet
+
+__all__ = ["PhaseHook", "TargetOptions", "desired_state", "ensure_fresh", "in_use", "make_plan", "namespace_of", "open_target",
+           "serving_states"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ def namespace_of(env: Environment, options: TargetOptions) -> str:
 
 def open_target(env: Environment, options: TargetOptions = TargetOptions()) -> Target:
     """The target of an environment."""
+    # Imported here: each target pulls in its own stack (the `kubernetes` client, the local
+    # executor), and a command needs only one of them.
     if env.spec.target == "kubernetes":
         from reconciler.targets.kubernetes import KubernetesTarget
 
@@ -59,65 +64,12 @@ def open_target(env: Environment, options: TargetOptions = TargetOptions()) -> T
     return LocalTarget(env, namespace_of(env, options), progress=options.progress)
 
 
-def serving_states(live: Iterable[Mapping[str, Any]]) -> dict[str, ServingState]:
-    """What each endpoint serves now, read from its live SeldonDeployment's predictors."""
-    states: dict[str, ServingState] = {}
-    for obj in live:
-        if obj.get("kind") != "SeldonDeployment":
-            continue
-        endpoint = (obj.get("metadata", {}).get("labels") or {}).get(ENDPOINT)
-        roles = {}
-        arms = []
-        for predictor in obj.get("spec", {}).get("predictors", []):
-            labels = predictor.get("labels") or {}
-            role = labels.get(ROLE, predictor.get("name"))
-            roles[role] = (labels.get(MODEL_VERSION), int(predictor.get("traffic", 0)), labels.get(VARIANT))
-            if role not in ("stable", "canary", "shadow"):
-                arms.append(ArmServing(role, labels.get(MODEL_VERSION) or "", labels.get(VARIANT) or "", int(predictor.get("traffic", 0))))
-        shadow = roles.get("shadow", (None,))[0]
-        if endpoint and "stable" in roles and roles["stable"][0]:
-            canary = roles.get("canary")
-            states[endpoint] = ServingState(roles["stable"][0], canary[0] if canary else None, canary[1] if canary else 0,
-                                            shadow=shadow, stable_variant=roles["stable"][2])
-        elif endpoint and arms:
-            # an experiment: the first arm's version stands for "stable" (nothing reads it as such)
-            states[endpoint] = ServingState(arms[0].version, arms=tuple(arms), shadow=shadow)
-    return states
-
-
 def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: str | None,
-                  live: Iterable[Mapping[str, Any]], rollouts: Mapping[str, Any] | None = None) -> Rendered:
-    """Render the specs against what is live: an endpoint whose model has a new version keeps its
-    stable version and gets the new one as a canary (at the weight the rollout controller set)."""
-    from reconciler.experiment import serving_for
-    from reconciler.rollout import Phase
-
-    live = list(live)
-    current = serving_states(live)
-    rollouts = rollouts or {}
-    serving: dict[str, ServingState] = {}
-    for endpoint in specs.of(Endpoint):
-        want = model_version(specs, specs.model_of(endpoint), env)
-        state = current.get(endpoint.name)
-        rollout = rollouts.get(endpoint.name)
-        experiment = serving_for(endpoint, want, getattr(rollout, "experiment", None))
-        if experiment is not None:
-            serving[endpoint.name] = experiment  # the experiment controller decides what serves
-        elif state is None or state.stable == want:
-            serving[endpoint.name] = ServingState(want)
-        elif rollout is not None and rollout.canary == want and rollout.phase in (Phase.ROLLED_BACK, Phase.ABORTED):
-            serving[endpoint.name] = ServingState(state.stable)  # rolled back: `rollout retry` to try again
-        else:
-            weight = state.canary_weight if state.canary == want else 0
-            serving[endpoint.name] = ServingState(state.stable, want, weight)
-    return render(specs, RenderContext(_with_namespace(env, namespace), revision, serving))
-
-
-def _with_namespace(env: Environment, namespace: str) -> Environment:
-    if env.spec.kubernetes is None or env.spec.kubernetes.namespace == namespace:
-        return env
-    k8s = env.spec.kubernetes.model_copy(update={"namespace": namespace})
-    return env.model_copy(update={"spec": env.spec.model_copy(update={"kubernetes": k8s})})
+                  live: Iterable[Mapping[str, Any]], rollouts: Mapping[str, RolloutState] | None = None) -> Rendered:
+    """Render the specs against what is live: each endpoint serves what
+    :func:`reconciler.serving.desired_serving` decides from its live state and rollout state."""
+    serving = desired_serving(specs, env, serving_states(live), rollouts or {})
+    return render(specs, RenderContext(with_namespace(env, namespace), revision, serving))
 
 
 #: What :func:`make_plan` calls around each of its phases ("read live", "rollout states", "render",

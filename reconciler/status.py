@@ -1,59 +1,35 @@
 """`forgectl status`: workflows and their steps, model versions with their metrics, endpoints with
-their traffic split, rollout state and last analysis — collected as plain data, then drawn."""
+their traffic split, rollout state and last analysis — collected as plain data through the Target
+protocol alone, then drawn."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
+from reconciler.serving import serving_states
+from reconciler.targets.base import Target
 from renderers.labels import ENDPOINT, MODEL_VERSION, NAME
 from specs import Environment, SpecSet
 
 
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def collect(specs: SpecSet, env: Environment, target: Any) -> dict[str, Any]:
-    """Everything `status` shows, as plain data."""
-    from reconciler.session import serving_states
-
+def collect(specs: SpecSet, env: Environment, target: Target) -> dict[str, Any]:
+    """Everything `status` shows, as plain data: the live objects, and what the target records
+    beyond them (:meth:`Target.run_details`: steps, runs in progress, models, addresses)."""
     live = target.read_live()
+    details = target.run_details(live)
     data: dict[str, Any] = {"environment": env.name, "target": target.name, "workflows": [], "models": [], "endpoints": []}
-    local = target.name == "local"
     for wf in (o for o in live if o["kind"] == "Workflow"):
         labels = wf["metadata"].get("labels") or {}
-        entry = {"name": wf["metadata"]["name"], "model": labels.get(NAME), "version": labels.get(MODEL_VERSION),
-                 "phase": (wf.get("status") or {}).get("phase", "Pending"), "steps": []}
-        if local:
-            rows = target.db.db.execute(
-                "SELECT step, status, attempts, started, finished, exit_code, message FROM steps WHERE workflow = ? ORDER BY started",
-                (wf["metadata"]["name"],)).fetchall()
-            entry["steps"] = [{"step": r[0], "status": r[1], "attempts": r[2],
-                               "seconds": round(r[4] - r[3], 1) if r[3] and r[4] else None, "exit": r[5], "message": r[6]} for r in rows]
-        data["workflows"].append(entry)
-    if local:
-        running = target.db.db.execute("SELECT name, phase, message FROM workflows WHERE phase = 'Running'").fetchall()
-        for name, phase, message in running:
-            if not any(w["name"] == name for w in data["workflows"]):
-                data["workflows"].append({"name": name, "phase": phase, "steps": [], "message": message})
-        registry = target.workspace / "registry"
-        for reg in sorted(registry.glob("*/*/registry.json")):
-            info = _read(reg) or {}
-            variants = {}
-            for variant, meta in (info.get("variants") or {}).items():
-                metrics = meta.get("metrics") or {}
-                report = meta.get("report") or {}
-                variants[variant] = {"sizeBytes": meta.get("sizeBytes"), "parameters": meta.get("parameters"),
-                                     "accuracy": metrics.get("accuracy", (report.get("after") or {}).get("accuracy"))}
-            evaluate = _read(target.workspace / "models" / info.get("model", "") / info.get("version", "") / "evaluate" / "metrics.json") or {}
-            data["models"].append({"model": info.get("model"), "version": info.get("version"), "variants": variants,
-                                   "evaluation": {k: v for k, v in evaluate.items() if isinstance(v, (int, float, bool))},
-                                   **({"privacy": evaluate["privacy"]} if isinstance(evaluate.get("privacy"), dict) else {})})
+        steps = [{"step": r.step, "status": r.status, "attempts": r.attempts,
+                  "seconds": round(r.finished - r.started, 1) if r.started and r.finished else None,
+                  "exit": r.exit_code, "message": r.message}
+                 for r in details.steps.get(wf["metadata"]["name"], [])]
+        data["workflows"].append({"name": wf["metadata"]["name"], "model": labels.get(NAME), "version": labels.get(MODEL_VERSION),
+                                  "phase": (wf.get("status") or {}).get("phase", "Pending"), "steps": steps})
+    for run in details.running:
+        if not any(w["name"] == run.name for w in data["workflows"]):
+            data["workflows"].append({"name": run.name, "phase": run.phase, "steps": [], "message": run.message})
+    data["models"] = list(details.models)
     states = serving_states(live)
     backend = target.rollout_backend(specs, env, None)
     for sd in (o for o in live if o["kind"] == "SeldonDeployment"):
@@ -65,8 +41,8 @@ def collect(specs: SpecSet, env: Environment, target: Any) -> dict[str, Any]:
                  "canary": serving.canary if serving else None,
                  "weights": {"stable": 100 - serving.canary_weight, "canary": serving.canary_weight} if serving else None,
                  "rollout": rollout.to_json() if rollout else None}
-        if local:
-            entry["url"] = target.serving.endpoint_url(endpoint)
+        if endpoint in details.endpoint_urls:
+            entry["url"] = details.endpoint_urls[endpoint]
         data["endpoints"].append(entry)
     return data
 
@@ -112,16 +88,3 @@ def render_text(data: dict[str, Any]) -> str:
                 value = "—" if m.get("value") is None else f"{m['value']:.4g}"
                 lines.append(f"      {m['verdict']:<12} {m['metric']} = {value} (want {m['threshold']})")
     return "\n".join(lines)
-
-
-def log_files(target: Any, name: str) -> list[Path]:
-    """Log files of a local step (`WORKFLOW/STEP` or `STEP`), a workflow, or an endpoint's servers."""
-    logs = target.state_dir / "logs"
-    found: list[Path] = []
-    if "/" in name:
-        found = [logs / "workflows" / f"{name}.log"]
-    else:
-        found = sorted((logs / "workflows").glob(f"*/{name}.log"), key=lambda p: p.stat().st_mtime)[-1:]
-        found += sorted((logs / "workflows" / name).glob("*.log")) if (logs / "workflows" / name).is_dir() else []
-        found += sorted(p for p in logs.glob(f"*{name}*.log"))
-    return [p for p in found if p.is_file()]

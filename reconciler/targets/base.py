@@ -1,19 +1,93 @@
 """The Target interface: where manifests become live. Two implement it — `kubernetes` (a real
-cluster) and `local` (this machine) — and the planner and applier see only this."""
+cluster) and `local` (this machine) — and the planner, the applier, the rollout commands and
+`forgectl status` see only this.
+
+Everything a target does is declared here: read what is live, apply and delete (prune), hold the
+environment's lock, what it records of its runs (status), logs, the address of an endpoint, the
+rollout state (read through ``rollout_states``, read and written through ``rollout_backend``), its
+own metrics source, and teardown. A capability a target does not have is answered, not left out:
+an empty record, None, or a :class:`~reconciler.errors.TargetNotAvailable` that says what to use
+instead, so a caller never asks which target it holds.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Mapping, Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 from reconciler.resources import ObjectRef
+from reconciler.rollout import Backend, RolloutState
+from specs import Environment, SpecSet
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """One step of a workflow run, as the target recorded it (`forgectl status` shows it)."""
+
+    step: str
+    status: str
+    attempts: int | None
+    started: float | None
+    finished: float | None
+    exit_code: int | None
+    message: str | None
+
+
+@dataclass(frozen=True)
+class WorkflowRun:
+    """One workflow run: its phase (`Running`, `Succeeded`, `Failed`) and last message."""
+
+    name: str
+    phase: str
+    message: str | None
+
+
+@dataclass(frozen=True)
+class RunDetails:
+    """What a target records beyond its live objects, for `forgectl status`. A cluster keeps these
+    in its own tools (Argo's UI, `kubectl logs`), so its details are empty."""
+
+    #: Workflow name → its steps, for the live Workflows the target ran itself.
+    steps: Mapping[str, list[StepRun]] = field(default_factory=dict)
+    #: Runs in progress whose Workflow is not live yet (the local target makes it live at the end).
+    running: list[WorkflowRun] = field(default_factory=list)
+    #: Registered model versions: `{model, version, variants, evaluation[, privacy]}` each.
+    models: list[dict[str, Any]] = field(default_factory=list)
+    #: Endpoint → the address the target serves it at (None while not served), for the endpoints
+    #: whose address the target knows; absent endpoints have none to show.
+    endpoint_urls: Mapping[str, str | None] = field(default_factory=dict)
+
+
+class RolloutBackend(Backend, Protocol):
+    """The rollout controller's view of a target (:class:`reconciler.rollout.Backend`: serving,
+    rollout state read/write, offline gate, events) and what the rollout commands read of it."""
+
+    def refresh(self) -> None:
+        """Read the target once per controller pass (a cluster: one LIST per kind)."""
+        ...
+
+    def stable_revision(self, model: str, version: str) -> str | None:
+        """The git revision the version's Workflow was rendered from (the write-back needs it)."""
+        ...
+
+    def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
+        """The mirror figures of the endpoint's shadow (agreement, distance, latency), where the
+        target measures them; None elsewhere."""
+        ...
 
 
 class Target(Protocol):
-    """Read what Forge owns, apply, delete, and hold the environment's lock."""
+    """Everything a target does (see module docstring)."""
 
     name: str
     """`kubernetes` or `local`."""
+    environment: str
+    """The Environment's name."""
+    namespace: str
+    """The namespace its objects live in."""
 
     def read_live(self) -> list[dict[str, Any]]:
         """Every live object Forge owns in this environment (one LIST per kind)."""
@@ -27,11 +101,42 @@ class Target(Protocol):
         """Delete one object (only if its uid still matches, when given)."""
         ...
 
-    def rollout_states(self, live: list[dict[str, Any]]) -> dict[str, Any]:
+    def lock(self, holder: str | None = None) -> AbstractContextManager[None]:
+        """Hold the environment's lock for the duration of an apply (``holder`` defaults to
+        user@host:pid); a second holder is refused with :class:`~reconciler.errors.LockHeldError`."""
+        ...
+
+    def rollout_states(self, live: list[dict[str, Any]]) -> dict[str, RolloutState]:
         """Endpoint → saved rollout state (where the target keeps it), so a plan does not
         re-add a canary that was rolled back."""
         ...
 
-    def lock(self, holder: str) -> AbstractContextManager[None]:
-        """Hold the environment's lock for the duration of an apply."""
+    def rollout_backend(self, specs: SpecSet, env: Environment, revision: str | None) -> RolloutBackend:
+        """The rollout controller's backend for this target (``revision``: the specs' git
+        revision, recorded on what the backend renders)."""
+        ...
+
+    def prometheus_url(self) -> str | None:
+        """The metrics source the target runs itself (started on first use), or None when the
+        Environment's `prometheus.url` is the only one."""
+        ...
+
+    def run_details(self, live: list[dict[str, Any]]) -> RunDetails:
+        """What the target records of its runs, models and endpoints (see :class:`RunDetails`)."""
+        ...
+
+    def endpoint_url(self, endpoint: str) -> str | None:
+        """The address clients reach ``endpoint`` at from this machine, or None when it is not
+        served (or the target does not know it)."""
+        ...
+
+    def log_files(self, name: str) -> list[Path]:
+        """Log files of a step (`WORKFLOW/STEP` or `STEP`), a workflow, or an endpoint's servers;
+        raises :class:`~reconciler.errors.TargetNotAvailable` where logs live elsewhere."""
+        ...
+
+    def down(self) -> list[str]:
+        """Stop every process the target started for the environment and forget what they
+        served; the stopped processes, named. Raises
+        :class:`~reconciler.errors.TargetNotAvailable` where nothing runs on this machine."""
         ...

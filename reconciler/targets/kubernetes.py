@@ -30,12 +30,17 @@ from reconciler.errors import (
     InvalidObjectError,
     LockHeldError,
     TargetError,
+    TargetNotAvailable,
     TransientError,
     UnreachableError,
 )
 from reconciler.kubeconfig import load_client_config
 from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
-from renderers.labels import MANAGER, owner_selector
+from reconciler.rollout import RolloutState
+from reconciler.targets.base import RolloutBackend, RunDetails
+from reconciler.targets.kubernetes_rollout import KubernetesRolloutBackend, rollout_state_of
+from renderers.labels import ENDPOINT, MANAGER, owner_selector
+from specs import Environment, SpecSet
 
 #: Statuses worth retrying. A 500 is retried only with a timeout reason: the API server also answers
 #: 500 for objects it cannot convert (e.g. a server-side apply of a wrongly typed field).
@@ -282,17 +287,12 @@ class KubernetesTarget:
 
 
     # -- rollouts -----------------------------------------------------------------------------
-    def rollout_backend(self, specs: Any, env: Any, revision: str | None) -> Any:
+    def rollout_backend(self, specs: SpecSet, env: Environment, revision: str | None) -> RolloutBackend:
         """The rollout controller's backend for this target."""
-        from reconciler.targets.kubernetes_rollout import KubernetesRolloutBackend
-
         return KubernetesRolloutBackend(self, specs, env, revision)
 
-    def rollout_states(self, live: list[dict[str, Any]]) -> dict[str, Any]:
+    def rollout_states(self, live: list[dict[str, Any]]) -> dict[str, RolloutState]:
         """Rollout states from the `forge.dev/rollout` annotations of the live SeldonDeployments."""
-        from reconciler.targets.kubernetes_rollout import rollout_state_of
-        from renderers.labels import ENDPOINT
-
         states = {}
         for obj in live:
             endpoint = (obj.get("metadata", {}).get("labels") or {}).get(ENDPOINT)
@@ -305,3 +305,21 @@ class KubernetesTarget:
     def prometheus_url(self) -> str | None:
         """A cluster's Prometheus comes from the Environment's `prometheus.url`."""
         return None
+
+    # -- what the cluster's own tools show ------------------------------------------------------
+    def run_details(self, live: list[dict[str, Any]]) -> RunDetails:
+        """Nothing beyond the live objects: steps and runs are Argo's (its UI, `argo get`), model
+        files live in the cluster's volumes, and Seldon's ingress is not Forge's to name."""
+        return RunDetails()
+
+    def endpoint_url(self, endpoint: str) -> str | None:
+        """Unknown here: clients reach an endpoint through the cluster's Seldon ingress."""
+        return None
+
+    def log_files(self, name: str) -> list[Path]:
+        """Logs of a cluster live in the cluster."""
+        raise TargetNotAvailable("in a cluster, use `kubectl logs` (or `argo logs`) for steps and servers")
+
+    def down(self) -> list[str]:
+        """Nothing runs on this machine for a cluster environment."""
+        raise TargetNotAvailable("`down` is for the local target; in a cluster, remove the specs and `forgectl apply`")

@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Mapping, Protocol
 
 from reconciler.errors import TargetError
-from reconciler.resources import BY_KIND, EVENT, ObjectRef
+from reconciler.resources import BY_KIND, EVENT, ObjectRef, Resource
 from reconciler.rollout import STATE_ANNOTATION, RolloutState
-from reconciler.targets.kubernetes import KubernetesTarget
+from reconciler.serving import apply_serving, serving_states
+from reconciler.targets.base import Target
 from renderers.labels import ENDPOINT, MODEL_VERSION, NAME, owner_selector
-from renderers.seldon import ServingState, render_seldon
+from renderers.seldon import ServingState
 from specs import Endpoint, Environment, SpecSet
 
 ROLLOUT_MANAGER = "forgectl-rollout"
@@ -31,10 +32,27 @@ def rollout_state_of(obj: dict[str, Any]) -> RolloutState | None:
         return None
 
 
+class ClusterAccess(Target, Protocol):
+    """What the backend needs of the `kubernetes` target beyond the Target protocol (declared here,
+    so this module does not import the target that imports it)."""
+
+    def list_kind(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
+        """LIST one kind with a label selector."""
+        ...
+
+    def merge_patch(self, ref: ObjectRef, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
+        """A JSON merge patch under field manager ``manager``."""
+        ...
+
+    def create(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST one object into the target's namespace."""
+        ...
+
+
 class KubernetesRolloutBackend:
     """Backend of :class:`reconciler.rollout.Controller` for the `kubernetes` target."""
 
-    def __init__(self, target: KubernetesTarget, specs: SpecSet, env: Environment, revision: str | None) -> None:
+    def __init__(self, target: ClusterAccess, specs: SpecSet, env: Environment, revision: str | None) -> None:
         self.target = target
         self.specs = specs
         self.env = env
@@ -53,16 +71,18 @@ class KubernetesRolloutBackend:
         self.workflows = self.target.list_kind(BY_KIND["Workflow"], selector)
 
     def serving(self, endpoint: str) -> ServingState | None:
-        from reconciler.session import serving_states
-
+        """What the endpoint's SeldonDeployment (as of the last refresh) serves."""
         obj = self.deployments.get(endpoint)
         return serving_states([obj]).get(endpoint) if obj else None
 
     def load_state(self, endpoint: str) -> RolloutState | None:
+        """The state in the `forge.dev/rollout` annotation."""
         obj = self.deployments.get(endpoint)
         return rollout_state_of(obj) if obj else None
 
     def save_state(self, endpoint: str, state: RolloutState) -> None:
+        """Write the annotation alone, under its own field manager (a merge patch, so the
+        SeldonDeployment's fields owned by `forgectl` are not touched)."""
         ref = ObjectRef("SeldonDeployment", self.target.namespace, self.deployments[endpoint]["metadata"]["name"])
         body = {"metadata": {"annotations": {STATE_ANNOTATION: json.dumps(state.to_json(), separators=(",", ":"))}}}
         stored = self.target.merge_patch(ref, body, ROLLOUT_MANAGER)
@@ -70,13 +90,11 @@ class KubernetesRolloutBackend:
             self.deployments[endpoint] = stored
 
     def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
-        from reconciler.session import _with_namespace
-
-        env = _with_namespace(self.env, self.target.namespace)
-        obj = render_seldon(self.specs, endpoint, env, self.target.namespace, self.revision, state)
-        self.deployments[endpoint.name] = self.target.apply(obj)
+        """Move the endpoint's traffic (see :func:`reconciler.serving.apply_serving`)."""
+        self.deployments[endpoint.name] = apply_serving(self.target, self.specs, self.env, self.revision, endpoint, state)
 
     def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
+        """The offline gate: the phase of the version's Workflow."""
         for wf in self.workflows:
             labels = wf["metadata"].get("labels") or {}
             if labels.get(NAME) == model and labels.get(MODEL_VERSION) == version:
@@ -91,6 +109,7 @@ class KubernetesRolloutBackend:
         return False, False, f"no Workflow for version {version} of model `{model}` (not applied yet?)"
 
     def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
+        """A Kubernetes Event on the endpoint's SeldonDeployment."""
         obj = self.deployments.get(endpoint)
         if obj is None:
             return
@@ -117,4 +136,9 @@ class KubernetesRolloutBackend:
             labels = wf["metadata"].get("labels") or {}
             if labels.get(NAME) == model and labels.get(MODEL_VERSION) == version:
                 return (wf["metadata"].get("annotations") or {}).get("forge.dev/git-revision")
+        return None
+
+    def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
+        """None: in a cluster Seldon mirrors to the shadow through Istio, which keeps no figures
+        Forge reads."""
         return None

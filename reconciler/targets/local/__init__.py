@@ -21,18 +21,23 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from reconciler.errors import LockHeldError, TargetError, TargetNotAvailable
 from reconciler.resources import ObjectRef
+from reconciler.rollout import RolloutState
+from reconciler.targets.base import RolloutBackend, RunDetails
+from reconciler.targets.local.details import log_files, model_summaries
 from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
+from reconciler.targets.local.rollout import LocalRolloutBackend
 from reconciler.targets.local.state import StateDB
 from renderers.labels import ENDPOINT, STICKY
 from renderers.stepargs import decode_step_config
-from specs import Environment
+from specs import Environment, SpecSet
 from specs.safety import OutsideRoot, resolve_inside
 
 FORGE_ROOT = Path(__file__).resolve().parents[3]
@@ -140,7 +145,7 @@ class LocalTarget:
             if any(_step_of(p) == "serve-seldon" for p in predictors) and "serve-seldon" not in self.serving.pythons:
                 self.serving.pythons["serve-seldon"] = runtime_python("seldon")
             sticky = (obj["metadata"].get("annotations") or {}).get(STICKY)
-            self.serving.ensure_endpoint(endpoint, predictors, tuple(sticky.split(":", 1)) if sticky else None)  # type: ignore[arg-type]
+            self.serving.ensure_endpoint(endpoint, predictors, tuple(sticky.split(":", 1)) if sticky else None)
             self._refresh_scraping()
         elif ref.kind == "PodMonitor":
             self._refresh_scraping()
@@ -232,16 +237,35 @@ class LocalTarget:
                 self.db.delete(ObjectRef.of(obj))
         return stopped
 
-    def rollout_states(self, live: list[dict[str, Any]]) -> dict[str, Any]:
+    def rollout_states(self, live: list[dict[str, Any]]) -> dict[str, RolloutState]:
         """Rollout states from the state DB."""
-        from reconciler.rollout import RolloutState
+        return {endpoint: RolloutState.from_json(state) for endpoint, state in self.db.rollouts().items()}
 
-        rows = self.db.db.execute("SELECT endpoint, state FROM rollouts").fetchall()
-        return {endpoint: RolloutState.from_json(json.loads(state)) for endpoint, state in rows}
-
-    def rollout_backend(self, specs: Any, env: Environment, revision: str | None) -> Any:
+    def rollout_backend(self, specs: SpecSet, env: Environment, revision: str | None) -> RolloutBackend:
         """The rollout controller's backend for this target."""
-        from reconciler.targets.local.rollout import LocalRolloutBackend
+        return LocalRolloutBackend(self, self.db, self.state_dir / "events.jsonl", self._shadow_stats, specs, env, revision)
 
-        return LocalRolloutBackend(self, specs, env, revision)
+    def _shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
+        router = self.serving.router(endpoint)
+        return router.shadow_stats() if router.running() else None
+
+    # -- what `status` and `logs` show --------------------------------------------------------------
+    def run_details(self, live: list[dict[str, Any]]) -> RunDetails:
+        """Steps of the live Workflows and runs still in progress (state DB), the registered model
+        versions (workspace), and the router address of every live SeldonDeployment's endpoint."""
+        workflows = [o["metadata"]["name"] for o in live if o["kind"] == "Workflow"]
+        endpoints = [(o["metadata"].get("labels") or {}).get(ENDPOINT, o["metadata"]["name"])
+                     for o in live if o["kind"] == "SeldonDeployment"]
+        return RunDetails(steps={name: self.db.step_runs(name) for name in workflows},
+                          running=self.db.workflow_runs(phase="Running"),
+                          models=model_summaries(self.workspace),
+                          endpoint_urls={endpoint: self.endpoint_url(endpoint) for endpoint in endpoints})
+
+    def endpoint_url(self, endpoint: str) -> str | None:
+        """The endpoint's router address on this machine (None while it is not served)."""
+        return self.serving.endpoint_url(endpoint)
+
+    def log_files(self, name: str) -> list[Path]:
+        """Log files under `.forge/<env>/logs` (see :func:`details.log_files`)."""
+        return log_files(self.state_dir, name)
 

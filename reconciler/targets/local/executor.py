@@ -116,18 +116,13 @@ class WorkflowExecutor:
 
     # -- state ------------------------------------------------------------------------------
     def _set_step(self, workflow: str, step: str, **values: Any) -> None:
-        with self.db.tx() as db:
-            row = db.execute("SELECT status FROM steps WHERE workflow = ? AND step = ?", (workflow, step)).fetchone()
-            if row is None:
-                db.execute("INSERT INTO steps (workflow, step, status, attempts, cached) VALUES (?, ?, 'pending', 0, 0)", (workflow, step))
-            for key, value in values.items():
-                db.execute(f"UPDATE steps SET {key} = ? WHERE workflow = ? AND step = ?", (value, workflow, step))
+        self.db.set_step(workflow, step, **values)
 
     def _cached(self, task: Task) -> bool:
         if not task.key:
             return False
-        row = self.db.db.execute("SELECT output FROM step_cache WHERE key = ?", (task.key,)).fetchone()
-        return bool(row) and (row[0] is None or (self.workspace / row[0]).exists())
+        entry = self.db.cached_step(task.key)
+        return entry is not None and (entry.output is None or (self.workspace / entry.output).exists())
 
     def _reap_leftovers(self, workflow: str) -> None:
         """Stop step processes a killed `forgectl` left running: the step restarts cleanly."""
@@ -209,8 +204,7 @@ class WorkflowExecutor:
         name = workflow["metadata"]["name"]
         tasks = parse_tasks(workflow)
         self._reap_leftovers(name)
-        with self.db.tx() as db:
-            db.execute("INSERT OR REPLACE INTO workflows VALUES (?, 'Running', ?, NULL, '')", (name, time.time()))
+        self.db.start_workflow_run(name, time.time())
         parallel = max(1, min(int(workflow["spec"].get("parallelism") or 1), self.max_parallel))
         status: dict[str, str] = {}
         failure = ""
@@ -224,9 +218,7 @@ class WorkflowExecutor:
                 if code == 0:
                     status[task.name] = "succeeded"
                     if task.key:
-                        with self.db.tx() as db:
-                            db.execute("INSERT OR REPLACE INTO step_cache VALUES (?, ?, ?, ?, ?)",
-                                       (task.key, task.name, name, task.output, time.time()))
+                        self.db.cache_step(task.key, task.name, name, task.output, time.time())
                 else:
                     status[task.name] = "failed"
                     failure = failure or f"step {task.name} failed (exit {code}): {last}"
@@ -278,8 +270,7 @@ class WorkflowExecutor:
         phase = "Succeeded" if all(status.get(t.name) in ("succeeded", "cached", "omitted") for t in tasks) else "Failed"
         message = failure if phase == "Failed" else f"{sum(s == 'cached' for s in status.values())} cached, {sum(s == 'succeeded' for s in status.values())} ran"
         self._on_exit(workflow, phase, failure)
-        with self.db.tx() as db:
-            db.execute("UPDATE workflows SET phase = ?, finished = ?, message = ? WHERE name = ?", (phase, time.time(), message, name))
+        self.db.finish_workflow_run(name, phase, time.time(), message)
         return Outcome(phase, message, status)
 
     def _on_exit(self, workflow: dict[str, Any], phase: str, failure: str) -> None:

@@ -5,20 +5,33 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from reconciler.resources import ObjectRef
 from reconciler.rollout import RolloutState
+from reconciler.serving import apply_serving, serving_states
+from reconciler.targets.base import Target
+from reconciler.targets.local.state import StateDB
 from renderers.labels import GIT_REVISION, MODEL_VERSION, NAME
-from renderers.seldon import ServingState, render_seldon
+from renderers.seldon import ServingState
 from specs import Endpoint, Environment, SpecSet
 
 
 class LocalRolloutBackend:
-    """Backend of :class:`reconciler.rollout.Controller` for the `local` target."""
+    """Backend of :class:`reconciler.rollout.Controller` for the `local` target.
 
-    def __init__(self, target: Any, specs: SpecSet, env: Environment, revision: str | None) -> None:
+    It is given the target's pieces rather than the target itself (the target's module imports
+    this one): the target to apply through, its state DB, its events file, and how to read the
+    router's shadow figures."""
+
+    def __init__(self, target: Target, db: StateDB, events: Path, mirror_stats: Callable[[str], dict[str, Any] | None],
+                 specs: SpecSet, env: Environment, revision: str | None) -> None:
         self.target = target
+        self.db = db
+        self.events = events
+        self.mirror_stats = mirror_stats
         self.specs = specs
         self.env = env
         self.revision = revision
@@ -27,55 +40,56 @@ class LocalRolloutBackend:
         """Nothing to cache: the state DB is local."""
 
     def _deployment(self, endpoint: str) -> dict[str, Any] | None:
-        return self.target.db.get(ObjectRef("SeldonDeployment", self.target.namespace, endpoint))
+        return self.db.get(ObjectRef("SeldonDeployment", self.target.namespace, endpoint))
 
     def serving(self, endpoint: str) -> ServingState | None:
-        from reconciler.session import serving_states
-
+        """What the endpoint's stored SeldonDeployment serves."""
         obj = self._deployment(endpoint)
         return serving_states([obj]).get(endpoint) if obj else None
 
     def load_state(self, endpoint: str) -> RolloutState | None:
-        data = self.target.db.rollout(endpoint)
+        """The rollout state in the state DB."""
+        data = self.db.rollout(endpoint)
         return RolloutState.from_json(data) if data else None
 
     def save_state(self, endpoint: str, state: RolloutState) -> None:
-        self.target.db.set_rollout(endpoint, state.to_json())
+        """Store the rollout state in the state DB."""
+        self.db.set_rollout(endpoint, state.to_json())
 
     def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
-        obj = render_seldon(self.specs, endpoint, self.env, self.target.namespace, self.revision, state)
-        self.target.apply(obj)
+        """Move the endpoint's traffic (see :func:`reconciler.serving.apply_serving`)."""
+        apply_serving(self.target, self.specs, self.env, self.revision, endpoint, state)
 
     def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
-        for obj in self.target.db.objects():
+        """The offline gate: the version's Workflow once live (it succeeded), else its run."""
+        for obj in self.db.objects():
             labels = obj["metadata"].get("labels") or {}
             if obj["kind"] == "Workflow" and labels.get(NAME) == model and labels.get(MODEL_VERSION) == version:
                 phase = (obj.get("status") or {}).get("phase")
                 if phase == "Succeeded":
                     return True, True, f"Workflow {obj['metadata']['name']} succeeded: evaluation thresholds met, version registered"
-        rows = self.target.db.db.execute("SELECT name, phase, message FROM workflows WHERE name LIKE ?", (f"{model[:50]}-{version[:10]}",)).fetchall()
-        for name, phase, message in rows:
-            if phase == "Failed":
-                return True, False, f"Workflow {name} failed: {message}"
-            return False, False, f"Workflow {name} is {phase}"
+        for run in self.db.workflow_runs(name_like=f"{model[:50]}-{version[:10]}"):
+            if run.phase == "Failed":
+                return True, False, f"Workflow {run.name} failed: {run.message}"
+            return False, False, f"Workflow {run.name} is {run.phase}"
         return False, False, f"no run of version {version} of model `{model}` yet"
 
     def registered(self, model: str, version: str) -> dict[str, Any] | None:
         """The registry record of a model version (the regression gate compares two of them)."""
-        return next((r for r in self.target.db.model_versions(model) if r.get("version") == version), None)
+        return next((r for r in self.db.model_versions(model) if r.get("version") == version), None)
 
     def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
         """The router's mirror figures for the endpoint's shadow (agreement, distance, latency)."""
-        router = self.target.serving.router(endpoint)
-        return router.shadow_stats() if router.running() else None
+        return self.mirror_stats(endpoint)
 
     def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
-        path = self.target.state_dir / "events.jsonl"
-        with open(path, "a") as fh:
+        """Append the event to `events.jsonl`."""
+        with open(self.events, "a") as fh:
             fh.write(json.dumps({"at": time.time(), "endpoint": endpoint, "type": kind, "reason": reason, "message": message}) + "\n")
 
     def stable_revision(self, model: str, version: str) -> str | None:
-        for obj in self.target.db.objects():
+        """The git revision recorded on the version's Workflow."""
+        for obj in self.db.objects():
             labels = obj["metadata"].get("labels") or {}
             if obj["kind"] == "Workflow" and labels.get(NAME) == model and labels.get(MODEL_VERSION) == version:
                 return (obj["metadata"].get("annotations") or {}).get(GIT_REVISION)

@@ -8,10 +8,12 @@ import json
 import sqlite3
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from reconciler.resources import ObjectRef
+from reconciler.targets.base import StepRun, WorkflowRun
 from reconciler.targets.local.processes import ProcessRecord
 
 SCHEMA = """
@@ -30,8 +32,21 @@ CREATE TABLE IF NOT EXISTS model_registry (model TEXT NOT NULL, version TEXT NOT
 """
 
 
+#: Columns of a step record that the executor sets (`steps` table); a name outside this set is a
+#: bug, refused before it reaches the SQL text.
+STEP_FIELDS = frozenset({"status", "attempts", "started", "finished", "exit_code", "cached", "log", "message"})
+
+
+@dataclass(frozen=True)
+class CachedStep:
+    """A step cache entry: the workspace path the step wrote (None: it declares no output)."""
+
+    output: str | None
+
+
 class StateDB:
-    """The local target's database (see module docstring)."""
+    """The local target's database (see module docstring). Every SQL statement of the local
+    target lives in this class, so the schema has one owner."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +148,65 @@ class StateDB:
         """Store an endpoint's rollout state."""
         with self.tx() as db:
             db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?)", (endpoint, json.dumps(state)))
+
+    def rollouts(self) -> dict[str, dict[str, Any]]:
+        """Every stored rollout state, by endpoint."""
+        return {endpoint: json.loads(state) for endpoint, state in self.db.execute("SELECT endpoint, state FROM rollouts")}
+
+    # -- workflow runs and steps (the executor writes, `status` and the rollout gate read) ------------
+    def start_workflow_run(self, name: str, started: float) -> None:
+        """Record a workflow run as `Running` (replacing an earlier run of the same name)."""
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO workflows VALUES (?, 'Running', ?, NULL, '')", (name, started))
+
+    def finish_workflow_run(self, name: str, phase: str, finished: float, message: str) -> None:
+        """Record how a workflow run ended."""
+        with self.tx() as db:
+            db.execute("UPDATE workflows SET phase = ?, finished = ?, message = ? WHERE name = ?", (phase, finished, message, name))
+
+    def workflow_runs(self, *, phase: str | None = None, name_like: str | None = None) -> list[WorkflowRun]:
+        """Workflow runs, optionally only those in ``phase`` or whose name matches the SQL LIKE
+        pattern ``name_like``, in the database's order."""
+        clauses, params = [], []
+        if phase is not None:
+            clauses.append("phase = ?")
+            params.append(phase)
+        if name_like is not None:
+            clauses.append("name LIKE ?")
+            params.append(name_like)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self.db.execute(f"SELECT name, phase, message FROM workflows{where}", params).fetchall()
+        return [WorkflowRun(*row) for row in rows]
+
+    def set_step(self, workflow: str, step: str, **values: Any) -> None:
+        """Create the step's record (pending) if it has none, then set ``values`` (columns of
+        :data:`STEP_FIELDS`) in one transaction."""
+        unknown = set(values) - STEP_FIELDS
+        if unknown:
+            raise ValueError(f"not a step field: {', '.join(sorted(unknown))}")
+        with self.tx() as db:
+            row = db.execute("SELECT status FROM steps WHERE workflow = ? AND step = ?", (workflow, step)).fetchone()
+            if row is None:
+                db.execute("INSERT INTO steps (workflow, step, status, attempts, cached) VALUES (?, ?, 'pending', 0, 0)", (workflow, step))
+            for key, value in values.items():
+                db.execute(f"UPDATE steps SET {key} = ? WHERE workflow = ? AND step = ?", (value, workflow, step))
+
+    def step_runs(self, workflow: str) -> list[StepRun]:
+        """The recorded steps of a workflow, in the order they started."""
+        rows = self.db.execute(
+            "SELECT step, status, attempts, started, finished, exit_code, message FROM steps WHERE workflow = ? ORDER BY started",
+            (workflow,)).fetchall()
+        return [StepRun(*row) for row in rows]
+
+    def cache_step(self, key: str, step: str, workflow: str, output: str | None, finished: float) -> None:
+        """Remember that the step with memoize ``key`` succeeded, writing ``output``."""
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO step_cache VALUES (?, ?, ?, ?, ?)", (key, step, workflow, output, finished))
+
+    def cached_step(self, key: str) -> CachedStep | None:
+        """The step cache entry of memoize ``key``, if a run of it succeeded."""
+        row = self.db.execute("SELECT output FROM step_cache WHERE key = ?", (key,)).fetchone()
+        return CachedStep(row[0]) if row else None
 
     # -- model registry (reconciler/registry.py) ----------------------------------------------------
     def put_model_version(self, model: str, version: str, registered: float, record: dict[str, Any]) -> None:
