@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from runtimes._step import emit, write_json
@@ -62,14 +63,14 @@ def refuse_unsupported(model: Any, arch: str) -> None:
 
 
 def train_private(trainer: Any, model: Any, optimizer: Any, scheduler: Any, criterion: Any, x: Any, y: Any,
-                  total: int) -> tuple[dict[str, Any], dict[str, int], float, int, dict[str, Any], dict[str, Any]]:
+                  total: int, meter_type: Callable[[Any, int | None], Any]
+                  ) -> tuple[dict[str, Any], dict[str, int], float, int, dict[str, Any], dict[str, Any]]:
     """Train ``model`` with DP-SGD. Returns (final fp32 CPU weights, state, seconds, samples,
-    throughput, privacy report)."""
+    throughput, privacy report). ``meter_type`` is the train step's `StepMeter` (passed in, so
+    this module does not import the one that imports it)."""
     import torch
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
-
-    from runtimes.train import StepMeter
 
     config, hp = trainer.config, trainer.hp
     privacy = config.spec.privacy
@@ -88,7 +89,7 @@ def train_private(trainer: Any, model: Any, optimizer: Any, scheduler: Any, crit
     log.info("privacy: DP-SGD to ε %.3g at δ %.3g: noise multiplier %.4f, sample rate %.4f, clip %.3g",
              privacy.epsilon, privacy.delta, noise, sample_rate, privacy.max_grad_norm)
     device = trainer.device
-    meter = StepMeter(device, None)
+    meter = meter_type(device, None)
     state = {"step": 0, "epoch": 0, "micro": 0, "total": total}
     report_every = max(1, total // 50)
     samples = 0

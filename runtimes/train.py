@@ -375,7 +375,7 @@ class Trainer:
             from runtimes.privacy import train_private
 
             final, state, elapsed, samples, throughput, privacy = train_private(
-                self, model, optimizer, scheduler, criterion, x, y, total)
+                self, model, optimizer, scheduler, criterion, x, y, total, StepMeter)
             del model, optimizer, scheduler
             return self._finish(final, arch, ctx, x, y, task, state, 0, elapsed, samples, throughput, privacy)
 
