@@ -607,7 +607,13 @@ state = "{c / 'state'}"
         """Stop the node's pods and processes (by PID), give back everything host-wide it took."""
         log = (lambda m: None) if quiet else _stderr_log
         t0 = time.monotonic()
-        # 1. no new pods: the controllers and the scheduler first
+        # 1. no new pods: Argo's controller (devkit.node.argo, when started), the controllers and
+        # the scheduler first
+        argo_state = self.sd / "argo" / "argo.json"
+        if argo_state.exists():
+            with contextlib.suppress(Exception):
+                ctl = json.loads(argo_state.read_text())
+                paths.stop_pid(ctl["pid"], ctl["start_ticks"], timeout=5)
         for name in ("kube-controller-manager", "kube-scheduler"):
             if name in self.pids:
                 paths.stop_pid(self.pids[name], self.starts.get(name, -1))

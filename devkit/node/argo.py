@@ -1,0 +1,202 @@
+"""Argo Workflows on the node: the real workflow-controller (on the host) and argoexec (in every
+step's pod), v4.0.5 from the module proxy (``scripts/cluster/build.sh argo``).
+
+What :func:`start` installs, from upstream's own manifests in the pinned module
+(``manifests/``): the Argo CRDs the test cluster does not already serve (WorkflowTaskResult,
+WorkflowTaskSet, WorkflowArtifactGCTask, WorkflowEventBinding; ``base/crds/full``), the namespace
+``argo`` with ``workflow-controller-configmap`` and the ``argo`` ServiceAccount, the controller's
+ClusterRoles and bindings (``cluster-install-no-crds/workflow-controller-rbac``), and for each
+namespace that runs workflows the executor's Role and its binding to ``default``
+(``quick-start/base/executor/emissary/executor-role.yaml``, ``executor-default-rolebinding.yaml``).
+
+The controller runs as a host process with a client certificate for
+``system:serviceaccount:argo:argo`` (so upstream's RBAC is what authorises it), leader election
+off, ``--executor-image forge.local/argoexec:<version>`` (built by :func:`images.build_argoexec`,
+imported into the node's containerd) with pull policy ``Never``.
+
+The executor in the pods talks to the API server as an in-cluster client: the cluster's API
+server certificate must name ``IP:10.0.0.1`` and its ``ServiceAccount`` admission plugin must be
+on (see :func:`in_cluster_clients_supported`); otherwise :func:`start` refuses with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devkit.node import images, paths
+from devkit.node.node import KUBERNETES_SERVICE_IP, Node, NodeError, _stderr_log, _tail
+
+NAMESPACE = "argo"
+EXTRA_CRDS = ("workflowtaskresults", "workflowtasksets", "workflowartifactgctasks", "workfloweventbindings")
+
+
+def module_dir() -> Path:
+    v = paths.versions()
+    return paths.go_mod_download(v["ARGO_WORKFLOWS_MODULE"], v["ARGO_WORKFLOWS_VERSION"])
+
+
+def ensure_binaries(log=_stderr_log) -> dict[str, Path]:
+    bins = {n: paths.argo_binary(n) for n in ("workflow-controller", "argoexec")}
+    if not all(os.access(p, os.X_OK) for p in bins.values()):
+        log("building Argo's workflow-controller and argoexec (first time only)")
+        if subprocess.run(["nice", "-n", "10", str(paths.BUILD_SH), "argo"]).returncode != 0:
+            raise NodeError("scripts/cluster/build.sh argo failed")
+    return bins
+
+
+def executor_image(log=_stderr_log) -> tuple[str, str]:
+    """(archive, ref) of the argoexec image; pass it to ``Node.start(extra_images=[...])``."""
+    bins = ensure_binaries(log)
+    arch, ref = images.build_argoexec(bins["argoexec"], paths.versions()["ARGO_WORKFLOWS_VERSION"], log)
+    return str(arch), ref
+
+
+def in_cluster_clients_supported(cluster: Any) -> list[str]:
+    """What keeps a pod's in-cluster client (argoexec) from talking to ``cluster``: [] when nothing."""
+    problems = []
+    crt = Path(cluster.pki) / "apiserver.crt"
+    text = subprocess.run(["openssl", "x509", "-in", str(crt), "-noout", "-ext", "subjectAltName"],
+                          capture_output=True, text=True).stdout
+    if f"IP Address:{KUBERNETES_SERVICE_IP}" not in text:
+        problems.append(f"the API server's certificate does not name IP:{KUBERNETES_SERVICE_IP} (the `kubernetes` "
+                        f"Service's IP, which in-cluster clients dial and verify); its SANs: {text.strip().splitlines()[-1:]}")
+    args = Path(f"/proc/{cluster.pids.get('kube-apiserver', 0)}/cmdline")
+    try:
+        argv = args.read_bytes().split(b"\0")
+    except OSError:
+        argv = []
+    if any(a.startswith(b"--disable-admission-plugins=") and b"ServiceAccount" in a for a in argv):
+        problems.append("the API server runs with --disable-admission-plugins=ServiceAccount: pods get no "
+                        "service-account token")
+    return problems
+
+
+def _kubectl(node: Node, *args: str, stdin: str | None = None) -> str:
+    proc = subprocess.run([node.exes["kubectl"], f"--kubeconfig={node.kubeconfig}", *args],
+                          input=stdin, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise NodeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _docs(path: Path, namespace: str | None = None) -> list[dict[str, Any]]:
+    out = []
+    for d in yaml.safe_load_all(path.read_text()):
+        if not d:
+            continue
+        if namespace and d["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            for s in d.get("subjects") or []:
+                if s.get("kind") == "ServiceAccount":
+                    s.setdefault("namespace", namespace)  # what kustomize's `namespace:` adds
+        out.append(d)
+    return out
+
+
+@dataclass
+class ArgoController:
+    state_dir: str
+    pid: int = 0
+    start_ticks: int = -1
+    version: str = ""
+    executor_image: str = ""
+    namespaces: list[str] = field(default_factory=list)
+    start_seconds: float = 0.0
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.state_dir) / "workflow-controller.log"
+
+    def running(self) -> bool:
+        return paths.running(self.pid, self.start_ticks)
+
+    def stop(self) -> None:
+        if self.pid:
+            paths.stop_pid(self.pid, self.start_ticks, timeout=5)
+
+    def _save(self) -> None:
+        (Path(self.state_dir) / "argo.json").write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, state_dir: str | os.PathLike[str]) -> ArgoController:
+        return cls(**json.loads((Path(state_dir) / "argo.json").read_text()))
+
+
+def start(cluster: Any, node: Node, namespaces: list[str] = ("default",), *, die_with_parent: bool = False,
+          log=_stderr_log) -> ArgoController:
+    """Install Argo (upstream manifests) and start the workflow-controller for ``node``'s cluster.
+
+    ``node`` must have been started with ``extra_images=[executor_image()]``.
+    """
+    problems = in_cluster_clients_supported(cluster)
+    if problems:
+        raise NodeError("Argo's executor cannot reach this API server from a pod:\n- " + "\n- ".join(problems))
+    t0 = time.monotonic()
+    bins = ensure_binaries(log)
+    v = paths.versions()["ARGO_WORKFLOWS_VERSION"]
+    ref = f"forge.local/argoexec:{v}"
+    if ref not in node.images:
+        raise NodeError(f"the node has no {ref}: start it with extra_images=[devkit.node.argo.executor_image()]")
+    m = module_dir() / "manifests"
+    for name in EXTRA_CRDS:
+        _kubectl(node, "apply", "--server-side", "--force-conflicts", "-f", str(m / "base" / "crds" / "full" / f"argoproj.io_{name}.yaml"))
+    _kubectl(node, "wait", "--for=condition=Established", "--timeout=60s",
+             *[f"crd/{n}.argoproj.io" for n in EXTRA_CRDS])
+    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
+    for f in ("workflow-controller-configmap.yaml", "workflow-controller-sa.yaml"):
+        docs += _docs(m / "base" / "workflow-controller" / f)
+    rbac = m / "cluster-install-no-crds" / "workflow-controller-rbac"
+    for f in sorted(rbac.glob("*.yaml")):
+        if f.name != "kustomization.yaml":
+            docs += _docs(f, NAMESPACE)
+    for d in docs:
+        if d["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            d["metadata"].setdefault("namespace", NAMESPACE)
+    _kubectl(node, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+    for ns in namespaces:
+        executor = _docs(m / "quick-start" / "base" / "executor" / "emissary" / "executor-role.yaml") + \
+            _docs(m / "quick-start" / "base" / "executor-default-rolebinding.yaml", ns)
+        for d in executor:
+            d["metadata"]["namespace"] = ns
+        _kubectl(node, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": executor}))
+    # the controller's identity: the `argo` ServiceAccount (a client certificate for its user name)
+    sd = Path(node.state_dir) / "argo"
+    sd.mkdir(exist_ok=True)
+    pki = Path(node.state_dir) / "pki"
+    ca = Path(cluster.pki)
+    user = f"system:serviceaccount:{NAMESPACE}:argo"
+    subprocess.run(["cp", str(ca / "client-ca.key"), str(pki / "client-ca.key")], check=True)
+    try:
+        paths.issue_cert(pki, "client-ca", "argo-controller",
+                         f"/O=system:serviceaccounts/O=system:serviceaccounts:{NAMESPACE}/CN={user}")
+    finally:
+        (pki / "client-ca.key").unlink()
+    kubeconfig = paths.write_kubeconfig(sd / "kubeconfig", node.server, pki / "serving-ca.crt",
+                                        pki / "argo-controller.crt", pki / "argo-controller.key", user, NAMESPACE)
+    ctl = ArgoController(state_dir=str(sd), version=v, executor_image=ref, namespaces=list(namespaces))
+    rec = paths.spawn("workflow-controller", "forge-node", [
+        str(bins["workflow-controller"]), f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}",
+        f"--executor-image={ref}", "--executor-image-pull-policy=Never",
+    ], env=dict(os.environ, LEADER_ELECTION_DISABLE="true"), log=ctl.log_path, die_with_parent=die_with_parent)
+    ctl.pid, ctl.start_ticks = rec.pid, rec.start_ticks
+    ctl._save()
+    deadline = time.monotonic() + 60
+    while "Starting Workflow Controller" not in paths.log_tail(ctl.log_path, limit=200000) \
+            and "Started workflow garbage collection" not in paths.log_tail(ctl.log_path, limit=200000):
+        if not ctl.running():
+            raise NodeError(f"workflow-controller exited:\n{_tail(ctl.log_path)}")
+        if time.monotonic() > deadline:
+            ctl.stop()
+            raise NodeError(f"workflow-controller not started after 60 s:\n{_tail(ctl.log_path)}")
+        time.sleep(0.3)
+    ctl.start_seconds = round(time.monotonic() - t0, 2)
+    ctl._save()
+    log(f"Argo {v} workflow-controller running (pid {ctl.pid}) after {ctl.start_seconds:.1f} s")
+    return ctl
