@@ -1,0 +1,324 @@
+"""The layer rules of ../shared/DESIGN.md (and issue 13), each checked on the real tree and each
+shown to bite on a violation planted in a temporary tree.
+
+The checks read the source with `ast` — they import nothing — and count every import, including
+lazy ones inside functions and under `if TYPE_CHECKING:`: a lazy import still couples the layers,
+it only defers the failure to the day the code path runs. A rule is a scope (the files it governs),
+what they must not import (module prefixes), what they must not call, and exceptions named with
+their reason. `test_rule_holds` runs each on the repository; `test_rule_bites` plants one breaking
+and one conforming file per rule in a tmp tree and checks that exactly the breaking one is named.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as metadata
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Top-level packages of this repository (code, tooling, tests): "ours".
+OURS = ("specs", "renderers", "reconciler", "forgectl", "runtimes", "devkit", "tests", "bench", "scripts", "schema")
+CONTROL_PLANE = ("specs", "renderers", "reconciler", "forgectl")
+
+#: Modules that reach outside the process (files, network, processes, clocks, databases, clusters).
+IO_MODULES = ("os", "io", "pathlib", "shutil", "tempfile", "glob", "subprocess", "socket", "ssl", "select", "selectors",
+              "http", "urllib", "urllib3", "requests", "ftplib", "smtplib", "sqlite3", "dbm", "shelve", "signal", "fcntl",
+              "mmap", "threading", "multiprocessing", "concurrent", "asyncio", "time", "datetime", "uuid", "secrets",
+              "kubernetes", "git", "prometheus_api_client", "logging")
+#: Builtins that do I/O or run code named by data.
+IO_CALLS = ("open", "print", "input", "eval", "exec", "compile", "__import__", "breakpoint")
+
+#: What the CLI must not touch itself: transports, storage, processes. It parses, calls
+#: `reconciler`, and prints (writing a file the user named with `-o` is printing elsewhere).
+CLI_FORBIDDEN = ("subprocess", "socket", "sqlite3", "http", "urllib", "urllib3", "requests", "kubernetes", "git",
+                 "prometheus_api_client", "shutil", "tempfile", "fcntl", "multiprocessing", "concurrent",
+                 # a target only through reconciler.session and the Target protocol
+                 "reconciler.targets")
+
+
+#: Inside what CLI_FORBIDDEN names, what the CLI may import, each with its reason.
+CLI_ALLOWED = (
+    "reconciler.targets.base",        # the Target protocol itself: the seam the CLI talks through
+    "reconciler.targets.local.load",  # `forgectl load`: an HTTP client for a loopback endpoint (a demo's
+                                      # traffic), not a target operation; it reaches the address via the seam
+)
+
+
+# -- what a file does, read from its source -------------------------------------------------------
+
+@dataclass(frozen=True)
+class Facts:
+    path: str                      # relative to the root, with `/`
+    imports: frozenset[str]        # absolute dotted names: `from a.b import c` gives `a.b` and `a.b.c`
+    calls: frozenset[str]          # builtins called by name (`open(...)`)
+    attribute_calls: frozenset[str]  # `x.execute(...)` gives `execute`
+    random_calls: frozenset[str]   # `random.<name>(...)`: the module's shared, unseeded generator
+
+
+def _module_name(rel: Path) -> str:
+    parts = list(rel.with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def read_facts(root: Path, path: Path) -> Facts:
+    rel = path.relative_to(root)
+    module = _module_name(rel)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    imports: set[str] = set()
+    calls: set[str] = set()
+    attribute_calls: set[str] = set()
+    random_calls: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package
+                for _ in range(node.level - 1):
+                    anchor = anchor.rpartition(".")[0]
+                base = f"{anchor}.{base}" if base else anchor
+            imports.add(base)
+            imports |= {f"{base}.{alias.name}" for alias in node.names if alias.name != "*"}
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                calls.add(func.id)
+            elif isinstance(func, ast.Attribute):
+                attribute_calls.add(func.attr)
+                if isinstance(func.value, ast.Name) and func.value.id == "random":
+                    random_calls.add(func.attr)
+    return Facts(rel.as_posix(), frozenset(imports), frozenset(calls), frozenset(attribute_calls), frozenset(random_calls))
+
+
+def _under(name: str, prefixes: Iterable[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _outermost(names: Iterable[str]) -> list[str]:
+    """``names`` without those inside another one (`a.b.c` goes when `a.b` is there)."""
+    names = set(names)
+    return sorted(n for n in names if not any(n.startswith(other + ".") for other in names))
+
+
+# -- the rules ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    says: str                                   # the rule, as DESIGN.md / issue 13 states it
+    scope: tuple[str, ...]                      # globs relative to the root
+    check: Callable[[Facts], list[str]]
+    exempt: dict[str, str] = field(default_factory=dict)  # path → why the rule does not apply there
+    outside: tuple[str, ...] = ()               # folders inside the scope that the rule does not govern
+
+    def files(self, root: Path) -> list[Path]:
+        found = {p for pattern in self.scope for p in root.glob(pattern) if p.is_file()}
+        rel = {p: p.relative_to(root).as_posix() for p in found}
+        return sorted(p for p in found if rel[p] not in self.exempt and not rel[p].startswith(self.outside))
+
+
+def forbid_imports(prefixes: Iterable[str], *, allow: Iterable[str] = ()) -> Callable[[Facts], list[str]]:
+    prefixes, allow = tuple(prefixes), tuple(allow)
+
+    def check(facts: Facts) -> list[str]:
+        return [f"imports {name}" for name in _outermost(n for n in facts.imports if _under(n, prefixes) and not _under(n, allow))]
+    return check
+
+
+def pure(*, ours_allowed: Iterable[str], ours_forbidden: Iterable[str] = ()) -> Callable[[Facts], list[str]]:
+    """No I/O module, no I/O builtin, no unseeded randomness, and of ours only ``ours_allowed``
+    (minus ``ours_forbidden``)."""
+    ours_allowed, ours_forbidden = tuple(ours_allowed), tuple(ours_forbidden)
+
+    def check(facts: Facts) -> list[str]:
+        problems = [f"imports {name} (I/O)" for name in _outermost(n for n in facts.imports if _under(n, IO_MODULES))]
+        problems += [f"imports {name} (not a pure layer)" for name in _outermost(
+            n for n in facts.imports if _under(n, OURS) and (not _under(n, ours_allowed) or _under(n, ours_forbidden)))]
+        problems += [f"calls {name}()" for name in sorted(facts.calls & set(IO_CALLS))]
+        problems += [f"calls random.{name}() (unseeded)" for name in sorted(facts.random_calls - {"Random"})]
+        return problems
+    return check
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def base_distributions() -> frozenset[str]:
+    """The distributions `pip install forgectl` (no extras) installs: the base dependencies and
+    theirs, read from the installed metadata."""
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = ["forgectl"]
+    while todo:
+        name = todo.pop()
+        try:
+            requires = metadata.distribution(name).requires or []
+        except metadata.PackageNotFoundError:
+            continue
+        for text in requires:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue  # an extra (train, serve, dev …) or another platform's
+            if _normalise(req.name) not in seen:
+                seen.add(_normalise(req.name))
+                todo.append(req.name)
+    return frozenset(seen)
+
+
+def installs_light(facts: Facts) -> list[str]:
+    """Of third-party code, only what the base install brings; of ours, only the control plane."""
+    light = base_distributions()
+    owners = metadata.packages_distributions()
+    problems = []
+    for name in _outermost(facts.imports):
+        top = name.split(".")[0]
+        if top in sys.stdlib_module_names or top == "__future__" or not top:
+            continue
+        if top in OURS:
+            if top not in CONTROL_PLANE:
+                problems.append(f"imports {name} (not control plane: it runs in its own image or is tooling)")
+            continue
+        dists = {_normalise(d) for d in owners.get(top, [])}
+        if not dists & light:
+            problems.append(f"imports {name} (not installed by the base dependencies)")
+    return problems
+
+
+def sql_outside_statedb(facts: Facts) -> list[str]:
+    problems = [f"imports {name}" for name in _outermost(n for n in facts.imports if _under(n, ("sqlite3",)))]
+    problems += [f"calls .{name}() (SQL)" for name in sorted(facts.attribute_calls & {"execute", "executemany", "executescript"})]
+    return problems
+
+
+STATE_DB = "reconciler/targets/local/state.py"
+
+RULES = [
+    Rule("specs-import-nothing-of-ours", "`specs` imports nothing of ours",
+         ("specs/**/*.py",), forbid_imports(set(OURS) - {"specs"})),
+    Rule("renderers-are-pure", "`render` is a pure function; `renderers` never do I/O and depend only on `specs`",
+         ("renderers/**/*.py",), pure(ours_allowed=("specs", "renderers"))),
+    Rule("diff-and-plan-are-pure", "`diff` is a pure function; a Plan is a plain data value",
+         ("reconciler/diff.py", "reconciler/plan.py", "reconciler/reasons.py", "reconciler/resources.py"),
+         pure(ours_allowed=("specs", "renderers", "reconciler"),
+              ours_forbidden=("reconciler.targets", "reconciler.session", "reconciler.apply", "reconciler.prometheus",
+                              "reconciler.sources", "reconciler.loader", "reconciler.writeback", "reconciler.rollout",
+                              "reconciler.registry", "reconciler.status"))),
+    Rule("rollout-core-is-pure",
+         "the rollout core (state machine, analysis of a measurement) is pure: it decides, the controller carries out",
+         ("reconciler/rollout_machine.py", "reconciler/analysis.py"),
+         pure(ours_allowed=("specs", "renderers", "reconciler.analysis", "reconciler.rollout_machine", "reconciler.regression"))),
+    Rule("runtimes-never-import-reconciler", "`runtimes` never import `reconciler` (nor the CLI above it)",
+         ("runtimes/**/*.py",), forbid_imports(("reconciler", "forgectl"))),
+    Rule("control-plane-installs-light",
+         "the control plane (specs, renderers, reconciler, CLI) installs light: runtimes and their extras stay out",
+         tuple(f"{p}/**/*.py" for p in CONTROL_PLANE), installs_light),
+    Rule("cli-parses-and-prints", "the CLI parses arguments, calls `reconciler`, prints; targets only through the Target seam",
+         ("forgectl/**/*.py",), forbid_imports(CLI_FORBIDDEN, allow=CLI_ALLOWED)),
+    Rule("planner-sees-only-the-target-protocol",
+         "the planner, applier and status see only the Target interface (reconciler/targets/base.py)",
+         ("reconciler/**/*.py",), forbid_imports(("reconciler.targets",), allow=("reconciler.targets.base",)),
+         exempt={"reconciler/session.py": "the factory: it opens the target the Environment names"},
+         outside=("reconciler/targets/",)),
+    Rule("product-never-imports-dev-tooling",
+         "the product (control plane and runtimes) never imports the dev harness, tests, benchmarks or scripts",
+         tuple(f"{p}/**/*.py" for p in (*CONTROL_PLANE, "runtimes")), forbid_imports(("devkit", "tests", "bench", "scripts"))),
+    Rule("all-sql-inside-statedb", "all SQL lives inside StateDB (reconciler/targets/local/state.py)",
+         tuple(f"{p}/**/*.py" for p in (*CONTROL_PLANE, "runtimes", "devkit")), sql_outside_statedb,
+         exempt={STATE_DB: "the one owner of the schema"}),
+]
+
+
+def violations(rule: Rule, root: Path) -> list[str]:
+    """Every breach of ``rule`` in the tree at ``root``, as `path: what`."""
+    return [f"{facts.path}: {problem}" for path in rule.files(root)
+            for facts in [read_facts(root, path)] for problem in rule.check(facts)]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_rule_holds(rule: Rule) -> None:
+    files = rule.files(ROOT)
+    assert files, f"{rule.name}: no file in scope {rule.scope} (a wrong root would pass vacuously)"
+    for path in rule.exempt:
+        assert (ROOT / path).is_file(), f"{rule.name}: the exemption {path} names no file any more"
+    found = violations(rule, ROOT)
+    assert not found, f"{rule.says}:\n" + "\n".join(found)
+
+
+# -- each rule bites: a planted violation is named, a conforming neighbour is not ------------------
+
+PLANTED: dict[str, tuple[dict[str, str], dict[str, str], list[str]]] = {
+    # rule: ({breaking file: source}, {conforming file: source}, what the check must report)
+    "specs-import-nothing-of-ours": (
+        {"specs/bad.py": "def f():\n    from renderers.labels import NAME  # lazy still counts\n    return NAME\n"},
+        {"specs/good.py": "from specs.base import Thing\nimport pydantic\n"},
+        ["specs/bad.py: imports renderers.labels"]),
+    "renderers-are-pure": (
+        {"renderers/bad.py": "from .labels import NAME\n\ndef render():\n    return open('/etc/hosts').read()\n"},
+        {"renderers/good.py": "import json\nimport random\nfrom specs import Model\nRNG = random.Random(7)\n"},
+        ["renderers/bad.py: calls open()"]),
+    "diff-and-plan-are-pure": (
+        {"reconciler/diff.py": "import time\nfrom reconciler.targets.base import Target\n"},
+        {"reconciler/plan.py": "import hashlib\nfrom reconciler.diff import field_diff\nfrom renderers.labels import KIND\n"},
+        ["reconciler/diff.py: imports time (I/O)", "reconciler/diff.py: imports reconciler.targets.base (not a pure layer)"]),
+    "rollout-core-is-pure": (
+        {"reconciler/rollout_machine.py": "from reconciler.prometheus import Prometheus\nimport time\nNOW = time.time()\n"},
+        {"reconciler/analysis.py": "import math\nfrom dataclasses import dataclass\nfrom specs.rollout import Metric\n"},
+        ["reconciler/rollout_machine.py: imports time (I/O)",
+         "reconciler/rollout_machine.py: imports reconciler.prometheus (not a pure layer)"]),
+    "runtimes-never-import-reconciler": (
+        {"runtimes/bad.py": "from reconciler.registry import ingest_local\n"},
+        {"runtimes/good.py": "import torch\nfrom specs.stepconfig import TrainConfig\nfrom runtimes import _step\n"},
+        ["runtimes/bad.py: imports reconciler.registry"]),
+    "control-plane-installs-light": (
+        {"reconciler/bad.py": "def f():\n    import torch\n    from runtimes.serve import main\n"},
+        {"reconciler/good.py": "import json\nimport yaml\nimport kubernetes\nfrom git import Repo\nfrom specs import Model\n"},
+        ["reconciler/bad.py: imports runtimes.serve (not control plane: it runs in its own image or is tooling)",
+         "reconciler/bad.py: imports torch (not installed by the base dependencies)"]),
+    "cli-parses-and-prints": (
+        {"forgectl/bad.py": "def down():\n    from reconciler.targets.local import LocalTarget\n    import subprocess\n"},
+        {"forgectl/good.py": "import json\nimport typer\nfrom reconciler.session import open_target\nfrom reconciler.targets.base import Target\n",
+         "forgectl/load.py": "def load():\n    from reconciler.targets.local.load import generate\n"},
+        ["forgectl/bad.py: imports reconciler.targets.local", "forgectl/bad.py: imports subprocess"]),
+    "planner-sees-only-the-target-protocol": (
+        {"reconciler/bad.py": "from reconciler.targets import local\n"},
+        {"reconciler/good.py": "from reconciler.targets.base import Target\n",
+         "reconciler/session.py": "from reconciler.targets.local import LocalTarget\n",
+         "reconciler/targets/local/thing.py": "from reconciler.targets.local.state import StateDB\n"},
+        ["reconciler/bad.py: imports reconciler.targets"]),
+    "product-never-imports-dev-tooling": (
+        {"reconciler/targets/local/bad.py": "from devkit.cluster import Cluster\n",
+         "runtimes/bad.py": "def f():\n    from tests.polling import wait_until\n"},
+        {"reconciler/targets/local/good.py": "from reconciler.targets.local.processes import free_port\n",
+         "devkit/cluster.py": "from reconciler.targets.local import processes\n"},
+        ["reconciler/targets/local/bad.py: imports devkit.cluster", "runtimes/bad.py: imports tests.polling"]),
+    "all-sql-inside-statedb": (
+        {"reconciler/status.py": "def f(target):\n    return target.db.db.execute('SELECT * FROM steps')\n"},
+        {STATE_DB: "import sqlite3\nDB = sqlite3.connect(':memory:')\nDB.execute('SELECT 1')\n",
+         "reconciler/other.py": "from reconciler.targets.local.state import StateDB\n"},
+        ["reconciler/status.py: calls .execute() (SQL)"]),
+}
+
+
+def test_every_rule_has_a_planted_violation() -> None:
+    assert set(PLANTED) == {r.name for r in RULES}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_rule_bites(rule: Rule, tmp_path: Path) -> None:
+    bad, good, expected = PLANTED[rule.name]
+    for rel, source in {**bad, **good}.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    assert violations(rule, tmp_path) == expected
