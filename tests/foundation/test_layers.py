@@ -12,6 +12,7 @@ and one conforming file per rule in a tmp tree and checks that exactly the break
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata as metadata
 import re
 import sys
@@ -153,6 +154,7 @@ def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+@functools.cache
 def base_distributions() -> frozenset[str]:
     """The distributions `pip install forgectl` (no extras) installs: the base dependencies and
     theirs, read from the installed metadata."""
@@ -176,10 +178,16 @@ def base_distributions() -> frozenset[str]:
     return frozenset(seen)
 
 
+@functools.cache
+def _owners() -> dict[str, list[str]]:
+    """Top-level module → the installed distributions that provide it."""
+    return dict(metadata.packages_distributions())
+
+
 def installs_light(facts: Facts) -> list[str]:
     """Of third-party code, only what the base install brings; of ours, only the control plane."""
     light = base_distributions()
-    owners = metadata.packages_distributions()
+    owners = _owners()
     problems = []
     for name in _outermost(facts.imports):
         top = name.split(".")[0]
