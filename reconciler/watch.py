@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from reconciler.diagnostics import ForgeError
 from reconciler.endpoints import DesiredEndpoint
@@ -20,9 +19,10 @@ from reconciler.experiment import FINAL as EXPERIMENT_FINAL
 from reconciler.experiment import ExperimentController, ExperimentState
 from reconciler.loader import LoadResult
 from reconciler.prometheus import Prometheus
-from reconciler.rollout import Backend, Controller, RolloutState
+from reconciler.rollout import Controller, RolloutState
 from reconciler.steering import AT_REST, FAILED
-from reconciler.writeback import StableRevisions, rollback_hook
+from reconciler.targets.base import RolloutBackend
+from reconciler.writeback import rollback_hook
 from specs import Environment, duration_seconds
 
 #: Exit codes of `forgectl reconcile`: done (or every rollout settled well); with
@@ -31,32 +31,16 @@ EXIT_OK = 0
 EXIT_ROLLED_BACK = 3
 
 
-class WatchedBackend(StableRevisions, Backend, Protocol):
-    """The rollout backend as the rollout commands use it: the controller's :class:`Backend`, the
-    revision of a live version (for the write-back), a fresh read of the target before each pass,
-    and the shadow's mirror figures (`rollout status`). Structurally the Target seam's rollout
-    backend; declared here by what this module and the commands call."""
-
-    def refresh(self) -> None:
-        """Read the target once for the coming pass (a cluster: one LIST per kind)."""
-        ...
-
-    def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
-        """The endpoint's shadow figures (agreement, distance, latency) where the target measures
-        them; None elsewhere."""
-        ...
-
-
 @dataclass(frozen=True)
 class Controllers:
     """The controllers of one environment, on one backend."""
 
-    backend: WatchedBackend
+    backend: RolloutBackend
     rollouts: Controller
     experiments: ExperimentController
 
 
-def controllers_for(result: LoadResult, environment: Environment, backend: WatchedBackend, prometheus_url: str | None,
+def controllers_for(result: LoadResult, environment: Environment, backend: RolloutBackend, prometheus_url: str | None,
                     namespace: str) -> Controllers:
     """The rollout controller (with the write-back policy as its rollback hook) and the experiment
     controller of ``environment``, both measuring with the Prometheus at ``prometheus_url`` (the
