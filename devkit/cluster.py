@@ -201,6 +201,12 @@ class Cluster:
         ], sd / "logs" / "etcd.log", die_with_parent=self.die_with_parent)
         self._save()
         self._wait_etcd(self, sd)
+        self._spawn_apiserver()
+
+    def _spawn_apiserver(self) -> None:
+        """Start kube-apiserver on this cluster's port, etcd and certificates; wait for /readyz."""
+        sd = Path(self.state_dir)
+        pki = self.pki
         port = self.server.rsplit(":", 1)[1]
         self.pids["kube-apiserver"], self.starts["kube-apiserver"] = _spawn([
             self.exes["kube-apiserver"],
@@ -221,6 +227,15 @@ class Cluster:
         ], sd / "logs" / "kube-apiserver.log", die_with_parent=self.die_with_parent)
         self._save()
         self._wait_ready(self.raw_client())
+
+    def restart_apiserver(self, *, down_seconds: float = 0.0) -> None:
+        """Stop kube-apiserver (SIGTERM, as a node reboot or an upgrade would), leave it down for
+        ``down_seconds``, and start it again on the same port and etcd; for fault drills."""
+        if self.external:
+            raise ClusterError("restart_apiserver needs the cluster's own API server process")
+        stop_pid(self.pids["kube-apiserver"], self.starts.get("kube-apiserver", -1))
+        time.sleep(down_seconds)
+        self._spawn_apiserver()
 
     def _save_snapshot(self, snap: Path) -> None:
         """Stop both servers, copy etcd's data to ``snap`` (atomically), start them again."""

@@ -100,14 +100,13 @@ def _attempt(change: Change, target: Target) -> TargetError | None:
 def apply_plan(plan: Plan, target: Target, *, progress: Callable[[Change, Outcome], None] | None = None,
                parallelism: int | None = None) -> ChangeSet:
     """Make the plan's changes on ``target``: wave after wave (see :func:`waves`), up to
-    ``parallelism`` objects at once within a wave (default: the target's ``apply_parallelism``;
-    one at a time for a target that does not say).
+    ``parallelism`` objects at once within a wave (default: the target's ``apply_parallelism``).
 
     Every object's outcome is recorded in the plan's order. When objects of a wave fail, the rest
     of that wave still finishes (its writes are independent), later waves are not attempted, and
     :class:`ApplyFailed` names every failed object with its error.
     """
-    width = max(1, parallelism or getattr(target, "apply_parallelism", 1))
+    width = max(1, parallelism or target.apply_parallelism)
     changes = plan.changes
     outcomes: dict[int, ChangeSetEntry] = {}
     errors: dict[int, TargetError] = {}

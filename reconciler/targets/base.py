@@ -88,6 +88,8 @@ class Target(Protocol):
     """The Environment's name."""
     namespace: str
     """The namespace its objects live in."""
+    apply_parallelism: int
+    """How many objects of one apply wave it takes at once (1: one after another)."""
 
     def read_live(self) -> list[dict[str, Any]]:
         """Every live object Forge owns in this environment (one LIST per kind)."""

@@ -13,6 +13,7 @@ import getpass
 import json
 import os
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -46,7 +47,15 @@ from specs import Environment, SpecSet
 #: 500 for objects it cannot convert (e.g. a server-side apply of a wrongly typed field).
 TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
 TRANSIENT_REASONS = frozenset({"ServerTimeout", "Timeout", "TooManyRequests"})
-LEASE_SECONDS = 300
+#: The environment Lease's duration, renewed every LEASE_RENEW_SECONDS while an apply holds it:
+#: an apply of any length keeps its lock, and the lock of a killed one is free again within
+#: LEASE_SECONDS (client-go's leader election uses 15 s / 10 s; an apply is not that critical).
+LEASE_SECONDS = 30
+LEASE_RENEW_SECONDS = 10
+#: Server-side applies in flight at once within one wave of an apply (reconciler/apply.py):
+#: enough to hide round trips over thousands of objects, well under the API server's default
+#: max-requests-inflight (400) and the client's connection pool.
+APPLY_PARALLELISM = 8
 
 
 def _now() -> datetime:
@@ -65,6 +74,7 @@ class KubernetesTarget:
     """A namespace of a real cluster (see module docstring)."""
 
     name = "kubernetes"
+    apply_parallelism = APPLY_PARALLELISM
 
     def __init__(
         self,
@@ -256,9 +266,14 @@ class KubernetesTarget:
                 self._take_over(name, ref, body)
             else:
                 raise
+        stop = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(name, ref, holder, stop), name="forge-lease", daemon=True)
+        renewer.start()
         try:
             yield
         finally:
+            stop.set()
+            renewer.join()
             try:
                 current = self._call("GET", self._lease_path(name), verb="get", ref=ref, namespace=self.namespace)
                 if current and current.get("spec", {}).get("holderIdentity") == holder:
@@ -266,6 +281,21 @@ class KubernetesTarget:
                                body={"preconditions": {"resourceVersion": current["metadata"]["resourceVersion"]}})
             except TargetError:
                 pass  # the lease expires by itself
+
+    def _renew(self, name: str, ref: str, holder: str, stop: threading.Event) -> None:
+        """Move the held Lease's renewTime forward every LEASE_RENEW_SECONDS until ``stop``.
+        A failed renewal is tried again at the next tick: the Lease stays ours for LEASE_SECONDS
+        after the last one that worked, and an apply that outlives it is the API server's to
+        refuse (nothing else writes while the Lease is live)."""
+        while not stop.wait(LEASE_RENEW_SECONDS):
+            try:
+                current = self._call("GET", self._lease_path(name), verb="get", ref=ref, namespace=self.namespace)
+                if current.get("spec", {}).get("holderIdentity") != holder:
+                    return  # taken over after it expired: not ours to renew any more
+                current["spec"]["renewTime"] = _micro(_now())
+                self._call("PUT", self._lease_path(name), verb="update", ref=ref, namespace=self.namespace, body=current)
+            except TargetError:
+                continue
 
     def _take_over(self, name: str, ref: str, body: dict[str, Any]) -> None:
         current = self._call("GET", self._lease_path(name), verb="get", ref=ref, namespace=self.namespace)

@@ -64,6 +64,8 @@ class LocalTarget:
     """One environment on this machine (see module docstring)."""
 
     name = "local"
+    #: One write at a time: its state is one SQLite database and the processes it supervises.
+    apply_parallelism = 1
 
     def __init__(self, env: Environment, namespace: str, *, repo_root: Path | None = None,
                  progress: Progress | None = None) -> None:
