@@ -208,10 +208,18 @@ def build_pause(log=print) -> tuple[Path, str]:
 
 def debian_package(name: str, log=print) -> tuple[Path, str]:
     """(extracted tree, version) of Debian package ``name`` (``apt-get download``, cached by version)."""
-    ver = subprocess.run(["apt-cache", "policy", name], capture_output=True, text=True, check=True).stdout
-    cand = next((ln.split(":", 1)[1].strip() for ln in ver.splitlines() if ln.strip().startswith("Candidate:")), "")
+    def candidate() -> str:
+        ver = subprocess.run(["apt-cache", "policy", name], capture_output=True, text=True, check=True).stdout
+        return next((ln.split(":", 1)[1].strip() for ln in ver.splitlines() if ln.strip().startswith("Candidate:")), "")
+
+    cand = candidate()
+    if not cand or cand == "(none)":  # a fresh machine whose package lists were never fetched
+        log("apt-get update (no package lists yet)")
+        subprocess.run((["sudo", "-n"] if os.geteuid() else []) + ["apt-get", "update", "-q"],
+                       capture_output=True, check=False)
+        cand = candidate()
     if not cand or cand == "(none)":
-        raise RuntimeError(f"apt-cache knows no candidate for {name} (run apt-get update)")
+        raise RuntimeError(f"apt-cache knows no candidate for {name}")
     safe = cand.replace(":", "_")
     root = paths.cache_dir() / "debs" / f"{name}-{safe}"
     if (root / ".done").is_file():
