@@ -52,8 +52,10 @@ SERVICE_CIDR = "10.0.0.0/24"  # the API server's --service-cluster-ip-range (dev
 KUBERNETES_SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service's ClusterIP (first of SERVICE_CIDR)
 APISERVER_CHAIN = "FORGE-NODE-APISERVER"
 CGROUP_ROOT = "forge-node"
-CGROUP_V1_SUBSYSTEMS = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "hugetlb",
-                        "net_cls", "net_prio", "perf_event", "systemd")
+# the v1 hierarchies, and cgroup2's "unified" one of a hybrid set-up (runc mirrors each container's
+# cgroup there): the node's cgroup root is made in, and removed from, each that is mounted
+CGROUP_HIERARCHIES = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "hugetlb",
+                      "net_cls", "net_prio", "perf_event", "systemd", "unified")
 # Debian packages the node runs on (installed with apt-get when missing, like the harness does for Prometheus)
 HOST_PACKAGES = {"containerd": "containerd", "runc": "runc", "/usr/lib/cni/bridge": "containernetworking-plugins",
                  "iptables": "iptables", "gcc": "gcc", "/usr/lib/x86_64-linux-gnu/libc.a": "libc6-dev"}
@@ -339,7 +341,7 @@ class Node:
     @staticmethod
     def _cgroup_dirs() -> list[Path]:
         base = Path("/sys/fs/cgroup")
-        return [base / s for s in CGROUP_V1_SUBSYSTEMS if (base / s / "cgroup.procs").exists()]
+        return [base / s for s in CGROUP_HIERARCHIES if (base / s / "cgroup.procs").exists()]
 
     def _pki(self, cluster: Any) -> None:
         pki = self.sd / "pki"
