@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 from reconciler.diagnostics import ForgeError
 from reconciler.reasons import spec_changes, workflow_steps
+from reconciler.targets.base import Target
 from renderers.labels import ENDPOINT, GIT_REVISION, MODEL_VERSION, NAME, ROLE, SPEC_DIGEST, VARIANT
 
 #: Figures of a variant the leaderboard and `models show` use (from `variant_figures`).
@@ -207,6 +208,13 @@ def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> dict
     return None
 
 
+def records_from_workflows(workflows: Iterable[Mapping[str, Any]], environment: str, model: str | None = None) -> list[dict[str, Any]]:
+    """The records a cluster's finished Workflows carry in their status (of one model, or all),
+    oldest first."""
+    records = [r for r in (_from_workflow_status(wf, environment) for wf in workflows) if r]
+    return sorted((r for r in records if model is None or r["model"] == model), key=lambda r: (r["registeredAt"], r["model"]))
+
+
 def serving(live: Iterable[Mapping[str, Any]], rollouts: Mapping[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Version → the endpoints serving it now (live SeldonDeployments: role, variant, traffic),
     then what the rollout states remember (after `forgectl down`, only those). Versions are
@@ -241,21 +249,11 @@ def attach_serving(records: list[dict[str, Any]], served: Mapping[str, list[dict
     return records
 
 
-def collect(target: Any, model: str | None = None) -> list[dict[str, Any]]:
-    """Every registered version the target knows (of one model, or all), oldest first, with
-    `servedBy`. The local target backfills versions whose workflow succeeded before they were
-    recorded (e.g. runs made before this registry existed)."""
+def collect(target: Target, model: str | None = None) -> list[dict[str, Any]]:
+    """Every registered version the target knows (of one model, or all; see
+    :meth:`Target.model_records`), oldest first, with `servedBy`."""
     live = target.read_live()
-    workflows = [o for o in live if o.get("kind") == "Workflow"]
-    if target.name == "local":
-        for wf in workflows:
-            labels = wf["metadata"].get("labels") or {}
-            if (wf.get("status") or {}).get("phase") == "Succeeded" and not target.db.has_model_version(labels.get(NAME, ""), labels.get(MODEL_VERSION, "")):
-                ingest_local(target.db, target.workspace, wf, target.environment)
-        records = target.db.model_versions(model)
-    else:
-        records = [r for r in (_from_workflow_status(wf, getattr(target, "environment", "")) for wf in workflows) if r]
-        records = sorted((r for r in records if model is None or r["model"] == model), key=lambda r: (r["registeredAt"], r["model"]))
+    records = target.model_records(live, model)
     try:
         rollouts = target.rollout_states(live)
     except Exception:  # noqa: BLE001 - the registry is readable without rollout state

@@ -30,6 +30,7 @@ from reconciler.risks import (
     regression_risks,
     spec_risks,
 )
+from reconciler.targets.base import Target
 from renderers.cost import DataSize, capacity_problems, estimate
 from renderers.labels import MODEL_VERSION, NAME
 from specs import Dataset, Environment, Model, SpecSet
@@ -260,7 +261,7 @@ def _versions(obj: Mapping[str, Any]) -> list[str]:
     return sorted(p.get("labels", {}).get(MODEL_VERSION, "") for p in obj.get("spec", {}).get("predictors", []))
 
 
-def registry_records(plan: Plan, target: Any) -> list[dict[str, Any]]:
+def registry_records(plan: Plan, target: Target) -> list[dict[str, Any]]:
     """The registry's records, read only when the plan moves an endpoint to another version (the
     one risk they inform); [] when the target has none or cannot say."""
     moving = False
@@ -271,11 +272,7 @@ def registry_records(plan: Plan, target: Any) -> list[dict[str, Any]]:
     if not moving:
         return []
     try:
-        if getattr(target, "name", "") == "local":
-            return list(target.db.model_versions(None))  # read only: no backfill from a plan
-        from reconciler.registry import collect
-
-        return collect(target)
+        return target.model_records(target.read_live(), backfill=False)  # read only: no backfill from a plan
     except Exception:  # noqa: BLE001 - the registry informs a risk flag; a plan never fails on it
         return []
 

@@ -123,6 +123,14 @@ class Target(Protocol):
         Environment's `prometheus.url` is the only one."""
         ...
 
+    def model_records(self, live: list[dict[str, Any]], model: str | None = None, *,
+                      backfill: bool = True) -> list[dict[str, Any]]:
+        """The registered model versions the target knows (of one model, or all), oldest first,
+        as :func:`reconciler.registry.build_record` makes them (without `servedBy`). A target with
+        a registry of its own records a version whose Workflow in ``live`` succeeded before it was
+        registered, unless ``backfill`` is false (a plan reads, never writes)."""
+        ...
+
     def run_details(self, live: list[dict[str, Any]]) -> RunDetails:
         """What the target records of its runs, models and endpoints (see :class:`RunDetails`)."""
         ...

@@ -36,6 +36,7 @@ from reconciler.errors import (
     UnreachableError,
 )
 from reconciler.kubeconfig import load_client_config
+from reconciler.registry import records_from_workflows
 from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
 from reconciler.rollout import RolloutState
 from reconciler.targets.base import RolloutBackend, RunDetails
@@ -335,6 +336,12 @@ class KubernetesTarget:
     def prometheus_url(self) -> str | None:
         """A cluster's Prometheus comes from the Environment's `prometheus.url`."""
         return None
+
+    def model_records(self, live: list[dict[str, Any]], model: str | None = None, *,
+                      backfill: bool = True) -> list[dict[str, Any]]:
+        """Records from the `metrics` outputs in the live Workflows' status (Argo keeps them; there
+        is nothing to backfill)."""
+        return records_from_workflows([o for o in live if o.get("kind") == "Workflow"], self.environment, model)
 
     # -- what the cluster's own tools show ------------------------------------------------------
     def run_details(self, live: list[dict[str, Any]]) -> RunDetails:

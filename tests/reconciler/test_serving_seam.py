@@ -98,3 +98,30 @@ def test_state_db_steps_runs_cache_and_rollouts(tmp_path: Path) -> None:
     assert db.rollouts() == {}
     db.set_rollout("digits", {"endpoint": "digits", "stable": "v1", "phase": "Idle"})
     assert db.rollouts() == {"digits": {"endpoint": "digits", "stable": "v1", "phase": "Idle"}}
+
+
+def test_a_plan_reads_the_local_registry_through_the_target(quickstart, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`registry_records` asks the Target (`model_records`, no backfill) only when the plan moves
+    an endpoint to another version; the local target answers from its state DB."""
+    from reconciler.change import Action, Change
+    from reconciler.plan import Plan
+    from reconciler.resources import ObjectRef
+    from reconciler.review import registry_records
+    from reconciler.targets.local import LocalTarget
+
+    specs, env, endpoint, _ = quickstart
+    target = LocalTarget(env, "forge-local", repo_root=tmp_path)
+    target.db.put_model_version("digits-mlp", "v1", 1.0, {"model": "digits-mlp", "version": "v1"})
+    target.db.put_model_version("digits-mlp", "v2", 2.0, {"model": "digits-mlp", "version": "v2"})
+    before = render_serving(specs, env, "forge-local", None, endpoint, ServingState("v1"))
+    ref = ObjectRef.of(before)
+    moving = render_serving(specs, env, "forge-local", None, endpoint, ServingState("v1", "v2", 0))
+    plan = Plan("local", "local", (Change(ref, Action.UPDATE, before, moving),))
+    assert [r["version"] for r in registry_records(plan, target)] == ["v1", "v2"]
+    same = Plan("local", "local", (Change(ref, Action.UPDATE, before, before),))
+    assert registry_records(same, target) == []
+    # nothing live, nothing backfilled; the details of an idle target are empty
+    assert target.model_records([], "digits-mlp", backfill=True) == target.db.model_versions("digits-mlp")
+    details = target.run_details([])
+    assert (dict(details.steps), details.running, details.models, dict(details.endpoint_urls)) == ({}, [], [], {})
+    assert target.log_files("train") == []

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.errors import LockHeldError, TargetError, TargetNotAvailable
+from reconciler.registry import ingest_local
 from reconciler.resources import ObjectRef
 from reconciler.rollout import RolloutState
 from reconciler.targets.base import RolloutBackend, RunDetails
@@ -35,7 +36,7 @@ from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
 from reconciler.targets.local.rollout import LocalRolloutBackend
 from reconciler.targets.local.state import StateDB
-from renderers.labels import ENDPOINT, STICKY
+from renderers.labels import ENDPOINT, MODEL_VERSION, NAME, STICKY
 from renderers.stepargs import decode_step_config
 from specs import Environment, SpecSet
 from specs.safety import OutsideRoot, resolve_inside
@@ -179,8 +180,6 @@ class LocalTarget:
         if outcome.phase != "Succeeded":
             raise TargetError(f"Workflow {obj['metadata']['name']} failed: {outcome.message} "
                               f"(`forgectl logs {obj['metadata']['name']}` shows the step logs)")
-        from reconciler.registry import ingest_local
-
         ingest_local(self.db, self.workspace, obj, self.environment, time.time())  # the model registry
         return {**obj, "status": {"phase": "Succeeded", "message": outcome.message}}
 
@@ -250,6 +249,18 @@ class LocalTarget:
     def _shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
         router = self.serving.router(endpoint)
         return router.shadow_stats() if router.running() else None
+
+    def model_records(self, live: list[dict[str, Any]], model: str | None = None, *,
+                      backfill: bool = True) -> list[dict[str, Any]]:
+        """The state DB's registry; with ``backfill``, a succeeded Workflow it has no record of
+        (a run made before the registry existed) is recorded first."""
+        if backfill:
+            for wf in (o for o in live if o.get("kind") == "Workflow"):
+                labels = wf["metadata"].get("labels") or {}
+                if (wf.get("status") or {}).get("phase") == "Succeeded" and \
+                        not self.db.has_model_version(labels.get(NAME, ""), labels.get(MODEL_VERSION, "")):
+                    ingest_local(self.db, self.workspace, wf, self.environment)
+        return self.db.model_versions(model)
 
     # -- what `status` and `logs` show --------------------------------------------------------------
     def run_details(self, live: list[dict[str, Any]]) -> RunDetails:
