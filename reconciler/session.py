@@ -6,7 +6,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 from reconciler.errors import StalePlanError
 from reconciler.plan import Action, Plan, build_plan, fingerprint, settle
@@ -94,7 +94,7 @@ def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, 
         rendered = desired_state(specs, env, namespace, revision, live, rollouts)
     with phase("diff"):
         plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision,
-                          keep=in_use(live))
+                          keep=in_use(live, {ObjectRef.of(m) for m in rendered.manifests}))
     if not dry_run:
         return plan, rendered
     dry_runs: dict[ObjectRef, dict[str, Any]] = {}
@@ -107,10 +107,13 @@ def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, 
     return settled, rendered
 
 
-def in_use(live: Iterable[Mapping[str, Any]]) -> dict[ObjectRef, str]:
+def in_use(live: Iterable[Mapping[str, Any]], desired: Collection[ObjectRef]) -> dict[ObjectRef, str]:
     """Workflows of model versions that an endpoint still serves: kept (with the reason) until
-    no endpoint serves them, so a rollback knows where its stable version came from."""
-    serving = serving_states(live)
+    no endpoint serves them, so a rollback knows where its stable version came from. An endpoint
+    whose SeldonDeployment is not ``desired`` any more is pruned in the same plan, and keeps
+    nothing (else removing a model and its endpoint would take two applies)."""
+    live = list(live)
+    serving = serving_states([o for o in live if o.get("kind") != "SeldonDeployment" or ObjectRef.of(o) in desired])
     versions = {}
     for endpoint, state in serving.items():
         versions[state.stable] = endpoint

@@ -182,6 +182,7 @@ def test_status_text_and_json() -> None:
 
 def test_versions_an_experiment_serves_are_kept() -> None:
     """A Workflow whose version an arm or the shadow serves is not pruned (session.in_use)."""
+    from reconciler.resources import ObjectRef
     from reconciler.session import in_use
     from renderers.seldon import ArmServing, render_seldon
 
@@ -194,5 +195,7 @@ def test_versions_an_experiment_serves_are_kept() -> None:
     workflows = [{"kind": "Workflow", "metadata": {"name": f"wf-{v[:2]}", "namespace": "ns",
                                                    "labels": {"forge.dev/model-version": v}}}
                  for v in ("aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc", "dddddddddddd")]
-    kept = {ref.name for ref in in_use([sd, *workflows])}
+    kept = {ref.name for ref in in_use([sd, *workflows], {ObjectRef.of(sd)})}
     assert kept == {"wf-aa", "wf-bb", "wf-cc"}
+    # the endpoint itself removed from the specs: its SeldonDeployment goes, and keeps nothing
+    assert in_use([sd, *workflows], set()) == {}
