@@ -39,7 +39,13 @@ def _spawn(argv: Sequence[str], log_path: Path, *, die_with_parent: bool) -> tup
 
 
 # Bump when a change to the servers' flags or the CRD patches makes older snapshots wrong.
+# The snapshot holds etcd's data only (bootstrap objects + CRDs, saved before any node joins), so
+# it is the same for a cluster with or without a node: ``node`` changes a flag (admission) and the
+# certificate, neither of which is stored in etcd; certificates and keys are new at every start.
 SNAPSHOT_FORMAT = 1
+
+SERVICE_CIDR = "10.0.0.0/24"  # --service-cluster-ip-range
+KUBERNETES_SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service's ClusterIP: the range's first address
 
 
 def snapshot_dir() -> Path:
@@ -81,6 +87,8 @@ class Cluster:
     external: bool = False
     etcd_peer_port: int = 0
     die_with_parent: bool = False
+    # started for a node (devkit.node): the ServiceAccount admission plugin stays on
+    node: bool = False
 
     # ---- paths -------------------------------------------------------------------------
     @property
@@ -94,8 +102,13 @@ class Cluster:
     # ---- lifecycle ---------------------------------------------------------------------
     @classmethod
     def start(cls, state_dir: str | os.PathLike[str] | None = None, *, install_crds: bool = True,
-              die_with_parent: bool = False, log: Log = stderr_log) -> "Cluster":
+              die_with_parent: bool = False, node: bool = False, log: Log = stderr_log) -> "Cluster":
         """Build-or-reuse the binaries, start etcd + kube-apiserver, install the CRDs, wait ready.
+
+        ``node``: a node (:class:`devkit.node.Node`) will join, whose kube-controller-manager
+        creates every namespace's ``default`` ServiceAccount and signs tokens, so the API server
+        keeps its ``ServiceAccount`` admission plugin on (pods get a token). Without a node it is
+        off: nothing would create the ServiceAccounts, and every pod would be refused.
 
         ``die_with_parent``: the servers get SIGKILL when the calling process dies (use it from
         pytest and benchmarks; ``scripts/dev-cluster start`` leaves it off so they outlive it).
@@ -104,7 +117,7 @@ class Cluster:
         for attempt in range(3):
             try:
                 return cls._start_once(state_dir, install_crds=install_crds,
-                                       die_with_parent=die_with_parent, log=log)
+                                       die_with_parent=die_with_parent, node=node, log=log)
             except ClusterError as e:
                 if "address already in use" not in str(e) or attempt == 2:
                     raise
@@ -113,7 +126,7 @@ class Cluster:
 
     @classmethod
     def _start_once(cls, state_dir: str | os.PathLike[str] | None, *, install_crds: bool,
-                    die_with_parent: bool, log: Log) -> "Cluster":
+                    die_with_parent: bool, node: bool, log: Log) -> "Cluster":
         bins = ensure_binaries(log)
         sd = Path(state_dir) if state_dir else default_state_dir()
         if (sd / "state.json").exists():
@@ -134,9 +147,13 @@ class Cluster:
         pki.mkdir()
         make_ca(pki, "serving-ca", "forge-dev serving CA")
         make_ca(pki, "client-ca", "forge-dev client CA")
+        # IP:10.0.0.1 is the `kubernetes` Service's ClusterIP (the first address of
+        # --service-cluster-ip-range), which in-cluster clients dial and verify (on a node, pods
+        # reach this API server there; devkit.node)
         issue_cert(pki, "serving-ca", "apiserver", "/CN=kube-apiserver",
-                   server_sans="IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-                               "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local")
+                   server_sans=f"IP:127.0.0.1,IP:{KUBERNETES_SERVICE_IP},DNS:localhost,DNS:kubernetes,"
+                               "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+                               "DNS:kubernetes.default.svc.cluster.local")
         issue_cert(pki, "client-ca", "admin", "/O=system:masters/CN=forge-admin")
         openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
         openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
@@ -148,7 +165,7 @@ class Cluster:
         cluster = cls(state_dir=str(sd), server=server, kubeconfig=str(sd / "kubeconfig"),
                       etcd_url=f"http://127.0.0.1:{etcd_port}", etcd_peer_port=etcd_peer,
                       exes={k: str(v) for k, v in bins.items()}, versions=versions(),
-                      die_with_parent=die_with_parent)
+                      die_with_parent=die_with_parent, node=node)
         write_kubeconfig(Path(cluster.kubeconfig), server, pki / "serving-ca.crt", pki / "admin.crt",
                          pki / "admin.key", "forge-admin")
         snap = snapshot_dir() if install_crds else None
@@ -219,10 +236,11 @@ class Cluster:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--allow-privileged=true",
-            # no controller-manager runs, so nothing would create the default ServiceAccount
-            "--disable-admission-plugins=ServiceAccount",
+            # without a node no controller-manager runs, so nothing would create the default
+            # ServiceAccount and the plugin would refuse every pod; with one, pods get a token
+            *([] if self.node else ["--disable-admission-plugins=ServiceAccount"]),
             "--v=0",
         ], sd / "logs" / "kube-apiserver.log", die_with_parent=self.die_with_parent)
         self._save()

@@ -209,6 +209,9 @@ class Node:
         if os.geteuid() != 0:
             raise NodeError("the node needs root (containerd, runc, iptables, cgroups, mounts)")
         t0 = time.monotonic()
+        if not getattr(cluster, "node", True):
+            log("note: the cluster was started without node=True: its API server's ServiceAccount admission "
+                "is off, so pods get no service-account token (in-cluster clients such as Argo's executor fail)")
         ensure_host_packages(log)
         bins = ensure_binaries(log)
         imgs = ensure_images(log)

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 Prometheus(**ps).stop()
             if args.node and (node_state_dir() / "state.json").exists():
                 Node.load(node_state_dir()).stop(quiet=True)  # left from a start that died
-            cluster = Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False)
+            cluster = Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False, node=args.node)
             if args.node:
                 try:
                     node = Node.start(cluster, node_state_dir(), die_with_parent=False)

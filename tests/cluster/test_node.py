@@ -12,6 +12,7 @@ the first build. See docs/test-cluster.md, "The node".
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -25,7 +26,7 @@ import pytest
 from kubernetes import client
 
 from devkit.cluster import Cluster
-from devkit.node import Node
+from devkit.node import Node, argo
 from devkit.node import node as nodemod
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -44,22 +45,31 @@ def _wait(what: str, fn: Callable[[], Any], timeout: float = 90.0, every: float 
 
 
 @pytest.fixture(scope="module")
-def node(pytestconfig: pytest.Config) -> Iterator[Node]:
+def node_cluster(pytestconfig: pytest.Config) -> Iterator[tuple[Cluster, Node]]:
     if os.geteuid() != 0:
         pytest.fail("the node needs root (containerd, runc, iptables, cgroups); this test does not skip")
     capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-    cluster = Cluster.start(tempfile.mkdtemp(prefix="forge-node-test-cluster-"), install_crds=False,
+    with capman.global_and_fixture_disabled() if capman else _null():
+        executor = argo.executor_image()  # builds Argo's binaries the first time (a few minutes)
+    # the CRDs (for Argo's Workflow) come from the cached etcd snapshot; node=True keeps the
+    # ServiceAccount admission plugin on, so pods get a token
+    cluster = Cluster.start(tempfile.mkdtemp(prefix="forge-node-test-cluster-"), node=True,
                             die_with_parent=True, log=lambda m: None)
     n = None
     try:
         with capman.global_and_fixture_disabled() if capman else _null():
             n = Node.start(cluster, tempfile.mkdtemp(prefix="forge-node-test-"), die_with_parent=True,
-                           wait_for_other=600)
-        yield n
+                           extra_images=[executor], wait_for_other=600)
+        yield cluster, n
     finally:
         if n is not None:
             n.stop(quiet=True)
         cluster.stop(quiet=True)
+
+
+@pytest.fixture(scope="module")
+def node(node_cluster: tuple[Cluster, Node]) -> Node:
+    return node_cluster[1]
 
 
 class _null:
@@ -189,6 +199,76 @@ def test_a_pod_reaches_the_api_server(node: Node, core: client.CoreV1Api) -> Non
         assert "Client sent an HTTP request to an HTTPS server" in log, log
     finally:
         core.delete_namespaced_pod("api-route", ns, grace_period_seconds=1)
+
+
+# A two-step Workflow: step 2 gets step 1's stdout (outputs.result) as a parameter and checks it.
+# The output travels the real way: argoexec's wait container in step 1's pod reports it through a
+# WorkflowTaskResult (an in-cluster client: the pod's service-account token, the API server's
+# certificate verified at 10.0.0.1), the controller passes it into step 2's pod.
+TWO_STEPS = """
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {name: two-steps}
+spec:
+  entrypoint: main
+  templates:
+  - name: main
+    steps:
+    - - name: say
+        template: say
+    - - name: check
+        template: check
+        arguments: {parameters: [{name: msg, value: "{{steps.say.outputs.result}}"}]}
+  - name: say
+    container:
+      image: BUSYBOX
+      imagePullPolicy: Never
+      command: [sh, -c, "echo hello-from-argo"]
+  - name: check
+    inputs: {parameters: [{name: msg}]}
+    container:
+      image: BUSYBOX
+      imagePullPolicy: Never
+      command: [sh, -c, "test '{{inputs.parameters.msg}}' = hello-from-argo && echo got-it"]
+"""
+
+
+def test_argo_runs_a_two_step_workflow_passing_an_output(node_cluster: tuple[Cluster, Node],
+                                                         core: client.CoreV1Api) -> None:
+    import yaml
+    from kubernetes import dynamic
+
+    cluster, node = node_cluster
+    assert argo.in_cluster_clients_supported(cluster) == []
+    ctl = argo.start(cluster, node, ["default"], die_with_parent=True, log=lambda m: None)
+    try:
+        wfs = dynamic.DynamicClient(core.api_client).resources.get(api_version="argoproj.io/v1alpha1",
+                                                                   kind="Workflow")
+        wfs.create(body=yaml.safe_load(TWO_STEPS.replace("BUSYBOX", _busybox(node))), namespace="default")
+
+        def phase() -> str | None:
+            p = (wfs.get(name="two-steps", namespace="default").to_dict().get("status") or {}).get("phase")
+            if not ctl.running():
+                raise AssertionError(f"workflow-controller exited:\n{nodemod._tail(ctl.log_path)}")
+            return p if p in ("Succeeded", "Failed", "Error") else None
+
+        final = _wait("the Workflow to finish", phase, timeout=180, every=1)
+        wf = wfs.get(name="two-steps", namespace="default").to_dict()
+        nodes = {n["displayName"]: n for n in wf["status"]["nodes"].values()}
+        assert final == "Succeeded", (wf["status"].get("message"), {k: (v["phase"], v.get("message"))
+                                                                     for k, v in nodes.items()})
+        assert nodes["say"]["outputs"]["result"] == "hello-from-argo"
+        assert nodes["check"]["inputs"]["parameters"][0]["value"] == "hello-from-argo"
+        pod = next(p for p in core.list_namespaced_pod("default").items
+                   if p.metadata.annotations.get("workflows.argoproj.io/node-name", "").endswith(".check"))
+        assert "got-it" in core.read_namespaced_pod_log(pod.metadata.name, "default", container="main")
+        # the pods ran argoexec (init + wait) from the image built here, as the default ServiceAccount
+        assert {c.image for c in pod.spec.init_containers} == {ctl.executor_image}
+        assert pod.spec.service_account_name == "default"
+    finally:
+        with contextlib.suppress(Exception):
+            wfs.delete(name="two-steps", namespace="default")
+        ctl.stop()
 
 
 def test_stop_gives_everything_back(node: Node) -> None:
