@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 app = typer.Typer(help="A/B experiments of endpoints: status and stop (the decision runs in `forgectl reconcile`).",
                   no_args_is_help=True)
 
+
 def _context(specs_paths: list[str] | None, env: str | None, flags: TargetFlags,
              endpoint: str) -> tuple[Controllers, DesiredEndpoint]:
     """The controllers and the Endpoint, which must have an experiment."""
