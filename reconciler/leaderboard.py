@@ -19,7 +19,7 @@ latency, and the Pareto front of (metric, size, latency) marked (pure).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from reconciler.registry import variant_figures
 
@@ -106,7 +106,7 @@ def board(name: str, records: list[Mapping[str, Any]], batch: int = 1) -> dict[s
             "versions": sorted({(r["model"], r["version"]) for r in records})}
 
 
-def leaderboards(records: list[Mapping[str, Any]], by: str = "dataset", batch: int = 1) -> list[dict[str, Any]]:
+def leaderboards(records: Sequence[Mapping[str, Any]], by: str = "dataset", batch: int = 1) -> list[dict[str, Any]]:
     """Leaderboards per dataset (`by="dataset"`) or per model family (`by="model"`)."""
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for record in records:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 #: Okabe–Ito: distinguishable with the common colour-vision deficiencies.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
@@ -233,7 +233,7 @@ def _lineage_html(records: Iterable[Mapping[str, Any]], colors: Mapping[str, str
     return f'<section id="lineage"><h2>Versions and lineage</h2><table class="lineage"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></section>'
 
 
-def html_report(boards: list[Mapping[str, Any]], records: list[Mapping[str, Any]], *, environment: str, generated: str) -> str:
+def html_report(boards: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]], *, environment: str, generated: str) -> str:
     """The whole page."""
     colors = {r["version"]: PALETTE[i % len(PALETTE)] for i, r in enumerate(records)}
     hardware = next((r.get("hardware") for r in reversed(records) if r.get("hardware")), None)
