@@ -72,6 +72,11 @@ SYSCTLS = {
     "net/ipv4/conf/all/route_localnet": None,  # kube-proxy (localhost NodePorts)
 }
 
+STORAGE_CLASS = "forge-hostpath"  # the default StorageClass (in-tree hostPath provisioner)
+HOSTPATH_PV_DIR = "/tmp/hostpath_pv"  # where that provisioner makes volumes (fixed upstream)
+# the PriorityClasses Forge's rendered pods name (renderers.pods.PRIORITY_CLASSES)
+PRIORITY_CLASSES = {"forge-high": 1000, "forge-medium": 500, "forge-low": 100}
+
 LOCK = Path("/run/forge-node.lock")  # one node per machine
 ACTIVE = Path("/run/forge-node.active")  # the running node's state dir
 
@@ -263,6 +268,7 @@ class Node:
             node._start_control(cluster)
             node._start_kube_proxy()
             node._wait_ready(log, t0)
+            node._cluster_objects()
         except BaseException:
             log(f"node start failed; logs in {sd / 'logs'}")
             node.stop(quiet=True, keep_logs=True)
@@ -532,7 +538,12 @@ state = "{c / 'state'}"
             f"--service-account-private-key-file={cpki / 'sa.key'}",
             f"--root-ca-file={cpki / 'serving-ca.crt'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}", f"--cluster-cidr={CLUSTER_CIDR}",
-            "--allocate-node-cidrs=false", "--node-monitor-grace-period=40s", "--node-monitor-period=1s", "--v=1",
+            "--allocate-node-cidrs=false", "--node-monitor-grace-period=40s", "--node-monitor-period=1s",
+            # the in-tree hostPath provisioner (the StorageClass `forge-hostpath`, see _cluster_objects):
+            # a claim gets a directory /tmp/hostpath_pv/<uuid> (upstream's fixed path), deleted
+            # with the claim (reclaimPolicy Delete; its deleter only deletes under /tmp)
+            "--enable-hostpath-provisioner=true",
+            "--v=1",
         ])
 
     def _start_kube_proxy(self) -> None:
@@ -607,6 +618,42 @@ state = "{c / 'state'}"
                                 f"kubelet log:\n{_tail(self.log_path('kubelet'))}")
             time.sleep(0.5)
 
+    # ---- what a cluster admin provides (docs/cluster-prerequisites.md) --------------------------------
+    def _cluster_objects(self) -> None:
+        """The default StorageClass (the in-tree hostPath provisioner of the controller-manager:
+        one node, so ReadWriteMany is honoured trivially) and the PriorityClasses Forge's pods name
+        (renderers.pods.PRIORITY_CLASSES, the values docs/cluster-prerequisites.md suggests)."""
+        raw = self._raw()
+        objs = [("/apis/storage.k8s.io/v1/storageclasses", {
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": STORAGE_CLASS,
+                         "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "kubernetes.io/host-path", "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate",
+        })]
+        for name, value in PRIORITY_CLASSES.items():
+            objs.append(("/apis/scheduling.k8s.io/v1/priorityclasses", {
+                "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                "value": value, "globalDefault": False,
+                "description": "Forge (docs/cluster-prerequisites.md); made by the forge test node"}))
+        for path, body in objs:
+            status, doc = raw.request("POST", path, json.dumps(body).encode())
+            if status not in (200, 201, 409):
+                raise NodeError(f"creating {body['kind']} {body['metadata']['name']}: HTTP {status}: {doc}")
+
+    def _remove_hostpath_volumes(self, log: Log) -> None:
+        """The directories the hostPath provisioner made for volumes that still exist (their
+        claims were not deleted before the node stopped; nothing would delete them now)."""
+        with contextlib.suppress(Exception):
+            status, doc = self._raw().request("GET", "/api/v1/persistentvolumes")
+            for pv in (doc.get("items") or []) if status == 200 else []:
+                path = ((pv.get("spec") or {}).get("hostPath") or {}).get("path", "")
+                if path.startswith(HOSTPATH_PV_DIR + "/") and "/.." not in path:
+                    log(f"removing the hostPath volume {pv['metadata']['name']} ({path})")
+                    shutil.rmtree(path, ignore_errors=True)
+                    self._raw().request("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
+        with contextlib.suppress(OSError):
+            Path(HOSTPATH_PV_DIR).rmdir()  # only when empty
+
     # ---- stop ------------------------------------------------------------------------------------
     def stop(self, *, quiet: bool = False, keep_logs: bool = False) -> None:
         """Stop the node's pods and processes (by PID), give back everything host-wide it took."""
@@ -639,6 +686,7 @@ state = "{c / 'state'}"
         self._kill_cgroup_procs(log)
         self._kill_shims(log)
         # 4. host-wide state
+        self._remove_hostpath_volumes(log)
         if "kube-proxy" in self.exes and Path(self.exes["kube-proxy"]).exists():
             _run([self.exes["kube-proxy"], "--cleanup", "--proxy-mode=iptables"], check=False)
         self._remove_cni_iptables()

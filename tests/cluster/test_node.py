@@ -271,6 +271,91 @@ def test_argo_runs_a_two_step_workflow_passing_an_output(node_cluster: tuple[Clu
         ctl.stop()
 
 
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "examples" / "quickstart"
+
+
+def _quickstart_manifests() -> list[dict[str, Any]]:
+    from reconciler.environments import load_environment
+    from renderers import RenderContext, render
+
+    result, env = load_environment([str(QUICKSTART)], None, "cluster")
+    return render(result.specs, RenderContext(env)).manifests
+
+
+def test_the_workspace_claim_binds_and_pods_share_it(node: Node, core: client.CoreV1Api) -> None:
+    """Forge's rendered workspace PVC (size and ReadWriteMany as rendered) binds to the node's
+    default StorageClass (the controller-manager's in-tree hostPath provisioner); a file one pod
+    writes, the next reads; deleting the claim deletes the volume and its directory."""
+    pvc = next(m for m in _quickstart_manifests() if m["kind"] == "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and "storageClassName" not in pvc["spec"]
+    ns = "default"
+    pvc["metadata"]["namespace"] = ns
+    name = pvc["metadata"]["name"]
+    core.create_namespaced_persistent_volume_claim(ns, pvc)
+    pods = []
+    try:
+        bound = _wait("the claim to bind",
+                      lambda: (c := core.read_namespaced_persistent_volume_claim(name, ns)).status.phase == "Bound" and c)
+        assert bound.spec.storage_class_name == nodemod.STORAGE_CLASS
+        assert bound.status.capacity["storage"] == pvc["spec"]["resources"]["requests"]["storage"]
+        pv = core.read_persistent_volume(bound.spec.volume_name)
+        host_dir = Path(pv.spec.host_path.path)
+        assert host_dir.parent == Path(nodemod.HOSTPATH_PV_DIR) and host_dir.is_dir()
+        for i, cmd in enumerate(["echo from-pod-0 > /workspace/shared.txt", "cat /workspace/shared.txt"]):
+            pod = client.V1Pod(
+                metadata=client.V1ObjectMeta(name=f"ws-{i}"),
+                spec=client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(
+                    name="main", image=_busybox(node), image_pull_policy="Never", command=["sh", "-c", cmd],
+                    volume_mounts=[client.V1VolumeMount(name="ws", mount_path="/workspace")])],
+                    volumes=[client.V1Volume(name="ws", persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
+                        claim_name=name))]))
+            core.create_namespaced_pod(ns, pod)
+            pods.append(f"ws-{i}")
+            phase = _wait(f"pod ws-{i} to finish",
+                          lambda n=f"ws-{i}": (p := core.read_namespaced_pod(n, ns).status.phase) in ("Succeeded", "Failed") and p)
+            assert phase == "Succeeded", core.read_namespaced_pod(f"ws-{i}", ns).status
+        assert core.read_namespaced_pod_log("ws-1", ns).strip() == "from-pod-0"
+        assert (host_dir / "shared.txt").read_text().strip() == "from-pod-0"
+        for p in pods:
+            core.delete_namespaced_pod(p, ns, grace_period_seconds=0)
+        _wait("the pods to be gone", lambda: not [p for p in core.list_namespaced_pod(ns).items
+                                                  if p.metadata.name in pods])
+        core.delete_namespaced_persistent_volume_claim(name, ns)
+        _wait("the volume and its directory to be deleted (reclaimPolicy Delete)",
+              lambda: not host_dir.exists() and not [v for v in core.list_persistent_volume().items
+                                                     if v.metadata.name == pv.metadata.name])
+    finally:
+        for p in pods:
+            with contextlib.suppress(Exception):
+                core.delete_namespaced_pod(p, ns, grace_period_seconds=0)
+        with contextlib.suppress(Exception):
+            core.delete_namespaced_persistent_volume_claim(name, ns)
+
+
+def test_forgectl_doctor_on_the_node_cluster(node: Node) -> None:
+    """`forgectl doctor --env cluster` of the quick-start: the CRDs, the PriorityClasses and the
+    default StorageClass are there. Seldon's traffic splitter (Istio or Ambassador) is not: the
+    node runs neither (docs/test-cluster.md), and doctor says so."""
+    import json
+
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "forgectl"), "doctor", str(QUICKSTART), "--env", "cluster",
+                           "-o", "json"], capture_output=True, text=True,
+                          env=dict(os.environ, KUBECONFIG=node.kubeconfig), cwd=REPO)
+    findings = {(f["kind"], f["name"]): f for f in json.loads(proc.stdout)["findings"]}
+    missing = {k: f["detail"] for k, f in findings.items() if f["status"] == "missing"}
+    assert set(missing) == {("TrafficSplitter", "istio-or-ambassador")}, missing
+    assert proc.returncode == 1  # that one is missing
+    # the rest is `ok`, except what no API shows (Argo's rights on ConfigMaps: `manual`)
+    other = {k: f["status"] for k, f in findings.items() if f["status"] not in ("ok", "missing")}
+    assert other == {("ControllerRights", "configmaps"): "manual"}, other
+    for want in [("PriorityClass", "forge-high"), ("PriorityClass", "forge-medium"), ("StorageClass", "(default)"),
+                 ("CustomResourceDefinition", "workflows.argoproj.io"),
+                 ("CustomResourceDefinition", "seldondeployments.machinelearning.seldon.io")]:
+        assert findings[want]["status"] == "ok", findings.get(want)
+    assert findings[("StorageClass", "(default)")]["detail"] == f"default class {nodemod.STORAGE_CLASS!r}"
+
+
 def test_stop_gives_everything_back(node: Node) -> None:
     sd = Path(node.state_dir)
     pids = dict(node.pids)
