@@ -31,6 +31,7 @@ from renderers.labels import STICKY
 from renderers.seldon import ServingState, render_seldon
 from specs import Endpoint
 from specs.experiment import ArmFaults
+from tests.polling import wait_until
 from tests.runtimes.helpers import ROOT, Runner
 
 EXAMPLE = ROOT / "examples" / "experiments"
@@ -150,15 +151,21 @@ def test_ab_experiment_decides_for_the_better_arm_and_identical_arms_are_inconcl
         assert all(c["trials"] >= 400 for c in state.counts.values()), state.counts
         assert [(p["labels"]["forge.dev/variant"], p.get("shadow")) for p in backend.objects["digits-ab"]["spec"]["predictors"]] == [
             ("base", None), ("pruned", True)]
-        time.sleep(2.0)
-        shadow = serving.status("digits-ab")["shadow"]
+
+        def mirror_settled() -> dict[str, Any] | None:
+            """The mirror's counts once no copy is in flight (each mirrored one answered or failed)."""
+            stats = serving.status("digits-ab").get("shadow")
+            return stats if stats and stats["answered"] + stats["failed"] == stats["mirrored"] else None
+
+        shadow = wait_until(mirror_settled, timeout=30, what="every mirrored copy answered or failed")
         # every request the clients sent was mirrored once (the errors are the arms' injected 500s:
         # mirrored too), the shadow answered, and it agrees with the live answers (same model)
         assert shadow["mirrored"] >= 0.95 * load["requests"] and shadow["answered"] >= 0.95 * shadow["mirrored"], (shadow, load["requests"])
         assert shadow["compared"] > 0 and shadow["agreement"] == 1.0 and shadow["maxProbabilityDistance"] < 1e-4, shadow
         # the shadow's own series, as Prometheus scraped them (role `shadow`)
-        rows = prom.query('sum(forge_requests_total{forge_endpoint="digits-ab",forge_role="shadow"})')
-        assert rows and float(rows[0]["value"][1]) >= 0.9 * shadow["answered"], rows
+        query = 'sum(forge_requests_total{forge_endpoint="digits-ab",forge_role="shadow"})'
+        wait_until(lambda: [r for r in prom.query(query) if float(r["value"][1]) >= 0.9 * shadow["answered"]],
+                   timeout=30, what=f"Prometheus to have scraped >= 90 % of the {shadow['answered']} shadow answers")
         # (that clients never see a shadow's answer: tests/experiments/test_local_router.py)
         from forgectl.experiment_cli import experiment_lines
 
