@@ -4,15 +4,14 @@ loop runs, and not one request fails."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sys
 import subprocess
+import sys
 import threading
-import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -25,6 +24,7 @@ from reconciler.targets.local.serving import LocalServing, Predictor, ServingErr
 from reconciler.targets.local.state import StateDB
 from renderers.seldon import ServingState, render_seldon
 from specs import Endpoint
+from tests.polling import wait_until
 from tests.runtimes.helpers import ROOT, Runner
 
 QUICKSTART = ROOT / "examples" / "quickstart"
@@ -42,6 +42,14 @@ def _predictors(state: ServingState) -> list[dict[str, Any]]:
 
 def _all_stopped(records: list[processes.ProcessRecord]) -> list[str]:
     return [f"{r.name} (pid {r.pid})" for r in records if processes.alive(r)]
+
+
+def _wait_gone(record: processes.ProcessRecord, url: str) -> None:
+    """Until a killed router is gone and the kernel has released its port (a moment after the
+    process: the router takes another port while its own is still held)."""
+    port = int(url.rsplit(":", 1)[1])
+    wait_until(lambda: not processes.running(record.pid, record.start_ticks) and processes.port_free(port), timeout=30,
+               what=f"the killed router (pid {record.pid}) gone and its port {port} free")
 
 
 @pytest.fixture
@@ -124,8 +132,13 @@ def test_router_moves_weights_swaps_servers_and_survives_a_kill(state_dir: Path,
         result: dict[str, Any] = {}
         loader = threading.Thread(target=lambda: result.update(generate(url, MODEL, rate=200, seconds=60, concurrency=4, stop=stop)))
         loader.start()
+
+        def routed() -> int:
+            """Requests the router has sent to any slot (HAProxy's session totals)."""
+            return sum(stat.total for stat in router.servers().values())
+
         try:
-            time.sleep(0.5)
+            wait_until(lambda: routed() >= 20, timeout=30, what="the load loop's requests flowing through the router")
             router.set(ports["v1"], ports["v2"], 50)
             half = generate(url, MODEL, rate=200, seconds=1, concurrency=4)
             assert half["failed"] == 0 and set(half["by_version"]) == {"v1", "v2"}, half
@@ -136,7 +149,9 @@ def test_router_moves_weights_swaps_servers_and_survives_a_kill(state_dir: Path,
             full = generate(url, MODEL, rate=200, seconds=0.5, concurrency=4)
             assert full["failed"] == 0 and set(full["by_version"]) == {"v3"}, full
             backends[0].terminate()
-            time.sleep(0.3)
+            backends[0].wait(timeout=10)
+            after = routed()  # the load goes on, to v3 alone, with the old servers gone
+            wait_until(lambda: routed() >= after + 20, timeout=30, what="more requests routed after the old servers stopped")
         finally:
             stop.set()
             loader.join()
@@ -145,7 +160,7 @@ def test_router_moves_weights_swaps_servers_and_survives_a_kill(state_dir: Path,
         record = db.process("router/digits")
         assert record is not None
         os.killpg(record.pid, signal.SIGKILL)
-        time.sleep(0.2)
+        _wait_gone(record, url)
         assert router.ensure() == url  # started again on the same port, slots restored
         again = generate(url, MODEL, rate=50, seconds=0.2, concurrency=1)
         assert again["failed"] == 0 and set(again["by_version"]) == {"v3"}, again
@@ -174,16 +189,6 @@ def test_prometheus_rejects_a_bad_rule_and_keeps_running(state_dir: Path) -> Non
 
 
 # -- the whole thing, with real model servers ---------------------------------------------------
-
-def _wait(predicate: Any, timeout: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 @pytest.mark.runtime
 @pytest.mark.slow
@@ -235,9 +240,10 @@ def test_stable_canary_weights_and_removal_without_a_failed_request(digits: Runn
             rows = prom.query('sum by (forge_role, forge_version) '
                               '(forge_requests_total{forge_endpoint="digits",forge_namespace="default",code="200"})')
             return {f"{r['metric']['forge_role']}:{r['metric']['forge_version']}" for r in rows}
-        _wait(lambda: roles_seen() >= {"stable:v1", "canary:v2"}, what="forge_requests_total of both roles")
-        _wait(lambda: prom.query('sum(haproxy_backend_http_responses_total{component="router",forge_endpoint="digits",proxy="be"}) > 0'),
-              what="the router's exporter")
+        wait_until(lambda: roles_seen() >= {"stable:v1", "canary:v2"}, timeout=30, what="forge_requests_total of both roles",
+                   interval=0.25)
+        wait_until(lambda: prom.query('sum(haproxy_backend_http_responses_total{component="router",forge_endpoint="digits",proxy="be"}) > 0'),
+                   timeout=30, what="the router's exporter", interval=0.25)
         up = prom.query('up{namespace="default"}')
         assert len(up) == 3 and all(r["value"][1] == "1" for r in up), up
         # a model server's series carry the target labels the Prometheus Operator's PodMonitor job
@@ -258,7 +264,9 @@ def test_stable_canary_weights_and_removal_without_a_failed_request(digits: Runn
         apply(ServingState("v2"))
         after = generate(url, MODEL, rate=50, seconds=0.5, concurrency=2)
         assert after["failed"] == 0 and set(after["by_version"]) == {"v2"}, after
-        time.sleep(0.5)
+        # the replaced server (v1) was drained and stopped before apply returned, under load
+        old_stable = [r for r in seen.values() if r.info.get("role") == "stable" and r.info.get("version") == "v1"]
+        assert old_stable and not any(processes.alive(r) for r in old_stable), old_stable
     finally:
         stop.set()
         loader.join()
@@ -269,6 +277,7 @@ def test_stable_canary_weights_and_removal_without_a_failed_request(digits: Runn
     router = db.process("router/digits")
     assert router is not None
     os.killpg(router.pid, signal.SIGKILL)
+    _wait_gone(router, url)
     assert apply(ServingState("v2")) == url
     assert generate(url, MODEL, rate=20, seconds=0.3, concurrency=1)["failed"] == 0
 
