@@ -61,6 +61,7 @@ class Facts:
     calls: frozenset[str]          # builtins called by name (`open(...)`)
     attribute_calls: frozenset[str]  # `x.execute(...)` gives `execute`
     random_calls: frozenset[str]   # `random.<name>(...)`: the module's shared, unseeded generator
+    attributes: frozenset[str]     # every attribute name read or called (`target.db` gives `db`)
 
 
 def _module_name(rel: Path) -> str:
@@ -77,7 +78,10 @@ def read_facts(root: Path, path: Path) -> Facts:
     calls: set[str] = set()
     attribute_calls: set[str] = set()
     random_calls: set[str] = set()
+    attributes: set[str] = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            attributes.add(node.attr)
         if isinstance(node, ast.Import):
             imports |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -97,7 +101,8 @@ def read_facts(root: Path, path: Path) -> Facts:
                 attribute_calls.add(func.attr)
                 if isinstance(func.value, ast.Name) and func.value.id == "random":
                     random_calls.add(func.attr)
-    return Facts(rel.as_posix(), frozenset(imports), frozenset(calls), frozenset(attribute_calls), frozenset(random_calls))
+    return Facts(rel.as_posix(), frozenset(imports), frozenset(calls), frozenset(attribute_calls), frozenset(random_calls),
+                 frozenset(attributes))
 
 
 def _under(name: str, prefixes: Iterable[str]) -> bool:
@@ -209,6 +214,14 @@ def sql_outside_statedb(facts: Facts) -> list[str]:
     return problems
 
 
+def no_target_internals(facts: Facts) -> list[str]:
+    """A target's own handles (the local target's StateDB `.db`, its `.workspace`) are read only
+    inside reconciler/targets: callers ask the protocol (run_details, model_records, log_files …)."""
+    return [f"reads .{name} (a target's internals)" for name in sorted(facts.attributes & TARGET_INTERNALS)]
+
+
+#: Attribute names that are a target's internals, not its protocol.
+TARGET_INTERNALS = frozenset({"db", "workspace"})
 STATE_DB = "reconciler/targets/local/state.py"
 
 RULES = [
@@ -238,6 +251,9 @@ RULES = [
          ("reconciler/**/*.py",), forbid_imports(("reconciler.targets",), allow=("reconciler.targets.base",)),
          exempt={"reconciler/session.py": "the factory: it opens the target the Environment names"},
          outside=("reconciler/targets/",)),
+    Rule("callers-use-only-the-target-protocol",
+         "status, the registry, the controllers and the CLI use nothing of a target but the protocol",
+         ("reconciler/**/*.py", "forgectl/**/*.py"), no_target_internals, outside=("reconciler/targets/",)),
     Rule("product-never-imports-dev-tooling",
          "the product (control plane and runtimes) never imports the dev harness, tests, benchmarks or scripts",
          tuple(f"{p}/**/*.py" for p in (*CONTROL_PLANE, "runtimes")), forbid_imports(("devkit", "tests", "bench", "scripts"))),
@@ -304,6 +320,12 @@ PLANTED: dict[str, tuple[dict[str, str], dict[str, str], list[str]]] = {
          "reconciler/session.py": "from reconciler.targets.local import LocalTarget\n",
          "reconciler/targets/local/thing.py": "from reconciler.targets.local.state import StateDB\n"},
         ["reconciler/bad.py: imports reconciler.targets"]),
+    "callers-use-only-the-target-protocol": (
+        {"reconciler/registry.py": "def collect(target):\n    return target.db.model_versions()\n",
+         "forgectl/cli.py": "def status(target):\n    print(target.workspace / 'registry')\n"},
+        {"reconciler/status.py": "def collect(target, live):\n    return target.run_details(live), target.model_records(live)\n",
+         "reconciler/targets/local/__init__.py": "class LocalTarget:\n    def model_records(self):\n        return self.db.model_versions()\n"},
+        ["forgectl/cli.py: reads .workspace (a target's internals)", "reconciler/registry.py: reads .db (a target's internals)"]),
     "product-never-imports-dev-tooling": (
         {"reconciler/targets/local/bad.py": "from devkit.cluster import Cluster\n",
          "runtimes/bad.py": "def f():\n    from tests.polling import wait_until\n"},
