@@ -72,8 +72,9 @@ SYSCTLS = {
     "net/ipv4/conf/all/route_localnet": None,  # kube-proxy (localhost NodePorts)
 }
 
-STORAGE_CLASS = "forge-hostpath"  # the default StorageClass (in-tree hostPath provisioner)
-HOSTPATH_PV_DIR = "/tmp/hostpath_pv"  # where that provisioner makes volumes (fixed upstream)
+STORAGE_CLASS = "forge-hostpath"  # the default StorageClass: hostPath volumes the node makes
+VOLUMES = 4  # hostPath PersistentVolumes made at start (each binds one claim for the node's life)
+VOLUME_SIZE = "100Gi"  # what each declares (hostPath enforces no size)
 # the PriorityClasses Forge's rendered pods name (renderers.pods.PRIORITY_CLASSES)
 PRIORITY_CLASSES = {"forge-high": 1000, "forge-medium": 500, "forge-low": 100}
 
@@ -185,6 +186,9 @@ class Node:
     start_seconds: float = 0.0
     die_with_parent: bool = False
     notes: list[str] = field(default_factory=list)
+    # the process running Node.start (pid, start ticks): while it runs and the node is not up yet,
+    # the node counts as starting, not as dead (it has no processes of its own at first)
+    owner: list[int] = field(default_factory=list)
 
     # ---- paths ---------------------------------------------------------------------------
     @property
@@ -199,6 +203,16 @@ class Node:
     def kubeconfig(self) -> str:
         """The cluster's admin kubeconfig."""
         return str(Path(self.cluster_state_dir) / "kubeconfig")
+
+    @property
+    def containerd_root(self) -> Path:
+        """containerd's root (content store, unpacked snapshots, metadata) is kept between starts
+        in the cache, keyed by containerd's version and the snapshotter, so an image imported
+        once (the runtime image is several GB) is not imported again. One node per machine (LOCK)
+        uses it at a time; containers never outlive a node (``stop`` removes them, ``start``
+        removes any a node that died left)."""
+        ver = _run(["containerd", "--version"], check=False).stdout.split()
+        return paths.cache_dir() / "containerd" / f"root-{ver[2] if len(ver) > 2 else 'unknown'}-{self.snapshotter}"
 
     def log_path(self, name: str) -> Path:
         return self.sd / "logs" / f"{name}.log"
@@ -232,7 +246,9 @@ class Node:
                 except NodeError:
                     ACTIVE.unlink()
                     break
-                if not old.alive():
+                starting = (not old.start_seconds and len(old.owner) == 2
+                            and paths.running(old.owner[0], old.owner[1]))
+                if not old.alive() and not starting:
                     log(f"cleaning up after a node that died ({other})")
                     old.stop(quiet=True)
                     break
@@ -254,7 +270,8 @@ class Node:
             node = cls(state_dir=str(sd), cluster_state_dir=str(cluster.state_dir), server=cluster.server,
                        exes={k: str(v) for k, v in bins.items()}, versions=paths.versions(),
                        die_with_parent=die_with_parent,
-                       images={k: list(v) for k, v in imgs.items()})
+                       images={k: list(v) for k, v in imgs.items()},
+                       owner=[os.getpid(), paths.start_ticks(os.getpid()) or -1])
             node.images.update({ref: [arch, ref] for arch, ref in extra_images})
             ACTIVE.write_text(str(sd) + "\n")
             node._save()
@@ -263,6 +280,7 @@ class Node:
             node._pki(cluster)
             node._rbac(cluster)
             node._start_containerd(log)
+            node._remove_containers(log)  # any a node that died left in the persistent root
             node._import_images(log)
             node._start_kubelet()
             node._start_control(cluster)
@@ -393,7 +411,7 @@ class Node:
         # and runc's log, to see why a container does not start)
         runc_binary = f'\n        BinaryName = "{os.environ["FORGE_NODE_RUNC"]}"' if os.environ.get("FORGE_NODE_RUNC") else ""
         return f'''version = 2
-root = "{c / 'root'}"
+root = "{self.containerd_root}"
 state = "{c / 'state'}"
 [grpc]
   address = "{self.containerd_sock}"
@@ -476,10 +494,28 @@ state = "{c / 'state'}"
             self._start_containerd(log)
 
     def _import_images(self, log: Log) -> None:
+        """Import each archive unless containerd's (persistent) store already has every image it
+        names at the same manifest digest."""
+        from devkit.node.runtime_image import archive_refs
+
         t = time.monotonic()
-        for archive, _ref in self.images.values():
-            self.ctr("images", "import", archive)
-        log(f"imported {len(self.images)} images into containerd in {time.monotonic() - t:.1f} s")
+        have: dict[str, str] = {}
+        for ln in self.ctr("images", "ls").stdout.splitlines()[1:]:
+            f = ln.split()
+            if len(f) >= 3:
+                have[f[0]] = f[2]
+        imported, kept = [], []
+        for archive in sorted({a for a, _ in self.images.values()}):
+            refs = archive_refs(archive)
+            if refs and all(have.get(r) == d for r, d in refs.items()):
+                kept.append(Path(archive).name)
+                continue
+            ti = time.monotonic()
+            self.ctr("images", "import", f"--snapshotter={self.snapshotter}", archive, timeout=1800)
+            imported.append(f"{Path(archive).name} ({time.monotonic() - ti:.1f} s)")
+        self.notes.append(f"images imported: {', '.join(imported) or 'none'}; already in containerd's store: "
+                          f"{', '.join(kept) or 'none'}")
+        log(f"{self.notes[-1]} ({time.monotonic() - t:.1f} s)")
 
     # ---- kubelet -----------------------------------------------------------------------------
     def _start_kubelet(self) -> None:
@@ -539,10 +575,6 @@ state = "{c / 'state'}"
             f"--root-ca-file={cpki / 'serving-ca.crt'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}", f"--cluster-cidr={CLUSTER_CIDR}",
             "--allocate-node-cidrs=false", "--node-monitor-grace-period=40s", "--node-monitor-period=1s",
-            # the in-tree hostPath provisioner (the StorageClass `forge-hostpath`, see _cluster_objects):
-            # a claim gets a directory /tmp/hostpath_pv/<uuid> (upstream's fixed path), deleted
-            # with the claim (reclaimPolicy Delete; its deleter only deletes under /tmp)
-            "--enable-hostpath-provisioner=true",
             "--v=1",
         ])
 
@@ -620,16 +652,34 @@ state = "{c / 'state'}"
 
     # ---- what a cluster admin provides (docs/cluster-prerequisites.md) --------------------------------
     def _cluster_objects(self) -> None:
-        """The default StorageClass (the in-tree hostPath provisioner of the controller-manager:
-        one node, so ReadWriteMany is honoured trivially) and the PriorityClasses Forge's pods name
-        (renderers.pods.PRIORITY_CLASSES, the values docs/cluster-prerequisites.md suggests)."""
+        """The default StorageClass with its volumes, and the PriorityClasses Forge's pods name
+        (renderers.pods.PRIORITY_CLASSES, the values docs/cluster-prerequisites.md suggests).
+
+        Storage: ``forge-hostpath`` (``kubernetes.io/no-provisioner``) and :data:`VOLUMES`
+        hostPath PersistentVolumes of :data:`VOLUME_SIZE`, ReadWriteOnce and ReadWriteMany (one
+        node: every pod sees the same directory), directories ``<state>/volumes/pv-N`` with mode
+        0777 as local-path-provisioner makes them, because hostPath ignores ``fsGroup`` and
+        Forge's pods run as uid 1000 (the controller-manager's in-tree hostPath provisioner makes
+        ``0750 root`` directories, which they cannot write). ``Retain``: a deleted claim leaves its
+        volume Released; ``Node.stop`` removes volumes and directories."""
         raw = self._raw()
         objs = [("/apis/storage.k8s.io/v1/storageclasses", {
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": STORAGE_CLASS,
                          "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-            "provisioner": "kubernetes.io/host-path", "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate",
+            "provisioner": "kubernetes.io/no-provisioner", "reclaimPolicy": "Retain",
+            "volumeBindingMode": "Immediate",
         })]
+        for n in range(VOLUMES):
+            d = self.sd / "volumes" / f"pv-{n}"
+            d.mkdir(parents=True)
+            d.chmod(0o777)
+            objs.append(("/api/v1/persistentvolumes", {
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": f"forge-node-pv-{n}", "labels": {"forge.dev/node-volume": "true"}},
+                "spec": {"capacity": {"storage": VOLUME_SIZE}, "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
+                         "persistentVolumeReclaimPolicy": "Retain", "storageClassName": STORAGE_CLASS,
+                         "hostPath": {"path": str(d), "type": "Directory"}}}))
         for name, value in PRIORITY_CLASSES.items():
             objs.append(("/apis/scheduling.k8s.io/v1/priorityclasses", {
                 "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
@@ -640,19 +690,10 @@ state = "{c / 'state'}"
             if status not in (200, 201, 409):
                 raise NodeError(f"creating {body['kind']} {body['metadata']['name']}: HTTP {status}: {doc}")
 
-    def _remove_hostpath_volumes(self, log: Log) -> None:
-        """The directories the hostPath provisioner made for volumes that still exist (their
-        claims were not deleted before the node stopped; nothing would delete them now)."""
+    def _remove_volumes(self, log: Log) -> None:
+        """The node's PersistentVolumes (their directories go with the state directory)."""
         with contextlib.suppress(Exception):
-            status, doc = self._raw().request("GET", "/api/v1/persistentvolumes")
-            for pv in (doc.get("items") or []) if status == 200 else []:
-                path = ((pv.get("spec") or {}).get("hostPath") or {}).get("path", "")
-                if path.startswith(HOSTPATH_PV_DIR + "/") and "/.." not in path:
-                    log(f"removing the hostPath volume {pv['metadata']['name']} ({path})")
-                    shutil.rmtree(path, ignore_errors=True)
-                    self._raw().request("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
-        with contextlib.suppress(OSError):
-            Path(HOSTPATH_PV_DIR).rmdir()  # only when empty
+            self._raw().request("DELETE", "/api/v1/persistentvolumes?labelSelector=forge.dev%2Fnode-volume%3Dtrue")
 
     # ---- stop ------------------------------------------------------------------------------------
     def stop(self, *, quiet: bool = False, keep_logs: bool = False) -> None:
@@ -686,7 +727,7 @@ state = "{c / 'state'}"
         self._kill_cgroup_procs(log)
         self._kill_shims(log)
         # 4. host-wide state
-        self._remove_hostpath_volumes(log)
+        self._remove_volumes(log)
         if "kube-proxy" in self.exes and Path(self.exes["kube-proxy"]).exists():
             _run([self.exes["kube-proxy"], "--cleanup", "--proxy-mode=iptables"], check=False)
         self._remove_cni_iptables()
@@ -706,7 +747,7 @@ state = "{c / 'state'}"
                 if link.is_symlink() and os.readlink(link).startswith(str(self.sd)):
                     link.unlink()
         if keep_logs:
-            for sub in ("containerd", "kubelet", "pki", "cni"):
+            for sub in ("containerd", "kubelet", "pki", "cni", "volumes"):
                 shutil.rmtree(self.sd / sub, ignore_errors=True)
         else:
             shutil.rmtree(self.sd, ignore_errors=True)

@@ -284,9 +284,9 @@ def _quickstart_manifests() -> list[dict[str, Any]]:
 
 
 def test_the_workspace_claim_binds_and_pods_share_it(node: Node, core: client.CoreV1Api) -> None:
-    """Forge's rendered workspace PVC (size and ReadWriteMany as rendered) binds to the node's
-    default StorageClass (the controller-manager's in-tree hostPath provisioner); a file one pod
-    writes, the next reads; deleting the claim deletes the volume and its directory."""
+    """Forge's rendered workspace PVC (size and ReadWriteMany as rendered) binds to one of the
+    node's hostPath volumes of the default StorageClass; a file one pod writes as uid 1000 (as
+    Forge's pods run), the next reads; a deleted claim leaves its volume Released (Retain)."""
     pvc = next(m for m in _quickstart_manifests() if m["kind"] == "PersistentVolumeClaim")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and "storageClassName" not in pvc["spec"]
     ns = "default"
@@ -298,33 +298,37 @@ def test_the_workspace_claim_binds_and_pods_share_it(node: Node, core: client.Co
         bound = _wait("the claim to bind",
                       lambda: (c := core.read_namespaced_persistent_volume_claim(name, ns)).status.phase == "Bound" and c)
         assert bound.spec.storage_class_name == nodemod.STORAGE_CLASS
-        assert bound.status.capacity["storage"] == pvc["spec"]["resources"]["requests"]["storage"]
+        assert "ReadWriteMany" in bound.status.access_modes
         pv = core.read_persistent_volume(bound.spec.volume_name)
         host_dir = Path(pv.spec.host_path.path)
-        assert host_dir.parent == Path(nodemod.HOSTPATH_PV_DIR) and host_dir.is_dir()
+        assert host_dir.parent == Path(node.state_dir) / "volumes" and host_dir.is_dir()
         for i, cmd in enumerate(["echo from-pod-0 > /workspace/shared.txt", "cat /workspace/shared.txt"]):
             pod = client.V1Pod(
                 metadata=client.V1ObjectMeta(name=f"ws-{i}"),
-                spec=client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(
-                    name="main", image=_busybox(node), image_pull_policy="Never", command=["sh", "-c", cmd],
-                    volume_mounts=[client.V1VolumeMount(name="ws", mount_path="/workspace")])],
+                spec=client.V1PodSpec(
+                    restart_policy="Never",
+                    security_context=client.V1PodSecurityContext(run_as_user=1000, run_as_group=1000, fs_group=1000),
+                    containers=[client.V1Container(
+                        name="main", image=_busybox(node), image_pull_policy="Never", command=["sh", "-c", cmd],
+                        volume_mounts=[client.V1VolumeMount(name="ws", mount_path="/workspace")])],
                     volumes=[client.V1Volume(name="ws", persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
                         claim_name=name))]))
             core.create_namespaced_pod(ns, pod)
             pods.append(f"ws-{i}")
             phase = _wait(f"pod ws-{i} to finish",
                           lambda n=f"ws-{i}": (p := core.read_namespaced_pod(n, ns).status.phase) in ("Succeeded", "Failed") and p)
-            assert phase == "Succeeded", core.read_namespaced_pod(f"ws-{i}", ns).status
+            assert phase == "Succeeded", (core.read_namespaced_pod(f"ws-{i}", ns).status,
+                                          core.read_namespaced_pod_log(f"ws-{i}", ns))
         assert core.read_namespaced_pod_log("ws-1", ns).strip() == "from-pod-0"
         assert (host_dir / "shared.txt").read_text().strip() == "from-pod-0"
+        assert (host_dir / "shared.txt").stat().st_uid == 1000
         for p in pods:
             core.delete_namespaced_pod(p, ns, grace_period_seconds=0)
         _wait("the pods to be gone", lambda: not [p for p in core.list_namespaced_pod(ns).items
                                                   if p.metadata.name in pods])
         core.delete_namespaced_persistent_volume_claim(name, ns)
-        _wait("the volume and its directory to be deleted (reclaimPolicy Delete)",
-              lambda: not host_dir.exists() and not [v for v in core.list_persistent_volume().items
-                                                     if v.metadata.name == pv.metadata.name])
+        _wait("the volume to be Released (reclaimPolicy Retain)",
+              lambda: core.read_persistent_volume(pv.metadata.name).status.phase == "Released")
     finally:
         for p in pods:
             with contextlib.suppress(Exception):
@@ -365,7 +369,8 @@ def test_stop_gives_everything_back(node: Node) -> None:
     shims = subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*{node.containerd_sock}"],
                            capture_output=True, text=True).stdout.split()
     assert not shims
-    assert str(sd) not in Path("/proc/self/mountinfo").read_text()
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(sd) not in mounts and str(node.containerd_root) not in mounts
     assert not sd.exists()
     assert subprocess.run(["ip", "link", "show", nodemod.BRIDGE], capture_output=True).returncode != 0
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{nodemod.CGROUP_ROOT}"))  # v1 and cgroup2's "unified"
