@@ -43,8 +43,26 @@ def collect(specs: SpecSet, env: Environment, target: Target) -> dict[str, Any]:
                  "rollout": rollout.to_json() if rollout else None}
         if endpoint in details.endpoint_urls:
             entry["url"] = details.endpoint_urls[endpoint]
+            entry["serving"] = served_backend(entry["url"])
         data["endpoints"].append(entry)
     return data
+
+
+def served_backend(url: str | None) -> dict[str, Any] | None:
+    """What a model server behind ``url`` runs, as it says at ``GET /forge/serving`` (the variant,
+    its backend and threads, the batcher, why that variant); None when it does not answer."""
+    if not url:
+        return None
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/forge/serving", timeout=2) as resp:
+            body = json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+    return {k: body.get(k) for k in ("role", "version", "variant", "endpointVariant", "backend", "threads", "batcher", "reason")} \
+        if isinstance(body, dict) else None
 
 
 def render_text(data: dict[str, Any]) -> str:
@@ -78,6 +96,10 @@ def render_text(data: dict[str, Any]) -> str:
     for ep in data["endpoints"]:
         w = ep.get("weights") or {"stable": 100, "canary": 0}
         lines.append(f"  {ep['endpoint']}  {ep.get('url') or ''}")
+        served = ep.get("serving")
+        if served:
+            lines.append(f"    serves {served.get('variant')} on {served.get('backend')} (threads {served.get('threads')}, batcher "
+                         f"{served.get('batcher')}; {served.get('role')} {served.get('version')}): {served.get('reason')}".replace("[", "\\["))
         lines.append(f"    stable {ep['stable']}  [green]{'█' * (w['stable'] // 5)}[/green] {w['stable']} %")
         if ep.get("canary"):
             lines.append(f"    canary {ep['canary']}  [yellow]{'█' * (w['canary'] // 5)}[/yellow] {w['canary']} %")

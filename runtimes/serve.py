@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import socket
 import sys
 import time
@@ -106,6 +107,11 @@ class TelemetryMiddleware:
 
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(ServeConfig, argv, "python -m runtimes serve")
+    # Before torch loads OpenMP: its worker threads sleep between batches instead of spinning.
+    # A spinning pool takes the CPUs the event loop needs to decode the next requests, and on a
+    # shared node (other pods, other processes) a batch waits for threads that lost their core:
+    # the small bench model at batch 1 on 2 busy cores took 218-611 ms spinning, 22-32 ms passive.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from runtimes.learn import torch_env
 
     torch_env()
@@ -167,36 +173,21 @@ def main(argv: list[str] | None = None) -> int:
         while not mlserver_model.STATE.get("ready"):
             await asyncio.sleep(0.1)
         core = mlserver_model.STATE["core"]
-        serving = {"variant": selection["variant"], "endpointVariant": config.variant, "select": selection["select"],
+        serving = {"model": config.model, "version": config.version, "role": config.role,
+                   "variant": selection["variant"], "endpointVariant": config.variant, "select": selection["select"],
                    "reason": selection["reason"], "backend": core.backend, "kind": core.info.get("kind"),
                    "threads": core.threads, "batcher": mode, "modelDir": served_dir}
         telemetry.set_serving({**serving, "candidates": selection.get("candidates", [])})
-        emit("serving", url=f"http://{host}:{port}", model=config.model, version=config.version, protocol="v2", **serving)
+        emit("serving", url=f"http://{host}:{port}", protocol="v2", **serving)
 
     async def serve() -> None:
         asyncio.get_running_loop().create_task(announce())
         await server.start([model_settings])
 
-    run_loop(serve())
+    asyncio.run(serve())
     if not mlserver_model.STATE.get("ready"):
         raise StepFailed(f"the model at {config.model_dir} failed to load: {mlserver_model.STATE.get('error', 'see the log above')}")
     return 0
-
-
-def run_loop(main_coroutine: Any) -> None:
-    """Run the server on uvloop (MLServer installs it; libuv's loop costs less per request than
-    asyncio's), or asyncio's own loop when it is missing or ``FORGE_SERVE_LOOP=asyncio``."""
-    import os
-
-    if os.environ.get("FORGE_SERVE_LOOP", "uvloop") != "asyncio":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            uvloop.run(main_coroutine)
-            return
-    asyncio.run(main_coroutine)
 
 
 def resolve_variant(config: ServeConfig) -> tuple[str, dict[str, Any]]:

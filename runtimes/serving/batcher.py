@@ -145,7 +145,7 @@ class AdaptiveBatcher:
             if not self.queue:
                 self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=30)
+                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)  # idle: end; the next request starts it again
                 except asyncio.TimeoutError:
                     if not self.queue:
                         return

@@ -216,6 +216,16 @@ def test_backend_select_fastest_serves_the_measured_fastest_variant(registered: 
     assert status == 200 and {o["name"]: o for o in body["outputs"]}["label"]["data"] == [0, 1]
     metrics = get_text(f"{server.url}/metrics")
     assert f'served_variant="{fastest}"' in metrics and 'forge_variant="base"' in metrics  # series keep the Endpoint's labels
+    # what `forgectl status` shows for the endpoint (it asks through the router's address the same way)
+    from reconciler.status import render_text, served_backend
+
+    shown = served_backend(server.url)
+    assert shown is not None and shown["variant"] == fastest and shown["role"] == "canary" and shown["version"] == "v9"
+    text = render_text({"environment": "dev", "target": "local", "workflows": [], "models": [],
+                        "endpoints": [{"endpoint": "digits", "url": server.url, "serving": shown, "stable": "v9", "canary": None,
+                                       "weights": None, "rollout": None}]})
+    assert f"serves {fastest} on {serving['backend']} (threads 1, batcher adaptive; canary v9): fastest of 2 variants" in text
+    assert served_backend("http://127.0.0.1:9") is None  # nothing listening: no line, no error
 
 
 def test_the_onnx_runtime_backend_serves_an_exported_bundle(registered: Runner, server_factory) -> None:
