@@ -32,23 +32,27 @@ largest N (top functions by own time), printed before the JSON line.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import cProfile  # noqa: F401  (documented: --profile runs `python -m cProfile`)
 import io
 import json
+import math
 import os
 import pstats
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -281,31 +285,6 @@ def _load(spec_dir: Path):  # type: ignore[no-untyped-def]
     return result.specs, env
 
 
-def setup_apply(spec_dir: Path, kubeconfig: str, workers: int = 8) -> dict[str, Any]:
-    """Apply every spec once (not timed as part of the benchmark).
-
-    Same plan and same server-side applies as `forgectl apply`, but the objects after the
-    Namespace go out from a thread pool: nothing among them depends on another, and a serial
-    apply of thousands of objects is only waiting on round trips.
-    """
-    from reconciler.plan import Action
-    from reconciler.session import TargetOptions, make_plan, namespace_of, open_target
-
-    t0 = time.perf_counter()
-    specs, env = _load(spec_dir)
-    options = TargetOptions(kubeconfig=kubeconfig)
-    target = open_target(env, options)
-    plan, _ = make_plan(specs, env, target, namespace_of(env, options), None)
-    todo = [c for c in plan.changes if c.action in (Action.CREATE, Action.UPDATE)]
-    first = [c for c in todo if c.ref.kind == "Namespace"]
-    rest = [c for c in todo if c.ref.kind != "Namespace"]
-    for c in first:
-        target.apply(c.after)  # type: ignore[arg-type]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(lambda c: target.apply(c.after), rest))
-    return {"objects": len(plan.changes), "applied": len(todo), "seconds": round(time.perf_counter() - t0, 2)}
-
-
 #: make_plan's phases (reconciler.session.PhaseHook) as this report names them
 PHASES = {
     "read live": "LIST per kind (read live)",
@@ -318,23 +297,39 @@ PHASES = {
 
 
 def forge_breakdown(spec_dir: Path, kubeconfig: str) -> tuple[dict[str, Any], Any, Any]:
-    """One `make_plan` with its phases timed and its API requests counted, in this process.
+    """One plan as `forgectl plan` makes it, with its phases timed (wall and CPU) and its API
+    requests counted, in this process.
 
     Meant for a fresh process (`--_breakdown`, see `breakdown_subprocess`): then no cache is warm
-    and the imports `forgectl plan` needs are timed too.  The phases are timed through
-    `make_plan`'s own `phase` hook, so this measures that very function rather than a copy of
-    it; the requests are counted by the `kubernetes` client the target talks through (its public
-    `ApiClient.call_api`, in a subclass).  Returns (figures, plan, rendered).
+    and the imports `forgectl plan` needs are timed too.  `make_plan`'s phases are timed through its
+    own `phase` hook, so this measures that very function rather than a copy of it; what the CLI
+    adds around it (reconciler.review.reviewed_live_plan: data sizes, capacity check, cost, risk
+    flags, the registry's records; liveplan.plan_json: the cluster prerequisites; the text view)
+    is timed by calling the same functions in the same order. The requests are counted by the
+    `kubernetes` client the target talks through (its public `ApiClient.call_api`, in a subclass).
+    Returns (figures, plan, rendered).
     """
     phases: Counter[str] = Counter()
-    t = time.perf_counter()
-    import forgectl.cli  # noqa: F401  (what the CLI imports before the command runs)
-    import reconciler.session as session
-    from kubernetes import client as k8s
-    from reconciler import views
-    from reconciler.loader import load_or_raise  # noqa: F401
-    from reconciler.targets.kubernetes import KubernetesTarget
-    phases["imports"] = time.perf_counter() - t
+    cpu: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:
+        t, c = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            phases[PHASES.get(name, name)] += time.perf_counter() - t
+            cpu[PHASES.get(name, name)] += time.process_time() - c
+
+    with phase("imports"):
+        from kubernetes import client as k8s
+
+        import forgectl.cli  # noqa: F401  (what the CLI imports before the command runs)
+        import reconciler.session as session
+        from reconciler import review, views
+        from reconciler.liveplan import plan_json
+        from reconciler.loader import load_or_raise  # noqa: F401
+        from reconciler.targets.kubernetes import KubernetesTarget
 
     requests: Counter[str] = Counter()
 
@@ -345,34 +340,37 @@ def forge_breakdown(spec_dir: Path, kubeconfig: str) -> tuple[dict[str, Any], An
             requests[f"{method}{' dry-run' if 'dryRun=' in url else ''}"] += 1
             return super().call_api(method, url, *args, **kwargs)
 
-    @contextlib.contextmanager
-    def phase(name: str) -> Iterator[None]:
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            phases[PHASES.get(name, name)] += time.perf_counter() - t
+    with phase("load + validate specs"):
+        result = load_or_raise([str(spec_dir)])
+        from specs import Environment
+        env = result.specs.get(Environment, ENV_NAME)
+        assert env is not None
+        specs = result.specs
 
-    t0 = time.perf_counter()
-    specs, env = _load(spec_dir)
-    phases["load + validate specs"] = time.perf_counter() - t0
-
-    t = time.perf_counter()
-    options = session.TargetOptions(kubeconfig=kubeconfig)
-    target = session.open_target(env, options)
-    phases["open target (kubeconfig)"] = time.perf_counter() - t
+    with phase("open target (kubeconfig)"):
+        options = session.TargetOptions(kubeconfig=kubeconfig)
+        target = session.open_target(env, options)
     assert isinstance(target, KubernetesTarget), target
     target.api = CountingApiClient(target.api.configuration)
 
+    with phase("review: data sizes + capacity (before make_plan)"):
+        sizes = review.measure_data(specs, env, None, str(spec_dir))
+        assert review.blocked_plan(env.name, target.name, result, env, sizes=sizes) is None
     t = time.perf_counter()
     plan, rendered = session.make_plan(specs, env, target, session.namespace_of(env, options), None, phase=phase)
     total_make_plan = time.perf_counter() - t
-    t = time.perf_counter()
-    views.text(plan.to_json())
-    phases["plan → JSON → text view"] = time.perf_counter() - t
+    with phase("review: registry records"):
+        records = review.registry_records(plan, target)
+    with phase("review: cost, risk flags"):
+        plan = review.annotate(plan, result, env, sizes=sizes, records=records)
+    with phase("cluster prerequisites (plan_json)"):
+        data = plan_json(plan, specs, env, target)
+    with phase("text view"):
+        views.text(data)
     counts = plan.counts()
     figures = {
         "phases_s": {k: round(v, 3) for k, v in phases.items()},
+        "phases_cpu_s": {k: round(v, 3) for k, v in cpu.items()},
         "make_plan_s": round(total_make_plan, 3),
         "api_requests": dict(requests),
         "api_requests_total": sum(requests.values()),
@@ -423,29 +421,173 @@ def run_timed(cmd: list[str], ok: tuple[int, ...], env: dict[str, str]) -> tuple
     return elapsed, proc
 
 
+@dataclass
+class Measured:
+    """One child process: wall time, CPU time (user + sys, from os.wait4), peak RSS, exit status,
+    output; and, for forgectl run through `--_counted`, its API requests and its own VmHWM."""
+
+    cmd: list[str]
+    wall_s: float
+    cpu_s: float
+    maxrss_bytes: int
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    requests: dict[str, int] = field(default_factory=dict)
+    vmhwm_bytes: int | None = None
+
+    @property
+    def peak_rss_bytes(self) -> int:
+        # ru_maxrss of a child includes the forking parent's resident set at exec time (the
+        # kernel carries it over), so the child's own VmHWM is preferred when we have it.
+        return self.vmhwm_bytes if self.vmhwm_bytes else self.maxrss_bytes
+
+    @property
+    def writes(self) -> int:
+        """Writes to objects (not counting dry runs, nor the environment's Lease)."""
+        return sum(v for k, v in self.requests.items()
+                   if k.split()[0] in ("POST", "PUT", "PATCH", "DELETE") and "dry-run" not in k and "lease" not in k)
+
+    def figures(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"wall_s": round(self.wall_s, 3), "cpu_s": round(self.cpu_s, 3),
+                               "peak_rss_mib": round(self.peak_rss_bytes / 2**20, 1)}
+        if self.requests:
+            out["api_requests"] = dict(sorted(self.requests.items()))
+            out["writes"] = self.writes
+        if self.timed_out:
+            out["timed_out"] = True
+        return out
+
+
+def run_measured(cmd: list[str], ok: tuple[int, ...], env: dict[str, str], *, timeout: float | None = None,
+                 counted: Path | None = None) -> Measured:
+    """Run ``cmd`` to its end (or kill it after ``timeout`` s) and measure it with os.wait4."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+        timer = None
+        timed_out = threading.Event()
+        if timeout is not None:
+            def kill() -> None:
+                timed_out.set()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            timer = threading.Timer(timeout, kill)
+            timer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        if timer is not None:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        m = Measured(cmd, wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, proc.returncode,
+                     out.read(), err.read(), timed_out.is_set())
+    if counted is not None and counted.exists():
+        data = json.loads(counted.read_text())
+        m.requests, m.vmhwm_bytes = data["requests"], data["vmhwm_bytes"]
+        counted.unlink()
+    if not m.timed_out and m.returncode not in ok:
+        raise SystemExit(f"{' '.join(cmd)} exited {m.returncode}:\n{m.stdout[-3000:]}\n{m.stderr[-3000:]}")
+    return m
+
+
+def forgectl_counted(work: Path, *args: str) -> tuple[list[str], Path]:
+    """The command running the real CLI (`forgectl.cli.main`) with its API requests counted: this
+    script's `--_counted` mode patches the kubernetes client's public `ApiClient.call_api` to count
+    each request (method, dry run, Lease) and writes the counts and the process's own VmHWM at
+    exit. Costs one function call per request; the interpreter start is the console script's."""
+    counts = work / f"counts-{os.getpid()}-{time.monotonic_ns()}.json"
+    return [sys.executable, str(Path(__file__).resolve()), "--_counted", str(counts), *args], counts
+
+
+def _counted_main(counts: str, argv: list[str]) -> None:
+    import atexit
+
+    from kubernetes.client import api_client
+
+    requests: Counter[str] = Counter()
+    original = api_client.ApiClient.call_api
+
+    def call_api(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        key = method + (" dry-run" if "dryRun=" in url else "") + (" lease" if "/leases" in url else "")
+        requests[key] += 1
+        return original(self, method, url, *args, **kwargs)
+
+    api_client.ApiClient.call_api = call_api  # type: ignore[method-assign]
+
+    def dump() -> None:
+        hwm = None
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+        Path(counts).write_text(json.dumps({"requests": dict(requests), "vmhwm_bytes": hwm}))
+
+    atexit.register(dump)
+    sys.argv = ["forgectl", *argv]
+    from forgectl.cli import main as forgectl_main
+
+    forgectl_main()
+
+
+def growth_exponent(ns: list[int], values: list[float]) -> float | None:
+    """Least-squares slope of log(value) on log(N): 1 is linear, 2 quadratic."""
+    pts = [(math.log(n), math.log(v)) for n, v in zip(ns, values) if v and v > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    return round(sum((x - mx) * (y - my) for x, y in pts) / sxx, 3) if sxx else None
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return f"load average {os.getloadavg()}"
+
+
 _KUBECTL_DIFF_HEADER = re.compile(r"^diff -u -N \S+/(\S+) \S+$", re.M)
 
 
 def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kubectl: str,
-              env: dict[str, str], count_requests: bool) -> dict[str, Any]:
+              env: dict[str, str], count_requests: bool, kubectl_bound: float | None) -> dict[str, Any]:
+    """Every figure at one N (see the module docstring). ``kubectl_bound``: seconds after which
+    `kubectl diff` is killed (None: not run at this N)."""
     namespace = f"forge-bench-{n}"
     spec_dir = work / f"specs-{n}"
-    log(f"N={n}: generating {n} models + {n} endpoints in {spec_dir}")
+    log(f"N={n}: generating {n} models + {n} endpoints in {spec_dir}  [{uptime()}]")
     generate_specs(spec_dir, n, namespace)
     forge = forgectl_cmd()
+    target_args = ["--env", ENV_NAME, "--kubeconfig", kubeconfig]
 
-    t_validate, proc = run_timed([*forge, "validate", str(spec_dir)], (0,), env)
-    log(f"N={n}: forgectl validate: {proc.stdout.strip()} ({t_validate:.2f} s)")
+    validate = run_measured([*forge, "validate", str(spec_dir)], (0,), env)
+    log(f"N={n}: forgectl validate: {validate.stdout.strip()} ({validate.wall_s:.2f} s, CPU {validate.cpu_s:.2f} s)")
 
-    log(f"N={n}: applying everything once (setup, not timed)…")
-    setup = setup_apply(spec_dir, kubeconfig)
-    log(f"N={n}: applied {setup['applied']} objects in {setup['seconds']} s")
+    # the first apply: every object created, through the real CLI
+    cmd, counts = forgectl_counted(work, "apply", str(spec_dir), *target_args, "--auto-approve")
+    first = run_measured(cmd, (0,), env, counted=counts)
+    created = first.requests.get("PATCH", 0)
+    log(f"N={n}: first forgectl apply: {first.stdout.strip().splitlines()[-1]} — {created} objects in "
+        f"{first.wall_s:.1f} s ({created / first.wall_s:.0f} objects/s), CPU {first.cpu_s:.1f} s, "
+        f"peak RSS {first.peak_rss_bytes / 2**20:.0f} MiB")
 
-    plan_cmd = [*forge, "plan", str(spec_dir), "--env", ENV_NAME, "--kubeconfig", kubeconfig, "--detailed-exitcode"]
-    t_nochange, proc = run_timed(plan_cmd, (0, 2), env)
-    if proc.returncode != 0:
-        raise SystemExit(f"plan right after apply shows changes (perpetual diff):\n{proc.stdout[-4000:]}")
-    log(f"N={n}: plan right after apply: {proc.stdout.strip().splitlines()[-1]} ({t_nochange:.2f} s)")
+    def plan(ok: tuple[int, ...]) -> Measured:
+        cmd, counts = forgectl_counted(work, "plan", str(spec_dir), *target_args, "--detailed-exitcode")
+        return run_measured(cmd, ok, env, counted=counts)
+
+    def apply() -> Measured:
+        cmd, counts = forgectl_counted(work, "apply", str(spec_dir), *target_args, "--auto-approve")
+        return run_measured(cmd, (0,), env, counted=counts)
+
+    nochange = [plan((0,)) for _ in range(repeats)]  # exit 0: no changes right after the apply
+    log(f"N={n}: plan, 0 % changed: {nochange[-1].stdout.strip().splitlines()[-1]} "
+        f"({', '.join(f'{m.wall_s:.2f} s / CPU {m.cpu_s:.2f} s' for m in nochange)})")
+    noop_apply = apply()
+    log(f"N={n}: no-op apply: {noop_apply.writes} writes, {noop_apply.wall_s:.2f} s, CPU {noop_apply.cpu_s:.2f} s")
 
     indices = changed_indices(n, pct)
     change_models(spec_dir, indices)
@@ -460,44 +602,70 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
 
     diff_cmd = [kubectl, "--kubeconfig", kubeconfig, "diff", "--server-side", "--field-manager", "forgectl",
                 "--force-conflicts", "-f", str(manifest_dir)]
-    forge_times: list[float] = []
-    kubectl_times: list[float] = []
-    forge_summary = ""
+    changed: list[Measured] = []
+    kubectl_runs: list[Measured] = []
     kubectl_changed = 0
     for r in range(repeats):  # interleaved, so both see the same machine and server state
-        t, proc = run_timed(plan_cmd, (2,), env)
-        forge_times.append(t)
-        forge_summary = proc.stdout.strip().splitlines()[-1]
-        t, proc = run_timed(diff_cmd, (0, 1), env)
-        kubectl_times.append(t)
-        kubectl_changed = len(_KUBECTL_DIFF_HEADER.findall(proc.stdout))
-        log(f"N={n}: run {r + 1}/{repeats}: forgectl plan {forge_times[-1]:.2f} s, kubectl diff {kubectl_times[-1]:.2f} s")
-    kubectl_requests = count_kubectl_requests(diff_cmd, env) if count_requests else None
-    forge_s = statistics.median(forge_times)
-    kubectl_s = statistics.median(kubectl_times)
+        changed.append(plan((2,)))
+        line = f"N={n}: run {r + 1}/{repeats}: forgectl plan {changed[-1].wall_s:.2f} s (CPU {changed[-1].cpu_s:.2f} s)"
+        if kubectl_bound is not None and not any(k.timed_out for k in kubectl_runs):
+            k = run_measured(diff_cmd, (0, 1), env, timeout=kubectl_bound)
+            kubectl_runs.append(k)
+            if not k.timed_out:
+                kubectl_changed = len(_KUBECTL_DIFF_HEADER.findall(k.stdout))
+            line += f", kubectl diff {'> bound ' if k.timed_out else ''}{k.wall_s:.2f} s (CPU {k.cpu_s:.2f} s)"
+        log(line)
+    kubectl_done = [k for k in kubectl_runs if not k.timed_out]
+    kubectl_requests = count_kubectl_requests(diff_cmd, env) if count_requests and kubectl_done else None
+
+    changed_apply = apply()
+    log(f"N={n}: apply of the {pct:g} % change: {changed_apply.stdout.strip().splitlines()[-1]} "
+        f"({changed_apply.writes} writes, {changed_apply.wall_s:.2f} s, CPU {changed_apply.cpu_s:.2f} s)")
+    after = plan((0,))  # converged: no changes left
+    log(f"N={n}: plan after it: {after.stdout.strip().splitlines()[-1]}")
+
+    def med(ms: list[Measured], attr: str) -> float:
+        return round(statistics.median(getattr(m, attr) for m in ms), 3)
+
+    forge_s = med(changed, "wall_s")
+    kubectl_s = med(kubectl_done, "wall_s") if kubectl_done else None
     return {
         "n": n,
         "changed": len(indices),
         "objects": objects,
-        "forge_s": round(forge_s, 3),
-        "kubectl_diff_s": round(kubectl_s, 3),
-        "ratio": round(kubectl_s / forge_s, 2),
-        "forge_runs_s": [round(x, 3) for x in forge_times],
-        "kubectl_diff_runs_s": [round(x, 3) for x in kubectl_times],
-        "forge_nochange_s": round(t_nochange, 3),
+        "uptime": uptime(),
+        "forge_s": forge_s,
+        "forge_cpu_s": med(changed, "cpu_s"),
+        "forge_peak_rss_mib": round(max(m.peak_rss_bytes for m in changed) / 2**20, 1),
+        "forge_runs": [m.figures() for m in changed],
+        "forge_nochange_s": med(nochange, "wall_s"),
+        "forge_nochange_cpu_s": med(nochange, "cpu_s"),
+        "forge_nochange_runs": [m.figures() for m in nochange],
+        "first_apply": {**first.figures(), "objects_created": created,
+                        "objects_per_s": round(created / first.wall_s, 1),
+                        "summary": first.stdout.strip().splitlines()[-1]},
+        "noop_apply": {**noop_apply.figures(), "summary": noop_apply.stdout.strip().splitlines()[-1]},
+        "changed_apply": {**changed_apply.figures(), "summary": changed_apply.stdout.strip().splitlines()[-1]},
+        "plan_after_changed_apply": after.stdout.strip().splitlines()[-1],
+        "kubectl_diff_bound_s": kubectl_bound,
+        "kubectl_diff_s": kubectl_s,
+        "kubectl_diff_cpu_s": med(kubectl_done, "cpu_s") if kubectl_done else None,
+        "kubectl_diff_runs": [k.figures() for k in kubectl_runs],
+        "kubectl_diff_exceeded_bound": any(k.timed_out for k in kubectl_runs),
+        "ratio": round(kubectl_s / forge_s, 2) if kubectl_s else None,
         "forge_plan": breakdown["plan"],
-        "forge_summary": forge_summary,
-        "kubectl_objects_differing": kubectl_changed,
+        "forge_summary": changed[-1].stdout.strip().splitlines()[-1],
+        "kubectl_objects_differing": kubectl_changed if kubectl_done else None,
         "kubectl_api_requests": kubectl_requests,
         "kubectl_api_requests_total": sum(kubectl_requests.values()) if kubectl_requests else None,
-        "forge_api_requests": breakdown["api_requests"],
-        "forge_api_requests_total": breakdown["api_requests_total"],
+        "forge_api_requests": changed[-1].requests,
+        "forge_api_requests_total": sum(changed[-1].requests.values()),
         "forge_phases_s": breakdown["phases_s"],
+        "forge_phases_cpu_s": breakdown.get("phases_cpu_s"),
         "canary_objects_vs_plain_render": canaried,
         "forge_plan_in_process_s": round(sum(breakdown["phases_s"].values()), 3),
-        "validate_s": round(t_validate, 3),
-        "setup_apply_s": setup["seconds"],
-        "_plan_cmd": plan_cmd,
+        "validate": validate.figures(),
+        "_plan_cmd": [*forge, "plan", str(spec_dir), *target_args, "--detailed-exitcode"],
         "_diff_cmd": diff_cmd,
     }
 
@@ -558,12 +726,20 @@ def profile_plan(plan_cmd: list[str], work: Path, env: dict[str, str], top: int 
 
 
 def table(runs: list[dict[str, Any]]) -> str:
-    rows = [("N", "changed", "objects", "forgectl plan (s)", "kubectl diff (s)", "ratio",
-             "plan, 0 % changed (s)", "forge API requests")]
+    def cell(wall: float | None, cpu: float | None) -> str:
+        return "—" if wall is None else f"{wall:.2f} / {cpu:.2f}"
+
+    rows = [("N", "objects", "plan 1 % (wall/CPU s)", "plan 0 %", "peak RSS", "no-op apply", "writes",
+             "apply 1 %", "first apply", "objects/s", "kubectl diff", "API req")]
     for r in runs:
-        rows.append((str(r["n"]), str(r["changed"]), str(r["objects"]), f"{r['forge_s']:.2f}",
-                     f"{r['kubectl_diff_s']:.2f}", f"{r['ratio']:.1f}×", f"{r['forge_nochange_s']:.2f}",
-                     str(r["forge_api_requests_total"])))
+        kd = (f"> {r['kubectl_diff_bound_s']:.0f} (bound)" if r["kubectl_diff_exceeded_bound"]
+              else "not run" if r["kubectl_diff_s"] is None else cell(r["kubectl_diff_s"], r["kubectl_diff_cpu_s"]))
+        rows.append((str(r["n"]), str(r["objects"]), cell(r["forge_s"], r["forge_cpu_s"]),
+                     cell(r["forge_nochange_s"], r["forge_nochange_cpu_s"]), f"{r['forge_peak_rss_mib']:.0f} MiB",
+                     cell(r["noop_apply"]["wall_s"], r["noop_apply"]["cpu_s"]), str(r["noop_apply"].get("writes", 0)),
+                     cell(r["changed_apply"]["wall_s"], r["changed_apply"]["cpu_s"]),
+                     cell(r["first_apply"]["wall_s"], r["first_apply"]["cpu_s"]), f"{r['first_apply']['objects_per_s']:.0f}",
+                     kd, str(r["forge_api_requests_total"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [" | ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths))
@@ -573,10 +749,20 @@ def table(runs: list[dict[str, Any]]) -> str:
 def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--_breakdown":  # internal: see breakdown_subprocess
         return _breakdown_main(*sys.argv[2:])
+    if len(sys.argv) >= 3 and sys.argv[1] == "--_counted":  # internal: see forgectl_counted
+        _counted_main(sys.argv[2], sys.argv[3:])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, nargs="+", default=[100, 1000], help="numbers of endpoints (default 100 1000)")
+    ap.add_argument("--n", type=int, nargs="+", default=[100, 1000, 5000, 10000],
+                    help="numbers of endpoints (default 100 1000 5000 10000)")
     ap.add_argument("--changed-pct", type=float, default=1.0, help="percent of models changed (default 1)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each command; the median is reported")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed runs of each plan (and kubectl diff) up to N=1000; the median is reported")
+    ap.add_argument("--repeats-large", type=int, default=1, help="the same above N=1000 (default 1)")
+    ap.add_argument("--kubectl-bound", type=float, default=240.0,
+                    help="kill `kubectl diff` after this many seconds, and skip it at a larger N when its time "
+                         "at a smaller one, scaled linearly, already exceeds the bound (default 240)")
+    ap.add_argument("--kubeconfig", help="use this running cluster instead of starting one")
     ap.add_argument("--profile", action="store_true", help="also cProfile one forgectl plan at the largest N")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (specs, rendered manifests)")
     args = ap.parse_args()
@@ -590,17 +776,33 @@ def main() -> int:
     profile = ""
     cluster = None
     t_all = time.perf_counter()
-    load_start = os.getloadavg()[0]
+    uptime_start = uptime()
+    server_version = "?"
     try:
-        log(f"starting etcd + kube-apiserver (state in {work / 'cluster'})")
-        cluster = Cluster.start(work / "cluster", die_with_parent=True)
-        server_version = cluster.version().get("gitVersion", "?")
-        log(f"cluster up in {cluster.start_seconds} s: kube-apiserver {server_version}")
+        if args.kubeconfig:
+            kubeconfig = args.kubeconfig
+            server_version = "(running cluster)"
+        else:
+            log(f"starting etcd + kube-apiserver (state in {work / 'cluster'})")
+            cluster = Cluster.start(work / "cluster", die_with_parent=True)
+            server_version = cluster.version().get("gitVersion", "?")
+            log(f"cluster up in {cluster.start_seconds} s: kube-apiserver {server_version}")
+            kubeconfig = cluster.kubeconfig
+        bound: float | None = args.kubectl_bound
         for n in sorted(args.n):
             # kubectl's request count is taken from a `-v=6` run at the smallest N only (it is
-            # per object, and one more kubectl diff at N=1000 costs a minute and a half)
-            runs.append(bench_one(n, args.changed_pct, args.repeats, work, cluster.kubeconfig, kubectl, env,
-                                  count_requests=n == min(args.n)))
+            # per object, and one more kubectl diff at N=1000 costs a minute and more)
+            if runs and bound is not None:
+                prev = runs[-1]
+                if prev["kubectl_diff_exceeded_bound"] or (prev["kubectl_diff_s"] or 0) * n / prev["n"] > bound:
+                    log(f"N={n}: kubectl diff not run: at N={prev['n']} it took "
+                        + ("more than the bound" if prev["kubectl_diff_exceeded_bound"] else f"{prev['kubectl_diff_s']:.0f} s")
+                        + f", so ≥ {bound:.0f} s here by linear scaling")
+                    bound = None
+            runs.append(bench_one(n, args.changed_pct, args.repeats if n <= 1000 else args.repeats_large, work,
+                                  kubeconfig, kubectl, env, count_requests=n == min(args.n), kubectl_bound=bound))
+            if bound is None:
+                runs[-1]["kubectl_diff_bound_s"] = args.kubectl_bound
         if args.profile:
             log(f"profiling one forgectl plan at N={runs[-1]['n']}")
             profile = profile_plan(runs[-1]["_plan_cmd"], work, env)
@@ -612,39 +814,60 @@ def main() -> int:
         else:
             log(f"kept {work}")
     total = time.perf_counter() - t_all
+    uptime_end = uptime()
 
-    print(f"forgectl plan vs kubectl diff ({kubectl_version(kubectl)}, {kubectl_origin}) against a real "
-          f"kube-apiserver {server_version}; {args.changed_pct:g} % of models changed; "
-          f"median of {args.repeats} run(s) each; {os.cpu_count()} CPU(s)")
+    ns = [r["n"] for r in runs]
+    growth = {
+        "plan_cpu": growth_exponent(ns, [r["forge_cpu_s"] for r in runs]),
+        "plan_wall": growth_exponent(ns, [r["forge_s"] for r in runs]),
+        "plan_cpu_above_1000": growth_exponent([n for n in ns if n >= 1000],
+                                               [r["forge_cpu_s"] for r in runs if r["n"] >= 1000]),
+        "noop_apply_cpu": growth_exponent(ns, [r["noop_apply"]["cpu_s"] for r in runs]),
+        "first_apply_wall": growth_exponent(ns, [r["first_apply"]["wall_s"] for r in runs]),
+    }
+    print(f"forgectl plan and apply at scale against a real kube-apiserver {server_version}; kubectl diff "
+          f"({kubectl_version(kubectl)}, {kubectl_origin}); {args.changed_pct:g} % of models changed; "
+          f"median of {args.repeats} run(s) up to N=1000, {args.repeats_large} above; {os.cpu_count()} CPU(s)")
+    print(f"uptime at start: {uptime_start}")
+    print(f"uptime at end:   {uptime_end}")
+    print("(wall / CPU seconds; CPU = user + sys of the process, from os.wait4 — wall time depends on the load)")
     print()
     print(table(runs))
     print()
     for r in runs:
-        print(f"N={r['n']}: forgectl plan → {r['forge_summary']}  kubectl diff → {r['kubectl_objects_differing']} "
-              f"object(s) differ (of {r['objects']} sent; it reports no deletions)")
-        print(f"  forgectl runs {r['forge_runs_s']} s; kubectl diff runs {r['kubectl_diff_runs_s']} s")
-        print(f"  forgectl API requests: {r['forge_api_requests']}"
+        print(f"N={r['n']}: forgectl plan → {r['forge_summary']}  kubectl diff → "
+              + (f"{r['kubectl_objects_differing']} object(s) differ (of {r['objects']} sent; it reports no deletions)"
+                 if r["kubectl_objects_differing"] is not None else
+                 f"not finished within {r['kubectl_diff_bound_s']:.0f} s" if r["kubectl_diff_exceeded_bound"] else "not run"))
+        print(f"  first apply: {r['first_apply']['summary']} {r['first_apply']['objects_created']} objects, "
+              f"{r['first_apply']['objects_per_s']} objects/s; no-op apply: {r['noop_apply'].get('writes', 0)} writes "
+              f"{r['noop_apply'].get('api_requests')}; 1 % apply: {r['changed_apply'].get('api_requests')}")
+        print(f"  forgectl plan API requests: {r['forge_api_requests']}"
               + (f"; kubectl diff API requests (from its -v=6 log): {r['kubectl_api_requests']}"
                  if r["kubectl_api_requests"] else ""))
-        print(f"  where forgectl plan's time goes (one instrumented run in a fresh process, "
-              f"{r['forge_plan_in_process_s']:.2f} s measured inside it): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in r["forge_phases_s"].items())
-              + f"; the rest of the {r['forge_s']:.2f} s median (interpreter start, printing, exit) "
-              f"≈ {max(0.0, r['forge_s'] - r['forge_plan_in_process_s']):.2f} s")
-    print(f"\ntotal bench time {total:.0f} s (cluster start, generation, setup applies included)")
+        print("  where forgectl plan's time goes (one instrumented run in a fresh process, wall / CPU s): "
+              + ", ".join(f"{k} {v:.2f}/{(r['forge_phases_cpu_s'] or {}).get(k, 0):.2f}"
+                          for k, v in r["forge_phases_s"].items()))
+    print(f"\ngrowth exponents (log-log least squares over N = {ns}): {growth}")
+    print(f"total bench time {total:.0f} s (cluster start, generation, first applies included)")
     if profile:
         print()
         print(profile)
-    print(f"load average (1 min) at start {load_start:.1f}, at end {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} CPU(s): other work on the machine slows both commands alike (runs interleaved)")
     big = runs[-1]
     summary = {k: v for k, v in big.items() if not k.startswith("_")}
     summary["kubectl"] = f"{kubectl_version(kubectl)} ({kubectl_origin})"
     summary["kube_apiserver"] = server_version
-    summary["repeats"] = args.repeats
+    summary["repeats"] = [args.repeats, args.repeats_large]
     summary["changed_pct"] = args.changed_pct
-    summary["target_10x_met"] = big["ratio"] >= 10
-    summary["loadavg_1m"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+    summary["growth_exponents"] = growth
+    summary["uptime"] = [uptime_start, uptime_end]
+    summary["targets"] = {
+        "plan_1000_cpu_le_2s": next((r["forge_cpu_s"] <= 2 for r in runs if r["n"] == 1000), None),
+        "plan_10000_cpu_le_15s": next((r["forge_cpu_s"] <= 15 for r in runs if r["n"] == 10000), None),
+        "peak_rss_le_1_5GB": all(r["forge_peak_rss_mib"] * 2**20 <= 1.5e9 for r in runs),
+        "noop_apply_zero_writes": all(r["noop_apply"].get("writes", 0) == 0 for r in runs),
+        "at_most_linear": (growth["plan_cpu"] or 0) <= 1.05,
+    }
     summary["runs"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]
     print(json.dumps(summary, ensure_ascii=False))
     return 0
