@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from renderers.labels import ENDPOINT, digest, owner_metadata
@@ -101,7 +102,10 @@ def _steps_markdown(policy: RolloutPolicy | None) -> str:
 
 def dashboard(endpoint: Endpoint, policy: RolloutPolicy | None, namespace: str) -> dict[str, Any]:
     """The Grafana dashboard model of one endpoint."""
-    name = endpoint.name
+    return _dashboard(endpoint.name, policy, namespace)
+
+
+def _dashboard(name: str, policy: RolloutPolicy | None, namespace: str) -> dict[str, Any]:
     sel = selector(name, namespace)
     rate = "$__rate_interval"
     role, version, variant = label("role"), label("version"), label("variant")
@@ -149,11 +153,104 @@ def dashboard(endpoint: Endpoint, policy: RolloutPolicy | None, namespace: str) 
     }
 
 
+def _indented(value: Any, out: list[str], pad: str) -> None:
+    """Append ``value`` as ``json.dumps(value, indent=1, sort_keys=True)`` writes it, at nesting
+    ``pad``. The same bytes, about 4× faster: json's indenting encoder is pure Python (its C
+    encoder cannot indent), and with thousands of endpoints the dashboards were most of a render."""
+    if isinstance(value, str):
+        out.append(encode_basestring_ascii(value))
+    elif value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, dict):
+        if not value:
+            out.append("{}")
+            return
+        inner = pad + " "
+        first = True
+        for key, item in sorted(value.items()):
+            if not isinstance(key, str):
+                raise TypeError(f"dashboard keys are strings, not {type(key).__name__}")
+            out.append(("{\n" if first else ",\n") + inner + encode_basestring_ascii(key) + ": ")
+            first = False
+            _indented(item, out, inner)
+        out.append("\n" + pad + "}")
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            out.append("[]")
+            return
+        inner = pad + " "
+        first = True
+        for item in value:
+            out.append(("[\n" if first else ",\n") + inner)
+            first = False
+            _indented(item, out, inner)
+        out.append("\n" + pad + "]")
+    elif isinstance(value, (int, float)):
+        out.append(json.dumps(value))  # int and float reprs, NaN/Infinity exactly as json writes them
+    else:
+        raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def dashboard_json(model: dict[str, Any]) -> str:
+    """``json.dumps(model, indent=1, sort_keys=True)``, faster (see :func:`_indented`)."""
+    out: list[str] = []
+    _indented(model, out, "")
+    return "".join(out)
+
+
+#: A DNS-1123 label (what an Endpoint's name is): it reads the same inside a JSON string.
+_PLAIN_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+#: The name a template is rendered with (a DNS-1123 label no Endpoint can have: 63 characters max).
+_PLACEHOLDER = "forge-dashboard-endpoint-name-placeholder-" + "x" * 30
+#: (policy identity, namespace) → (the policy, the dashboard's text for the placeholder name, or
+#: None where substituting the name was found not to give the same text). Policies are frozen.
+_TEMPLATES: dict[tuple[int, str], tuple[RolloutPolicy | None, str | None]] = {}
+_TEMPLATES_MAX = 64
+
+
+def _uid(namespace: str, name: str) -> str:
+    return f"forge-{digest([namespace, name])[:24]}"
+
+
+def dashboard_text(name: str, policy: RolloutPolicy | None, namespace: str) -> str:
+    """The JSON text of endpoint ``name``'s dashboard: ``dashboard_json(dashboard(...))``.
+
+    A dashboard differs from one endpoint to the next only by the name (in the title, tags and the
+    queries' matchers) and the uid derived from it, so the text is rendered once per policy and
+    namespace with a placeholder name and the name substituted — checked against a full render of
+    the first endpoint that uses the template (if they differ, every endpoint is rendered in full).
+    With thousands of endpoints, building and encoding each dashboard was most of a render."""
+    if not _PLAIN_NAME.match(name) or _PLACEHOLDER in namespace:
+        return dashboard_json(_dashboard(name, policy, namespace))
+    key = (id(policy), namespace)
+    cached = _TEMPLATES.get(key)
+    if cached is None or cached[0] is not policy:
+        if len(_TEMPLATES) >= _TEMPLATES_MAX:
+            _TEMPLATES.clear()
+        full = dashboard_json(_dashboard(name, policy, namespace))
+        template = dashboard_json(_dashboard(_PLACEHOLDER, policy, namespace))
+        if _substitute(template, name, namespace) != full:
+            template = None
+        _TEMPLATES[key] = (policy, template)
+        return full
+    if cached[1] is None:
+        return dashboard_json(_dashboard(name, policy, namespace))
+    return _substitute(cached[1], name, namespace)
+
+
+def _substitute(template: str, name: str, namespace: str) -> str:
+    return template.replace(_uid(namespace, _PLACEHOLDER), _uid(namespace, name)).replace(_PLACEHOLDER, name)
+
+
 def render_dashboard(endpoint: Endpoint, policy: RolloutPolicy | None, env: Environment, namespace: str,
                      revision: str | None) -> dict[str, Any]:
     """The ConfigMap carrying an endpoint's dashboard, labelled for Grafana's sidecar."""
     meta = owner_metadata(endpoint, name=f"{endpoint.name[:53]}-dashboard", namespace=namespace, environment=env.name,
                           revision=revision, labels={ENDPOINT: endpoint.name, SIDECAR_LABEL: "1"},
                           annotations={FOLDER_ANNOTATION: FOLDER})
-    text = json.dumps(dashboard(endpoint, policy, namespace), indent=1, sort_keys=True)
+    text = dashboard_text(endpoint.name, policy, namespace)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {f"forge-{endpoint.name}.json": text}}

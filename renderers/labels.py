@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from typing import Any
 
 from specs import Document
@@ -40,11 +41,22 @@ def digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
+#: spec_digest by document identity: documents are frozen, and one is rendered into several objects
+#: (an Endpoint into four), each carrying its digest. An entry lives as long as its document.
+_SPEC_DIGESTS: dict[int, tuple[weakref.ref[Document], str]] = {}
+
+
 def spec_digest(doc: Document) -> str:
     """Digest of a spec document's meaningful content (apiVersion, kind, name, labels, spec)."""
+    key = id(doc)
+    cached = _SPEC_DIGESTS.get(key)
+    if cached is not None and cached[0]() is doc:
+        return cached[1]
     data = doc.model_dump(mode="json", by_alias=True)
     data["metadata"].pop("annotations", None)
-    return digest(data)
+    value = digest(data)
+    _SPEC_DIGESTS[key] = (weakref.ref(doc, lambda _, key=key: _SPEC_DIGESTS.pop(key, None)), value)
+    return value
 
 
 def owner_metadata(
