@@ -159,6 +159,21 @@ def start(cluster: Any, node: Node, namespaces: list[str] = ("default",), *, die
     for d in docs:
         if d["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
             d["metadata"].setdefault("namespace", NAMESPACE)
+    # memoization: upstream's docs/memoization.md — "add the verbs create and update to the
+    # configmaps resource … In the case of a cluster install the argo-cluster-role cluster role
+    # should be updated". v4.0.5 keeps every ConfigMap cache in the controller's own namespace
+    # (controllercache.NewCacheFactory(kubeclientset, namespace)); without this, a memoized step
+    # ends in Error: `could not save to config map cache: configmaps is forbidden: User
+    # "system:serviceaccount:argo:argo" cannot create resource "configmaps" … in the namespace "argo"`.
+    # Granted by a ClusterRole of its own rather than by editing upstream's.
+    docs += [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "forge-argo-memoization"},
+         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "update"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "forge-argo-memoization"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "forge-argo-memoization"},
+         "subjects": [{"kind": "ServiceAccount", "name": "argo", "namespace": NAMESPACE}]},
+    ]
     _kubectl(node, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
     for ns in namespaces:
         executor = _docs(m / "quick-start" / "base" / "executor" / "emissary" / "executor-role.yaml") + \
