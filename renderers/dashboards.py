@@ -233,9 +233,7 @@ def dashboard_text(name: str, policy: RolloutPolicy | None, namespace: str) -> s
             _TEMPLATES.clear()
         full = dashboard_json(_dashboard(name, policy, namespace))
         template = dashboard_json(_dashboard(_PLACEHOLDER, policy, namespace))
-        if _substitute(template, name, namespace) != full:
-            template = None
-        _TEMPLATES[key] = (policy, template)
+        _TEMPLATES[key] = (policy, template if _substitute(template, name, namespace) == full else None)
         return full
     if cached[1] is None:
         return dashboard_json(_dashboard(name, policy, namespace))

@@ -55,7 +55,11 @@ def spec_digest(doc: Document) -> str:
     data = doc.model_dump(mode="json", by_alias=True)
     data["metadata"].pop("annotations", None)
     value = digest(data)
-    _SPEC_DIGESTS[key] = (weakref.ref(doc, lambda _, key=key: _SPEC_DIGESTS.pop(key, None)), value)
+
+    def forget(_: object) -> None:
+        _SPEC_DIGESTS.pop(key, None)
+
+    _SPEC_DIGESTS[key] = (weakref.ref(doc, forget), value)
     return value
 
 
