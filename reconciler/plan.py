@@ -20,7 +20,7 @@ from typing import Any
 
 from reconciler.change import Action, Change
 from reconciler.diff import field_diff, same_after_apply
-from reconciler.reasons import reasons_for
+from reconciler.reasons import reasons_for, workflows_by_model
 from reconciler.resources import ObjectRef
 from reconciler.risks import Finding
 from renderers.bundle import sort_key
@@ -150,7 +150,8 @@ def build_plan(
         else:
             changes.append(Change(ref, Action.NOOP, dict(have), None, (), (f"kept: annotated {PRUNE}: disabled",), version))
     changes.sort(key=lambda c: _order(c))
-    with_reasons = tuple(replace(c, reasons=c.reasons + tuple(reasons_for(c, changes))) for c in changes)
+    by_model = workflows_by_model(changes)
+    with_reasons = tuple(replace(c, reasons=c.reasons + tuple(reasons_for(c, changes, by_model))) for c in changes)
     return Plan(environment, target, with_reasons, fingerprint(live_list), revision)
 
 

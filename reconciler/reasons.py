@@ -156,9 +156,23 @@ def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
     return ((obj or {}).get("metadata", {}).get("labels")) or {}
 
 
-def _workflow_reasons(change: Change, changes: Iterable[Change]) -> list[str]:
+def workflows_by_model(changes: Iterable[Change]) -> dict[str | None, list[Change]]:
+    """The plan's Workflow changes by the model they belong to (its `forge.dev/name` label), in
+    plan order: what :func:`reasons_for` compares a Workflow with, found without scanning every
+    change of the plan for each Workflow (quadratic with thousands of models)."""
+    index: dict[str | None, list[Change]] = {}
+    for c in changes:
+        if c.ref.kind == "Workflow":
+            index.setdefault(_labels(c.after or c.before).get(NAME), []).append(c)
+    return index
+
+
+def _workflow_reasons(change: Change, changes: Iterable[Change],
+                      by_model: Mapping[str | None, list[Change]] | None = None) -> list[str]:
     model = _labels(change.after or change.before).get(NAME, "?")
-    siblings = [c for c in changes if c.ref.kind == "Workflow" and c is not change and _labels(c.after or c.before).get(NAME) == model]
+    if by_model is None:
+        by_model = workflows_by_model(changes)
+    siblings = [c for c in by_model.get(model, ()) if c is not change]
     if change.action is Action.DELETE:
         newer = [c for c in siblings if c.action is Action.CREATE]
         if newer:
@@ -227,12 +241,14 @@ def _seldon_reasons(change: Change) -> list[str]:
     return reasons
 
 
-def reasons_for(change: Change, changes: list[Change]) -> list[str]:
-    """The reasons for ``change`` given every change of the plan."""
+def reasons_for(change: Change, changes: list[Change],
+                by_model: Mapping[str | None, list[Change]] | None = None) -> list[str]:
+    """The reasons for ``change`` given every change of the plan (``by_model``: the plan's
+    :func:`workflows_by_model`, when the caller asks for the reasons of many changes)."""
     if change.action is Action.NOOP:
         return []  # nothing happens, nothing to explain (and large plans are mostly no-ops)
     if change.ref.kind == "Workflow":
-        return _workflow_reasons(change, changes)
+        return _workflow_reasons(change, changes, by_model)
     if change.ref.kind == "SeldonDeployment":
         reasons = _seldon_reasons(change)
         if reasons:
