@@ -57,6 +57,8 @@ LEASE_RENEW_SECONDS = 10
 #: enough to hide round trips over thousands of objects, well under the API server's default
 #: max-requests-inflight (400) and the client's connection pool.
 APPLY_PARALLELISM = 8
+#: Objects per LIST page (kubectl's default chunk size).
+LIST_PAGE = 500
 
 
 def _now() -> datetime:
@@ -152,14 +154,31 @@ class KubernetesTarget:
 
     # -- Target -------------------------------------------------------------------------------
     def list_kind(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
-        """LIST one kind with a label selector (in this namespace, or cluster-wide for cluster-scoped kinds)."""
+        """LIST one kind with a label selector (in this namespace, or cluster-wide for cluster-scoped kinds),
+        in pages of at most LIST_PAGE objects (`limit`/`continue`, kubectl's chunking): the
+        response held at once stays bounded however many objects there are, and the pages are
+        one consistent snapshot. A continue token that expired meanwhile (410) restarts the LIST."""
         # The environment's Namespace is found by name: Forge ensures it exists, never owns it.
         query = [("labelSelector", selector)] if resource.namespaced else [("fieldSelector", f"metadata.name={self.namespace}")]
-        data = self._call(
-            "GET", resource.path(self.namespace), verb="list", ref=resource.plural,
-            namespace=self.namespace if resource.namespaced else None, query=query,
-        )
-        items = data.get("items", []) if data else []
+        items: list[dict[str, Any]] = []
+        token = ""
+        restarts = 0
+        while True:
+            page = [*query, ("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
+            try:
+                data = self._call(
+                    "GET", resource.path(self.namespace), verb="list", ref=resource.plural,
+                    namespace=self.namespace if resource.namespaced else None, query=page,
+                )
+            except TargetError as exc:
+                if exc.status != 410 or not token or restarts >= 2:
+                    raise
+                items, token, restarts = [], "", restarts + 1  # the snapshot expired: from the start
+                continue
+            items.extend(data.get("items", []) if data else [])
+            token = ((data or {}).get("metadata") or {}).get("continue") or ""
+            if not token:
+                break
         for item in items:  # LIST responses leave out apiVersion/kind on items
             item.setdefault("apiVersion", resource.api_version)
             item.setdefault("kind", resource.kind)
