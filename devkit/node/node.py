@@ -513,9 +513,26 @@ state = "{c / 'state'}"
             ti = time.monotonic()
             self.ctr("images", "import", f"--snapshotter={self.snapshotter}", archive, timeout=1800)
             imported.append(f"{Path(archive).name} ({time.monotonic() - ti:.1f} s)")
+        self._prune_images(log)
         self.notes.append(f"images imported: {', '.join(imported) or 'none'}; already in containerd's store: "
                           f"{', '.join(kept) or 'none'}")
         log(f"{self.notes[-1]} ({time.monotonic() - t:.1f} s)")
+
+    def _prune_images(self, log: Log) -> None:
+        """The store is kept between starts: drop images no name points at any more (the CRI
+        plugin keeps a ``sha256:<id>`` reference to every image it saw, so a runtime image that
+        a newer build replaced would stay, unnamed, for good); containerd's GC then frees their
+        content and snapshots, the layers shared with the current images excepted."""
+        refs = {}
+        for ln in self.ctr("images", "ls").stdout.splitlines()[1:]:
+            f = ln.split()
+            if len(f) >= 3:
+                refs[f[0]] = f[2]
+        named = {d for r, d in refs.items() if not r.startswith("sha256:")}
+        stale = [r for r, d in refs.items() if r.startswith("sha256:") and d not in named]
+        if stale:
+            self.ctr("images", "rm", "--sync", *stale, check=False)
+            log(f"removed {len(stale)} image(s) no name points at from containerd's store")
 
     # ---- kubelet -----------------------------------------------------------------------------
     def _start_kubelet(self) -> None:

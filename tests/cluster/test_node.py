@@ -101,9 +101,15 @@ def test_node_is_ready_with_the_pinned_versions(node: Node, core: client.CoreV1A
     assert n.status.node_info.kubelet_version == node.versions["KUBERNETES_VERSION"]
     assert n.status.node_info.container_runtime_version.startswith("containerd://")
     assert {"type": "InternalIP", "address": node.node_ip} in [a.to_dict() for a in n.status.addresses]
-    # the node's images are there, imported, never pulled
-    names = {name for img in n.status.images for name in img.names}
-    assert _busybox(node) in names and node.images["pause"][1] in names
+    # the node's images are there, imported (or kept in containerd's store), never pulled; the
+    # kubelet lists them in the Node's status a few seconds after it is Ready (its image cache)
+    want = {_busybox(node), node.images["pause"][1]}
+
+    def listed() -> set[str]:
+        images = core.read_node(node.name).status.images or []
+        return want & {name for img in images for name in img.names or []}
+
+    assert _wait("the kubelet to report the node's images", lambda: listed() == want, timeout=60)
 
 
 def test_pod_runs_to_completion(node: Node, core: client.CoreV1Api) -> None:
