@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 
 from reconciler.diagnostics import Diagnostic, SpecError, clip
+from reconciler.heap import gc_paused
 from reconciler.sources import SourceFile, files_from_git, files_from_paths
 from reconciler.yamlsource import RawDocument, _dotted, decode, parse_documents
 from specs import API_VERSION, KINDS, Dataset, Document, Environment, SpecSet, check_references
@@ -115,7 +116,13 @@ def load_or_raise(paths: list[str], rev: str | None = None) -> LoadResult:
 
 
 def load_files(files: Iterable[SourceFile]) -> LoadResult:
-    """Load already-read spec files (pure apart from CPU: no I/O happens here)."""
+    """Load already-read spec files (pure apart from CPU: no I/O happens here), with the cyclic
+    garbage collector paused (:func:`reconciler.heap.gc_paused`: thousands of documents)."""
+    with gc_paused():
+        return _load_files(files)
+
+
+def _load_files(files: Iterable[SourceFile]) -> LoadResult:
     diagnostics: list[Diagnostic] = []
     documents: list[Document] = []
     raws: dict[tuple[str, str], RawDocument] = {}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, Mapping
 
 from reconciler.errors import StalePlanError
+from reconciler.heap import gc_paused
 from reconciler.plan import Action, Plan, build_plan, fingerprint, settle
 from reconciler.resources import ObjectRef
 from reconciler.rollout import RolloutState
@@ -85,7 +86,14 @@ def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, 
               *, dry_run: bool = True, phase: PhaseHook = _no_phase) -> tuple[Plan, Rendered]:
     """Read live (one LIST per kind), render, diff, and settle apparent updates by dry run (unless
     ``dry_run`` is false: pull-request mode holds a read-only credential and uses no write verb).
-    ``phase(name)`` wraps each phase (see :data:`PhaseHook`)."""
+    ``phase(name)`` wraps each phase (see :data:`PhaseHook`). Runs with the cyclic garbage
+    collector paused (:func:`reconciler.heap.gc_paused`: tens of thousands of objects)."""
+    with gc_paused():
+        return _make_plan(specs, env, target, namespace, revision, dry_run=dry_run, phase=phase)
+
+
+def _make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
+               *, dry_run: bool, phase: PhaseHook) -> tuple[Plan, Rendered]:
     with phase("read live"):
         live = target.read_live()
     with phase("rollout states"):
