@@ -554,13 +554,18 @@ _KUBECTL_DIFF_HEADER = re.compile(r"^diff -u -N \S+/(\S+) \S+$", re.M)
 
 
 def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kubectl: str,
-              env: dict[str, str], count_requests: bool, kubectl_bound: float | None) -> dict[str, Any]:
+              env: dict[str, str], count_requests: bool, kubectl_bound: float | None,
+              namespace_prefix: str = "forge-bench-") -> dict[str, Any]:
     """Every figure at one N (see the module docstring). ``kubectl_bound``: seconds after which
-    `kubectl diff` is killed (None: not run at this N)."""
-    namespace = f"forge-bench-{n}"
+    `kubectl diff` is killed (None: not run at this N). Specs already in ``work`` (`--work`) are
+    reused: then the "first" apply finds them applied already, and creates nothing."""
+    namespace = f"{namespace_prefix}{n}"
     spec_dir = work / f"specs-{n}"
-    log(f"N={n}: generating {n} models + {n} endpoints in {spec_dir}  [{uptime()}]")
-    generate_specs(spec_dir, n, namespace)
+    if spec_dir.exists():
+        log(f"N={n}: reusing the specs in {spec_dir}  [{uptime()}]")
+    else:
+        log(f"N={n}: generating {n} models + {n} endpoints in {spec_dir}  [{uptime()}]")
+        generate_specs(spec_dir, n, namespace)
     forge = forgectl_cmd()
     target_args = ["--env", ENV_NAME, "--kubeconfig", kubeconfig]
 
@@ -571,7 +576,7 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
     cmd, counts = forgectl_counted(work, "apply", str(spec_dir), *target_args, "--auto-approve")
     first = run_measured(cmd, (0,), env, counted=counts)
     created = first.requests.get("PATCH", 0)
-    log(f"N={n}: first forgectl apply: {first.stdout.strip().splitlines()[-1]} — {created} objects in "
+    log(f"N={n}: first forgectl apply: {first.stdout.strip().splitlines()[-1]} — {created} objects written in "
         f"{first.wall_s:.1f} s ({created / first.wall_s:.0f} objects/s), CPU {first.cpu_s:.1f} s, "
         f"peak RSS {first.peak_rss_bytes / 2**20:.0f} MiB")
 
@@ -642,7 +647,7 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
         "forge_nochange_cpu_s": med(nochange, "cpu_s"),
         "forge_nochange_runs": [m.figures() for m in nochange],
         "first_apply": {**first.figures(), "objects_created": created,
-                        "objects_per_s": round(created / first.wall_s, 1),
+                        "objects_per_s": round(created / first.wall_s, 1) if created else None,
                         "summary": first.stdout.strip().splitlines()[-1]},
         "noop_apply": {**noop_apply.figures(), "summary": noop_apply.stdout.strip().splitlines()[-1]},
         "changed_apply": {**changed_apply.figures(), "summary": changed_apply.stdout.strip().splitlines()[-1]},
@@ -738,7 +743,7 @@ def table(runs: list[dict[str, Any]]) -> str:
                      cell(r["forge_nochange_s"], r["forge_nochange_cpu_s"]), f"{r['forge_peak_rss_mib']:.0f} MiB",
                      cell(r["noop_apply"]["wall_s"], r["noop_apply"]["cpu_s"]), str(r["noop_apply"].get("writes", 0)),
                      cell(r["changed_apply"]["wall_s"], r["changed_apply"]["cpu_s"]),
-                     cell(r["first_apply"]["wall_s"], r["first_apply"]["cpu_s"]), f"{r['first_apply']['objects_per_s']:.0f}",
+                     cell(r["first_apply"]["wall_s"], r["first_apply"]["cpu_s"]), f"{r['first_apply']['objects_per_s'] or 0:.0f}",
                      kd, str(r["forge_api_requests_total"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [" | ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
@@ -763,6 +768,9 @@ def main() -> int:
                     help="kill `kubectl diff` after this many seconds, and skip it at a larger N when its time "
                          "at a smaller one, scaled linearly, already exceeds the bound (default 240)")
     ap.add_argument("--kubeconfig", help="use this running cluster instead of starting one")
+    ap.add_argument("--work", type=Path, help="work folder (default: a new temporary one, removed after); specs "
+                    "found there are reused (with --kubeconfig: a cluster where they were applied already)")
+    ap.add_argument("--namespace-prefix", default="forge-bench-", help="namespace of N endpoints: PREFIX + N")
     ap.add_argument("--profile", action="store_true", help="also cProfile one forgectl plan at the largest N")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (specs, rendered manifests)")
     args = ap.parse_args()
@@ -770,7 +778,8 @@ def main() -> int:
     from devkit.cluster import Cluster
 
     kubectl, kubectl_origin = find_kubectl()
-    work = Path(tempfile.mkdtemp(prefix="forge-plan-scale-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="forge-plan-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     runs: list[dict[str, Any]] = []
     profile = ""
@@ -800,7 +809,8 @@ def main() -> int:
                         + f", so ≥ {bound:.0f} s here by linear scaling")
                     bound = None
             runs.append(bench_one(n, args.changed_pct, args.repeats if n <= 1000 else args.repeats_large, work,
-                                  kubeconfig, kubectl, env, count_requests=n == min(args.n), kubectl_bound=bound))
+                                  kubeconfig, kubectl, env, count_requests=n == min(args.n), kubectl_bound=bound,
+                                  namespace_prefix=args.namespace_prefix))
             if bound is None:
                 runs[-1]["kubectl_diff_bound_s"] = args.kubectl_bound
         if args.profile:
@@ -809,7 +819,7 @@ def main() -> int:
     finally:
         if cluster is not None:
             cluster.stop(quiet=True)
-        if not args.keep:
+        if not args.keep and not args.work:
             shutil.rmtree(work, ignore_errors=True)
         else:
             log(f"kept {work}")
