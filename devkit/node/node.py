@@ -82,6 +82,14 @@ LOCK = Path("/run/forge-node.lock")  # one node per machine
 ACTIVE = Path("/run/forge-node.active")  # the running node's state dir
 
 
+_LOCK_HELD = False  # this process holds LOCK (Node.start's claim, or a stop): stop must not take it again
+
+
+def _set_lock_held(held: bool) -> None:
+    global _LOCK_HELD
+    _LOCK_HELD = held
+
+
 class NodeError(RuntimeError):
     """The node could not be started or stopped."""
 
@@ -238,43 +246,12 @@ class Node:
         LOCK.parent.mkdir(parents=True, exist_ok=True)
         with open(LOCK, "a+") as lockf:
             fcntl.flock(lockf, fcntl.LOCK_EX)
-            waited, said = time.monotonic(), False
-            while ACTIVE.exists():
-                other = Path(ACTIVE.read_text().strip())
-                try:
-                    old = cls.load(other)
-                except NodeError:
-                    ACTIVE.unlink()
-                    break
-                starting = (not old.start_seconds and len(old.owner) == 2
-                            and paths.running(old.owner[0], old.owner[1]))
-                if not old.alive() and not starting:
-                    log(f"cleaning up after a node that died ({other})")
-                    old.stop(quiet=True)
-                    break
-                if time.monotonic() - waited > wait_for_other:
-                    raise NodeError(f"a node is already running from {other} (one per machine: kube-proxy "
-                                    f"owns the host's KUBE-* chains); stop it first")
-                if not said:
-                    said = True
-                    log(f"waiting up to {wait_for_other:.0f} s for the node running from {other} to stop (one per machine)")
-                fcntl.flock(lockf, fcntl.LOCK_UN)
-                time.sleep(2)
-                fcntl.flock(lockf, fcntl.LOCK_EX)
-            if sd.exists():
-                with contextlib.suppress(NodeError):
-                    cls.load(sd).stop(quiet=True)
-                unmount_under(sd)
-                shutil.rmtree(sd, ignore_errors=True)
-            sd.mkdir(parents=True, mode=0o700)
-            node = cls(state_dir=str(sd), cluster_state_dir=str(cluster.state_dir), server=cluster.server,
-                       exes={k: str(v) for k, v in bins.items()}, versions=paths.versions(),
-                       die_with_parent=die_with_parent,
-                       images={k: list(v) for k, v in imgs.items()},
-                       owner=[os.getpid(), paths.start_ticks(os.getpid()) or -1])
-            node.images.update({ref: [arch, ref] for arch, ref in extra_images})
-            ACTIVE.write_text(str(sd) + "\n")
-            node._save()
+            _set_lock_held(True)
+            try:
+                node = cls._claim(cluster, sd, lockf, bins, imgs, extra_images, die_with_parent,
+                                  wait_for_other, log)
+            finally:
+                _set_lock_held(False)
         try:
             node._host_setup(log)
             node._pki(cluster)
@@ -294,6 +271,50 @@ class Node:
         node.start_seconds = round(time.monotonic() - t0, 2)
         node._save()
         log(f"node {node.name} Ready after {node.start_seconds:.1f} s")
+        return node
+
+    @classmethod
+    def _claim(cls, cluster: Any, sd: Path, lockf: Any, bins: dict[str, Path], imgs: dict[str, tuple[str, str]],
+               extra_images: Any, die_with_parent: bool, wait_for_other: float, log: Log) -> Node:
+        """Under LOCK: wait for (or clean up after) another node, then record this one as the
+        machine's active node."""
+        waited, said = time.monotonic(), False
+        while ACTIVE.exists():
+            other = Path(ACTIVE.read_text().strip())
+            try:
+                old = cls.load(other)
+            except NodeError:
+                ACTIVE.unlink()
+                break
+            starting = (not old.start_seconds and len(old.owner) == 2
+                        and paths.running(old.owner[0], old.owner[1]))
+            if not old.alive() and not starting:
+                log(f"cleaning up after a node that died ({other})")
+                old.stop(quiet=True)
+                break
+            if time.monotonic() - waited > wait_for_other:
+                raise NodeError(f"a node is already running from {other} (one per machine: kube-proxy "
+                                f"owns the host's KUBE-* chains); stop it first")
+            if not said:
+                said = True
+                log(f"waiting up to {wait_for_other:.0f} s for the node running from {other} to stop (one per machine)")
+            fcntl.flock(lockf, fcntl.LOCK_UN)
+            time.sleep(2)
+            fcntl.flock(lockf, fcntl.LOCK_EX)
+        if sd.exists():
+            with contextlib.suppress(NodeError):
+                cls.load(sd).stop(quiet=True)
+            unmount_under(sd)
+            shutil.rmtree(sd, ignore_errors=True)
+        sd.mkdir(parents=True, mode=0o700)
+        node = cls(state_dir=str(sd), cluster_state_dir=str(cluster.state_dir), server=cluster.server,
+                   exes={k: str(v) for k, v in bins.items()}, versions=paths.versions(),
+                   die_with_parent=die_with_parent,
+                   images={k: list(v) for k, v in imgs.items()},
+                   owner=[os.getpid(), paths.start_ticks(os.getpid()) or -1])
+        node.images.update({ref: [arch, ref] for arch, ref in extra_images})
+        ACTIVE.write_text(str(sd) + "\n")
+        node._save()
         return node
 
     @classmethod
@@ -714,7 +735,23 @@ state = "{c / 'state'}"
 
     # ---- stop ------------------------------------------------------------------------------------
     def stop(self, *, quiet: bool = False, keep_logs: bool = False) -> None:
-        """Stop the node's pods and processes (by PID), give back everything host-wide it took."""
+        """Stop the node's pods and processes (by PID), give back everything host-wide it took.
+
+        Under the machine's node LOCK, so that a start waiting for this node never takes a node
+        half-way through its stop for a dead one and tears it down at the same time."""
+        if _LOCK_HELD:
+            self._stop(quiet=quiet, keep_logs=keep_logs)
+            return
+        LOCK.parent.mkdir(parents=True, exist_ok=True)
+        with open(LOCK, "a+") as lockf:
+            fcntl.flock(lockf, fcntl.LOCK_EX)
+            _set_lock_held(True)
+            try:
+                self._stop(quiet=quiet, keep_logs=keep_logs)
+            finally:
+                _set_lock_held(False)
+
+    def _stop(self, *, quiet: bool, keep_logs: bool) -> None:
         log = (lambda m: None) if quiet else _stderr_log
         t0 = time.monotonic()
         # 1. no new pods: Argo's controller (devkit.node.argo, when started), the controllers and
@@ -847,10 +884,10 @@ state = "{c / 'state'}"
             pids = set()
             for sub in self._cgroup_dirs():
                 root = sub / CGROUP_ROOT
-                if root.exists():
-                    for procs in root.rglob("cgroup.procs"):
+                for d, _, files in os.walk(root, onerror=lambda e: None):
+                    if "cgroup.procs" in files:
                         with contextlib.suppress(OSError):
-                            pids.update(int(p) for p in procs.read_text().split())
+                            pids.update(int(p) for p in (Path(d) / "cgroup.procs").read_text().split())
             if not pids:
                 return
             if attempt == 0:
@@ -865,7 +902,8 @@ state = "{c / 'state'}"
             root = sub / CGROUP_ROOT
             if not root.exists():
                 continue
-            dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+            # bottom-up; a directory that vanished meanwhile (the kernel, or the kubelet) is fine
+            dirs = [Path(d) for d, _, _ in os.walk(root, topdown=False, onerror=lambda e: None) if Path(d) != root]
             for d in [*dirs, root]:
                 with contextlib.suppress(OSError):
                     d.rmdir()

@@ -40,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--no-crds", action="store_true", help="do not install the CRDs")
     start.add_argument("--node", action="store_true",
                        help="also start a node: containerd, kubelet, scheduler, controller-manager, kube-proxy (root)")
+    start.add_argument("--argo", action="store_true",
+                       help="with --node: also Argo Workflows' controller (devkit/node/argo.py)")
+    start.add_argument("--runtime-image", action="store_true",
+                       help="with --node: also Forge's runtime image (devkit/node/runtime_image.py; ~7 GB, "
+                            "built and imported once)")
     sub.add_parser("stop", help="stop what start started, by PID, and remove its data")
     sub.add_parser("env", help="print the export lines")
     sub.add_parser("status", help="print the saved state as JSON")
@@ -65,10 +70,24 @@ def main(argv: list[str] | None = None) -> int:
             if args.node and (node_state_dir() / "state.json").exists():
                 Node.load(node_state_dir()).stop(quiet=True)  # left from a start that died
             cluster = Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False, node=args.node)
+            if (args.argo or args.runtime_image) and not args.node:
+                raise ClusterError("--argo and --runtime-image need --node")
             if args.node:
+                from devkit.node import argo, runtime_image
+
+                extra = [argo.executor_image()] if args.argo else []
+                if args.runtime_image:
+                    archive, refs, _ = runtime_image.build()
+                    extra += [(str(archive), r) for r in refs]
+                node = None
                 try:
-                    node = Node.start(cluster, node_state_dir(), die_with_parent=False)
+                    node = Node.start(cluster, node_state_dir(), die_with_parent=False, extra_images=extra,
+                                      wait_for_other=900)
+                    if args.argo:
+                        argo.start(cluster, node, ["default"], die_with_parent=False)
                 except BaseException:
+                    if node is not None:
+                        node.stop(quiet=True, keep_logs=True)
                     cluster.stop(quiet=True, keep_logs=True)
                     raise
                 print(f"# node {node.name} Ready ({node.versions['KUBERNETES_VERSION']}, containerd, "
