@@ -769,7 +769,7 @@ def main() -> int:
                     help="timed runs of each plan (and kubectl diff) up to N=1000; the median is reported")
     ap.add_argument("--repeats-large", type=int, default=1, help="the same above N=1000 (default 1)")
     ap.add_argument("--kubectl-bound", type=float, default=240.0,
-                    help="kill `kubectl diff` after this many seconds, and skip it at a larger N when its time "
+                    help="kill `kubectl diff` after this many seconds (0: do not run it), and skip it at a larger N when its time "
                          "at a smaller one, scaled linearly, already exceeds the bound (default 240)")
     ap.add_argument("--kubeconfig", help="use this running cluster instead of starting one")
     ap.add_argument("--work", type=Path, help="work folder (default: a new temporary one, removed after); specs "
@@ -801,7 +801,7 @@ def main() -> int:
             server_version = cluster.version().get("gitVersion", "?")
             log(f"cluster up in {cluster.start_seconds} s: kube-apiserver {server_version}")
             kubeconfig = cluster.kubeconfig
-        bound: float | None = args.kubectl_bound
+        bound: float | None = args.kubectl_bound or None  # 0: kubectl diff not run
         for n in sorted(args.n):
             # kubectl's request count is taken from a `-v=6` run at the smallest N only (it is
             # per object, and one more kubectl diff at N=1000 costs a minute and more)
