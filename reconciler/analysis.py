@@ -45,6 +45,10 @@ class Cause(str, Enum):
     NO_STABLE_DATA = "no-stable-data"
     #: No metric source could answer: Prometheus down, timing out, refusing the query, or none configured.
     UNREACHABLE = "unreachable"
+    #: The query has a value, but the canary's own series are stale: Prometheus's last scrape of it
+    #: failed (its server is down), so the value is made of samples from before that (a `rate()`
+    #: window keeps them for its whole range) and says nothing of the canary now.
+    CANARY_DOWN = "canary-down"
 
     @property
     def verdict(self) -> Verdict:
@@ -82,6 +86,21 @@ class Measurement:
 def render_query(metric: Metric, *, endpoint: str, namespace: str, version: str, role: str) -> str:
     """The metric's PromQL with its arguments filled in."""
     return metric.render(endpoint=endpoint, namespace=namespace, version=version, role=role)
+
+
+def liveness_query(*, endpoint: str, namespace: str, role: str) -> str:
+    """An instant query with a value while Prometheus's last scrape of ``role``'s servers succeeded:
+    the number of their `forge_requests_total` series (which exist from a server's start, at 0).
+    A failed scrape marks them stale, and the query has no samples."""
+    return (f'count(forge_requests_total{{forge_endpoint="{endpoint}",forge_namespace="{namespace}",'
+            f'forge_role="{role}"}})')
+
+
+def down(metric: Metric, value: float, *, query: str, liveness: str, at: float) -> Measurement:
+    """A measurement whose value came from a canary that is no longer scraped: a failure."""
+    return Measurement(metric.name, Cause.CANARY_DOWN, query, value, threshold_text(metric),
+                       f"canary down: its series are stale (the last scrape failed; `{liveness}` has no samples), "
+                       f"so {value:.4g} is from before", at)
 
 
 def threshold_text(metric: Metric) -> str:

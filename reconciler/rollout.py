@@ -14,13 +14,14 @@ transition is recorded with its reason: query, value, threshold, step.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from reconciler import rollout_machine as machine
-from reconciler.analysis import Measurement, judge, render_query
+from reconciler.analysis import Measurement, down, judge, liveness_query, render_query
 from reconciler.prometheus import MetricSource, PrometheusUnavailable
 from reconciler.regression import GateResult, regression_gate
 from reconciler.rollout_machine import (
@@ -140,6 +141,12 @@ class Controller:
             return judge(metric, None, None, query=query, at=at, error="no Prometheus URL configured")
         try:
             value = self.prometheus.value(query)
+            if value is not None and not math.isnan(value):
+                # A rate() over the window keeps answering from the samples scraped before the
+                # canary died: without this, a dead canary could pass its steps and be promoted.
+                liveness = liveness_query(endpoint=endpoint.name, namespace=self.namespace, role="canary")
+                if self.prometheus.value(liveness) is None:
+                    return down(metric, value, query=query, liveness=liveness, at=at)
             stable = None
             if metric.compare_to_stable is not None:
                 stable = self.prometheus.value(render_query(metric, endpoint=endpoint.name, namespace=self.namespace,

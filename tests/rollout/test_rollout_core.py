@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from reconciler import rollout_machine as machine
-from reconciler.analysis import Cause, Verdict, judge, render_query
+from reconciler.analysis import Cause, Verdict, judge, liveness_query, render_query
 from reconciler.prometheus import Prometheus, PrometheusUnavailable
 from reconciler.rollout import Controller, Phase, RolloutState
 from renderers.seldon import ServingState
@@ -124,6 +124,10 @@ class FakePrometheus:
         self.metrics = {m.name: m for m in policy.spec.metrics}
         self.answers: dict[str, Answer] = {}
         self.asked: list[str] = []
+        #: Whether the canary's own series are fresh (its last scrape succeeded); the controller's
+        #: liveness queries are answered from this and kept apart from ``asked``.
+        self.canary_up = True
+        self.liveness_asked: list[str] = []
 
     def query(self, metric: str, role: str = "canary", version: str | None = None) -> str:
         version = version or (V2 if role == "canary" else V1)
@@ -138,6 +142,9 @@ class FakePrometheus:
         return self
 
     def value(self, query: str) -> float | None:
+        if query == liveness_query(endpoint="digits", namespace=NAMESPACE, role="canary"):
+            self.liveness_asked.append(query)
+            return 3.0 if self.canary_up else None
         self.asked.append(query)
         if query not in self.answers:
             raise AssertionError(f"unexpected query: {query}")
@@ -471,6 +478,42 @@ def test_a_conclusive_measurement_restarts_the_inconclusive_count() -> None:
         state = r.reconcile()
         r.clock.now += 2
     assert state.phase is Phase.HOLDING and state.runs["success-rate"].inconclusive_in_a_row == 2
+
+
+def test_a_dead_canary_fails_its_step_although_the_window_still_has_its_old_samples() -> None:
+    """The canary's server killed mid-step: Prometheus's rate() over the window keeps answering from
+    the samples scraped before (success rate 1), but the canary's series are stale. Each such value
+    is a failure (`canary-down`), so the step fails and the rollout rolls back after failureLimit + 1
+    of them, `interval` apart — never passing the step, never promoting (issue 19's drill found a
+    dead canary promoted on its old samples)."""
+    r = rig(policy())
+    assert r.prometheus is not None
+    state = r.drive(lambda s: s.phase is Phase.PROGRESSING and s.step == 1 and s.runs.get("success-rate", None) is not None)
+    assert state.runs["success-rate"].measurements == 1 and state.runs["success-rate"].failures == 0
+    r.prometheus.canary_up = False  # killed: the values stay (old samples), the series go stale
+    killed_at = r.clock.now
+    state = r.drive(lambda s: s.phase is not Phase.PROGRESSING or s.step != 1)
+    assert state.phase is Phase.ROLLED_BACK and state.step == 1, state.reason
+    assert r.clock.now - killed_at <= 2 * 2 + 1  # interval × (failureLimit + 1), a pass of 1 s
+    assert "canary down: its series are stale" in state.reason and "failureLimit 1" in state.reason
+    assert state.history[-1]["measurement"]["cause"] == "canary-down"
+    assert [h["weight"] for h in state.history if "/3: canary" in h["reason"]] == [10, 50]
+    assert r.backend.applied[-1] == ServingState(V1) and len(r.rollbacks) == 1
+
+
+def test_no_data_from_a_dead_canary_holds_as_before() -> None:
+    """Once the window has no samples left the query has no value: inconclusive (Holding, and
+    `inconclusiveLimit` if set), not a failure — and the liveness query is only asked for a value."""
+    r = rig(one_step())
+    assert r.prometheus is not None
+    r.prometheus.canary_up = False
+    r.prometheus.set("success-rate", None)
+    r.reconcile()  # enters step 1
+    for _ in range(5):
+        r.clock.now += 2
+        state = r.reconcile()
+    assert state.phase is Phase.HOLDING and state.runs["success-rate"].failures == 0
+    assert r.prometheus.liveness_asked == []
 
 
 def test_prometheus_down_holds_under_the_hold_policy() -> None:
