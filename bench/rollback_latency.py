@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import statistics
 import subprocess
@@ -53,8 +52,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,16 +63,17 @@ if str(ROOT) not in sys.path:
 
 import git  # noqa: E402
 
+from devkit.cluster import Cluster  # noqa: E402
+from devkit.common import ClusterError  # noqa: E402
+from devkit.prometheus import Prometheus  # noqa: E402
+from devkit.rollout import PacedTraffic, Traffic  # noqa: E402
 from reconciler.analysis import render_query  # noqa: E402
 from reconciler.prometheus import Prometheus as PromClient  # noqa: E402
 from reconciler.prometheus import PrometheusUnavailable  # noqa: E402
 from reconciler.rollout import Phase  # noqa: E402
 from reconciler.session import serving_states  # noqa: E402
-from devkit.cluster import Cluster  # noqa: E402
-from devkit.common import ClusterError  # noqa: E402
-from devkit.prometheus import Prometheus  # noqa: E402
 from tests.cluster_fixtures import delete_namespace  # noqa: E402
-from tests.rollout.test_rollout_controller import ZERO, Rollout, Traffic  # noqa: E402
+from tests.rollout.test_rollout_controller import Rollout  # noqa: E402
 from tests.runtimes.helpers import DIGITS_DATASET, Runner, Server, train_config  # noqa: E402
 
 FLAGGER_DEFAULT_S = 60 * 5  # Flagger: analysis interval 1m × threshold 5
@@ -195,45 +193,6 @@ class RecordingProm(PromClient):
             raise
         self.calls.append((at, query, v))
         return v
-
-
-class PacedTraffic(Traffic):
-    """tests/rollout's Traffic (split by ``weight``, counted per role), paced on a schedule by a
-    few workers so that the rate holds although each request takes a few milliseconds."""
-
-    def run(self, rate: float = 40.0, workers: int = 4) -> None:
-        body = json.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": ZERO}]}).encode()
-        lock = threading.Lock()
-        start = time.monotonic()
-        ticket = [0]
-
-        def worker(seed: int) -> None:
-            rng = random.Random(seed)
-            while not self.stop.is_set():
-                with lock:
-                    due = start + ticket[0] / rate
-                    ticket[0] += 1
-                if self.stop.wait(max(0.0, due - time.monotonic())):
-                    return
-                if time.monotonic() - due > 1.0:
-                    continue  # far behind: skip the tick rather than burst
-                role = "canary" if rng.random() * 100 < self.weight else "stable"
-                url = (self.canary_url if role == "canary" else self.stable_url) + "/v2/models/digits-mlp/infer"
-                req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"}, method="POST")
-                with lock:
-                    self.sent[role] += 1
-                try:
-                    with urllib.request.urlopen(req, timeout=5) as resp:
-                        resp.read()
-                except (urllib.error.URLError, OSError):
-                    with lock:
-                        self.failed[role] += 1
-
-        threads = [threading.Thread(target=worker, args=(i + 1,), daemon=True) for i in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
 
 
 def start_server(runner: Runner, r: Rollout, role: str, version: str, error_rate: float) -> Server:
@@ -365,8 +324,9 @@ def one_run(index: int, cluster: Cluster, prom: Prometheus, runner: Runner, args
             "last_fail_to_zero_s": round(marks.t_zero - fails[-1], 2) if fails else None,
             "failed_measurements": len(fails),
             "controller_queries": asked,  # (seconds after t_visible, value) of each controller query
-            "requests": dict(traffic.sent), "failed_requests": dict(traffic.failed),
-            "rps": round(sum(traffic.sent.values()) / elapsed, 1),
+            "requests": {role: traffic.count(role) for role in ("stable", "canary")},
+            "failed_requests": {role: traffic.count(role, ok=False) for role in ("stable", "canary")},
+            "rps": round(len(traffic.log) / elapsed, 1),
             "reason": state.reason,
         }
         return result

@@ -13,23 +13,21 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import git
 import pytest
 
+from devkit.rollout import Traffic
 from reconciler.apply import apply_plan
 from reconciler.loader import load_or_raise
 from reconciler.prometheus import Prometheus
@@ -43,55 +41,6 @@ from tests.polling import WaitTimeout, wait_until
 from tests.runtimes.helpers import Runner
 
 ROOT = Path(__file__).resolve().parents[2]
-ZERO = [0.0] * 64
-
-
-@dataclass
-class Traffic:
-    """Requests split between stable and canary by the live weights, each one logged with its time
-    and outcome, so counts can be compared per role over windows of time."""
-
-    stable_url: str
-    canary_url: str
-    weight: int = 0
-    #: (time.monotonic() when the role was chosen, role, answered without error) of every request.
-    log: list[tuple[float, str, bool]] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self, rate: float = 40.0) -> None:
-        rng = random.Random(1)
-        body = json.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": ZERO}]}).encode()
-        while not self.stop.is_set():
-            # The time is taken before the weight is read: a request logged at or after a moment
-            # the weight was set chose its role with that weight.
-            at = time.monotonic()
-            role = "canary" if rng.random() * 100 < self.weight else "stable"
-            url = (self.canary_url if role == "canary" else self.stable_url) + "/v2/models/digits-mlp/infer"
-            req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"}, method="POST")
-            try:
-                with urllib.request.urlopen(req, timeout=5) as resp:
-                    resp.read()
-                ok = True
-            except (urllib.error.URLError, OSError):
-                ok = False
-            self.log.append((at, role, ok))  # list.append is atomic: the test thread reads while this one writes
-            time.sleep(1.0 / rate)
-
-    def count(self, role: str, ok: bool | None = None, since: float = 0.0, until: float = float("inf")) -> int:
-        """Requests to ``role`` chosen in [since, until): all of them, or only the answered (``ok``) or failed ones."""
-        return sum(1 for at, r, good in list(self.log) if r == role and since <= at < until and (ok is None or good is ok))
-
-    def silent_windows(self, role: str, since: float, until: float, width: float) -> list[float]:
-        """Starts (seconds after ``since``) of the consecutive ``width``-second windows in which ``role``
-        answered nothing: an outage of ``role`` longer than 2 × ``width`` leaves at least one."""
-        starts, t = [], since
-        while t + width <= until:
-            if self.count(role, ok=True, since=t, until=t + width) == 0:
-                starts.append(round(t - since, 1))
-            t += width
-        return starts
-
-
 @dataclass
 class Rollout:
     specs_dir: Path

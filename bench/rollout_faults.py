@@ -1,0 +1,556 @@
+#!/usr/bin/env python3
+"""Rollout fault drills (issue 19, the rollout half of "Faults"), each repeated, against the real
+components of tests/rollout/test_rollout_controller.py: a kube-apiserver + etcd
+(``devkit.cluster``), a Prometheus scraping every 1 s (``devkit.prometheus``), two real
+``python -m runtimes serve`` processes (stable and canary) and a traffic generator that splits
+~``--rate`` req/s between them by the live SeldonDeployment's weights (what the mesh does in a
+cluster), logging each request's time, role and outcome. The controller is the real
+``forgectl reconcile --watch --interval 0.5`` as a subprocess.
+
+    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary]
+        [--kill-runs 10] [--prometheus-runs 3] [--canary-runs 5] [--outage 20]
+
+Policy: the quick-start's ``three-step-canary`` (10 → 50 → 100 %, success-rate ≥ 0.99 and p99
+latency, interval 2s, window 10s, count 3, failureLimit 1, success-rate inconclusiveLimit 15,
+``onPrometheusUnreachable: hold``) with the test harness's changes (pauses 2 s, p99 bound 2 s:
+a loaded 2-core machine pushes a healthy canary's p99 past 200 ms).
+
+Drills (one rollout = a new model version: learning rate changed, applied, its Workflow marked
+Succeeded; rollouts follow one another in one namespace, the servers keep their roles):
+
+* ``kill``: the controller SIGKILLed once in every step of a rollout (at a uniform time in the
+  step's first 6 s), restarted at once; a run is one kill. Fails when the controller re-enters a
+  step it had entered (or goes back to an earlier one), when the rollout does not reach Promoted,
+  or when a request to stable fails. Printed per step: stable's share of the answered requests vs
+  its weight (100 − canary weight).
+* ``prometheus``: Prometheus stopped (by PID; same port and data) ``--outage`` seconds (default 20,
+  longer than the analysis window of 10 s and than a step's analysis, 3 × 2 s) as the first step's
+  analysis starts. Fails on a promotion, a rollback or a weight change while it is down, or when
+  the rollout does not leave Holding at the same step once it is back, or does not then promote.
+* ``canary``: the canary's serving process SIGKILLed (its process group) 1–3 s into the second
+  step's analysis (50 %). Fails unless the rollout rolls back within the policy's bound:
+  pause + interval × (failureLimit + 1) + window + slack, see ``bound_s``; a request to stable
+  failing fails the run too. The canary server is started again for the next run.
+
+Last line: one JSON object, ``{"drills": {name: {"runs", "failures", "max_converge_s",
+"stable_lost", ...}}, ...}`` (goal: 0 failures, 0 stable requests lost in every row).
+
+Starts everything it uses and stops it by PID in ``finally`` blocks; traffic to 127.0.0.1 only;
+every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import git  # noqa: E402
+
+from bench.rollback_latency import create_namespace, drain, runtime_python, train_digits  # noqa: E402
+from devkit.cluster import Cluster  # noqa: E402
+from devkit.prometheus import Prometheus  # noqa: E402
+from devkit.rollout import PacedTraffic  # noqa: E402
+from reconciler.rollout import Phase, RolloutState  # noqa: E402
+from reconciler.serving import serving_states  # noqa: E402
+from reconciler.targets.kubernetes_rollout import rollout_state_of  # noqa: E402
+from specs import duration_seconds  # noqa: E402
+from tests.cluster_fixtures import delete_namespace  # noqa: E402
+from tests.rollout.test_rollout_controller import Rollout  # noqa: E402
+from tests.runtimes.helpers import Runner, Server  # noqa: E402
+
+STEPS = (10, 50, 100)
+
+
+def log(msg: str) -> None:
+    print(f"[rollout_faults {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    if old not in text:
+        raise SystemExit(f"{path.name}: {old!r} not found (examples/quickstart changed?)")
+    path.write_text(text.replace(old, new))
+
+
+@dataclass
+class Live:
+    """The mesh: follows the live SeldonDeployment every 0.1 s (weights → traffic) and records the
+    rollout state annotation's changes and every weight it saw, with their times."""
+
+    cluster: Cluster
+    namespace: str
+    traffic: PacedTraffic
+    state: RolloutState | None = None
+    weights: list[tuple[float, str | None, int]] = field(default_factory=list)  # (t, canary, weight) on change
+    states: list[tuple[float, RolloutState]] = field(default_factory=list)  # on change
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        raw = self.cluster.raw_client()
+        path = f"/apis/machinelearning.seldon.io/v1/namespaces/{self.namespace}/seldondeployments"
+        while not self.stop.is_set():
+            try:
+                status, doc = raw.request("GET", path, timeout=5)
+            except OSError:
+                status, doc = 0, {}
+            now = time.monotonic()
+            if status == 200 and doc.get("items"):
+                obj = doc["items"][0]
+                serving = serving_states([obj]).get("digits")
+                weight = serving.canary_weight if serving and serving.canary else 0
+                self.traffic.weight = weight
+                key = (serving.canary if serving else None, weight)
+                if not self.weights or self.weights[-1][1:] != key:
+                    self.weights.append((now, *key))
+                state = rollout_state_of(obj)
+                if state is not None and (self.state is None or state.to_json() != self.state.to_json()):
+                    self.state = state
+                    self.states.append((now, state))
+            self.stop.wait(0.1)
+
+    def wait(self, pred: Any, timeout: float, what: str) -> RolloutState:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.state
+            if s is not None and pred(s):
+                return s
+            time.sleep(0.05)
+        raise TimeoutError(f"{what}: not within {timeout:.0f} s; last state {self.state.phase.value if self.state else None}: "
+                           f"{self.state.reason if self.state else ''}")
+
+
+class ControllerProc:
+    """`forgectl reconcile --watch --interval 0.5` as a subprocess, killed by its PID."""
+
+    def __init__(self, r: Rollout, workdir: Path) -> None:
+        self.cmd = [sys.executable, "-m", "forgectl", "reconcile", str(r.specs_dir), "--env", "cluster", "-n", r.namespace,
+                    "--kubeconfig", r.kubeconfig, "--watch", "--interval", "0.5"]
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        out = open(self.workdir / f"controller-{self.starts}.log", "wb")
+        self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "NO_COLOR": "1"})
+        out.close()
+
+    def check(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            tail = (self.workdir / f"controller-{self.starts}.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"forgectl reconcile exited {self.proc.returncode} by itself:\n{tail}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+class Harness:
+    """One namespace with the quick-start applied at version 1 (stable, Workflow done), the servers,
+    Prometheus's targets, the traffic and the mesh follower; :meth:`new_version` makes the next canary."""
+
+    def __init__(self, cluster: Cluster, prom: Prometheus, runner: Runner, args: argparse.Namespace, work: Path) -> None:
+        self.cluster, self.prom, self.runner, self.args, self.work = cluster, prom, runner, args, work
+        self.namespace = create_namespace(cluster)
+        self.lr = 2
+        specs_dir = work / "repo" / "specs"
+        import shutil
+
+        shutil.copytree(ROOT / "examples" / "quickstart", specs_dir)
+        _replace(specs_dir / "environments.yaml", "url: http://prometheus-operated.monitoring.svc:9090", f"url: {prom.url}")
+        _replace(specs_dir / "rollout.yaml", "pause: 5s", "pause: 2s")
+        _replace(specs_dir / "rollout.yaml", "max: 0.2", "max: 2.0")
+        self.repo = git.Repo.init(specs_dir.parent)
+        self.repo.config_writer().set_value("user", "name", "bench").set_value("user", "email", "bench@example.com").release()
+        self.repo.index.add(["specs"])
+        self.repo.index.commit("version 1")
+        self.r = Rollout(specs_dir, self.namespace, cluster.kubeconfig, prom, runner)
+        self.r.apply()
+        *_, self.r.stable = self.r.controller()
+        self.r.finish_workflow(self.r.stable)
+        _, _, _, self.policy, _ = self.r.controller()
+        self.servers: dict[str, Server] = {}
+        for role in ("stable", "canary"):
+            self.start_server(role)
+        self.traffic = PacedTraffic(self.servers["stable"].url, self.servers["canary"].url)
+        self.live = Live(cluster, self.namespace, self.traffic)
+        self.threads = [threading.Thread(target=self.traffic.run, args=(args.rate,), daemon=True),
+                        threading.Thread(target=self.live.run, daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def start_server(self, role: str) -> None:
+        """Start (or start again, on the same port: the traffic and Prometheus keep its URL) ``role``'s server."""
+        old = self.servers.get(role)
+        if old is not None:
+            old.stop()
+        config: dict[str, Any] = {"endpoint": "digits", "namespace": self.namespace, "model": "digits-mlp",
+                                  "version": self.r.stable, "variant": "base", "role": role, "modelDir": "models/base",
+                                  "host": "127.0.0.1", "port": int(old.url.rsplit(":", 1)[1]) if old is not None else 0,
+                                  "batching": {"enabled": True, "maxBatchSize": 8, "maxLatencyMs": 2}}
+        s = Server(self.runner, "serve", config)
+        s.__enter__()
+        drain(s)
+        self.servers[role] = s
+        self.prom.set_targets([self.servers[k].url.removeprefix("http://") for k in self.servers])
+
+    def new_version(self) -> str:
+        """Change the learning rate, apply: the new version is the canary at 0 %, its Workflow done."""
+        old = f"learningRate: 0.00{self.lr}"
+        self.lr += 1
+        _replace(self.r.specs_dir / "model.yaml", old, f"learningRate: 0.00{self.lr}")
+        self.repo.index.add(["specs/model.yaml"])
+        self.repo.index.commit(f"learning rate 0.00{self.lr}")
+        self.r.apply()
+        *_, canary = self.r.controller()
+        self.r.finish_workflow(canary)
+        self.r.canary = canary
+        return canary
+
+    def close(self) -> None:
+        self.traffic.stop.set()
+        self.live.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+        for s in self.servers.values():
+            s.stop()
+        try:
+            self.prom.set_targets([])
+        except OSError:
+            pass
+        try:
+            delete_namespace(self.cluster, self.namespace)
+        except Exception as exc:  # noqa: BLE001 — clean-up must not hide the run's own error
+            log(f"could not delete namespace {self.namespace}: {exc}")
+
+
+def entered_steps(state: RolloutState, canary: str) -> list[int]:
+    """The steps (1-based) the rollout of ``canary`` entered, in order, from its history."""
+    out = []
+    for h in state.history:
+        if h["to"] == "Progressing" and f"canary {canary} at" in h["reason"]:
+            out.append(int(h["reason"].split("step ")[-1].split("/")[0]))
+    return out
+
+
+def stable_shares(h: Harness, since: float, until: float) -> list[dict[str, Any]]:
+    """Per interval of constant live weight in [since, until): stable's share of the answered
+    requests vs its weight, and requests to stable that failed."""
+    changes = [(t, w) for t, _, w in h.live.weights if t < until]
+    out = []
+    for i, (t, w) in enumerate(changes):
+        end = changes[i + 1][0] if i + 1 < len(changes) else until
+        lo, hi = max(t, since) + 0.5, end  # 0.5 s: requests in flight when the weight changed
+        if hi - lo < 1:
+            continue
+        ok_stable = h.traffic.count("stable", ok=True, since=lo, until=hi)
+        ok_all = ok_stable + h.traffic.count("canary", ok=True, since=lo, until=hi)
+        p = (100 - w) / 100
+        share = ok_stable / ok_all if ok_all else None
+        # How many binomial standard deviations the share is below its weight (each request picks
+        # its arm at random with the weight): below −3 is a real shortfall, not sampling.
+        z = (share - p) / math.sqrt(p * (1 - p) / ok_all) if share is not None and 0 < p < 1 else 0.0
+        out.append({"canary_weight": w, "seconds": round(hi - lo, 1), "answered": ok_all,
+                    "stable_share": round(share, 3) if share is not None else None, "stable_weight": p, "z": round(z, 2),
+                    "stable_failed": h.traffic.count("stable", ok=False, since=lo, until=hi)})
+    return out
+
+
+# -- drill 1: the controller killed mid-step -------------------------------------------------------
+
+def drill_kill(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
+    rng = random.Random(19)
+    results: list[dict[str, Any]] = []
+    per_rollout: list[dict[str, Any]] = []
+    rollouts = 0
+    while len(results) < runs:
+        rollouts += 1
+        canary = h.new_version()
+        t0 = time.monotonic()
+        ctl.start()
+        problems: list[str] = []
+        for step in (1, 2, 3):
+            if len(results) >= runs:
+                break
+            idx = step - 1
+            try:
+                entered = h.live.wait(lambda s: s.canary == canary and (s.step >= idx or s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK)),  # noqa: B023
+                                      90, f"step {step}")
+            except TimeoutError as exc:
+                problems.append(str(exc))
+                break
+            if entered.phase is not Phase.PROGRESSING and entered.phase is not Phase.HOLDING or entered.step != idx:
+                break  # promoted already (the last step can be quick)
+            # Steps 1-2: a 2 s pause + 3 measurements 2 s apart; step 3: the measurements alone.
+            delay = rng.uniform(0.0, 6.0 if step < 3 else 4.0)
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:
+                ctl.check()
+                time.sleep(0.05)
+            ctl.kill()
+            t_kill = time.monotonic()
+            time.sleep(0.3)  # the follower's next look (every 0.1 s): the state the dead controller left
+            before = h.live.state
+            ctl.start()
+            if before is None or before.phase not in (Phase.PROGRESSING, Phase.HOLDING):
+                continue  # it had finished the rollout just before the kill: not a kill mid-step
+            # Resumed: the saved state changes again (a measurement, the next step, or the promotion).
+            try:
+                after = h.live.wait(lambda s, b=before: s.to_json() != (b.to_json() if b else None), 60, "resume after the kill")
+                resume_s = time.monotonic() - t_kill
+            except TimeoutError as exc:
+                problems.append(str(exc))
+                after, resume_s = None, None
+            res: dict[str, Any] = {"rollout": rollouts, "step": step, "killed_after_s": round(delay, 2),
+                   "killed_at": {"phase": before.phase.value, "step": before.step + 1} if before else None,
+                   "resume_s": round(resume_s, 2) if resume_s is not None else None,
+                   "resumed_to": {"phase": after.phase.value, "step": after.step + 1} if after else None}
+            if before is not None and after is not None and after.step < before.step:
+                problems.append(f"went back from step {before.step + 1} to {after.step + 1}")
+            results.append(res)
+        try:
+            final = h.live.wait(lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 120, "the end of the rollout")  # noqa: B023
+        except TimeoutError as exc:
+            problems.append(str(exc))
+            final = h.live.state
+        ctl.kill()
+        t_end = time.monotonic()
+        assert final is not None
+        steps = entered_steps(final, canary)
+        if final.phase is not Phase.PROMOTED:
+            problems.append(f"not promoted: {final.phase.value}: {final.reason}")
+        if steps != sorted(set(steps)):
+            problems.append(f"steps entered {steps}: a step entered twice or an earlier one re-entered")
+        weights = [w for t, c, w in h.live.weights if t0 <= t <= t_end and c == canary]
+        if any(b < a for a, b in zip(weights, weights[1:])):
+            problems.append(f"the live canary weight went down during the rollout: {weights}")
+        shares = stable_shares(h, t0, t_end)
+        lost = sum(s["stable_failed"] for s in shares)
+        if lost:
+            problems.append(f"{lost} requests to stable failed")
+        short = [s for s in shares if s["z"] < -3]
+        if short:
+            problems.append(f"stable's share below its weight by more than 3 standard deviations: {short}")
+        per_rollout.append({"rollout": rollouts, "stable_lost": lost, "stable_shares": shares, "steps_entered": steps,
+                            "phase": final.phase.value, "rollout_s": round(t_end - t0, 1)})
+        for res in results:
+            if res["rollout"] == rollouts:
+                res.update({"failed": bool(problems), "problems": problems})
+        log(f"kill drill, rollout {rollouts}: {final.phase.value}, steps entered {steps}, stable lost {lost}, "
+            f"resume {[r['resume_s'] for r in results if r['rollout'] == rollouts]} s{'; ' + '; '.join(problems) if problems else ''}")
+    resumes = [r["resume_s"] for r in results if r["resume_s"] is not None]
+    return {"runs": len(results), "rollouts": rollouts, "failures": sum(r["failed"] for r in results),
+            "max_converge_s": max(resumes) if resumes else None,
+            "stable_lost": sum(r["stable_lost"] for r in per_rollout),
+            "min_stable_share_z": min((s["z"] for r in per_rollout for s in r["stable_shares"]), default=None),
+            "rollouts_detail": per_rollout,
+            "samples": results}
+
+
+# -- drill 2: Prometheus stopped -------------------------------------------------------------------
+
+def drill_prometheus(h: Harness, runs: int, ctl: ControllerProc, outage: float) -> dict[str, Any]:
+    results = []
+    for run in range(1, runs + 1):
+        canary = h.new_version()
+        t0 = time.monotonic()
+        ctl.start()
+        problems: list[str] = []
+        resumed_s = None
+        try:
+            first = h.live.wait(lambda s: s.canary == canary and s.phase is Phase.PROGRESSING and s.step == 0, 90, "step 1")  # noqa: B023
+            time.sleep(duration_seconds("2s"))  # the step's pause: its analysis starts
+            h.prom.pause()
+            t_down = time.monotonic()
+            while time.monotonic() < t_down + outage:
+                ctl.check()
+                s = h.live.state
+                if s is not None and (s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK) or s.weight != first.weight or s.step != 0):
+                    problems.append(f"while Prometheus was down: {s.phase.value} step {s.step + 1} at {s.weight} %: {s.reason}")
+                    break
+                time.sleep(0.1)
+            held = h.live.state
+            assert held is not None
+            if not problems and held.phase is not Phase.HOLDING:
+                problems.append(f"not Holding after {outage:.0f} s without Prometheus: {held.phase.value}: {held.reason}")
+            h.prom.resume()
+            t_up = time.monotonic()
+            back = h.live.wait(lambda s: s.phase is not Phase.HOLDING, 60, "leaving Holding after Prometheus is back")
+            resumed_s = time.monotonic() - t_up
+            if back.phase is not Phase.PROGRESSING or back.step != 0:
+                problems.append(f"after Prometheus came back: {back.phase.value} step {back.step + 1}: {back.reason}")
+            final = h.live.wait(lambda s: s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 120, "the end of the rollout")
+            if final.phase is not Phase.PROMOTED:
+                problems.append(f"not promoted: {final.phase.value}: {final.reason}")
+        except TimeoutError as exc:
+            problems.append(str(exc))
+            held = h.live.state
+        finally:
+            h.prom.resume()
+            ctl.kill()
+        t_end = time.monotonic()
+        shares = stable_shares(h, t0, t_end)
+        lost = sum(s["stable_failed"] for s in shares)
+        if lost:
+            problems.append(f"{lost} requests to stable failed")
+        run_states = [s for t, s in h.live.states if t0 <= t <= t_end]
+        inconclusive = max((s.runs["success-rate"].inconclusive_in_a_row for s in run_states if "success-rate" in s.runs), default=0)
+        res = {"run": run, "outage_s": outage, "held_reason": held.reason if held else None,
+               "max_inconclusive_in_a_row": inconclusive, "resume_s": round(resumed_s, 2) if resumed_s is not None else None,
+               "stable_lost": lost, "failed": bool(problems), "problems": problems, "rollout_s": round(t_end - t0, 1)}
+        results.append(res)
+        log(f"prometheus drill, run {run}: resumed {res['resume_s']} s after Prometheus was back, "
+            f"{inconclusive} inconclusive in a row, stable lost {lost}{'; ' + '; '.join(problems) if problems else ''}")
+    resumes = [r["resume_s"] for r in results if r["resume_s"] is not None]
+    limit = next(m.inconclusive_limit for m in h.policy.spec.metrics if m.name == "success-rate")
+    return {"runs": len(results), "failures": sum(r["failed"] for r in results), "outage_s": outage,
+            "max_inconclusive_in_a_row": max(r["max_inconclusive_in_a_row"] for r in results), "inconclusive_limit": limit,
+            "max_converge_s": max(resumes) if resumes else None, "stable_lost": sum(r["stable_lost"] for r in results),
+            "samples": results}
+
+
+# -- drill 3: the canary's serving process killed --------------------------------------------------
+
+def bound_s(h: Harness) -> float:
+    """The policy's bound on the rollback after the canary dies in a step's analysis: the failing
+    measurements need interval × (failureLimit + 1) (the metric with the longest), plus the
+    staleness of the scrape (1 s) and a controller pass (0.5 s) and 2 s of slack on this loaded machine."""
+    worst = max(duration_seconds(m.interval) * (m.failure_limit + 1) for m in h.policy.spec.metrics)
+    return worst + 1.0 + 0.5 + 2.0
+
+
+def drill_canary(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
+    rng = random.Random(3)
+    bound = bound_s(h)
+    results = []
+    for run in range(1, runs + 1):
+        canary = h.new_version()
+        t0 = time.monotonic()
+        ctl.start()
+        problems: list[str] = []
+        rollback_s = None
+        try:
+            h.live.wait(lambda s: s.canary == canary and s.phase is Phase.PROGRESSING and s.step == 1, 90, "step 2")  # noqa: B023
+            time.sleep(2.0 + rng.uniform(1.0, 3.0))  # the pause, then into the analysis
+            proc = h.servers["canary"].proc
+            os.killpg(proc.pid, signal.SIGKILL)
+            t_kill = time.monotonic()
+            final = h.live.wait(lambda s: s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 120, "the end of the rollout")
+            t_final = next(t for t, s in h.live.states if s.phase is final.phase and s.canary == canary)
+            zero = [t for t, c, w in h.live.weights if t > t_kill and w == 0]
+            rollback_s = (zero[0] if zero else t_final) - t_kill
+            if final.phase is not Phase.ROLLED_BACK:
+                problems.append(f"not rolled back: {final.phase.value}: {final.reason}")
+            elif rollback_s > bound:
+                problems.append(f"rolled back {rollback_s:.1f} s after the kill > bound {bound:.1f} s: {final.reason}")
+        except TimeoutError as exc:
+            problems.append(str(exc))
+            final = h.live.state
+        finally:
+            ctl.kill()
+        t_end = time.monotonic()
+        shares = stable_shares(h, t0, t_end)
+        lost = sum(s["stable_failed"] for s in shares)
+        if lost:
+            problems.append(f"{lost} requests to stable failed")
+        steps = entered_steps(final, canary) if final else []
+        res = {"run": run, "rollback_s": round(rollback_s, 2) if rollback_s is not None else None, "bound_s": bound,
+               "reason": final.reason if final else None, "steps_entered": steps, "stable_lost": lost,
+               "canary_failed_requests": h.traffic.count("canary", ok=False, since=t0, until=t_end),
+               "failed": bool(problems), "problems": problems}
+        results.append(res)
+        log(f"canary drill, run {run}: {final.phase.value if final else None} {res['rollback_s']} s after the kill "
+            f"(bound {bound:.1f} s), stable lost {lost}{'; ' + '; '.join(problems) if problems else ''}")
+        h.start_server("canary")  # the next run's canary
+    worst = [r["rollback_s"] for r in results if r["rollback_s"] is not None]
+    return {"runs": len(results), "failures": sum(r["failed"] for r in results), "bound_s": bound,
+            "max_converge_s": max(worst) if worst else None, "stable_lost": sum(r["stable_lost"] for r in results),
+            "samples": results}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--drills", default="kill,prometheus,canary", help="comma-separated: kill, prometheus, canary")
+    parser.add_argument("--kill-runs", type=int, default=10, help="controller kills (one per step; default 10)")
+    parser.add_argument("--prometheus-runs", type=int, default=3, help="Prometheus outages (default 3)")
+    parser.add_argument("--canary-runs", type=int, default=5, help="canary kills (default 5)")
+    parser.add_argument("--outage", type=float, default=20.0, help="seconds Prometheus is down (default 20)")
+    parser.add_argument("--rate", type=float, default=40.0, help="requests per second, split by the live weights (default 40)")
+    args = parser.parse_args()
+    drills = [d.strip() for d in args.drills.split(",") if d.strip()]
+    unknown = set(drills) - {"kill", "prometheus", "canary"}
+    if unknown:
+        parser.error(f"unknown drills: {sorted(unknown)}")
+    for name in ("kill_runs", "prometheus_runs", "canary_runs"):
+        if not 1 <= getattr(args, name) <= 50:
+            parser.error(f"--{name.replace('_', '-')} must be between 1 and 50")
+
+    import shutil
+
+    python = runtime_python()
+    tmp = Path(tempfile.mkdtemp(prefix="forge-bench-rollout-faults-"))
+    cluster = prom = None
+    harness = None
+    out: dict[str, Any] = {}
+    t_all = time.monotonic()
+    try:
+        log("training the digits MLP once for all runs (prepare + train)")
+        runner = train_digits(python, tmp / "digits")
+        cluster = Cluster.start(tmp / "cluster", die_with_parent=True, log=lambda msg: None)
+        prom = Prometheus.start(state_dir=tmp / "prometheus", scrape_interval="1s", die_with_parent=True, log=log)
+        log(f"apiserver {cluster.server}, prometheus {prom.url}")
+        harness = Harness(cluster, prom, runner, args, tmp / "work")
+        prom.wait_for_targets(2, timeout=30)
+        ctl = ControllerProc(harness.r, tmp)
+        for name in drills:
+            t = time.monotonic()
+            try:
+                if name == "kill":
+                    out[name] = drill_kill(harness, args.kill_runs, ctl)
+                elif name == "prometheus":
+                    out[name] = drill_prometheus(harness, args.prometheus_runs, ctl, args.outage)
+                else:
+                    out[name] = drill_canary(harness, args.canary_runs, ctl)
+            finally:
+                ctl.kill()
+            out[name]["seconds"] = round(time.monotonic() - t, 1)
+    finally:
+        if harness is not None:
+            harness.close()
+        if prom is not None:
+            prom.stop()
+        if cluster is not None:
+            cluster.stop(quiet=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    for name, row in out.items():
+        print(f"{name:>10}: runs {row['runs']}, failures {row['failures']}, max time to converge {row['max_converge_s']} s, "
+              f"stable requests lost {row['stable_lost']} ({row['seconds']} s)")
+        for s in row["samples"]:
+            if s.get("problems"):
+                print(f"{'':>12}{s}")
+    summary = {name: {k: v for k, v in row.items() if k not in ("samples", "rollouts_detail")} for name, row in out.items()}
+    print(json.dumps({"drills": summary, "total_s": round(time.monotonic() - t_all, 1),
+                      "samples": {name: row["samples"] for name, row in out.items()},
+                      "rollouts": out.get("kill", {}).get("rollouts_detail")}))
+
+
+if __name__ == "__main__":
+    main()
