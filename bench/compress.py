@@ -104,7 +104,7 @@ def main() -> None:
                          {"sizeBytes": b["sizeBytes"], "parameters": b["parameters"], "accuracy": b["accuracy"], "latencyMsP50": p50[name]},
                          {}, 100 * (fp32["accuracy"] - b["accuracy"])))
     print(f"\n{'model':6} {'variant':9} {'size fp32→var (B)':>22} {'params':>16} {'acc fp32→var':>16} {'p50 ms fp32→var':>18}", file=sys.stderr)
-    for arch, name, b, a, r, drop in rows:
+    for arch, name, b, a, _ratios, _drop in rows:
         print(f"{arch:6} {name:9} {b['sizeBytes']:>10}→{a['sizeBytes']:<10} {b['parameters']:>7}→{a['parameters']:<7} "
               f"{b['accuracy']:.4f}→{a['accuracy']:.4f} {b['latencyMsP50']:>8.3f}→{a['latencyMsP50']:<8.3f}", file=sys.stderr)
     print(json.dumps(figures))

@@ -47,7 +47,7 @@ def one_run(rng: random.Random, p_control: float, p_arm: float, rule: str, args:
             if n >= args.max_per_arm:
                 return None, n
             continue
-        d = decide(ArmCounts("control", sc, n), [ArmCounts("arm", sa, n)], rule=rule, alpha=args.alpha,  # type: ignore[arg-type]
+        d = decide(ArmCounts("control", sc, n), [ArmCounts("arm", sa, n)], rule=rule, alpha=args.alpha,
                    threshold=args.threshold, min_samples=args.min_samples, deadline_passed=n >= args.max_per_arm,
                    previous_p=previous, tau2=args.effect ** 2)
         previous = {c.arm: c.p_value for c in d.comparisons if c.p_value is not None}

@@ -279,7 +279,7 @@ def change_models(root: Path, indices: list[int]) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _load(spec_dir: Path):  # type: ignore[no-untyped-def]
+def _load(spec_dir: Path):
     from reconciler.loader import load_or_raise
     from specs import Environment
 
@@ -519,7 +519,7 @@ def _counted_main(counts: str, argv: list[str]) -> None:
         requests[key] += 1
         return original(self, method, url, *args, **kwargs)
 
-    api_client.ApiClient.call_api = call_api  # type: ignore[method-assign]
+    api_client.ApiClient.call_api = call_api
 
     def dump() -> None:
         hwm = None

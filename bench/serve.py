@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import queue
-import random
 import signal
 import socket
 import statistics
@@ -90,7 +89,8 @@ def build_variants(ws: Path, name: str, shape: dict[str, int], train_steps: int,
     import torch
 
     from runtimes.export import _bundle, export_onnx, quantize_int8
-    from runtimes.models import build_model as build, count_parameters, save_bundle
+    from runtimes.models import build_model as build
+    from runtimes.models import count_parameters, save_bundle
 
     torch.manual_seed(0)
     arch = {"type": "custom", "entrypoint": "runtimes.models:transformer_classifier", "options": {**shape, "vocabSize": 256}}
@@ -195,7 +195,7 @@ def start_server(ws: Path, name: str, tag: str, variant: str, batching: dict, ba
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
+        for line in proc.stdout:
             lines.put(line)
         lines.put(None)
 
@@ -415,7 +415,7 @@ def measure(ws: Path, name: str, args: argparse.Namespace) -> dict[str, Any]:
         results["served_backend"] = servers["batched"][2].get("backend")
         results["selection_reason"] = servers["batched"][2].get("reason")
         results["threads"] = servers["batched"][2].get("threads")
-        for tag, (_, url, _) in servers.items():  # warm-up: allocator, caches, the compute-time fit
+        for _, url, _ in servers.values():  # warm-up: allocator, caches, the compute-time fit
             load(url, model, 16, 1.5, shape["seqLen"])
         runs: dict[str, dict[int, list[dict]]] = {}
         for rep in range(args.reps):

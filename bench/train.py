@@ -17,8 +17,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from runtimes.benchsupport import ensure_runtime_env, step  # noqa: E402
 from bench.compress import DIGITS  # noqa: E402
+from runtimes.benchsupport import ensure_runtime_env, step  # noqa: E402
 
 CTX = 64
 

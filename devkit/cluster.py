@@ -14,9 +14,10 @@ import shutil
 import ssl
 import time
 import urllib.request
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from devkit.apiclient import RawClient
 from devkit.certs import issue_cert, make_ca, openssl, write_kubeconfig
@@ -102,7 +103,7 @@ class Cluster:
     # ---- lifecycle ---------------------------------------------------------------------
     @classmethod
     def start(cls, state_dir: str | os.PathLike[str] | None = None, *, install_crds: bool = True,
-              die_with_parent: bool = False, node: bool = False, log: Log = stderr_log) -> "Cluster":
+              die_with_parent: bool = False, node: bool = False, log: Log = stderr_log) -> Cluster:
         """Build-or-reuse the binaries, start etcd + kube-apiserver, install the CRDs, wait ready.
 
         ``node``: a node (:class:`devkit.node.Node`) will join, whose kube-controller-manager
@@ -126,7 +127,7 @@ class Cluster:
 
     @classmethod
     def _start_once(cls, state_dir: str | os.PathLike[str] | None, *, install_crds: bool,
-                    die_with_parent: bool, node: bool, log: Log) -> "Cluster":
+                    die_with_parent: bool, node: bool, log: Log) -> Cluster:
         bins = ensure_binaries(log)
         sd = Path(state_dir) if state_dir else default_state_dir()
         if (sd / "state.json").exists():
@@ -205,7 +206,6 @@ class Cluster:
     def _spawn_servers(self) -> None:
         """Start etcd, then kube-apiserver, on this cluster's ports and data; wait for /readyz."""
         sd = Path(self.state_dir)
-        pki = self.pki
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"
         # etcd: plain HTTP on loopback only, as envtest does; big requests for the Argo CRDs
         self.pids["etcd"], self.starts["etcd"] = _spawn([
@@ -270,7 +270,7 @@ class Cluster:
         self._spawn_servers()
 
     @staticmethod
-    def _wait_etcd(cluster: "Cluster", sd: Path, timeout: float = 30.0) -> None:
+    def _wait_etcd(cluster: Cluster, sd: Path, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not cluster._running("etcd"):
@@ -354,7 +354,7 @@ class Cluster:
                 time.sleep(0.2)
 
     @classmethod
-    def load(cls, state_dir: str | os.PathLike[str] | None = None) -> "Cluster":
+    def load(cls, state_dir: str | os.PathLike[str] | None = None) -> Cluster:
         sd = Path(state_dir) if state_dir else default_state_dir()
         try:
             data = json.loads((sd / "state.json").read_text())
@@ -363,7 +363,7 @@ class Cluster:
         return cls(**data)
 
     @classmethod
-    def external_from_env(cls) -> "Cluster | None":
+    def external_from_env(cls) -> Cluster | None:
         """A :class:`Cluster` for ``$FORGE_KUBECONFIG_EXTERNAL`` (not started or stopped by us)."""
         path = os.environ.get("FORGE_KUBECONFIG_EXTERNAL")
         if not path:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from devkit.common import REPO_ROOT, ClusterError, Log, cache_dir, stderr_log, versions
 from devkit.gobuild import go_mod_download

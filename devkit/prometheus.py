@@ -11,9 +11,10 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from devkit.common import ClusterError, Log, stderr_log
 from reconciler.targets.local import processes
@@ -50,7 +51,7 @@ class Prometheus:
     @classmethod
     def start(cls, targets: Iterable[str] = (), *, state_dir: str | os.PathLike[str] | None = None,
               scrape_interval: str = "1s", rule_files: Iterable[str] = (), die_with_parent: bool = True,
-              log: Log = stderr_log) -> "Prometheus":
+              log: Log = stderr_log) -> Prometheus:
         """Start Prometheus scraping ``targets`` (``host:port``) in job ``forge`` every ``scrape_interval``."""
         exe = ensure_prometheus(log)
         sd = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="forge-prometheus-"))

@@ -16,9 +16,10 @@ import json
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
+from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
@@ -115,7 +116,7 @@ def board_table(board: dict[str, Any]) -> Table:
     for col, justify in (("#", "right"), ("", "center"), ("model", "left"), ("version", "left"), ("variant", "left"),
                          ("runtime", "left"), (metric, "right"), ("size", "right"), ("params", "right"), ("p50", "right"),
                          ("p99", "right"), ("rows/s", "right"), ("memory", "right")):
-        table.add_column(_e(col), justify=justify, overflow="fold")  # type: ignore[arg-type]
+        table.add_column(_e(col), justify=cast(JustifyMethod, justify), overflow="fold")
     for r in board["rows"]:
         table.add_row(str(r["rank"]), "[yellow]★[/yellow]" if r.get("pareto") else "", _e(r["model"]), _e(r["version"][:8]),
                       _e(r["variant"]), _e(f"{r['runtime']} {r['kind']}"), fmt_metric(metric, r["metric"]),

@@ -11,9 +11,9 @@ Exceptions of Forge::
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Iterable
 
 #: Longest message, path or hint a diagnostic shows (a spec value quoted in one is cut, not echoed
 #: whole: a 4 MiB string stays in the file).

@@ -21,8 +21,9 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from renderers.labels import GIT_REVISION
 
@@ -57,7 +58,7 @@ class FieldChange:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "FieldChange":
+    def from_json(cls, data: Mapping[str, Any]) -> FieldChange:
         """Inverse of :meth:`to_json`."""
         return cls(data["op"], data["path"], data.get("old"), data.get("new"))
 
@@ -102,9 +103,9 @@ def _compare(desired: Any, live: Any, parts: tuple[str | int, ...], out: list[Fi
         if not isinstance(live, list) or len(live) != len(desired):
             out.append(FieldChange("change", _dotted(parts), live, desired))
             return
-        for i, (d, l) in enumerate(zip(desired, live)):
-            if d != l:
-                _compare(d, l, parts + (i,), out)
+        for i, (want, have) in enumerate(zip(desired, live)):
+            if want != have:
+                _compare(want, have, parts + (i,), out)
     elif not _equal_scalars(desired, live):
         out.append(FieldChange("change", _dotted(parts), live, desired))
 
@@ -300,7 +301,7 @@ def token_hunks(old: str, new: str) -> list[dict[str, str]]:
     ops = _opcodes(a, b)
     # Group the edits, merging those separated by a short equal run.
     groups: list[list[tuple[str, int, int, int, int]]] = []
-    for i, op in enumerate(ops):
+    for op in ops:
         if op[0] == "equal":
             continue
         if groups:

@@ -20,8 +20,9 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from reconciler.analysis import Verdict, judge
 from reconciler.experiment_stats import ArmCounts, decide
@@ -75,7 +76,7 @@ class ExperimentState:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ExperimentState":
+    def from_json(cls, data: Mapping[str, Any]) -> ExperimentState:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 

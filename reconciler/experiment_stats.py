@@ -32,8 +32,9 @@ real difference is found within the sample bound.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 Rule = Literal["msprt", "bayesian"]
 #: Fewest successes and failures per arm before the normal approximation is trusted.

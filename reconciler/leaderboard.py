@@ -19,7 +19,8 @@ latency, and the Pareto front of (metric, size, latency) marked (pure).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from reconciler.registry import variant_figures
 

@@ -10,9 +10,10 @@ import difflib
 import re
 import types
 import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
@@ -150,7 +151,7 @@ def _load_files(files: Iterable[SourceFile]) -> LoadResult:
                 if isinstance(raw.data, dict) and isinstance(raw.data.get("metadata"), dict):
                     invalid.add((str(raw.data.get("kind")), str(raw.data["metadata"].get("name"))))
                 continue
-            key = (doc.kind, doc.name)  # type: ignore[attr-defined]
+            key = (doc.kind, doc.name)
             if key in raws:
                 first = raws[key]
                 line, col = raw.position(("metadata", "name"))

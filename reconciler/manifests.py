@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
-
 import re
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 

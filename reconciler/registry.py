@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from reconciler.diagnostics import ForgeError
 from reconciler.reasons import spec_changes, workflow_steps
@@ -154,7 +155,6 @@ def ingest_local(db: Any, workspace: Path, workflow: Mapping[str, Any], environm
     registry = _read(workspace / relative)
     if not isinstance(registry, dict):
         return None
-    line = lineage(workflow)
     evaluate = workflow_steps(workflow).get("evaluate", {}).get("config", {})
     evaluation = _read(workspace / evaluate["output"] / "metrics.json") if evaluate.get("output") else None
     explain = workflow_steps(workflow).get("explain", {}).get("config", {})

@@ -4,8 +4,9 @@ variant). See `RolloutPolicy.spec.regressionGate`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from specs.rollout import RegressionGate
 

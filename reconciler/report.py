@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 #: Okabe–Ito: distinguishable with the common colour-vision deficiencies.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")

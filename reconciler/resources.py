@@ -3,8 +3,9 @@ identities (`ObjectRef`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class ObjectRef:
     name: str
 
     @classmethod
-    def of(cls, obj: Mapping[str, Any]) -> "ObjectRef":
+    def of(cls, obj: Mapping[str, Any]) -> ObjectRef:
         """The identity of a manifest."""
         meta = obj.get("metadata", {})
         return cls(obj["kind"], meta.get("namespace", "") or "", meta["name"])

@@ -12,9 +12,10 @@ records where it has a target to read them from (never in pull-request mode with
 from __future__ import annotations
 
 import stat as stat_module
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from reconciler.diff import value_diff
 from reconciler.plan import Plan

@@ -13,8 +13,9 @@ flagged. `forgectl plan --fail-on-risk FLAG[,FLAG]` turns chosen flags into a fa
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from renderers.labels import KIND, MODEL_VERSION, NAME, ROLE, VARIANT
 from specs import Compression, Endpoint, Environment, Model, RolloutPolicy, SpecSet
@@ -85,7 +86,7 @@ class Finding:
                 "declaredAt": self.declared_at or None}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Finding":
+    def from_json(cls, data: Mapping[str, Any]) -> Finding:
         """Inverse of :meth:`to_json`."""
         spec = data.get("spec") or {}
         return cls(data["flag"], data["message"], spec.get("kind", ""), spec.get("name", ""), data.get("path", ""),
@@ -341,7 +342,7 @@ def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
     return ((obj or {}).get("metadata", {}).get("labels")) or {}
 
 
-def prune_risks(changes: Iterable["Change"]) -> list[Finding]:
+def prune_risks(changes: Iterable[Change]) -> list[Finding]:
     """Deletions of SeldonDeployments that carry traffic."""
     out = []
     for change in changes:
@@ -358,7 +359,7 @@ def prune_risks(changes: Iterable["Change"]) -> list[Finding]:
     return out
 
 
-def metric_risks(changes: Iterable["Change"], records: Iterable[Mapping[str, Any]]) -> list[Finding]:
+def metric_risks(changes: Iterable[Change], records: Iterable[Mapping[str, Any]]) -> list[Finding]:
     """A version about to take traffic (an endpoint's new canary or stable) whose offline metrics
     the registry knows to be worse than those of the version serving now."""
     by_version = {(r.get("model"), r.get("version")): r for r in records}
@@ -399,7 +400,7 @@ def metric_risks(changes: Iterable["Change"], records: Iterable[Mapping[str, Any
     return out
 
 
-def _incoming_and_serving(change: "Change") -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _incoming_and_serving(change: Change) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Labels of the predictor about to take traffic and of the one serving now, when they differ."""
     if change.ref.kind != "SeldonDeployment" or change.after is None or change.before is None \
             or change.action.value not in ("create", "update"):
@@ -412,7 +413,7 @@ def _incoming_and_serving(change: "Change") -> tuple[dict[str, Any], dict[str, A
     return incoming, serving
 
 
-def regression_risks(changes: Iterable["Change"], records: Iterable[Mapping[str, Any]], specs: Any,
+def regression_risks(changes: Iterable[Change], records: Iterable[Mapping[str, Any]], specs: Any,
                      env: Any) -> tuple[list[Finding], list[str]]:
     """The rollout policies' regression gates, judged now with what the registry knows: a flag for
     each the controller will refuse, and a note with the numbers for each it can judge or skip
@@ -447,8 +448,8 @@ def regression_risks(changes: Iterable["Change"], records: Iterable[Mapping[str,
 
 # -- where ----------------------------------------------------------------------------------------
 
-def locate(findings: Iterable[Finding], head: Mapping[tuple[str, str], "RawDocument"],
-           base: Mapping[tuple[str, str], "RawDocument"] | None = None) -> list[Finding]:
+def locate(findings: Iterable[Finding], head: Mapping[tuple[str, str], RawDocument],
+           base: Mapping[tuple[str, str], RawDocument] | None = None) -> list[Finding]:
     """Each finding with the file and line of its field: in the head's documents, or the base's
     when the field (or the whole document) is gone."""
     base = base or {}

@@ -3,10 +3,11 @@ the plan and settle it with server-side dry runs; check a saved plan is still fr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import Any
 
 from reconciler.errors import StalePlanError
 from reconciler.heap import gc_paused

@@ -7,7 +7,8 @@ import html
 import json
 import re
 from collections import defaultdict
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from rich.markup import escape as _rich_escape
 

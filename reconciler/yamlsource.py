@@ -8,10 +8,9 @@ bombs, deep nesting, huge files, bad bytes) becomes a diagnostic rather than a h
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
-
-import re
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -19,7 +18,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from reconciler.diagnostics import Diagnostic, clip
 
 
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]  # a base chosen at run time
     """libyaml's parser when PyYAML was built with it (about 3× faster on large repositories), with
     YAML 1.2's floats: `1e-3` is a number, as Kubernetes (and JSON) read it, not the string PyYAML's
     YAML 1.1 rules make of it — a string that strict validation would then refuse."""

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from renderers.dashboards import render_dashboard
 from renderers.labels import ENVIRONMENT, GIT_REVISION, MANAGED_BY, MANAGER, PRUNE, TRAINING_STAGE
 from renderers.monitoring import render_podmonitor, render_rules
+from renderers.prerequisites import workflow_rbac, workspace_claim
 from renderers.seldon import ServingState, experiment_serving, render_seldon
 from renderers.versions import model_version
-from renderers.prerequisites import workflow_rbac, workspace_claim
 from renderers.workflow import RenderedWorkflow, render_workflow
 from specs import Endpoint, Environment, Model, SpecSet
 

@@ -70,7 +70,7 @@ def owner_metadata(
     """`metadata` of an object rendered from ``doc``: the user's labels, then Forge's ownership
     labels (which win), and the spec digest and git revision as annotations."""
     all_labels = {**doc.metadata.labels, **(labels or {})}
-    all_labels.update({MANAGED_BY: MANAGER, KIND: doc.kind, NAME: doc.name, ENVIRONMENT: environment})  # type: ignore[attr-defined]
+    all_labels.update({MANAGED_BY: MANAGER, KIND: doc.kind, NAME: doc.name, ENVIRONMENT: environment})
     all_annotations = {**doc.metadata.annotations, **(annotations or {}), SPEC_DIGEST: spec_digest(doc)}
     if revision:
         all_annotations[GIT_REVISION] = revision

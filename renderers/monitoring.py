@@ -8,7 +8,6 @@ from typing import Any
 from renderers.labels import ENDPOINT, owner_metadata
 from specs import Endpoint, Environment, RolloutPolicy, duration_seconds
 
-
 #: Scrape interval of the model servers unless a policy's rate windows need a shorter one.
 SCRAPE_INTERVAL_S = 5
 #: Samples a `rate()` window should hold (a window with fewer than two has no rate at all).

@@ -100,7 +100,7 @@ class SchedulingError(RenderError):
     """The model cannot fit the pool; the message names the numbers, ``breakdown`` holds them (at
     the widest job tried) for the plan to show."""
 
-    def __init__(self, message: str, breakdown: "MemoryBreakdown | None" = None) -> None:
+    def __init__(self, message: str, breakdown: MemoryBreakdown | None = None) -> None:
         super().__init__(message)
         self.breakdown = breakdown
 

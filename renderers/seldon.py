@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, STICKY, VARIANT, owner_metadata
-from renderers.stepargs import step_args
 from renderers.pods import INFERENCE_PRIORITY, SECURITY_CONTEXT, placement
+from renderers.stepargs import step_args
 from renderers.workflow import WORKSPACE_PVC, await_registration, image, registry_dir
 from specs import Compute, Endpoint, Environment, SpecSet
 from specs.endpoint import FaultInjection
@@ -35,7 +35,7 @@ class ServingState:
     canary: str | None = None
     canary_weight: int = 0
     #: While an experiment runs: one entry per arm (the controller resolves each arm's version).
-    arms: tuple["ArmServing", ...] = ()
+    arms: tuple[ArmServing, ...] = ()
     #: The version the shadow predictor serves, when the Endpoint has a `shadow`.
     shadow: str | None = None
     #: The variant of the stable predictor when it is not the Endpoint's (an experiment's winner).

@@ -7,7 +7,8 @@ target and by plans) and the runtimes agree on one format.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from renderers.labels import canonical_json
 

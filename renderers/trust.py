@@ -4,7 +4,8 @@ records. Read from the rendered step configs, so the plan shows what the Workflo
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 def trust_reasons(steps: Mapping[str, Mapping[str, Any]]) -> list[str]:

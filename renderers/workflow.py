@@ -24,26 +24,26 @@ from typing import Any
 from renderers.deepspeed import deepspeed_config
 from renderers.hardware import TENSORRT_IMAGE, apply_placement, hardware_steps
 from renderers.labels import MODEL_VERSION, STEP, TRAINING_STAGE, digest, owner_metadata
-from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, TRAINING_PRIORITY, placement, shm_volume
-from renderers.stepargs import step_args
+from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.scheduling import Schedule, schedule_resources
+from renderers.stepargs import step_args
 from renderers.versions import model_version, step_key
 from specs import Compression, Environment, Model, SpecSet
 from specs.compression import Distill
 from specs.model import Choice, IntRange, Uniform
 from specs.stepconfig import (
+    DEFAULT_WORKSPACE,
+    PERMANENT_EXIT_CODES,
+    WORKSPACE_ENV,
     AwaitConfig,
     CompressConfig,
-    DEFAULT_WORKSPACE,
     EvaluateConfig,
     ExplainConfig,
-    PERMANENT_EXIT_CODES,
     PickBestConfig,
     PrepareConfig,
     RegisterConfig,
     TrainConfig,
-    WORKSPACE_ENV,
 )
 
 STEP_CACHE_CONFIGMAP = "forge-step-cache"
@@ -108,7 +108,8 @@ def search_trials(model: Model) -> list[dict[str, float | int | str]]:
         return []
     names = sorted(search.space)
     if search.algorithm == "grid":
-        grids = [search.space[n].values for n in names]  # type: ignore[union-attr]
+        grids = [dim.values for dim in (search.space[n] for n in names) if isinstance(dim, Choice)]
+        assert len(grids) == len(names)  # the spec's validator allows only `choice` dimensions in a grid
         return [dict(zip(names, combo)) for combo in itertools.islice(itertools.product(*grids), search.trials)]
     rng = random.Random(digest(model.spec.model_dump(mode="json", by_alias=True)))
     trials = []

@@ -31,8 +31,9 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from runtimes._step import in_workspace, parse_config, read_json, run_step, write_json
 from runtimes.errors import StepFailed

@@ -25,7 +25,7 @@ import numpy as np
 
 from runtimes._step import in_workspace, read_json, source_root
 from runtimes.errors import StepFailed
-from specs.dataset import Clip, Deduplicate, DatasetSpec, DropMissing, Filter, Standardize
+from specs.dataset import Clip, DatasetSpec, Deduplicate, DropMissing, Filter, Standardize
 from specs.safety import OutsideRoot, resolve_inside
 
 LABEL = "__label__"

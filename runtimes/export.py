@@ -27,8 +27,9 @@ import json
 import logging
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from runtimes._step import in_workspace, parse_config, run_step, write_json
 from runtimes.errors import StepFailed, VariantRejected

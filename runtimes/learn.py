@@ -10,7 +10,8 @@ import math
 import os
 import random
 import time
-from typing import Any, Callable, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 import torch

@@ -26,7 +26,8 @@ import copy
 import importlib.util
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

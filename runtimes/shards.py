@@ -28,8 +28,9 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 CHUNK = 1 << 20
 SPLITS = ("train", "validation", "test")

@@ -241,7 +241,7 @@ class Threshold(SpecModel):
     max: float | None = Field(default=None, description="The metric must be at most this.")
 
     @model_validator(mode="after")
-    def _bounds(self) -> "Threshold":
+    def _bounds(self) -> Threshold:
         if self.min is None and self.max is None:
             raise ValueError("a threshold needs `min`, `max` or both")
         if self.min is not None and self.max is not None and self.max < self.min:

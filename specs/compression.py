@@ -3,7 +3,7 @@ distillation stages — for a hardware target, each bounded by a maximum accurac
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
@@ -52,13 +52,13 @@ class Distill(SpecModel):
     epochs: int = Field(default=3, ge=1, le=1000, description="Epochs of distillation.")
 
     @model_validator(mode="after")
-    def _needs_teacher(self) -> "Distill":
+    def _needs_teacher(self) -> Distill:
         if self.teacher_ref is None:
             raise ValueError("a distill stage needs a teacher: set `teacherRef` to a Model name")
         return self
 
 
-Stage = Annotated[Union[Prune, Quantize, Distill], Field(discriminator="type")]
+Stage = Annotated[Prune | Quantize | Distill, Field(discriminator="type")]
 
 
 class Variant(SpecModel):
@@ -73,7 +73,7 @@ class Variant(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _order(self) -> "Variant":
+    def _order(self) -> Variant:
         kinds = [s.type for s in self.stages]
         if "quantize" in kinds and kinds.index("quantize") != len(kinds) - 1:
             raise ValueError("quantize must be the last stage: nothing can train an INT8 model further")
@@ -121,7 +121,7 @@ class Export(SpecModel):
     tensorrt: TensorRT = Field(default_factory=TensorRT, description="TensorRT engine (Jetson/NVIDIA GPU targets).")
 
     @model_validator(mode="after")
-    def _unique(self) -> "Export":
+    def _unique(self) -> Export:
         if len(set(self.variants)) != len(self.variants):
             raise ValueError("export.variants names a variant twice")
         return self
@@ -138,7 +138,7 @@ class Benchmark(SpecModel):
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads each runtime may use (PyTorch and ONNX Runtime alike).")
 
     @model_validator(mode="after")
-    def _sizes(self) -> "Benchmark":
+    def _sizes(self) -> Benchmark:
         if any(b < 1 or b > 65_536 for b in self.batch_sizes):
             raise ValueError("batchSizes must be between 1 and 65536")
         return self
@@ -178,7 +178,7 @@ class CompressionSpec(SpecModel):
         return _omit_none(handler(self), "export", "benchmark")
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "CompressionSpec":
+    def _unique_names(self) -> CompressionSpec:
         names = [v.name for v in self.variants]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -74,7 +74,7 @@ class Accelerator(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _custom_needs_details(self) -> "Accelerator":
+    def _custom_needs_details(self) -> Accelerator:
         if self.type == "custom" and (self.resource_name is None or self.memory_gi_b is None):
             raise ValueError("`type: custom` needs `resourceName` and `memoryGiB`")
         if self.type == "cpu" and self.resource_name is not None:
@@ -147,7 +147,7 @@ class ComputeSpec(SpecModel):
         return check_selector(value, "nodeSelector")
 
     @model_validator(mode="after")
-    def _sizes(self) -> "ComputeSpec":
+    def _sizes(self) -> ComputeSpec:
         if self.accelerator.type == "cpu":
             if self.gpus_per_node or self.min_gpus or self.max_gpus:
                 raise ValueError("a `cpu` pool has no GPUs: leave gpusPerNode, minGpus and maxGpus at 0")

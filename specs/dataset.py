@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
@@ -37,13 +37,13 @@ class Source(SpecModel):
         return rest if scheme in ("file", "text", "pvc") else None
 
     @model_validator(mode="after")
-    def _contained(self) -> "Source":
+    def _contained(self) -> Source:
         if self.local_path is not None:
             check_relative_path(self.local_path, f"source path of {self.uri.partition('://')[0]}://")
         return self
 
     @model_validator(mode="after")
-    def _sklearn_name(self) -> "Source":
+    def _sklearn_name(self) -> Source:
         if self.uri.startswith("sklearn://"):
             name = self.uri.removeprefix("sklearn://")
             if name not in SKLEARN_DATASETS:
@@ -64,7 +64,7 @@ class Splits(SpecModel):
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seed of the shuffle before splitting.")
 
     @model_validator(mode="after")
-    def _sum_to_one(self) -> "Splits":
+    def _sum_to_one(self) -> Splits:
         total = self.train + self.validation + self.test
         if abs(total - 1.0) > 1e-6:
             raise ValueError(f"train + validation + test must be 1.0, got {total:g}")
@@ -95,7 +95,7 @@ class Clip(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Clip":
+    def _ordered(self) -> Clip:
         if self.max < self.min:
             raise ValueError(f"max ({self.max:g}) is below min ({self.min:g})")
         return self
@@ -115,7 +115,7 @@ class Filter(SpecModel):
 
 
 CleaningStep = Annotated[
-    Union[DropMissing, Deduplicate, Clip, Standardize, Filter], Field(discriminator="op")
+    DropMissing | Deduplicate | Clip | Standardize | Filter, Field(discriminator="op")
 ]
 
 
@@ -139,7 +139,7 @@ class AutoLabel(SpecModel):
     review_format: Literal["csv", "parquet"] = Field(default="csv", description="Format of the review file.")
 
     @model_validator(mode="after")
-    def _contained(self) -> "AutoLabel":
+    def _contained(self) -> AutoLabel:
         check_relative_path(self.unlabelled.partition("://")[2], "labeling.auto.unlabelled")
         return self
 
@@ -165,7 +165,7 @@ class Labeling(SpecModel):
         return data
 
     @model_validator(mode="after")
-    def _one_source(self) -> "Labeling":
+    def _one_source(self) -> Labeling:
         if self.column and self.function:
             raise ValueError("give `column` or `function`, not both")
         return self
@@ -194,7 +194,7 @@ class DatasetSpec(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _tabular_label(self) -> "DatasetSpec":
+    def _tabular_label(self) -> DatasetSpec:
         if self.source.format in ("csv", "parquet") and not (self.labeling.column or self.labeling.function):
             raise ValueError("a CSV or Parquet data set needs `labeling.column` or `labeling.function`")
         return self

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Literal, get_args
 
 from pydantic import Field
 
@@ -21,6 +21,8 @@ class Document(SpecModel):
 
     api_version: Literal["forge.dev/v1alpha1"] = Field(description=f"Always `{API_VERSION}`.")
     metadata: Metadata = Field(description="Name, labels and annotations.")
+    if TYPE_CHECKING:  # each kind declares its own `kind: Literal[...]` field; a field here would come first
+        kind: str
 
     @property
     def name(self) -> str:
@@ -79,11 +81,11 @@ class Endpoint(Document):
 
 #: kind name → document class, in dependency order (what a kind refers to comes before it).
 KINDS: dict[str, type[Document]] = {
-    cls.model_fields["kind"].annotation.__args__[0]: cls  # type: ignore[union-attr]
+    get_args(cls.model_fields["kind"].annotation)[0]: cls
     for cls in (Environment, Dataset, Compute, Compression, Model, RolloutPolicy, Endpoint)
 }
 
 AnyDocument = Annotated[
-    Union[Environment, Dataset, Compute, Compression, Model, RolloutPolicy, Endpoint],
+    Environment | Dataset | Compute | Compression | Model | RolloutPolicy | Endpoint,
     Field(discriminator="kind"),
 ]

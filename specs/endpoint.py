@@ -33,7 +33,7 @@ class Autoscaling(SpecModel):
     target_cpu_utilization: int = Field(default=70, ge=1, le=100, description="Average CPU percent to aim for.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Autoscaling":
+    def _ordered(self) -> Autoscaling:
         if self.max_replicas < self.min_replicas:
             raise ValueError(f"maxReplicas ({self.max_replicas}) is below minReplicas ({self.min_replicas})")
         return self
@@ -56,7 +56,7 @@ class Batching(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _budget(self) -> "Batching":
+    def _budget(self) -> Batching:
         if self.p99_target_ms is not None and self.p99_target_ms <= self.max_latency_ms:
             raise ValueError(f"p99TargetMs ({self.p99_target_ms:g}) must be larger than maxLatencyMs ({self.max_latency_ms:g}): "
                              "a request may be held up to maxLatencyMs before it computes, so a budget at or below it cannot be kept")
@@ -135,7 +135,7 @@ class EndpointSpec(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _v2_only(self) -> "EndpointSpec":
+    def _v2_only(self) -> EndpointSpec:
         if self.protocol == "seldon":
             used = [name for name, on in (("backend", self.backend is not None), ("batching.p99TargetMs", self.batching.p99_target_ms is not None)) if on]
             if used:

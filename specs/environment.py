@@ -145,7 +145,7 @@ class EnvironmentSpec(SpecModel):
         return check_relative_path(value, "root")
 
     @model_validator(mode="after")
-    def _target_settings(self) -> "EnvironmentSpec":
+    def _target_settings(self) -> EnvironmentSpec:
         if self.target == "kubernetes" and self.kubernetes is None:
             raise ValueError("`target: kubernetes` needs a `kubernetes:` section with at least `namespace`")
         return self

@@ -53,7 +53,7 @@ class Arm(SpecModel):
     fault_injection: ArmFaults | None = Field(default=None, description="Injected faults for drills and tests.")
 
     @model_validator(mode="after")
-    def _not_reserved(self) -> "Arm":
+    def _not_reserved(self) -> Arm:
         if self.name in RESERVED_ARM_NAMES:
             raise ValueError(f"arm name {self.name!r} is reserved (not one of {', '.join(RESERVED_ARM_NAMES)})")
         return self
@@ -68,7 +68,7 @@ class Sticky(SpecModel):
                                description="Cookie that identifies a user.")
 
     @model_validator(mode="after")
-    def _one(self) -> "Sticky":
+    def _one(self) -> Sticky:
         if (self.header is None) == (self.cookie is None):
             raise ValueError("sticky needs exactly one of `header` or `cookie`")
         return self
@@ -97,7 +97,7 @@ class PrimaryMetric(SpecModel):
     higher_is_better: bool = Field(default=True, description="Whether a larger proportion is better.")
 
     @model_validator(mode="after")
-    def _fields_of_kind(self) -> "PrimaryMetric":
+    def _fields_of_kind(self) -> PrimaryMetric:
         if self.kind == "latency-under":
             if self.latency_under_seconds is None:
                 raise ValueError("`kind: latency-under` needs `latencyUnderSeconds`")
@@ -162,7 +162,7 @@ class Experiment(SpecModel):
     decision: Decision = Field(default_factory=Decision, description="The decision rule.")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Experiment":
+    def _consistent(self) -> Experiment:
         names = [a.name for a in self.arms]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -3,7 +3,7 @@ distribute it, how to search hyperparameters and which offline thresholds gate i
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
@@ -66,7 +66,7 @@ class GPT(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "GPT":
+    def _heads_divide(self) -> GPT:
         if self.d_model % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide dModel ({self.d_model})")
         return self
@@ -87,7 +87,7 @@ class CustomArchitecture(SpecModel):
     )
 
 
-Architecture = Annotated[Union[MLP, CNN, GPT, CustomArchitecture], Field(discriminator="type")]
+Architecture = Annotated[MLP | CNN | GPT | CustomArchitecture, Field(discriminator="type")]
 
 
 class Hyperparameters(SpecModel):
@@ -134,7 +134,7 @@ class Distributed(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _zero_rules(self) -> "Distributed":
+    def _zero_rules(self) -> Distributed:
         if self.zero_stage > 0 and self.strategy != "deepspeed":
             raise ValueError(f"zeroStage {self.zero_stage} needs `strategy: deepspeed`")
         if self.offload != "none" and self.strategy != "deepspeed":
@@ -154,7 +154,7 @@ class Uniform(SpecModel):
     max: float = Field(description="Upper bound.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Uniform":
+    def _ordered(self) -> Uniform:
         if self.max <= self.min:
             raise ValueError(f"max ({self.max:g}) must be above min ({self.min:g})")
         if self.type == "logUniform" and self.min <= 0:
@@ -170,7 +170,7 @@ class IntRange(SpecModel):
     max: int = Field(description="Upper bound.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "IntRange":
+    def _ordered(self) -> IntRange:
         if self.max < self.min:
             raise ValueError(f"max ({self.max}) is below min ({self.min})")
         return self
@@ -185,7 +185,7 @@ class Choice(SpecModel):
     )
 
 
-SearchDimension = Annotated[Union[Uniform, IntRange, Choice], Field(discriminator="type")]
+SearchDimension = Annotated[Uniform | IntRange | Choice, Field(discriminator="type")]
 _SEARCHABLE = set(Hyperparameters.model_fields) - {"seed"}
 
 
@@ -209,7 +209,7 @@ class Search(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _known_parameters(self) -> "Search":
+    def _known_parameters(self) -> Search:
         known = {Hyperparameters.model_fields[n].alias or n for n in _SEARCHABLE}
         for name in self.space:
             if name not in known:
@@ -300,7 +300,7 @@ class Evaluation(SpecModel):
         return _omit_default(handler(self), "robustness", None)
 
     @model_validator(mode="after")
-    def _unique(self) -> "Evaluation":
+    def _unique(self) -> Evaluation:
         seen: set[str] = set()
         for t in self.thresholds:
             if t.metric in seen:
@@ -368,7 +368,7 @@ class ModelSpec(SpecModel):
         return _omit_default(_omit_default(data, "privacy", None), "explanations", None)
 
     @model_validator(mode="after")
-    def _custom_needs_size(self) -> "ModelSpec":
+    def _custom_needs_size(self) -> ModelSpec:
         if self.privacy is None and any(t.metric == "epsilon" for t in self.evaluation.thresholds):
             raise ValueError("a threshold on epsilon needs `privacy` (a model trained without it has no ε)")
         if self.privacy is not None:

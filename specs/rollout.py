@@ -4,7 +4,8 @@ Prometheus analysis that gates each step."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
@@ -132,7 +133,7 @@ class CompareToStable(SpecModel):
     max_decrease: float | None = Field(default=None, ge=0, description="Canary may be at most this much below stable.")
 
     @model_validator(mode="after")
-    def _one_bound(self) -> "CompareToStable":
+    def _one_bound(self) -> CompareToStable:
         if self.max_increase is None and self.max_decrease is None:
             raise ValueError("compareToStable needs `maxIncrease`, `maxDecrease` or both")
         return self
@@ -177,7 +178,7 @@ class Metric(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _query_and_rule(self) -> "Metric":
+    def _query_and_rule(self) -> Metric:
         if (self.template is None) == (self.query is None):
             raise ValueError("a metric needs exactly one of `template` or `query`")
         if self.min is None and self.max is None and self.compare_to_stable is None:
@@ -217,7 +218,7 @@ class Canary(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _increasing(self) -> "Canary":
+    def _increasing(self) -> Canary:
         weights = [s.weight for s in self.steps]
         for before, after in zip(weights, weights[1:]):
             if after <= before:
@@ -253,7 +254,7 @@ class GitWriteback(SpecModel):
     )
 
     @model_validator(mode="after")
-    def _branch_name(self) -> "GitWriteback":
+    def _branch_name(self) -> GitWriteback:
         check_branch(self.branch_for("x"))
         return self
 
@@ -322,7 +323,7 @@ class RolloutPolicySpec(SpecModel):
         return data
 
     @model_validator(mode="after")
-    def _strategy_section(self) -> "RolloutPolicySpec":
+    def _strategy_section(self) -> RolloutPolicySpec:
         if self.strategy == "canary" and self.canary is None:
             raise ValueError("`strategy: canary` needs a `canary:` section with steps")
         if self.strategy == "blueGreen" and self.blue_green is None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 #: Text that a controller evaluates in the fields spec strings are rendered into: who does it, and
 #: the hint a diagnostic gives.

@@ -7,8 +7,9 @@ file positions.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, TypeVar
+from typing import TypeVar
 
 from specs.compression import Distill
 from specs.documents import (
@@ -47,7 +48,7 @@ class SpecSet:
 
     def __post_init__(self) -> None:
         for doc in self.documents:
-            self._index.setdefault((doc.kind, doc.name), doc)  # type: ignore[attr-defined]
+            self._index.setdefault((doc.kind, doc.name), doc)
 
     def get(self, kind: type[D], name: str | None) -> D | None:
         """The document of ``kind`` named ``name``, or None."""
@@ -126,7 +127,7 @@ def check_references(specs: SpecSet) -> list[ReferenceProblem]:
         if name is not None and specs.get(kind, name) is None:
             known = ", ".join(d.name for d in specs.of(kind)) or "none defined"
             problems.append(
-                ReferenceProblem(doc.kind, doc.name, path, f"{kind.__name__} {name!r} is not defined (known: {known})",  # type: ignore[attr-defined]
+                ReferenceProblem(doc.kind, doc.name, path, f"{kind.__name__} {name!r} is not defined (known: {known})",
                                  target=(kind.__name__, name))
             )
 

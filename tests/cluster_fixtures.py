@@ -34,8 +34,8 @@ import re
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -44,7 +44,6 @@ from devkit.common import ClusterError
 from devkit.gobuild import ensure_binaries
 from devkit.prometheus import Prometheus, ensure_prometheus
 from devkit.rbac import FORGECTL_GROUP, FORGECTL_USER, bind_forgectl, install_forgectl_rbac
-
 
 _started: list[str] = []  # one line per component started by this session, for the summary
 

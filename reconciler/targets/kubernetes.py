@@ -15,11 +15,12 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import urllib3
 from kubernetes import client as k8s
@@ -62,7 +63,7 @@ LIST_PAGE = 500
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _micro(ts: datetime) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
-from typing import Any, Mapping, Protocol
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from reconciler.errors import TargetError
 from reconciler.resources import BY_KIND, EVENT, ObjectRef, Resource
@@ -113,7 +114,7 @@ class KubernetesRolloutBackend:
         obj = self.deployments.get(endpoint)
         if obj is None:
             return
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1", "kind": "Event",

@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -146,7 +147,7 @@ class AdaptiveBatcher:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=1.0)  # idle: end; the next request starts it again
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if not self.queue:
                         return
                 continue
@@ -164,7 +165,7 @@ class AdaptiveBatcher:
                         break
                     try:
                         await asyncio.wait_for(self._wake.wait(), timeout=wait)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         break
                     deadline = self._hold_until(cap)
             batch = self._take(cap)

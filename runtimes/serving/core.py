@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-
 ONNX_KINDS = ("onnx", "onnx-int8")
 
 
@@ -65,7 +64,10 @@ class ServingCore:
         except RuntimeError:  # already set, or inter-op work already started: keep what is there
             pass
         info = read_info(model_dir)
-        self.session = None
+        # An onnxruntime InferenceSession (ONNX bundles) or a torch module: typed Any, as neither
+        # library is importable where the control plane is type-checked.
+        self.session: Any = None
+        self.model: Any = None
         if info.get("kind") in ONNX_KINDS:
             self.session = serving_session(model_dir / info.get("file", "model.onnx"), self.threads)
             self._input_name = self.session.get_inputs()[0].name

@@ -12,7 +12,8 @@ accuracy unknown) the Endpoint's own variant is served, and the reason says why.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 #: Bundle kinds the serving core loads (runtimes.serving.core).
 SERVABLE_KINDS = ("state_dict", "int8", "pickle", "pt2e", "onnx", "onnx-int8")

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from reconciler.experiment import DECIDED, INCONCLUSIVE, RUNNING, STOPPED, ExperimentController, count_queries, serving_for
 from reconciler.loader import load_or_raise
 from reconciler.rollout import RolloutState
@@ -66,7 +64,7 @@ class Counters:
             self.s[arm] = self.s.get(arm, 0) + sum(self.rng.random() < p for _ in range(per_arm))
 
     def value(self, query: str) -> float | None:
-        role = re.search(r'forge_role="([^"]+)"', query)[1]  # type: ignore[index]
+        role = re.search(r'forge_role="([^"]+)"', query)[1]
         if "histogram_quantile" in query:
             return self.latency.get(role, 0.05)
         if 'code!~"5.."' in query:
@@ -77,7 +75,7 @@ class Counters:
 def _endpoint(**experiment: Any) -> Endpoint:
     specs = load_or_raise([str(ROOT / "examples" / "experiments")]).specs
     ep = next(e for e in specs.of(Endpoint) if e.name == "digits-ab")
-    exp = ep.spec.experiment.model_copy(update=experiment)  # type: ignore[union-attr]
+    exp = ep.spec.experiment.model_copy(update=experiment)
     return ep.model_copy(update={"spec": ep.spec.model_copy(update={"experiment": exp})})
 
 
@@ -85,7 +83,7 @@ def _run(ep: Endpoint, counters: Counters, *, looks: int, per_look: int = 200, b
          start: float = 1000.0) -> tuple[Backend, Any]:
     backend = backend or Backend(serving_now={ep.name: ServingState(VERSION)})
     clock = [start]
-    ctl = ExperimentController(backend, counters, "ns", clock=lambda: clock[0])  # type: ignore[arg-type]
+    ctl = ExperimentController(backend, counters, "ns", clock=lambda: clock[0])
     state = ctl.reconcile(ep, VERSION)
     for _ in range(looks):
         if state is not None and state.phase != RUNNING:
@@ -100,7 +98,7 @@ def test_starts_with_the_arms_and_decides_for_the_better_arm() -> None:
     ep = _endpoint(min_samples_per_arm=1000)
     counters = Counters({"base": 0.90, "int8": 0.97})
     backend = Backend(serving_now={ep.name: ServingState(VERSION)})
-    ctl = ExperimentController(backend, counters, "ns", clock=lambda: 1000.0)  # type: ignore[arg-type]
+    ctl = ExperimentController(backend, counters, "ns", clock=lambda: 1000.0)
     first = ctl.reconcile(ep, VERSION)
     assert first is not None and first.phase == RUNNING
     assert [a.name for a in backend.serving_now[ep.name].arms] == ["base", "int8"]
@@ -148,7 +146,7 @@ def test_a_changed_experiment_starts_over() -> None:
 
 def test_serving_for_after_a_decision() -> None:
     ep = _endpoint()
-    assert [a.share for a in serving_for(ep, VERSION, None).arms] == [50, 50]  # type: ignore[union-attr]
+    assert [a.share for a in serving_for(ep, VERSION, None).arms] == [50, 50]
 
 
 def test_count_queries_parse() -> None:
@@ -191,7 +189,7 @@ def test_versions_an_experiment_serves_are_kept() -> None:
     env = specs.environment("local")
     state = ServingState("aaaaaaaaaaaa", arms=(ArmServing("base", "aaaaaaaaaaaa", "base", 50),
                                                 ArmServing("int8", "bbbbbbbbbbbb", "int8", 50)), shadow="cccccccccccc")
-    sd = render_seldon(specs, ep, env, "ns", None, state)  # type: ignore[arg-type]
+    sd = render_seldon(specs, ep, env, "ns", None, state)
     workflows = [{"kind": "Workflow", "metadata": {"name": f"wf-{v[:2]}", "namespace": "ns",
                                                    "labels": {"forge.dev/model-version": v}}}
                  for v in ("aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc", "dddddddddddd")]

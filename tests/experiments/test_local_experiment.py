@@ -63,7 +63,7 @@ class LocalBackend:
         obj = render_seldon(self.specs, endpoint, self.env, "default", None, state)
         sticky = (obj["metadata"].get("annotations") or {}).get(STICKY)
         self.url = self.local.ensure_endpoint(endpoint.name, obj["spec"]["predictors"],
-                                                tuple(sticky.split(":", 1)) if sticky else None)  # type: ignore[arg-type]
+                                                tuple(sticky.split(":", 1)) if sticky else None)
         self.prom.set_targets(self.local.scrape_targets())
         self.objects[endpoint.name] = obj
 

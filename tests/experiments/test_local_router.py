@@ -73,10 +73,10 @@ def test_arms_by_share_and_sticky_users(state_dir: Path, tmp_path: Path) -> None
 
         # a replaced arm gets a fresh slot; a third arm a free family; the sticky setting changes in
         # place (the admin socket's `set map`), the router is not restarted
-        pid = db.process("router/ab").pid  # type: ignore[union-attr]
+        pid = db.process("router/ab").pid
         router.set_roles({"control": (ports["v1"], 34), "treatment": (ports["v3"], 33), "third": (ports["v2"], 33)},
                          sticky=("cookie", "uid"))
-        assert router.url == url and db.process("router/ab").pid == pid  # type: ignore[union-attr]
+        assert router.url == url and db.process("router/ab").pid == pid
         by_cookie = {u: {_ask(url, {"Cookie": f"uid=u{u}"}) for _ in range(3)} for u in range(30)}
         assert all(len(v) == 1 for v in by_cookie.values()), by_cookie
         assert set().union(*by_cookie.values()) == {"v1", "v2", "v3"}

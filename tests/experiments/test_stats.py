@@ -15,7 +15,7 @@ import statistics
 
 import pytest
 
-from reconciler.experiment_stats import (ArmCounts, decide, msprt_interval, msprt_lambda, probability_to_beat)
+from reconciler.experiment_stats import ArmCounts, decide, msprt_interval, msprt_lambda, probability_to_beat
 
 
 def simulate(p_control: float, p_arm: float, *, runs: int, seed: int, rule: str = "msprt", alpha: float = 0.05,
@@ -34,7 +34,7 @@ def simulate(p_control: float, p_arm: float, *, runs: int, seed: int, rule: str 
             sa += sum(r() < p_arm for _ in range(batch))
             n += batch
             deadline = n >= max_per_arm
-            decision = decide(ArmCounts("control", sc, n), [ArmCounts("arm", sa, n)], rule=rule, alpha=alpha,  # type: ignore[arg-type]
+            decision = decide(ArmCounts("control", sc, n), [ArmCounts("arm", sa, n)], rule=rule, alpha=alpha,
                               threshold=threshold, min_samples=min_samples, minimum_effect=minimum_effect,
                               deadline_passed=deadline, previous_p=previous)
             previous = {c.arm: c.p_value for c in decision.comparisons if c.p_value is not None}

@@ -43,7 +43,7 @@ class PlanRepo:
     repo: git.Repo
 
     @classmethod
-    def of(cls, tmp_path: Path, example: str) -> "PlanRepo":
+    def of(cls, tmp_path: Path, example: str) -> PlanRepo:
         root = tmp_path / example
         shutil.copytree(ROOT / "examples" / example, root)
         repo = git.Repo.init(root)

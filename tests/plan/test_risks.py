@@ -95,7 +95,7 @@ spec: {{modelRef: m}}
 """
 
 
-def loaded(text: str):  # type: ignore[no-untyped-def]
+def loaded(text: str):
     result = load_files([SourceFile("specs/all.yaml", text.encode())])
     assert result.ok, [d.text() for d in result.diagnostics]
     return result

@@ -76,7 +76,7 @@ def test_target_flags_arrive_as_one_value_and_positionals_stay() -> None:
 
 def test_target_flags_take_the_place_of_the_group_parameter() -> None:
     app, _ = _tiny_app()
-    params = [p for p in get_command(app).commands["show"].params]  # type: ignore[attr-defined]
+    params = [p for p in get_command(app).commands["show"].params]
     assert [p.name for p in params] == ["paths", "kubeconfig", "context", "namespace", "verbose"]
     assert [p.opts for p in params[1:4]] == [["--kubeconfig"], ["--context"], ["--namespace", "-n"]]
 
@@ -226,7 +226,7 @@ class Clock:
 
 def _controllers(backend: FakeBackend, policy: RolloutPolicy | None = None) -> Controllers:
     rollouts = Controller(backend, None, "forge-test", clock=lambda: 1_000.0)
-    return Controllers(backend, rollouts, FakeExperiments(backend))  # type: ignore[arg-type]  # the fakes stand in
+    return Controllers(backend, rollouts, FakeExperiments(backend))
 
 
 def _desired(*endpoints: Endpoint, version: str = V1) -> list[Any]:
@@ -305,11 +305,11 @@ def test_an_experiment_endpoint_is_the_experiment_controllers() -> None:
     backend = FakeBackend({"digits": ServingState(V1), "ab": ServingState(V1)})
     controllers = _controllers(backend)
     states, lines = reconcile_pass(controllers, _desired(_endpoint("ab", experiment=True), _endpoint("digits")))
-    assert controllers.experiments.asked == ["ab"]  # type: ignore[attr-defined]
+    assert controllers.experiments.asked == ["ab"]
     assert lines == {"ab": f"ab: experiment Running — looked at {V1}", "digits": "digits: Idle step 0 canary 0 % — "}
     assert states["ab"].experiment is not None and states["ab"].experiment["phase"] == "Running"
     assert not settled(states)  # an experiment still running keeps the watch going
-    controllers.experiments.phase = "Decided"  # type: ignore[attr-defined]
+    controllers.experiments.phase = "Decided"
     states, _ = reconcile_pass(controllers, _desired(_endpoint("ab", experiment=True), _endpoint("digits")))
     assert settled(states)
 
@@ -515,4 +515,4 @@ def test_plan_json_adds_prerequisite_notes_only_for_a_cluster(tmp_path: Path) ->
     local = result.specs.environment("local")
     plan = Plan("local", "local", (), notes=("a note",))
     # the local target is never asked: there is no cluster to check
-    assert plan_json(plan, result.specs, local, None) == plan.to_json()  # type: ignore[arg-type]
+    assert plan_json(plan, result.specs, local, None) == plan.to_json()

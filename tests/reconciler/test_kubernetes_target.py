@@ -49,7 +49,7 @@ def forgectl(*args: str, kubeconfig: str, cwd: Path | None = None, check: bool =
     return proc
 
 
-def live_versions(target) -> dict[ObjectRef, str]:  # type: ignore[no-untyped-def]
+def live_versions(target) -> dict[ObjectRef, str]:
     return {ObjectRef.of(o): o["metadata"]["resourceVersion"] for o in target.read_live()}
 
 
@@ -216,7 +216,7 @@ def test_forbidden_error_names_verb_resource_and_namespace(kube_cluster, namespa
     other = f"{namespace}-elsewhere"[:63]
     result = load_or_raise([str(specs)])
     env = result.specs.get(Environment, "cluster")
-    target = open_target(env, TargetOptions(kubeconfig=str(restricted_kubeconfig), namespace=other))  # type: ignore[arg-type]
+    target = open_target(env, TargetOptions(kubeconfig=str(restricted_kubeconfig), namespace=other))
     with pytest.raises(ForbiddenError) as err:
         target.read_live()
     text = str(err.value)
@@ -232,11 +232,11 @@ def test_api_server_stopped_mid_apply_then_rerun_converges(kube_cluster, namespa
     from reconciler.targets.kubernetes import KubernetesTarget
 
     target = KubernetesTarget("cluster", namespace, kubeconfig=kube_cluster.kubeconfig, retries=1, backoff=0.1, timeout=2.0)
-    plan, _ = make_plan(result.specs, env, target, namespace, None)  # type: ignore[arg-type]
+    plan, _ = make_plan(result.specs, env, target, namespace, None)
     pid = kube_cluster.pids["kube-apiserver"]
     stopped = []
 
-    def stop_after_first(change, outcome) -> None:  # type: ignore[no-untyped-def]
+    def stop_after_first(change, outcome) -> None:
         if not stopped:
             os.kill(pid, signal.SIGSTOP)
             stopped.append(True)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def quickstart():  # type: ignore[no-untyped-def]
+def quickstart():
     specs = load([str(ROOT / "examples" / "quickstart")]).specs
     env = specs.environment(None)
     assert env is not None
@@ -36,7 +36,7 @@ def quickstart():  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("state", [ServingState("v1"), ServingState("v1", "v2", 30), ServingState("v1", "v2", 0)],
                          ids=["stable", "canary-30", "canary-0"])
-def test_rendered_serving_reads_back(quickstart, state: ServingState) -> None:  # type: ignore[no-untyped-def]
+def test_rendered_serving_reads_back(quickstart, state: ServingState) -> None:
     specs, env, endpoint, _ = quickstart
     obj = render_serving(specs, env, "ns-1", None, endpoint, state)
     assert obj["metadata"]["namespace"] == "ns-1"
@@ -44,7 +44,7 @@ def test_rendered_serving_reads_back(quickstart, state: ServingState) -> None:  
     assert (back.stable, back.canary, back.canary_weight) == (state.stable, state.canary, state.canary_weight)
 
 
-def test_desired_serving_follows_live_and_rollout_state(quickstart) -> None:  # type: ignore[no-untyped-def]
+def test_desired_serving_follows_live_and_rollout_state(quickstart) -> None:
     specs, env, endpoint, want = quickstart
     # first apply: the specs' version serves alone
     assert desired_serving(specs, env, {}, {}) == {"digits": ServingState(want)}
@@ -59,7 +59,7 @@ def test_desired_serving_follows_live_and_rollout_state(quickstart) -> None:  # 
     assert desired_serving(specs, env, {"digits": ServingState("old")}, {"digits": rolled_back}) == {"digits": ServingState("old")}
 
 
-def test_with_namespace_overrides_only_a_cluster_namespace(quickstart) -> None:  # type: ignore[no-untyped-def]
+def test_with_namespace_overrides_only_a_cluster_namespace(quickstart) -> None:
     specs, env, _, _ = quickstart
     assert env.spec.kubernetes is None and with_namespace(env, "anything") is env  # no cluster settings to move
     cluster = next(e for e in specs.of(Environment) if e.spec.target == "kubernetes")
@@ -100,7 +100,7 @@ def test_state_db_steps_runs_cache_and_rollouts(tmp_path: Path) -> None:
     assert db.rollouts() == {"digits": {"endpoint": "digits", "stable": "v1", "phase": "Idle"}}
 
 
-def test_a_plan_reads_the_local_registry_through_the_target(quickstart, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_plan_reads_the_local_registry_through_the_target(quickstart, tmp_path: Path) -> None:
     """`registry_records` asks the Target (`model_records`, no backfill) only when the plan moves
     an endpoint to another version; the local target answers from its state DB."""
     from reconciler.change import Action, Change

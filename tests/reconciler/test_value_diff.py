@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from reconciler.diff import FieldChange, INLINE_LIMIT, token_hunks, tokens, value_diff
+from reconciler.diff import INLINE_LIMIT, FieldChange, token_hunks, tokens, value_diff
 from reconciler.reasons import spec_changes, spec_diff
 from specs.rollout import BUILTIN_TEMPLATES
 

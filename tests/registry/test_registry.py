@@ -22,6 +22,7 @@ from reconciler.targets.local.state import StateDB
 from renderers import RenderContext, render
 from tests.registry.sample import DIGITS_DIGEST, ROOT, V1, V2, cli, project, rendered, write_run
 
+
 @pytest.fixture()
 def two_versions(tmp_path: Path) -> dict[str, Any]:
     specs = project(tmp_path)

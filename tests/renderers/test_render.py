@@ -160,7 +160,7 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module.split(".")[0])
         elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("open", "__import__", "eval", "exec"):
-            found.add(node.func.id)  # type: ignore[attr-defined]
+            found.add(node.func.id)
     return found
 
 

@@ -51,7 +51,7 @@ class Rollout:
     stable: str = ""
     canary: str = ""
 
-    def load(self):  # type: ignore[no-untyped-def]
+    def load(self):
         result = load_or_raise([str(self.specs_dir)])
         env = result.specs.get(Environment, "cluster")
         return result, env
@@ -62,15 +62,15 @@ class Rollout:
         plan, _ = make_plan(result.specs, env, target, self.namespace, revision_of([str(self.specs_dir)], None))
         apply_plan(plan, target)
 
-    def controller(self, on_rollback=None):  # type: ignore[no-untyped-def]
+    def controller(self, on_rollback=None):
         result, env = self.load()
         target = open_target(env, TargetOptions(kubeconfig=self.kubeconfig, namespace=self.namespace))
-        backend = KubernetesRolloutBackend(target, result.specs, env, revision_of([str(self.specs_dir)], None))  # type: ignore[arg-type]
+        backend = KubernetesRolloutBackend(target, result.specs, env, revision_of([str(self.specs_dir)], None))
         controller = Controller(backend, Prometheus(self.prometheus.url, timeout=2), self.namespace, on_rollback=on_rollback)
         endpoint = result.specs.get(Endpoint, "digits")
         policy = result.specs.policy_of(endpoint, env)
         model = result.specs.get(Model, "digits-mlp")
-        version = model_version(result.specs, model, env)  # type: ignore[arg-type]
+        version = model_version(result.specs, model, env)
         return controller, backend, endpoint, policy, version
 
     def finish_workflow(self, version: str, phase: str = "Succeeded") -> None:
@@ -118,7 +118,7 @@ def rollout(kube_cluster, namespace, prometheus, digits, tmp_path) -> Rollout:  
     return r
 
 
-def serve(r: Rollout, server_factory, role: str, version: str, error_rate: float = 0.0):  # type: ignore[no-untyped-def]  # noqa: F811
+def serve(r: Rollout, server_factory, role: str, version: str, error_rate: float = 0.0):  # noqa: F811
     config = {"endpoint": "digits", "namespace": r.namespace, "model": "digits-mlp", "version": version, "variant": "base",
               "role": role, "modelDir": "models/base", "host": "127.0.0.1", "port": 0,
               "batching": {"enabled": True, "maxBatchSize": 8, "maxLatencyMs": 2}}
@@ -140,7 +140,7 @@ def reached(*phases: Phase) -> Callable[[RolloutState], bool]:
     return lambda state: state.phase in phases
 
 
-def drive(r: Rollout, traffic: Traffic, until: Callable[[RolloutState], bool], timeout: float, on_rollback=None, hook=None):  # type: ignore[no-untyped-def]
+def drive(r: Rollout, traffic: Traffic, until: Callable[[RolloutState], bool], timeout: float, on_rollback=None, hook=None):
     """Run the controller a pass every 0.5 s, the traffic following the live weights, until ``until`` holds."""
     controller, backend, endpoint, policy, version = r.controller(on_rollback)
     seen: list[RolloutState | None] = [None]
@@ -204,7 +204,7 @@ def test_failing_canary_rolls_back_and_stable_keeps_serving(rollout: Rollout, se
     traffic = start_traffic(rollout, server_factory, canary_error_rate=0.5)
     repo = git.Repo(rollout.specs_dir.parent)
 
-    def writeback(endpoint, state) -> str:  # type: ignore[no-untyped-def]
+    def writeback(endpoint, state) -> str:
         from reconciler.writeback import write_back
 
         sha = write_back(rollout.specs_dir, [str(rollout.specs_dir / "model.yaml")], repo.commit("HEAD~1").hexsha[:12],
@@ -254,7 +254,7 @@ def test_prometheus_down_holds_then_resumes(rollout: Rollout, server_factory) ->
     traffic = start_traffic(rollout, server_factory)
     paused = {}
 
-    def outage(state, r) -> None:  # type: ignore[no-untyped-def]
+    def outage(state, r) -> None:
         if state is not None and state.phase is Phase.PROGRESSING and state.step == 0 and not paused:
             r.prometheus.pause()
             paused["at"] = time.monotonic()

@@ -82,7 +82,7 @@ class Server:
                                      env=runner.env(), cwd=ROOT, start_new_session=True)
         self.url = ""
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         deadline = time.monotonic() + 180
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:

@@ -29,7 +29,7 @@ def _serve_config(model_dir: str, **extra: object) -> dict:
 
 
 def _count(metrics: str, code: str) -> float:
-    match = re.search(r'forge_requests_total\{([^}]*code="%s"[^}]*)\} ([0-9.e+]+)' % code, metrics)
+    match = re.search(r'forge_requests_total\{([^}]*code="' + code + r'"[^}]*)\} ([0-9.e+]+)', metrics)
     return float(match.group(2)) if match else 0.0
 
 
@@ -179,7 +179,7 @@ def test_adaptive_batching_server_exports_where_the_time_goes(digits: Runner, se
     assert answers == [200] * 40
     metrics = get_text(f"{server.url}/metrics")
     for phase in ("decode", "queue", "compute", "encode"):
-        assert re.search(r'forge_request_phase_seconds_count\{[^}]*phase="%s"[^}]*\} 43.0' % phase, metrics), phase
+        assert re.search(r'forge_request_phase_seconds_count\{[^}]*phase="' + phase + r'"[^}]*\} 43.0', metrics), phase
     assert re.search(r'forge_serving_info\{[^}]*backend="pytorch"[^}]*batcher="adaptive"[^}]*\} 1.0', metrics)
     serving = json.loads(get_text(f"{server.url}/forge/serving"))
     assert serving["batcher"] == "adaptive" and serving["variant"] == "base" and serving["batcherState"]["p99TargetMs"] == 100

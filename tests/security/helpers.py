@@ -146,7 +146,7 @@ class Project:
     token: str = field(default_factory=lambda: "forge-hostile-" + uuid.uuid4().hex[:12])
 
     @classmethod
-    def create(cls, tmp_path: Path, base: str = BASE) -> "Project":
+    def create(cls, tmp_path: Path, base: str = BASE) -> Project:
         root = tmp_path / "project"
         (root / "specs").mkdir(parents=True)
         (root / "specs" / "base.yaml").write_text(base)
@@ -169,7 +169,7 @@ class Project:
         """The file a hostile command or import would create (outside the project)."""
         return self.outside / f"{self.token}.ran"
 
-    def run(self, *args: str, **kwargs) -> Run:  # type: ignore[no-untyped-def]
+    def run(self, *args: str, **kwargs) -> Run:
         return forgectl(*args, cwd=self.root, **kwargs)
 
     def git_init(self) -> git.Repo:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from reconciler import sources
-
 from tests.security.helpers import BASE, DIGEST, Project, assert_diagnostic, doc, snapshot
 
 MODEL = "datasetRef: digits\narchitecture: {type: mlp}\n"

@@ -71,7 +71,7 @@ class Listener:
 
 
 @pytest.fixture
-def listener():  # type: ignore[no-untyped-def]
+def listener():
     server = Listener()
     yield server
     server.close()

@@ -11,7 +11,8 @@ from pathlib import Path
 import yaml
 
 from devkit.cluster import Cluster
-from devkit.rbac import apply as apply_rbac, install_forgectl_rbac
+from devkit.rbac import apply as apply_rbac
+from devkit.rbac import install_forgectl_rbac
 from tests.security.helpers import BASE, Project
 
 ROOT = Path(__file__).resolve().parents[2]

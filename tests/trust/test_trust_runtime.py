@@ -28,7 +28,7 @@ def _evaluate(runner: Runner, model_dir: str, out: str, thresholds: list[dict[st
 def private(digits: Runner) -> Runner:
     spec = {**SMALL, "privacy": {"epsilon": BUDGET, "delta": 1e-5, "maxGradNorm": 1.0}}
     proc = digits.run("train", train_config("models/private", spec), timeout=600)
-    digits.private_events = events(proc.stdout)  # type: ignore[attr-defined]
+    digits.private_events = events(proc.stdout)
     return digits
 
 
@@ -41,7 +41,7 @@ def test_dp_sgd_spends_at_most_its_budget_and_still_learns(private: Runner) -> N
     assert privacy["noiseMultiplier"] > 0.5 and privacy["maxGradNorm"] == 1.0
     assert privacy["steps"] == metrics["steps"] > 0 and privacy["poissonSampling"]
     assert metrics["accuracy"] >= 0.6  # ten classes: chance is 0.1
-    progress = [e for e in private.private_events if e.get("event") == "progress"]  # type: ignore[attr-defined]
+    progress = [e for e in private.private_events if e.get("event") == "progress"]
     assert progress and all(e["epsilon"] <= BUDGET for e in progress)
     assert progress[-1]["epsilon"] >= progress[0]["epsilon"]  # the accountant only grows
 

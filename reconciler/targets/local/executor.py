@@ -21,9 +21,10 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from reconciler import upstream
 from reconciler.targets.local.processes import ProcessRecord, alive, die_with_parent, start_ticks, stop

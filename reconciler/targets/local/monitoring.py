@@ -28,9 +28,10 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from reconciler.targets.local import processes
 from reconciler.targets.local.state import StateDB

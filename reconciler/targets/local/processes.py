@@ -20,10 +20,11 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)

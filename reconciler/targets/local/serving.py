@@ -27,17 +27,18 @@ import json
 import os
 import time
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from reconciler.targets.local import processes
-from reconciler.targets.local.processes import log_tail
 from reconciler.targets.local.monitoring import pod_target
+from reconciler.targets.local.processes import log_tail
 from reconciler.targets.local.router import Router, RouterError, http_ok
 from reconciler.targets.local.state import StateDB
-from specs.rollout import SERIES_LABELS
 from renderers.seldon import READINESS_PATHS
 from renderers.stepargs import decode_step_config, step_args
+from specs.rollout import SERIES_LABELS
 
 ENDPOINT_LABEL = "forge.dev/endpoint"
 VERSION_LABEL = "forge.dev/model-version"
@@ -176,7 +177,7 @@ class LocalServing:
             else:
                 router.set_shadow(None)
             if arms:
-                router.set_roles({role: (_addr(current[role]), max(0, min(100, by_role[role].traffic)))  # type: ignore[misc]
+                router.set_roles({role: (_addr(current[role]), max(0, min(100, by_role[role].traffic)))  # type: ignore[misc]  # _addr is None only for no record; current[role] is one
                                   for role in arms}, drain_timeout=self.drain_timeout)
             else:
                 router.set(_addr(stable), _addr(canary), max(0, min(100, canary_weight)), drain_timeout=self.drain_timeout)

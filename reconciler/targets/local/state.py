@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from reconciler.resources import ObjectRef
 from reconciler.targets.base import StepRun, WorkflowRun
