@@ -211,12 +211,17 @@ def record(state: RolloutState, policy: RolloutPolicy | None, metric: Metric, m:
     run = replace(state.runs.get(metric.name, MetricRun()), last_at=now)
     step = state.step + 1
     if m.verdict is Verdict.INCONCLUSIVE:
-        run = replace(run, inconclusive_in_a_row=run.inconclusive_in_a_row + 1)
+        # The cause, not the detail's wording, says whether Prometheus could not answer at all. An
+        # unreachable Prometheus is `onPrometheusUnreachable`'s to decide alone: under `hold` it
+        # does not count toward `inconclusiveLimit` (meant for a reachable Prometheus without
+        # data), so an outage of any length neither promotes nor rolls back.
+        unreachable = m.cause is Cause.UNREACHABLE
+        if not unreachable:
+            run = replace(run, inconclusive_in_a_row=run.inconclusive_in_a_row + 1)
         state = replace(state, runs={**state.runs, metric.name: run}, last_analysis=analysis)
-        # The cause, not the detail's wording, says whether Prometheus could not answer at all.
-        if m.cause is Cause.UNREACHABLE and policy is not None and policy.spec.on_prometheus_unreachable == "rollback":
+        if unreachable and policy is not None and policy.spec.on_prometheus_unreachable == "rollback":
             return rollback(state, f"step {step}: {m.metric}: {m.detail} (policy: rollback)", now, m)
-        if metric.inconclusive_limit is not None and run.inconclusive_in_a_row >= metric.inconclusive_limit:
+        if not unreachable and metric.inconclusive_limit is not None and run.inconclusive_in_a_row >= metric.inconclusive_limit:
             return rollback(state, f"step {step}: {m.metric} inconclusive {run.inconclusive_in_a_row} times in a row ({m.detail})", now, m)
         if state.phase is not Phase.HOLDING:
             state = transition(state, Phase.HOLDING, f"step {step}: holding, {m.metric} inconclusive: {m.detail}", now, m)

@@ -173,8 +173,9 @@ class Metric(SpecModel):
         default=None,
         ge=1,
         le=1000,
-        description="Roll back after this many inconclusive measurements in a row (no data, NaN, "
-        "Prometheus unreachable); unset means hold until they become conclusive.",
+        description="Roll back after this many inconclusive measurements in a row (no data or NaN from "
+        "a reachable Prometheus; an unreachable one is `onPrometheusUnreachable`'s to decide); unset "
+        "means hold until they become conclusive.",
     )
 
     @model_validator(mode="after")

@@ -527,6 +527,20 @@ def test_prometheus_down_holds_under_the_hold_policy() -> None:
     assert state.last_analysis[-1]["cause"] == "unreachable"
 
 
+def test_a_prometheus_outage_under_hold_does_not_count_toward_the_inconclusive_limit() -> None:
+    """`inconclusiveLimit` is for a reachable Prometheus without data: an outage longer than the
+    limit's measurements still holds (issue 19's drill: no promotion, no rollback; resumes after)."""
+    r = rig(one_step({**SUCCESS, "inconclusiveLimit": 3}, unreachable="hold"))
+    assert r.prometheus is not None
+    r.prometheus.set("success-rate", DOWN)
+    for _ in range(20):
+        state = r.reconcile()
+        r.clock.now += 2
+    assert state.phase is Phase.HOLDING and r.rollbacks == [] and state.runs["success-rate"].inconclusive_in_a_row == 0
+    r.prometheus.set("success-rate", 1.0)
+    assert r.drive(phase_is(Phase.PROMOTED, Phase.ROLLED_BACK)).phase is Phase.PROMOTED
+
+
 def test_prometheus_down_rolls_back_under_the_rollback_policy() -> None:
     r = rig(one_step(unreachable="rollback"))
     assert r.prometheus is not None
