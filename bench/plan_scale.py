@@ -368,7 +368,7 @@ def forge_breakdown(spec_dir: Path, kubeconfig: str) -> tuple[dict[str, Any], An
     with phase("review: cost, risk flags"):
         plan = review.annotate(plan, result, env, sizes=sizes, records=records)
     with phase("cluster prerequisites (plan_json)"):
-        data = plan_json(plan, specs, env, target)
+        data = plan_json(plan, env, target)
     with phase("text view"):
         views.text(data)
     counts = plan.counts()

@@ -166,7 +166,7 @@ def plan(
     else:
         result, environment = load_for(paths, rev, env)
         target, ns = open_target_for(environment, flags)
-        shown = plan_json(live_plan(result, environment, target, ns, paths, rev), result.specs, environment, target)
+        shown = plan_json(live_plan(result, environment, target, ns, paths, rev), environment, target)
         if save is not None:
             save.write_text(json.dumps(shown, indent=2) + "\n")
     _print_plan(shown, output, verbose=verbose)
@@ -234,7 +234,7 @@ def apply(
             the_plan = saved
         else:
             the_plan = live_plan(result, environment, target, ns, paths, rev)
-        shown = plan_json(the_plan, result.specs, environment, target)
+        shown = plan_json(the_plan, environment, target)
         if output is PlanOutput.text:
             _print_plan(shown, output)
         ensure_runnable(the_plan)

@@ -515,4 +515,4 @@ def test_plan_json_adds_prerequisite_notes_only_for_a_cluster(tmp_path: Path) ->
     local = result.specs.environment("local")
     plan = Plan("local", "local", (), notes=("a note",))
     # the local target is never asked: there is no cluster to check
-    assert plan_json(plan, result.specs, local, None) == plan.to_json()
+    assert plan_json(plan, local, None) == plan.to_json()
