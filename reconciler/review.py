@@ -273,7 +273,10 @@ def registry_records(plan: Plan, target: Target) -> list[dict[str, Any]]:
     if not moving:
         return []
     try:
-        return target.model_records(target.read_live(), backfill=False)  # read only: no backfill from a plan
+        # The live objects are the plan's `before`s (every live object is in the plan): a second
+        # LIST here held the whole live state twice (most of the peak memory at 5,000 endpoints).
+        live = [c.before for c in plan.changes if c.before is not None]
+        return target.model_records(live, backfill=False)  # read only: no backfill from a plan
     except Exception:  # noqa: BLE001 - the registry informs a risk flag; a plan never fails on it
         return []
 
