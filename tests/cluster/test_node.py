@@ -16,7 +16,6 @@ import contextlib
 import os
 import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,20 +27,14 @@ from kubernetes import client
 from devkit.cluster import Cluster
 from devkit.node import Node, argo
 from devkit.node import node as nodemod
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 
 def _wait(what: str, fn: Callable[[], Any], timeout: float = 90.0, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+    return wait_until(fn, timeout, what, interval=every)
 
 
 @pytest.fixture(scope="module")

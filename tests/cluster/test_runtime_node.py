@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from kubernetes import client, dynamic
 
 from devkit.cluster import Cluster
 from devkit.node import Node, argo, runtime_image
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -33,14 +33,7 @@ QUICKSTART = REPO / "examples" / "quickstart"
 
 
 def _wait(what: str, fn: Callable[[], Any], timeout: float = 120.0, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+    return wait_until(fn, timeout, what, interval=every)
 
 
 class _Stack:

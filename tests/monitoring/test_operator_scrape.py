@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -52,6 +51,7 @@ from reconciler.targets.local.state import StateDB
 from renderers import RenderContext, ServingState, render
 from renderers.stepargs import decode_step_config
 from specs import Endpoint, RolloutPolicy, SpecSet
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ["quickstart", "llm-finetune", "edge-vision"]
@@ -165,14 +165,7 @@ def test_queries_select_only_labels_the_server_writes() -> None:
 # -- the live set-up ----------------------------------------------------------------------------------
 
 def _wait(what: str, fn: Callable[[], Any], timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}")
+    return wait_until(fn, timeout, what, interval=0.5)
 
 
 def _get(url: str) -> Any:
