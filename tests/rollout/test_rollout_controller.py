@@ -259,15 +259,15 @@ def test_prometheus_down_holds_then_resumes(rollout: Rollout, server_factory) ->
             r.prometheus.pause()
             paused["at"] = time.monotonic()
 
-    def inconclusive(state: RolloutState) -> int:  # success-rate's measurements in a row without data
+    def measured_at(state: RolloutState) -> float:  # when success-rate was last measured (any verdict)
         run = state.runs.get("success-rate")
-        return run.inconclusive_in_a_row if run is not None else 0
+        return run.last_at if run is not None else 0.0
 
     try:
         state, backend = drive(rollout, traffic, reached(Phase.HOLDING, Phase.PROMOTED, Phase.ROLLED_BACK), timeout=60, hook=outage)
         assert state.phase is Phase.HOLDING and "Prometheus unreachable" in state.reason
         assert state.last_analysis[-1]["cause"] == "unreachable"  # the real client's failure, typed
-        weight, before = state.weight, inconclusive(state)
+        weight, seen = state.weight, {measured_at(state)}
         # Holding: the controller keeps measuring, and each pass neither promotes, rolls back nor moves traffic.
         controller, backend, endpoint, policy, version = rollout.controller()
 
@@ -275,9 +275,13 @@ def test_prometheus_down_holds_then_resumes(rollout: Rollout, server_factory) ->
             backend.refresh()
             held = controller.reconcile(endpoint, version, "digits-mlp", policy)
             assert held is not None and held.phase is Phase.HOLDING and held.weight == weight, held
-            return inconclusive(held) >= before + 2
+            assert held.last_analysis[-1]["cause"] == "unreachable", held.last_analysis[-1]
+            # under `hold` an outage does not count toward inconclusiveLimit: the counter stays put
+            assert held.runs["success-rate"].inconclusive_in_a_row == state.runs["success-rate"].inconclusive_in_a_row
+            seen.add(measured_at(held))
+            return len(seen) >= 3
 
-        wait_until(measured_again_and_held, 30, "two more inconclusive success-rate measurements while Prometheus is down",
+        wait_until(measured_again_and_held, 30, "two more unreachable success-rate measurements while Prometheus is down",
                    interval=0.5)
         rollout.prometheus.resume()
         # Data again: the rollout leaves Holding by itself, at the same step (promotion is the healthy test's).
