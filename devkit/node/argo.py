@@ -29,9 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from devkit.node import images, paths
+from devkit.node.controllers import kubectl as _kubectl
+from devkit.node.controllers import manifest_docs as _docs
+from devkit.node.controllers import service_account_kubeconfig
 from devkit.node.node import KUBERNETES_SERVICE_IP, Node, NodeError, _stderr_log, _tail
 
 NAMESPACE = "argo"
@@ -77,27 +78,6 @@ def in_cluster_clients_supported(cluster: Any) -> list[str]:
         problems.append("the API server runs with --disable-admission-plugins=ServiceAccount: pods get no "
                         "service-account token")
     return problems
-
-
-def _kubectl(node: Node, *args: str, stdin: str | None = None) -> str:
-    proc = subprocess.run([node.exes["kubectl"], f"--kubeconfig={node.kubeconfig}", *args],
-                          input=stdin, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise NodeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def _docs(path: Path, namespace: str | None = None) -> list[dict[str, Any]]:
-    out = []
-    for d in yaml.safe_load_all(path.read_text()):
-        if not d:
-            continue
-        if namespace and d["kind"] in ("ClusterRoleBinding", "RoleBinding"):
-            for s in d.get("subjects") or []:
-                if s.get("kind") == "ServiceAccount":
-                    s.setdefault("namespace", namespace)  # what kustomize's `namespace:` adds
-        out.append(d)
-    return out
 
 
 @dataclass
@@ -192,19 +172,8 @@ def start(cluster: Any, node: Node, namespaces: list[str] = ("default",), *, die
             d["metadata"]["namespace"] = ns
         _kubectl(node, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": executor}))
     # the controller's identity: the `argo` ServiceAccount (a client certificate for its user name)
-    sd = Path(node.state_dir) / "argo"
-    sd.mkdir(exist_ok=True)
-    pki = Path(node.state_dir) / "pki"
-    ca = Path(cluster.pki)
-    user = f"system:serviceaccount:{NAMESPACE}:argo"
-    subprocess.run(["cp", str(ca / "client-ca.key"), str(pki / "client-ca.key")], check=True)
-    try:
-        paths.issue_cert(pki, "client-ca", "argo-controller",
-                         f"/O=system:serviceaccounts/O=system:serviceaccounts:{NAMESPACE}/CN={user}")
-    finally:
-        (pki / "client-ca.key").unlink()
-    kubeconfig = paths.write_kubeconfig(sd / "kubeconfig", node.server, pki / "serving-ca.crt",
-                                        pki / "argo-controller.crt", pki / "argo-controller.key", user, NAMESPACE)
+    kubeconfig = service_account_kubeconfig(cluster, node, NAMESPACE, "argo", "argo")
+    sd = kubeconfig.parent
     ctl = ArgoController(state_dir=str(sd), version=v, executor_image=ref, namespaces=list(namespaces))
     rec = paths.spawn("workflow-controller", "forge-node", [
         str(bins["workflow-controller"]), f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}",

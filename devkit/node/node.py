@@ -754,13 +754,14 @@ state = "{c / 'state'}"
     def _stop(self, *, quiet: bool, keep_logs: bool) -> None:
         log = (lambda m: None) if quiet else _stderr_log
         t0 = time.monotonic()
-        # 1. no new pods: Argo's controller (devkit.node.argo, when started), the controllers and
+        # 1. no new pods: the host-run controllers (Argo's, devkit.node.argo, and every one that
+        # saved a {"pid", "start_ticks"} record in <state>/controllers/), the kube controllers and
         # the scheduler first
-        argo_state = self.sd / "argo" / "argo.json"
-        if argo_state.exists():
-            with contextlib.suppress(Exception):
-                ctl = json.loads(argo_state.read_text())
-                paths.stop_pid(ctl["pid"], ctl["start_ticks"], timeout=5)
+        for record in [self.sd / "argo" / "argo.json", *sorted((self.sd / "controllers").glob("*.json"))]:
+            if record.exists():
+                with contextlib.suppress(Exception):
+                    ctl = json.loads(record.read_text())
+                    paths.stop_pid(ctl["pid"], ctl["start_ticks"], timeout=5)
         for name in ("kube-controller-manager", "kube-scheduler"):
             if name in self.pids:
                 paths.stop_pid(self.pids[name], self.starts.get(name, -1))

@@ -1,0 +1,121 @@
+"""Controllers that run on the host against the node's cluster (Argo's, Seldon's, the Prometheus
+Operator): their identity and their process, written once.
+
+Each runs as a host process with a client certificate for the ServiceAccount its upstream install
+manifest names, so upstream's RBAC is what authorises it, and records its PID in
+``<node state>/controllers/<name>.json``, which :meth:`Node.stop` reads to stop it before the pods.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from devkit.node import paths
+from devkit.node.node import Node, NodeError, _tail
+
+
+@dataclass
+class HostController:
+    """A controller process started by :func:`spawn` (its record is what ``Node.stop`` reads)."""
+
+    name: str
+    state_dir: str
+    pid: int = 0
+    start_ticks: int = -1
+    start_seconds: float = 0.0
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.state_dir) / f"{self.name}.log"
+
+    def running(self) -> bool:
+        return paths.running(self.pid, self.start_ticks)
+
+    def stop(self) -> None:
+        if self.pid:
+            paths.stop_pid(self.pid, self.start_ticks, timeout=5)
+
+    def log_tail(self, limit: int = 200000) -> str:
+        return paths.log_tail(self.log_path, limit=limit)
+
+
+def service_account_kubeconfig(cluster: Any, node: Node, namespace: str, account: str, name: str) -> Path:
+    """A kubeconfig for ``system:serviceaccount:<namespace>:<account>`` (a client certificate of the
+    cluster's client CA, groups as the token authenticator would give), in ``<node>/<name>/``."""
+    sd = Path(node.state_dir) / name
+    sd.mkdir(parents=True, exist_ok=True)
+    pki = Path(node.state_dir) / "pki"
+    user = f"system:serviceaccount:{namespace}:{account}"
+    subprocess.run(["cp", str(Path(cluster.pki) / "client-ca.key"), str(pki / "client-ca.key")], check=True)
+    try:
+        paths.issue_cert(pki, "client-ca", name,
+                         f"/O=system:serviceaccounts/O=system:serviceaccounts:{namespace}/CN={user}")
+    finally:
+        (pki / "client-ca.key").unlink()
+    return paths.write_kubeconfig(sd / "kubeconfig", node.server, pki / "serving-ca.crt",
+                                  pki / f"{name}.crt", pki / f"{name}.key", user, namespace)
+
+
+def spawn(node: Node, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+          ready: Callable[[HostController], bool], timeout: float = 90.0, die_with_parent: bool = False,
+          log: Callable[[str], None] = lambda m: None) -> HostController:
+    """Start ``argv`` as controller ``name`` and wait until ``ready(ctl)``; :class:`NodeError` with
+    its log's tail when it exits or is not ready in ``timeout`` seconds (then it is stopped)."""
+    t0 = time.monotonic()
+    sd = Path(node.state_dir) / name
+    sd.mkdir(parents=True, exist_ok=True)
+    ctl = HostController(name=name, state_dir=str(sd))
+    rec = paths.spawn(name, "forge-node", list(argv), env=env, log=ctl.log_path, die_with_parent=die_with_parent)
+    ctl.pid, ctl.start_ticks = rec.pid, rec.start_ticks
+    records = Path(node.state_dir) / "controllers"
+    records.mkdir(exist_ok=True)
+    (records / f"{name}.json").write_text(json.dumps(asdict(ctl), indent=2) + "\n")
+    deadline = t0 + timeout
+    while not ready(ctl):
+        if not ctl.running():
+            raise NodeError(f"{name} exited:\n{_tail(ctl.log_path)}")
+        if time.monotonic() > deadline:
+            ctl.stop()
+            raise NodeError(f"{name} not ready after {timeout:.0f} s:\n{_tail(ctl.log_path)}")
+        time.sleep(0.3)
+    ctl.start_seconds = round(time.monotonic() - t0, 2)
+    (records / f"{name}.json").write_text(json.dumps(asdict(ctl), indent=2) + "\n")
+    log(f"{name} running (pid {ctl.pid}) after {ctl.start_seconds:.1f} s")
+    return ctl
+
+
+def kubectl(node: Node, *args: str, stdin: str | None = None) -> str:
+    """``kubectl`` as the cluster's admin; :class:`NodeError` with its stderr on failure."""
+    proc = subprocess.run([node.exes["kubectl"], f"--kubeconfig={node.kubeconfig}", *args],
+                          input=stdin, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise NodeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def apply_docs(node: Node, docs: list[dict[str, Any]]) -> None:
+    """Server-side apply ``docs`` as one List."""
+    kubectl(node, "apply", "--server-side", "--force-conflicts", "-f", "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+
+
+def manifest_docs(path: Path, namespace: str | None = None) -> list[dict[str, Any]]:
+    """The documents of an upstream manifest; with ``namespace``, the ServiceAccount subjects of its
+    bindings get that namespace when they name none (what kustomize's ``namespace:`` adds)."""
+    out = []
+    for d in yaml.safe_load_all(path.read_text()):
+        if not d:
+            continue
+        if namespace and d["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            for s in d.get("subjects") or []:
+                if s.get("kind") == "ServiceAccount":
+                    s.setdefault("namespace", namespace)
+        out.append(d)
+    return out
