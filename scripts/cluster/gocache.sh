@@ -14,6 +14,12 @@
 #                                    TMP to OUT (atomic: a reader never sees half a build). Call it as a
 #                                    plain command under `set -e` (not in `if`, `||` or `$(...)`), so that a
 #                                    failing step of FN stops the build before anything is installed
+#   seldon_operator_src NAME         set $src to Seldon Core's operator source (SELDON_OPERATOR_MODULE at
+#                                    SELDON_OPERATOR_VERSION of versions.env, sourced by the caller; $repo set):
+#                                    the module proxy first, then, when it refuses (it does, every version),
+#                                    ../shared/vendor-src/seldon-core-<version>/operator beside the checkout
+#                                    (or FORGE_SELDON_OPERATOR_SRC), checked to be that module, with a
+#                                    SOURCE.md naming that version. NAME prefixes the messages. Needs forge_go_env
 
 forge_go_env() {
   cache="${FORGE_CACHE:-$HOME/.cache/forge}"
@@ -56,4 +62,33 @@ cached_build() {
     )
   fi
   echo "$out/$name"
+}
+
+seldon_operator_src() {
+  local name="$1" mod="$SELDON_OPERATOR_MODULE" ver="$SELDON_OPERATOR_VERSION" dir
+  if [[ -z "${FORGE_SELDON_OPERATOR_SRC:-}" ]]; then
+    # The proxy answers at once (403 "This module version is not available." for every version so far);
+    # should it ever serve the module, its checked copy (go.sum database) is used instead.
+    if dir="$(go mod download -json "$mod@$ver" 2>/dev/null | awk -F'"' '$2 == "Dir" {print $4}')" && [[ -n "$dir" ]]; then
+      src="$dir"
+      echo "$name: $mod $ver from the module proxy" >&2
+      return 0
+    fi
+  fi
+  src="${FORGE_SELDON_OPERATOR_SRC:-$repo/../shared/vendor-src/seldon-core-$ver/operator}"
+  if [[ ! -f "$src/go.mod" ]]; then
+    echo "$name: no Seldon Core operator source at $src" >&2
+    echo "  The Go module proxy refuses $mod; the build takes its $ver source from ../shared/vendor-src" >&2
+    echo "  beside the checkout (or FORGE_SELDON_OPERATOR_SRC)." >&2
+    return 1
+  fi
+  src="$(cd "$src" && pwd)"
+  if [[ "$(awk '$1 == "module" {print $2; exit}' "$src/go.mod")" != "$mod" ]]; then
+    echo "$name: $src/go.mod is not module $mod" >&2
+    return 1
+  fi
+  if [[ -f "$src/../SOURCE.md" ]] && ! grep -qF "$ver" "$src/../SOURCE.md"; then
+    echo "$name: $src/../SOURCE.md does not name $ver (versions.env's SELDON_OPERATOR_VERSION)" >&2
+    return 1
+  fi
 }

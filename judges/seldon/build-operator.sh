@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build Seldon Core v1's operator, the `manager` binary of upstream's operator/Dockerfile (the
+# operator module's root `main` package), into a cache keyed by version and source digest, for
+# devkit/node/seldon.py to run on the host against the node's cluster.
+#
+#   judges/seldon/build-operator.sh   -> prints the binary's path on stdout; progress on stderr
+#
+# Output: ${FORGE_CACHE:-$HOME/.cache/forge}/bin/seldon-operator-<SELDON_OPERATOR_VERSION>-<digest>/manager.
+#
+# Source: seldon_operator_src (scripts/cluster/gocache.sh): the module proxy first — it refuses
+# github.com/seldonio/seldon-core/operator (403 "This module version is not available.") — then the
+# unchanged upstream copy in ../shared/vendor-src beside the checkout, checked to be that module
+# and to name SELDON_OPERATOR_VERSION in its SOURCE.md.
+# Module: the operator's OWN go.mod and go.sum (upstream's pins, what its Dockerfile builds), used
+# through a copy (-modfile) because the vendored folder is read-only; -mod=readonly, so every
+# dependency is checked against upstream's go.sum. judges/seldon's go.sum does not cover the main
+# package (it lacks go.uber.org/automaxprocs and github.com/ghodss/yaml).
+# The executor is not built: Forge renders every SeldonDeployment with seldon.io/no-engine "true".
+# The digest covers the operator's Go sources (its go.mod and go.sum included) and the Go version.
+# First build: see docs/test-cluster.md ("Seldon Core on the node").
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+# shellcheck source=../../scripts/cluster/versions.env
+source "$repo/scripts/cluster/versions.env"
+ver="$SELDON_OPERATOR_VERSION"
+# shellcheck source=../../scripts/cluster/gocache.sh
+source "$repo/scripts/cluster/gocache.sh"
+forge_go_env
+seldon_operator_src seldon-operator
+
+digest="$(
+  {
+    go_sources "$src" ! -name '*_test.go' ! -path './testing/*'
+    go env GOVERSION
+  } | short_key 12
+)"
+
+build() { # <tmp dir>
+  local tmp="$1"
+  echo "[build] seldon-operator manager ($SELDON_OPERATOR_MODULE $ver from $src): compiling" >&2
+  mkdir -p "$tmp/mod"
+  cp "$src/go.mod" "$tmp/mod/go.mod"
+  cp "$src/go.sum" "$tmp/mod/go.sum"
+  (cd "$src" && go build -mod=readonly -modfile="$tmp/mod/go.mod" -p "${FORGE_BUILD_JOBS:-$(nproc)}" \
+     -ldflags "-s -w" -o "$tmp/manager" .)
+  rm -rf "$tmp/mod"
+  echo "[build] seldon-operator manager: built" >&2
+}
+cached_build "$cache/bin/seldon-operator-$ver-$digest" manager "$cache/bin/.seldon-operator.lock" build
