@@ -5,6 +5,8 @@
 #   scripts/cluster/build.sh node     kubelet, kube-scheduler, kube-controller-manager, kube-proxy,
 #                                     kubectl of the same KUBERNETES_VERSION
 #   scripts/cluster/build.sh argo     Argo Workflows' workflow-controller and argoexec (ARGO_WORKFLOWS_VERSION)
+#   scripts/cluster/build.sh promop   the Prometheus Operator and prometheus-config-reloader (PROMETHEUS_OPERATOR_VERSION),
+#                                     and the Prometheus it deploys by default (bin/prometheus-<version>/prometheus)
 #   scripts/cluster/build.sh judge                        (prints the binary's path on stdout)
 #
 # Output: ${FORGE_CACHE:-$HOME/.cache/forge}/bin/<name>-<version>/<name>
@@ -202,6 +204,93 @@ build_argo() {
   log "argo-workflows $v: built $out"
 }
 
+# The Prometheus Operator (cmd/operator) and its prometheus-config-reloader, PROMETHEUS_OPERATOR_VERSION
+# from the module proxy: bin/prometheus-operator-<version>/{operator,prometheus-config-reloader}.
+# Upstream's go.mod replaces its own pkg/apis/monitoring and pkg/client with ./pkg/..., which a
+# requiring module ignores, so the wrapper requires the published submodules of the same tag (what
+# those directories hold). ldflags as upstream's Makefile (GO_BUILD_LDFLAGS) sets them.
+build_promop() {
+  local v="$PROMETHEUS_OPERATOR_VERSION" mod="$PROMETHEUS_OPERATOR_MODULE"
+  local out="$cache/bin/prometheus-operator-$v"
+  if [[ -x "$out/operator" && -x "$out/prometheus-config-reloader" ]]; then log "prometheus-operator $v: cached ($out)"; return; fi
+  local src="$cache/src/prometheus-operator-$v"
+  rm -rf "$src"; mkdir -p "$src"
+  local gomod
+  gomod="$(cd "$src" && go mod download -json "$mod@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  local gover; gover="$(go mod edit -json "$gomod" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Go"])')"
+  # every replace must be one of its own submodules (./pkg/...), which the wrapper requires at $v
+  go mod edit -json "$gomod" | MOD="$mod" python3 -c '
+import json, os, sys
+mod = os.environ["MOD"]
+for r in json.load(sys.stdin).get("Replace") or []:
+    old, new = r["Old"]["Path"], r["New"]["Path"]
+    if not (new.startswith("./") and old == mod + new[1:]):
+        sys.exit(f"unexpected replace in {mod} go.mod: {old} => {new}")
+'
+  printf 'module forge.local/cluster/prometheus-operator\n\ngo %s\n\nrequire (\n\t%s %s\n\t%s/pkg/apis/monitoring %s\n\t%s/pkg/client %s\n)\n' \
+    "$gover" "$mod" "$v" "$mod" "$v" "$mod" "$v" >"$src/go.mod"
+  log "prometheus-operator $v: resolving modules"
+  (cd "$src" && go get "$mod/cmd/operator@$v" "$mod/cmd/prometheus-config-reloader@$v")
+  local commit
+  commit="$(cd "$src" && go mod download -json "$mod@$v" | python3 -c 'import json,sys; print((json.load(sys.stdin).get("Origin") or {}).get("Hash",""))')"
+  local pc=github.com/prometheus/common/version
+  local ld="-s -w -X $pc.Version=${v#v} -X $pc.Revision=$commit -X $pc.Branch=HEAD -X $pc.BuildUser=forge -X $pc.BuildDate=$(date -u +%Y%m%d-%H:%M:%S)"
+  log "prometheus-operator $v: compiling operator and prometheus-config-reloader"
+  local tmp="$out.tmp.$$"; rm -rf "$tmp"; mkdir -p "$tmp"
+  local t0=$SECONDS
+  (cd "$src" && go build -p "$jobs" -ldflags "$ld" -o "$tmp/operator" "$mod/cmd/operator")
+  (cd "$src" && go build -p "$jobs" -ldflags "$ld" -o "$tmp/prometheus-config-reloader" "$mod/cmd/prometheus-config-reloader")
+  log "prometheus-operator $v: compiled in $((SECONDS - t0)) s"
+  "$tmp/operator" --version >&2 || true
+  finish "$tmp" "$out"
+  log "prometheus-operator $v: built $out"
+}
+
+# Prometheus itself, for the Prometheus the operator runs on the node: the version the pinned operator
+# deploys by default (the last entry of PrometheusCompatibilityMatrix in its pkg/operator/defaults.go),
+# module github.com/prometheus/prometheus v0.<major><minor:02>.<patch> (Prometheus tags its Go module
+# v3.13.1 as v0.313.1). Built with upstream's build tags remove_all_sd + enable_kubernetes_sd (the only
+# service discovery the operator's configs use) and without builtinassets (no web UI; the API is
+# all the tests read): bin/prometheus-<version>/prometheus. Debian's prometheus (2.42) cannot stand in:
+# Debian builds it without Kubernetes service discovery.
+promop_prometheus_version() { # the operator's default Prometheus version, e.g. v3.13.1
+  local opdir; opdir="$(go mod download -json "$PROMETHEUS_OPERATOR_MODULE@$PROMETHEUS_OPERATOR_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  python3 - "$opdir/pkg/operator/defaults.go" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+body = text.split("PrometheusCompatibilityMatrix = []string{", 1)[1].split("}", 1)[0]
+print(re.findall(r'"(v[0-9.]+)"', body)[-1])
+PY
+}
+
+build_prometheus() {
+  local v; v="$(promop_prometheus_version)"
+  local out="$cache/bin/prometheus-$v"
+  if [[ -x "$out/prometheus" ]]; then log "prometheus $v: cached ($out/prometheus)"; return; fi
+  local maj min pat; IFS=. read -r maj min pat <<<"${v#v}"
+  local modv; modv="$(printf 'v0.%d%02d.%d' "$maj" "$min" "$pat")"
+  local mod=github.com/prometheus/prometheus
+  local src="$cache/src/prometheus-$v"
+  rm -rf "$src"; mkdir -p "$src"
+  local info; info="$(cd "$src" && go mod download -json "$mod@$modv")"
+  local gomod; gomod="$(python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])' <<<"$info")"
+  local gover; gover="$(go mod edit -json "$gomod" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Go"])')"
+  printf 'module forge.local/cluster/prometheus\n\ngo %s\n\nrequire %s %s\n' "$gover" "$mod" "$modv" >"$src/go.mod"
+  log "prometheus $v ($mod $modv): resolving modules"
+  (cd "$src" && go get "$mod/cmd/prometheus@$modv")
+  local commit; commit="$(python3 -c 'import json,sys; print((json.load(sys.stdin).get("Origin") or {}).get("Hash",""))' <<<"$info")"
+  local pc=github.com/prometheus/common/version
+  local ld="-s -w -X $pc.Version=${v#v} -X $pc.Revision=$commit -X $pc.Branch=HEAD -X $pc.BuildUser=forge -X $pc.BuildDate=$(date -u +%Y%m%d-%H:%M:%S)"
+  log "prometheus $v: compiling cmd/prometheus (tags remove_all_sd,enable_kubernetes_sd)"
+  local tmp="$out.tmp.$$"; rm -rf "$tmp"; mkdir -p "$tmp"
+  local t0=$SECONDS
+  (cd "$src" && go build -p "$jobs" -tags remove_all_sd,enable_kubernetes_sd -ldflags "$ld" -o "$tmp/prometheus" "$mod/cmd/prometheus")
+  log "prometheus $v: compiled in $((SECONDS - t0)) s"
+  "$tmp/prometheus" --version >&2
+  finish "$tmp" "$out"
+  log "prometheus $v: built $out/prometheus"
+}
+
 judges="$(cd "$here/../.." && pwd)/judges"
 
 judge_key() {
@@ -248,11 +337,13 @@ case "$what" in
   kube-apiserver) lock; build_kube_apiserver ;;
   node) lock; build_kube_node ;;
   argo) lock; build_argo ;;
+  promop) lock; build_promop; build_prometheus ;;
+  promop-prometheus-version) promop_prometheus_version ;;
   all) lock; build_etcd; build_kube_apiserver ;;
   judge)
     # A cached judge needs no lock: installs are atomic renames, and a kube-apiserver build
     # holding the lock for minutes must not stall every test that only asks for the path.
     if [[ ! -x "$(judge_out)/forge-judge" ]]; then lock; build_judge; fi
     echo "$(judge_out)/forge-judge" ;;
-  *) echo "usage: $0 [etcd|kube-apiserver|all|node|argo|judge]" >&2; exit 2 ;;
+  *) echo "usage: $0 [etcd|kube-apiserver|all|node|argo|promop|promop-prometheus-version|judge]" >&2; exit 2 ;;
 esac
