@@ -65,15 +65,18 @@ cached_build() {
 }
 
 seldon_operator_src() {
-  local name="$1" mod="$SELDON_OPERATOR_MODULE" ver="$SELDON_OPERATOR_VERSION" dir
+  local name="$1" mod="$SELDON_OPERATOR_MODULE" ver="$SELDON_OPERATOR_VERSION" json dir
   if [[ -z "${FORGE_SELDON_OPERATOR_SRC:-}" ]]; then
     # The proxy answers at once (403 "This module version is not available." for every version so far);
     # should it ever serve the module, its checked copy (go.sum database) is used instead.
-    if dir="$(go mod download -json "$mod@$ver" 2>/dev/null | awk -F'"' '$2 == "Dir" {print $4}')" && [[ -n "$dir" ]]; then
+    json="$(timeout 20 go mod download -json "$mod@$ver" 2>/dev/null || true)"  # offline: fall through
+    dir="$(awk -F'"' '$2 == "Dir" {print $4}' <<<"$json")"
+    if [[ -n "$dir" ]]; then
       src="$dir"
       echo "$name: $mod $ver from the module proxy" >&2
       return 0
     fi
+    echo "$name: the module proxy refuses $mod $ver ($(awk -F'"' '$2 == "Error" {print $4}' <<<"$json" | sed 's/\\[nt]/ /g')); using the vendored copy" >&2
   fi
   src="${FORGE_SELDON_OPERATOR_SRC:-$repo/../shared/vendor-src/seldon-core-$ver/operator}"
   if [[ ! -f "$src/go.mod" ]]; then

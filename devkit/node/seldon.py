@@ -1,0 +1,181 @@
+"""Seldon Core v1 on the node: the real operator (v1.17.1, the ``manager`` binary of upstream's
+``operator/Dockerfile``) as a host process against the node's cluster, as Argo's controller runs.
+
+:func:`ensure_binary` builds it with ``judges/seldon/build-operator.sh`` (the module proxy refuses
+the operator module, so from the vendored upstream copy in ``../shared/vendor-src``; cached by
+version and source digest). :func:`start` installs, from upstream's own manifests in that copy
+(``operator/config``, as ``config/default``'s kustomization names them: namespace
+``seldon-system``, name prefix ``seldon-``): the namespace, the ``seldon-manager`` ServiceAccount
+and the ``seldon-config`` ConfigMap (``config/manager``), and the ClusterRoles, Role and bindings
+of ``config/rbac``. The operator runs as ``system:serviceaccount:seldon-system:seldon-manager`` (a
+client certificate, so upstream's RBAC is what authorises it) with the environment of upstream's
+``config/manager/manager.yaml``, Istio and Ambassador off, watching every namespace.
+
+Admission webhooks are off the way upstream's own ``--create-resources=false`` (its default) leaves
+them: no ValidatingWebhookConfiguration is registered, so the API server never calls the operator.
+``main.go`` still registers the webhook handlers with controller-runtime unconditionally, whose
+webhook server refuses to start without a serving certificate in
+``$TMPDIR/k8s-webhook-server/serving-certs``; it gets a self-signed one for 127.0.0.1 there. That
+server binds every address (``main.go`` sets no host), so the node drops what reaches its port from
+anywhere but loopback (chain ``FORGE-NODE-SELDON-WEBHOOK``, which ``Node.stop`` removes with the
+node's other chains). Leader election is off (one operator); metrics on a free loopback port;
+controller-runtime 0.11's health probes are off unless asked for, and ``main.go`` never asks.
+
+The executor is not built: Forge renders every predictor with the annotation ``seldon.io/no-engine:
+"true"`` (which the controller reads per predictor), so the operator adds no executor container (it would add a second port named ``http``,
+8000, and point the predictor Service at it; see judges/seldon's tests).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from devkit.node import paths
+from devkit.node.controllers import HostController, apply_docs, manifest_docs, service_account_kubeconfig, spawn
+from devkit.node.node import Node, NodeError, _stderr_log
+
+NAMESPACE = "seldon-system"  # config/default/kustomization.yaml: namespace
+NAME_PREFIX = "seldon-"  # ... and namePrefix
+ACCOUNT = NAME_PREFIX + "manager"  # config/manager/serviceaccount.yaml, prefixed
+WEBHOOK_CHAIN = "FORGE-NODE-SELDON-WEBHOOK"
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SH = REPO / "judges" / "seldon" / "build-operator.sh"
+# The controller-runtime log line that says the SeldonDeployment controller's workers run.
+READY_LINE = "Starting workers"
+WEBHOOK_LINE = "Serving webhook server"
+# Cluster-scoped kinds keep their namespace-less metadata when kustomize's namespace is applied.
+_CLUSTER_KINDS = ("Namespace", "ClusterRole", "ClusterRoleBinding")
+
+
+def source_dir() -> Path:
+    """The operator's source (``operator/``): ``FORGE_SELDON_OPERATOR_SRC`` or the vendored copy
+    beside the checkout, as the build script takes it (which also checks its module and version)."""
+    ver = paths.versions()["SELDON_OPERATOR_VERSION"]
+    src = Path(os.environ.get("FORGE_SELDON_OPERATOR_SRC")
+               or REPO.parent / "shared" / "vendor-src" / f"seldon-core-{ver}" / "operator")
+    if not (src / "config" / "manager" / "manager.yaml").is_file():
+        raise NodeError(f"no Seldon Core operator source (with config/) at {src}")
+    return src
+
+
+def ensure_binary(log=_stderr_log) -> Path:
+    """The operator's ``manager`` binary, built the first time (``judges/seldon/build-operator.sh``)."""
+    t0 = time.monotonic()
+    proc = subprocess.run(["nice", "-n", "10", str(BUILD_SH)], capture_output=True, text=True)
+    for line in proc.stderr.splitlines():
+        log(line)
+    if proc.returncode != 0:
+        raise NodeError(f"judges/seldon/build-operator.sh failed:\n{proc.stderr.strip()}")
+    if "[build]" in proc.stderr:
+        log(f"Seldon operator built in {time.monotonic() - t0:.0f} s")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def _kustomized(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What ``config/default``'s kustomization does to these documents: namespace ``seldon-system``
+    on namespaced objects and ServiceAccount subjects, prefix ``seldon-`` on names and on the names
+    they refer to (roleRef, subjects)."""
+    for d in docs:
+        md = d["metadata"]
+        md["name"] = NAME_PREFIX + md["name"]
+        if d["kind"] not in _CLUSTER_KINDS:
+            md["namespace"] = NAMESPACE
+        if "roleRef" in d:
+            d["roleRef"]["name"] = NAME_PREFIX + d["roleRef"]["name"]
+        for s in d.get("subjects") or []:
+            if s.get("kind") == "ServiceAccount":
+                s["name"] = NAME_PREFIX + s["name"]
+                s["namespace"] = NAMESPACE
+    return docs
+
+
+def install_docs(src: Path) -> list[dict[str, Any]]:
+    """Upstream's install objects for the operator, less its Deployment and webhook objects."""
+    docs: list[dict[str, Any]] = []
+    for f in ("serviceaccount.yaml", "configmap.yaml"):
+        docs += manifest_docs(src / "config" / "manager" / f)
+    rbac = src / "config" / "rbac"
+    kust = yaml.safe_load((rbac / "kustomization.yaml").read_text())
+    for f in kust["resources"]:  # the auth proxy's files are commented out there, as upstream installs
+        docs += manifest_docs(rbac / f)
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}] + _kustomized(docs)
+
+
+def manager_env(src: Path) -> dict[str, str]:
+    """The environment of upstream's ``config/manager/manager.yaml`` (its literal values; the pod's
+    namespace for ``POD_NAMESPACE``), with Istio and Ambassador off: the node runs neither."""
+    env: dict[str, str] = {}
+    for d in yaml.safe_load_all((src / "config" / "manager" / "manager.yaml").read_text()):
+        if d and d["kind"] == "Deployment":
+            for e in d["spec"]["template"]["spec"]["containers"][0]["env"]:
+                if "value" in e:
+                    env[e["name"]] = str(e["value"])
+    env["POD_NAMESPACE"] = NAMESPACE
+    env["ISTIO_ENABLED"] = "false"
+    env["AMBASSADOR_ENABLED"] = "false"
+    return env
+
+
+def _webhook_cert(tmpdir: Path) -> None:
+    """A self-signed serving certificate where controller-runtime's webhook server looks for it."""
+    d = tmpdir / "k8s-webhook-server" / "serving-certs"
+    d.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(d / "tls.key"), "-out", str(d / "tls.crt")],
+                   check=True, capture_output=True)
+
+
+def _guard_webhook_port(port: int) -> None:
+    """Drop connections to the webhook server's port that do not come from loopback (it binds every
+    address). Idempotent: the chain is emptied and refilled; Node.stop removes it and the jump."""
+    for ipt in ("iptables", "ip6tables"):
+        if not shutil.which(ipt):
+            continue
+        subprocess.run([ipt, "-N", WEBHOOK_CHAIN], capture_output=True)  # exists already: fine
+        subprocess.run([ipt, "-F", WEBHOOK_CHAIN], check=True, capture_output=True)
+        subprocess.run([ipt, "-A", WEBHOOK_CHAIN, "-p", "tcp", "--dport", str(port), "!", "-i", "lo", "-j", "DROP"],
+                       check=True, capture_output=True)
+        if subprocess.run([ipt, "-C", "INPUT", "-j", WEBHOOK_CHAIN], capture_output=True).returncode != 0:
+            subprocess.run([ipt, "-I", "INPUT", "-j", WEBHOOK_CHAIN], check=True, capture_output=True)
+
+
+def start(cluster: Any, node: Node, *, die_with_parent: bool = False, log=_stderr_log) -> HostController:
+    """Install the operator's namespace, identity and RBAC (upstream's manifests) and start it for
+    ``node``'s cluster; returns once its SeldonDeployment controller's workers have started."""
+    t0 = time.monotonic()
+    binary = ensure_binary(log)
+    src = source_dir()
+    apply_docs(node, install_docs(src))
+    kubeconfig = service_account_kubeconfig(cluster, node, NAMESPACE, ACCOUNT, "seldon-operator")
+    sd = kubeconfig.parent
+    tmpdir = sd / "tmp"
+    _webhook_cert(tmpdir)
+    webhook_port = paths.free_port()
+    _guard_webhook_port(webhook_port)
+    env = dict(os.environ, **manager_env(src), TMPDIR=str(tmpdir), KUBECONFIG=str(kubeconfig))
+    argv = [
+        str(binary), f"--kubeconfig={kubeconfig}",
+        f"--metrics-addr=127.0.0.1:{paths.free_port()}",
+        f"--webhook-port={webhook_port}",
+        "--create-resources=false",  # upstream's default: no webhook configurations, CRD or certs made
+        f"--log-level={env.get('MANAGER_LOG_LEVEL', 'INFO')}",
+        # no --enable-leader-election: one operator, and no Lease to wait for at start
+    ]
+
+    def ready(ctl: HostController) -> bool:
+        text = ctl.log_tail()
+        return READY_LINE in text and WEBHOOK_LINE in text
+
+    ctl = spawn(node, "seldon-operator", argv, env=env, ready=ready, timeout=120,
+                die_with_parent=die_with_parent, log=log)
+    log(f"Seldon Core {paths.versions()['SELDON_OPERATOR_VERSION']} operator running (pid {ctl.pid}) "
+        f"after {time.monotonic() - t0:.1f} s (the process: {ctl.start_seconds:.1f} s)")
+    return ctl
+
