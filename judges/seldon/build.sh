@@ -6,8 +6,9 @@
 #
 # Output: ${FORGE_CACHE:-$HOME/.cache/forge}/bin/seldon-judge-<operator version>-<digest>/seldon-judge.
 #
-# The Go module proxy refuses github.com/seldonio/seldon-core/operator (every version). Its source,
-# unchanged from the upstream tag (Apache-2.0), is in ../shared/vendor-src beside the checkout:
+# The Go module proxy refuses github.com/seldonio/seldon-core/operator (every version; tried first,
+# see seldon_operator_src in scripts/cluster/gocache.sh). Its source, unchanged from the upstream
+# tag (Apache-2.0), is in ../shared/vendor-src beside the checkout:
 #   <checkout>/../shared/vendor-src/seldon-core-<SELDON_OPERATOR_VERSION>/operator
 # (FORGE_SELDON_OPERATOR_SRC points elsewhere). go.mod replaces the module with that folder; the
 # build uses a copy of go.mod whose replace is that folder's absolute path, so a checkout anywhere
@@ -32,26 +33,11 @@ if [[ "$pinned" != "$ver" ]]; then
   exit 1
 fi
 
-src="${FORGE_SELDON_OPERATOR_SRC:-$repo/../shared/vendor-src/seldon-core-$ver/operator}"
-if [[ ! -f "$src/go.mod" ]]; then
-  echo "seldon-judge: no Seldon Core operator source at $src" >&2
-  echo "  The Go module proxy refuses $mod; the build takes its $ver source from ../shared/vendor-src" >&2
-  echo "  beside the checkout (or FORGE_SELDON_OPERATOR_SRC)." >&2
-  exit 1
-fi
-src="$(cd "$src" && pwd)"
-if [[ "$(awk '$1 == "module" {print $2; exit}' "$src/go.mod")" != "$mod" ]]; then
-  echo "seldon-judge: $src/go.mod is not module $mod" >&2
-  exit 1
-fi
-if [[ -f "$src/../SOURCE.md" ]] && ! grep -qF "$ver" "$src/../SOURCE.md"; then
-  echo "seldon-judge: $src/../SOURCE.md does not name $ver (versions.env's SELDON_OPERATOR_VERSION)" >&2
-  exit 1
-fi
-
 # shellcheck source=../../scripts/cluster/gocache.sh
 source "$repo/scripts/cluster/gocache.sh"
 forge_go_env
+# the source: the module proxy first (it refuses the module), then the checked vendored copy
+seldon_operator_src seldon-judge
 digest="$(
   {
     go_module_text "$here"
