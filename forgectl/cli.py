@@ -14,7 +14,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -26,6 +26,10 @@ from forgectl.shell import err, load_for, one_endpoint, open_target_for, out, ro
 from reconciler.diagnostics import ForgeError, SpecError, render_diagnostics
 from reconciler.loader import load
 from renderers.errors import RenderError
+
+if TYPE_CHECKING:
+    from reconciler.plan import Plan
+    from reconciler.targets.base import Target
 
 app = typer.Typer(
     name="forgectl",
@@ -211,7 +215,6 @@ def apply(
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Apply the specs (or a saved plan file): show the plan, confirm, then make it so."""
-    from reconciler.apply import apply_plan
     from reconciler.liveplan import ensure_runnable, live_plan, plan_json, saved_plan
     from reconciler.session import ensure_fresh
 
@@ -221,8 +224,6 @@ def apply(
         result, environment = load_for(specs_dir or ["."], None, env or saved.environment)
     else:
         result, environment = load_for(paths, rev, env)
-    from contextlib import nullcontext
-
     from forgectl.progress import StepProgress
 
     bars = StepProgress(err) if output is PlanOutput.text and environment.spec.target == "local" else None
@@ -238,25 +239,35 @@ def apply(
         if output is PlanOutput.text:
             _print_plan(shown, output)
         ensure_runnable(the_plan)
-        if not the_plan.has_changes:
-            if output is PlanOutput.json:
-                print(json.dumps({"plan": shown, "changeset": None}, indent=2))
-            raise typer.Exit(0)
-        if not auto_approve:
-            if not sys.stdin.isatty():
-                raise ForgeError("refusing to apply without confirmation: stdin is not a terminal; pass --auto-approve")
-            if not typer.confirm("Apply these changes?", default=False):
-                err.print("Apply cancelled.")
-                raise typer.Exit(1)
-        from reconciler.errors import ApplyFailed
+        _confirm_and_apply(the_plan, shown, target, output, auto_approve, started, "Apply these changes?", bars)
 
-        try:
-            with bars if bars is not None else nullcontext():
-                changeset = apply_plan(the_plan, target)
-        except ApplyFailed as exc:
-            if output is PlanOutput.json:
-                print(json.dumps({"plan": shown, "changeset": exc.changeset.to_json(), "error": str(exc)}, indent=2))
-            raise
+
+def _confirm_and_apply(the_plan: Plan, shown: dict[str, Any], target: Target, output: PlanOutput, auto_approve: bool,
+                       started: float, question: str, bars: Any = None) -> None:
+    """Apply a shown plan once confirmed (or ``--auto-approve``): nothing to do exits 0; the
+    change set is printed as JSON or summed up in a line."""
+    from contextlib import nullcontext
+
+    from reconciler.apply import apply_plan
+    from reconciler.errors import ApplyFailed
+
+    if not the_plan.has_changes:
+        if output is PlanOutput.json:
+            print(json.dumps({"plan": shown, "changeset": None}, indent=2))
+        raise typer.Exit(0)
+    if not auto_approve:
+        if not sys.stdin.isatty():
+            raise ForgeError("refusing to apply without confirmation: stdin is not a terminal; pass --auto-approve")
+        if not typer.confirm(question, default=False):
+            err.print("Cancelled.")  # nothing was changed
+            raise typer.Exit(1)
+    try:
+        with bars if bars is not None else nullcontext():
+            changeset = apply_plan(the_plan, target)
+    except ApplyFailed as exc:
+        if output is PlanOutput.json:
+            print(json.dumps({"plan": shown, "changeset": exc.changeset.to_json(), "error": str(exc)}, indent=2))
+        raise
     if output is PlanOutput.json:
         print(json.dumps({"plan": shown, "changeset": changeset.to_json()}, indent=2))
     else:
@@ -440,15 +451,32 @@ def logs(
 
 
 @app.command()
-def down(paths: PathsArg = None, env: EnvOpt = None) -> None:
-    """Stop everything Forge started for a local environment (servers, router, Prometheus, steps)."""
+@with_target_flags
+def down(
+    paths: PathsArg = None,
+    env: EnvOpt = None,
+    auto_approve: Annotated[bool, typer.Option("--auto-approve", help="In a cluster: delete without asking for confirmation.")] = False,
+    output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text or json.")] = PlanOutput.text,
+    flags: TargetFlags = NO_OVERRIDES,
+) -> None:
+    """Stop everything Forge started: a local environment's servers, router, Prometheus and steps;
+    in a cluster, delete every object Forge owns there (shown first, then confirmed)."""
     result, environment = load_for(paths, None, env)
-    if environment.spec.target != "local":
-        raise ForgeError("`down` is for the local target; in a cluster, remove the specs and `forgectl apply`")
-    target, _ = open_target_for(environment)
+    target, _ = open_target_for(environment, flags)
+    if environment.spec.target == "local":
+        with target.lock():
+            stopped = target.down()
+        out.print(f"stopped {len(stopped)} process(es)" + "".join(f"\n  {s}" for s in stopped))
+        return
+    from reconciler.liveplan import teardown_plan
+
+    started = time.monotonic()
     with target.lock():
-        stopped = target.down()
-    out.print(f"stopped {len(stopped)} process(es)" + "".join(f"\n  {s}" for s in stopped))
+        the_plan = teardown_plan(environment, target)
+        shown = the_plan.to_json()
+        if output is PlanOutput.text:
+            _print_plan(shown, output)
+        _confirm_and_apply(the_plan, shown, target, output, auto_approve, started, "Delete these objects?")
 
 
 @app.command("load")

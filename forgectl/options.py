@@ -2,9 +2,9 @@
 
 Typer has no option groups: a command's options are its function's parameters. The plain shared
 options are therefore ``Annotated`` aliases (one declaration, reused as a parameter type). The
-target flags (`--kubeconfig`, `--context`, `--namespace`) always travel together, so a command
-takes them as one :class:`TargetFlags` value: :func:`with_target_flags` gives Typer a signature
-with the three options in the place of that parameter, and hands the command the value built
+target flags (`--kubeconfig`, `--context`, `--namespace`, `--prometheus-url`) always travel
+together, so a command takes them as one :class:`TargetFlags` value: :func:`with_target_flags`
+gives Typer a signature with the four options in the place of that parameter, and hands the command the value built
 from them. The flags' names, help, order and defaults are the same for every command.
 """
 
@@ -27,6 +27,9 @@ EndpointArg = Annotated[str, typer.Argument(help="Endpoint name.")]
 KubeconfigOpt = Annotated[str | None, typer.Option("--kubeconfig", help="Kubeconfig file (default $KUBECONFIG, then ~/.kube/config).")]
 ContextOpt = Annotated[str | None, typer.Option("--context", help="Kubeconfig context (default: the current one).")]
 NamespaceOpt = Annotated[str | None, typer.Option("--namespace", "-n", help="Namespace (default: the environment's).")]
+PrometheusOpt = Annotated[str | None, typer.Option(
+    "--prometheus-url", help="Prometheus the rollout gates query (default: the environment's `prometheus.url`), e.g. "
+    "http://127.0.0.1:9090 through `kubectl port-forward` when forgectl runs outside the cluster.")]
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class TargetFlags:
     kubeconfig: str | None = None
     context: str | None = None
     namespace: str | None = None
+    #: The Prometheus to measure with, when the environment's in-cluster address is not reachable
+    #: from where forgectl runs.
+    prometheus_url: str | None = None
 
 
 #: No flags given: the environment's own settings. (The default of a command's ``TargetFlags``
@@ -49,6 +55,7 @@ _FLAG_PARAMETERS = (
     inspect.Parameter("kubeconfig", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=KubeconfigOpt),
     inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ContextOpt),
     inspect.Parameter("namespace", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=NamespaceOpt),
+    inspect.Parameter("prometheus_url", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=PrometheusOpt),
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,7 +66,7 @@ def with_target_flags(command: F) -> F:
 
     Apply it below ``@app.command()``. Typer reads the returned function's ``__signature__``
     (``inspect.signature`` stops at it), where the ``TargetFlags`` parameter is replaced by the
-    three options; Typer calls the command with keyword arguments only, so the wrapper takes them
+    four options; Typer calls the command with keyword arguments only, so the wrapper takes them
     all by name and passes the rest on unchanged."""
     signature = inspect.signature(command, eval_str=True)
     names = [name for name, p in signature.parameters.items() if p.annotation is TargetFlags]
@@ -80,7 +87,8 @@ def with_target_flags(command: F) -> F:
 
     @functools.wraps(command)
     def wrapper(**values: Any) -> Any:
-        flags = TargetFlags(values.pop("kubeconfig", None), values.pop("context", None), values.pop("namespace", None))
+        flags = TargetFlags(values.pop("kubeconfig", None), values.pop("context", None), values.pop("namespace", None),
+                            values.pop("prometheus_url", None))
         return command(**values, **{group: flags})
 
     wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]  # read by inspect.signature

@@ -63,14 +63,15 @@ def open_target_for(environment: Environment, flags: TargetFlags = NO_OVERRIDES,
 def rollout_controllers(paths: list[str] | None, env_name: str | None,
                         flags: TargetFlags) -> tuple[LoadResult, Environment, Controllers]:
     """Specs, environment, and the rollout and experiment controllers on the target's rollout
-    backend, measuring with the Environment's Prometheus, else the one the target runs."""
+    backend, measuring with the Prometheus of ``--prometheus-url``, else the Environment's, else the
+    one the target runs."""
     from reconciler.sources import revision_of
     from reconciler.watch import controllers_for
 
     result, environment = load_for(paths, None, env_name)
     target, namespace = open_target_for(environment, flags)
     backend = target.rollout_backend(result.specs, environment, revision_of(paths or ["."], None))
-    url = environment.spec.prometheus.url or target.prometheus_url()
+    url = flags.prometheus_url or environment.spec.prometheus.url or target.prometheus_url()
     return result, environment, controllers_for(result, environment, backend, url, namespace)
 
 

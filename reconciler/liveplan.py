@@ -1,6 +1,7 @@
 """The plan `forgectl plan` shows and `forgectl apply` carries out: the specs against the target's
-live state, reviewed, with what a cluster lacks for it as notes; a saved plan read back; and the
-rule that a blocked plan is never applied."""
+live state, reviewed, with what a cluster lacks for it as notes; a saved plan read back; the
+teardown `forgectl down` carries out in a cluster; and the rule that a blocked plan is never
+applied."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from reconciler.diagnostics import ForgeError
 from reconciler.loader import LoadResult
-from reconciler.plan import Plan
+from reconciler.plan import Plan, build_plan
 from reconciler.prerequisites import check, missing_notes
 from reconciler.review import reviewed_live_plan
 from reconciler.sources import revision_of
@@ -47,6 +48,14 @@ def saved_plan(paths: list[str] | None) -> Plan | None:
         return Plan.from_json(json.loads(Path(paths[0]).read_text()))
     except (ValueError, KeyError) as exc:
         raise ForgeError(f"{paths[0]}: not a saved Forge plan ({exc})") from exc
+
+
+def teardown_plan(environment: Environment, target: Target) -> Plan:
+    """`forgectl down` of a cluster environment: every object Forge owns there deleted, as
+    applying an empty spec set would (what opts out with `forge.dev/prune: disabled` stays,
+    named), the namespace last. Deleting the namespace is what stops the pods: the cluster's own
+    controllers remove what the Seldon operator and Argo made in it."""
+    return build_plan([], target.read_live(), environment=environment.name, target=target.name)
 
 
 def ensure_runnable(plan: Plan) -> None:

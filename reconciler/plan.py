@@ -149,10 +149,28 @@ def build_plan(
             changes.append(Change(ref, Action.DELETE, dict(have), None, live_version=version))
         else:
             changes.append(Change(ref, Action.NOOP, dict(have), None, (), (f"kept: annotated {PRUNE}: disabled",), version))
+    changes = _keep_namespaces_of_kept(changes)
     changes.sort(key=lambda c: _order(c))
     by_model = workflows_by_model(changes)
     with_reasons = tuple(replace(c, reasons=c.reasons + tuple(reasons_for(c, changes, by_model))) for c in changes)
     return Plan(environment, target, with_reasons, fingerprint(live_list), revision)
+
+
+def _keep_namespaces_of_kept(changes: list[Change]) -> list[Change]:
+    """A namespace is not deleted while it holds an object that stays: deleting it would delete
+    that object too (the workspace claim, kept by `forge.dev/prune: disabled`, holds the models)."""
+    staying: dict[str, ObjectRef] = {}
+    for c in changes:
+        if c.action is not Action.DELETE and c.ref.kind != "Namespace" and c.ref.namespace:
+            staying.setdefault(c.ref.namespace, c.ref)
+    out = []
+    for c in changes:
+        if c.action is Action.DELETE and c.ref.kind == "Namespace" and c.ref.name in staying:
+            held = staying[c.ref.name]
+            c = replace(c, action=Action.NOOP, after=None,
+                        reasons=c.reasons + (f"kept: holds {held.kind} {held.name}, which stays",))
+        out.append(c)
+    return out
 
 
 def _order(change: Change) -> tuple[int, Any]:

@@ -42,6 +42,8 @@ FLAG_HELP = {
     "--kubeconfig": "Kubeconfig file (default $KUBECONFIG, then ~/.kube/config).",
     "--context": "Kubeconfig context (default: the current one).",
     "--namespace": "Namespace (default: the environment's).",
+    "--prometheus-url": "Prometheus the rollout gates query (default: the environment's `prometheus.url`), e.g. "
+                        "http://127.0.0.1:9090 through `kubectl port-forward` when forgectl runs outside the cluster.",
 }
 
 
@@ -66,9 +68,10 @@ def _tiny_app() -> tuple[typer.Typer, list[tuple[Any, ...]]]:
 
 def test_target_flags_arrive_as_one_value_and_positionals_stay() -> None:
     app, seen = _tiny_app()
-    result = CliRunner().invoke(app, ["show", "a", "b", "-n", "ns", "--kubeconfig", "k", "--context", "c", "--verbose"])
+    result = CliRunner().invoke(app, ["show", "a", "b", "-n", "ns", "--kubeconfig", "k", "--context", "c", "--verbose",
+                                      "--prometheus-url", "http://127.0.0.1:9090"])
     assert result.exit_code == 0, result.output
-    assert seen == [(["a", "b"], TargetFlags("k", "c", "ns"), True)]
+    assert seen == [(["a", "b"], TargetFlags("k", "c", "ns", "http://127.0.0.1:9090"), True)]
     seen.clear()
     assert CliRunner().invoke(app, ["show"]).exit_code == 0
     assert seen == [(None, TargetFlags(), False)]
@@ -77,7 +80,7 @@ def test_target_flags_arrive_as_one_value_and_positionals_stay() -> None:
 def test_target_flags_take_the_place_of_the_group_parameter() -> None:
     app, _ = _tiny_app()
     params = [p for p in get_command(app).commands["show"].params]
-    assert [p.name for p in params] == ["paths", "kubeconfig", "context", "namespace", "verbose"]
+    assert [p.name for p in params] == ["paths", "kubeconfig", "context", "namespace", "prometheus_url", "verbose"]
     assert [p.opts for p in params[1:4]] == [["--kubeconfig"], ["--context"], ["--namespace", "-n"]]
 
 
@@ -102,16 +105,16 @@ def _commands(group: Any, prefix: str = "") -> dict[str, Any]:
     return found
 
 
-def test_every_command_with_target_flags_has_the_same_three() -> None:
+def test_every_command_with_target_flags_has_the_same_four() -> None:
     commands = _commands(get_command(forgectl_app))
     with_flags = sorted(name for name, c in commands.items() if any(p.name == "kubeconfig" for p in c.params))
-    assert with_flags == ["apply", "diff", "doctor", "experiment status", "experiment stop", "models diff", "models list",
+    assert with_flags == ["apply", "diff", "doctor", "down", "experiment status", "experiment stop", "models diff", "models list",
                           "models report", "models show", "plan", "reconcile", "rollout abort", "rollout promote",
                           "rollout retry", "rollout status", "status"]
     for name in with_flags:
         params = {p.name: p for p in commands[name].params}
         for flag, help_text in FLAG_HELP.items():
-            option = params[flag.removeprefix("--")]
+            option = params[flag.removeprefix("--").replace("-", "_")]
             assert option.opts[0] == flag and option.help == help_text and option.default is None, (name, flag)
         assert params["namespace"].opts == ["--namespace", "-n"]
 
