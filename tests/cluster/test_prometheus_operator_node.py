@@ -1,0 +1,154 @@
+"""The real Prometheus Operator on the one-node cluster (devkit.node.promop).
+
+A cluster of its own (with the CRDs) plus the node; the operator (built from the pinned module)
+runs on the host as its upstream ServiceAccount and manages a Prometheus that runs as a pod on the
+node. A pod like the one Forge's endpoint serves (label ``forge.dev/endpoint: digits``, a container
+port named ``http`` serving ``/metrics``) is scraped through the PodMonitor Forge renders for the
+quick-start's ``cluster`` Environment, and its PrometheusRule becomes a loaded rule group. Needs
+root. See docs/test-cluster.md, "The Prometheus Operator on the node".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from devkit.cluster import Cluster
+from devkit.node import Node, promop
+from devkit.node.controllers import apply_docs
+from tests.polling import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "examples" / "quickstart"
+# what the canary's server would expose; the rule's expressions name these labels
+METRICS = ('forge_requests_total{forge_endpoint="digits",forge_namespace="forge-quickstart",'
+           'forge_role="canary",code="200"} 5\n')
+# Prometheus 3 refuses a scrape without a Content-Type it knows ("non-compliant scrape target sending
+# blank Content-Type and no fallback_scrape_protocol"), and busybox httpd sends none for a file
+# without a suffix. So /metrics is a directory: httpd redirects /metrics to /metrics/ (Prometheus
+# follows redirects), finds no index.html there and runs /cgi-bin/index.cgi, which sends the file
+# as the text format.
+CGI = '#!/bin/sh\nprintf "Content-Type: text/plain; version=0.0.4\\r\\n\\r\\n"\nexec cat /www/forge.prom\n'
+
+
+def _rendered(env: str = "cluster") -> list[dict[str, Any]]:
+    from reconciler.environments import load_environment
+    from renderers import RenderContext, render
+
+    result, environment = load_environment([str(QUICKSTART)], None, env)
+    return render(result.specs, RenderContext(environment)).manifests
+
+
+class _Stack:
+    def __init__(self, cluster: Cluster, node: Node, operator: promop.HostController, url: str) -> None:
+        self.cluster, self.node, self.operator, self.url = cluster, node, operator, url
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def stack(pytestconfig: pytest.Config) -> Iterator[_Stack]:
+    if os.geteuid() != 0:
+        pytest.fail("the node needs root (containerd, runc, iptables, cgroups); this test does not skip")
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else _null():
+        extra = promop.images()  # builds the operator, the reloader and Prometheus the first time
+    cluster = Cluster.start(tempfile.mkdtemp(prefix="forge-promop-test-cluster-"), node=True,
+                            die_with_parent=True, log=lambda m: None)
+    n = None
+    try:
+        with capman.global_and_fixture_disabled() if capman else _null():
+            n = Node.start(cluster, tempfile.mkdtemp(prefix="forge-promop-test-"), die_with_parent=True,
+                           wait_for_other=900, extra_images=extra)
+            operator = promop.start(cluster, n, die_with_parent=True)
+            url = promop.deploy_prometheus(n, controller=operator)
+        yield _Stack(cluster, n, operator, url)
+    finally:
+        if n is not None:
+            n.stop(quiet=True)
+        cluster.stop(quiet=True)
+
+
+def _get(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        body = json.loads(r.read())
+    assert body.get("status") == "success", body
+    return body["data"]
+
+
+def test_the_rendered_podmonitor_and_rule_reach_prometheus(stack: _Stack) -> None:
+    node, url = stack.node, stack.url
+    rendered = _rendered()
+    ns = next(m for m in rendered if m["kind"] == "Namespace")
+    monitors = [m for m in rendered if m["kind"] in ("PodMonitor", "PrometheusRule")]
+    assert {m["kind"] for m in monitors} == {"PodMonitor", "PrometheusRule"}, [m["kind"] for m in rendered]
+    namespace = ns["metadata"]["name"]
+    apply_docs(node, [ns])
+    core = client.CoreV1Api(node.api())
+    labels = {"forge.dev/endpoint": "digits", "app": "digits-canary"}
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="digits-canary", labels=labels),
+        spec=client.V1PodSpec(termination_grace_period_seconds=1, containers=[client.V1Container(
+            name="server", image=node.images["busybox"][1], image_pull_policy="Never",
+            env=[client.V1EnvVar(name="METRICS", value=METRICS), client.V1EnvVar(name="CGI", value=CGI)],
+            command=["sh", "-c", "mkdir -p /www/metrics /www/cgi-bin && printf '%s' \"$METRICS\" > /www/forge.prom "
+                                 "&& printf '%s' \"$CGI\" > /www/cgi-bin/index.cgi && chmod 755 /www/cgi-bin/index.cgi "
+                                 "&& exec httpd -f -p 8080 -h /www"],
+            ports=[client.V1ContainerPort(container_port=8080, name="http")],
+            readiness_probe=client.V1Probe(http_get=client.V1HTTPGetAction(path="/metrics/", port=8080),
+                                           period_seconds=1))]))
+    core.create_namespaced_pod(namespace, pod)
+    # exactly as rendered (their namespace is the quick-start's, where the pod runs)
+    apply_docs(node, monitors)
+
+    def scraped() -> list[dict[str, Any]]:
+        active = _get(url + "/api/v1/targets?state=active")["activeTargets"]
+        return [t for t in active if t["labels"].get("namespace") == namespace and t["health"] == "up"]
+
+    targets = wait_until(scraped, 180, "the digits pod's target to be up", interval=1)
+    t = targets[0]
+    assert t["labels"]["pod"] == "digits-canary", t
+    # the operator's scrape job per PodMonitor endpoint; the job label it relabels to <namespace>/<name>
+    assert t["scrapePool"] == f"podMonitor/{namespace}/digits/0", t
+    assert t["labels"]["job"] == f"{namespace}/digits", t
+    assert t["discoveredLabels"]["__meta_kubernetes_pod_label_forge_dev_endpoint"] == "digits", t
+    assert t["scrapeUrl"].endswith(":8080/metrics"), t
+
+    q = urllib.parse.quote('forge_requests_total{forge_endpoint="digits",forge_role="canary"}')
+    result = wait_until(lambda: _get(f"{url}/api/v1/query?query={q}")["result"], 60, "the scraped series", interval=1)
+    assert result[0]["value"][1] == "5", result
+    assert result[0]["metric"]["pod"] == "digits-canary" and result[0]["metric"]["code"] == "200", result
+
+    def group() -> dict[str, Any] | None:
+        groups = _get(url + "/api/v1/rules")["groups"]
+        return next((g for g in groups if g["name"] == "forge-digits"), None)
+
+    g = wait_until(group, 180, "the rule group forge-digits to be loaded", interval=1)
+    assert {r["name"] for r in g["rules"]} == {"ForgeDigitsSuccessRateBelow", "ForgeDigitsLatencyP99Above"}, g
+    assert all(r["health"] in ("ok", "unknown") for r in g["rules"]), g
+    assert g["file"].startswith("/etc/prometheus/rules/"), g
+
+
+def test_the_governing_service_is_what_the_cluster_environment_names(stack: _Stack) -> None:
+    # the cluster Environment names http://prometheus-operated.monitoring.svc:9090
+    core = client.CoreV1Api(stack.node.api())
+    svc = core.read_namespaced_service("prometheus-operated", "monitoring")
+    assert [p.port for p in svc.spec.ports] == [9090], svc.spec.ports
+    assert stack.operator.running()
