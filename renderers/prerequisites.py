@@ -157,7 +157,9 @@ def cluster_requirements(manifests: Iterable[Mapping[str, Any]]) -> list[Require
                              "(VirtualService) or Ambassador (Mapping); the operator must run with one enabled"))
         if kind == "Workflow":
             need(Requirement("ControllerRights", "configmaps",
-                             "the Argo controller writes the step cache (memoize) as ConfigMaps in this namespace"))
+                             "the Argo controller writes the step cache (memoize) as ConfigMaps in its own "
+                             "namespace (v4.0.5; upstream's docs/memoization.md: grant it create and update on "
+                             "configmaps)"))
         if kind == "PersistentVolumeClaim":
             cls = obj["spec"].get("storageClassName")
             mode = obj["spec"]["accessModes"][0]

@@ -255,7 +255,8 @@ def deploy_prometheus(node: Node, namespace: str = NAMESPACE, *, image: str | No
     """Create a ``Prometheus`` named ``prometheus`` in ``namespace`` (with its ServiceAccount and
     upstream's ``example/rbac/prometheus/`` RBAC) selecting every PodMonitor and PrometheusRule of
     every namespace; wait until the operator's StatefulSet pod is Ready and answers ``/-/ready``
-    from the host; return its URL on the node's bridge (``http://10.244.0.x:9090``)."""
+    from the host; return its URL at the ClusterIP of upstream's ``prometheus`` Service
+    (``http://10.0.0.x:9090``; the host reaches it through kube-proxy), which outlives the pod."""
     t0 = time.monotonic()
     pv = prom_version or prometheus_version()
     image = image or f"{PROMETHEUS_IMAGE}:{pv}"
@@ -281,7 +282,19 @@ def deploy_prometheus(node: Node, namespace: str = NAMESPACE, *, image: str | No
             "scrapeInterval": interval, "evaluationInterval": interval,
         },
     })
+    # A stable address: the pod's IP changes whenever the operator rolls its StatefulSet (it does
+    # when the first PrometheusRule adds a rule-file volume), and the governing `prometheus-operated`
+    # Service is headless. Upstream's getting-started guide exposes Prometheus with this Service
+    # (there a NodePort; a ClusterIP here, which the host reaches through kube-proxy).
+    [service] = manifest_docs(m / "example" / "user-guides" / "getting-started" / "prometheus-service.yaml")
+    service["metadata"]["namespace"] = namespace
+    service["spec"]["type"] = "ClusterIP"
+    for port in service["spec"]["ports"]:
+        port.pop("nodePort", None)
+    docs.append(service)
     apply_docs(node, docs)
+    cluster_ip = json.loads(kubectl(node, "-n", namespace, "get", "service", service["metadata"]["name"], "-o", "json"))[
+        "spec"]["clusterIP"]
     pod = f"prometheus-{PROMETHEUS_NAME}-0"
     deadline = time.monotonic() + timeout
     last = ""
@@ -293,7 +306,7 @@ def deploy_prometheus(node: Node, namespace: str = NAMESPACE, *, image: str | No
         st = p.get("status") or {}
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
         if ready and st.get("podIP"):
-            url = f"http://{st['podIP']}:9090"
+            url = f"http://{cluster_ip}:9090"
             if _healthy(url + "/-/ready"):
                 break
             last = f"{url}/-/ready does not answer 200 yet"

@@ -47,8 +47,8 @@ class WorkflowRun:
 
 @dataclass(frozen=True)
 class RunDetails:
-    """What a target records beyond its live objects, for `forgectl status`. A cluster keeps these
-    in its own tools (Argo's UI, `kubectl logs`), so its details are empty."""
+    """What a target records beyond its live objects, for `forgectl status`. A cluster's steps
+    are in its Workflows' status; the rest it keeps in its own tools (Argo's UI, `kubectl logs`)."""
 
     #: Workflow name → its steps, for the live Workflows the target ran itself.
     steps: Mapping[str, list[StepRun]] = field(default_factory=dict)

@@ -42,6 +42,7 @@ from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
 from reconciler.rollout import RolloutState
 from reconciler.targets.base import RolloutBackend, RunDetails
 from reconciler.targets.kubernetes_rollout import KubernetesRolloutBackend, rollout_state_of
+from reconciler.workflow_status import steps_of
 from renderers.labels import ENDPOINT, MANAGER, owner_selector
 from specs import Environment, SpecSet
 
@@ -365,9 +366,9 @@ class KubernetesTarget:
 
     # -- what the cluster's own tools show ------------------------------------------------------
     def run_details(self, live: list[dict[str, Any]]) -> RunDetails:
-        """Nothing beyond the live objects: steps and runs are Argo's (its UI, `argo get`), model
-        files live in the cluster's volumes, and Seldon's ingress is not Forge's to name."""
-        return RunDetails()
+        """The steps of each live Workflow as Argo's controller reports them (``status.nodes``).
+        Model files live in the cluster's volumes, and Seldon's ingress is not Forge's to name."""
+        return RunDetails(steps={o["metadata"]["name"]: steps_of(o) for o in live if o.get("kind") == "Workflow"})
 
     def endpoint_url(self, endpoint: str) -> str | None:
         """Unknown here: clients reach an endpoint through the cluster's Seldon ingress."""
@@ -378,5 +379,7 @@ class KubernetesTarget:
         raise TargetNotAvailable("in a cluster, use `kubectl logs` (or `argo logs`) for steps and servers")
 
     def down(self) -> list[str]:
-        """Nothing runs on this machine for a cluster environment."""
-        raise TargetNotAvailable("`down` is for the local target; in a cluster, remove the specs and `forgectl apply`")
+        """Nothing runs on this machine for a cluster environment (`forgectl down` deletes what
+        Forge owns there instead: :func:`reconciler.liveplan.teardown_plan`)."""
+        raise TargetNotAvailable("nothing runs on this machine for a cluster environment; "
+                                 "`forgectl down` deletes what Forge owns in the cluster")
