@@ -24,28 +24,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 # shellcheck source=../../scripts/cluster/versions.env
 source "$repo/scripts/cluster/versions.env"
-ver="$SELDON_OPERATOR_VERSION"
 # shellcheck source=../../scripts/cluster/gocache.sh
 source "$repo/scripts/cluster/gocache.sh"
 forge_go_env
 seldon_operator_src seldon-operator
-
-digest="$(
-  {
-    go_sources "$src" ! -name '*_test.go' ! -path './testing/*'
-    go env GOVERSION
-  } | short_key 12
-)"
-
-build() { # <tmp dir>
-  local tmp="$1"
-  echo "[build] seldon-operator manager ($SELDON_OPERATOR_MODULE $ver from $src): compiling" >&2
-  mkdir -p "$tmp/mod"
-  cp "$src/go.mod" "$tmp/mod/go.mod"
-  cp "$src/go.sum" "$tmp/mod/go.sum"
-  (cd "$src" && go build -mod=readonly -modfile="$tmp/mod/go.mod" -p "${FORGE_BUILD_JOBS:-$(nproc)}" \
-     -ldflags "-s -w" -o "$tmp/manager" .)
-  rm -rf "$tmp/mod"
-  echo "[build] seldon-operator manager: built" >&2
-}
-cached_build "$cache/bin/seldon-operator-$ver-$digest" manager "$cache/bin/.seldon-operator.lock" build
+seldon_build seldon-operator manager "$src"

@@ -38,25 +38,4 @@ source "$repo/scripts/cluster/gocache.sh"
 forge_go_env
 # the source: the module proxy first (it refuses the module), then the checked vendored copy
 seldon_operator_src seldon-judge
-digest="$(
-  {
-    go_module_text "$here"
-    go_sources "$src" ! -name '*_test.go' ! -path './testing/*'
-    go env GOVERSION
-  } | short_key 12
-)"
-
-build() { # <tmp dir>
-  local tmp="$1"
-  echo "[build] seldon-judge ($mod $ver from $src): compiling" >&2
-  mkdir -p "$tmp/mod"
-  # The same go.mod and go.sum, with the operator's replace made absolute.
-  cp "$here/go.mod" "$tmp/mod/go.mod"
-  cp "$here/go.sum" "$tmp/mod/go.sum"
-  go mod edit -replace="$mod=$src" "$tmp/mod/go.mod"
-  (cd "$here" && go build -mod=readonly -modfile="$tmp/mod/go.mod" -p "${FORGE_BUILD_JOBS:-$(nproc)}" \
-     -ldflags "-s -w" -o "$tmp/seldon-judge" .)
-  rm -rf "$tmp/mod"
-  echo "[build] seldon-judge: built" >&2
-}
-cached_build "$cache/bin/seldon-judge-$ver-$digest" seldon-judge "$cache/bin/.seldon-judge.lock" build
+seldon_build seldon-judge seldon-judge "$here"

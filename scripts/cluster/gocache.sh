@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Sourced by the Go builds (scripts/cluster/build.sh, judges/promop/build.sh, judges/seldon/build.sh):
+# Sourced by the Go builds (scripts/cluster/build.sh, judges/promop/build.sh, judges/seldon/build.sh,
+# judges/seldon/build-operator.sh):
 # the forge cache's Go environment, the digests their cache keys are made of, and the cached,
 # locked, atomic build of one binary. Nothing runs when it is sourced.
 #
@@ -20,6 +21,13 @@
 #                                    ../shared/vendor-src/seldon-core-<version>/operator beside the checkout
 #                                    (or FORGE_SELDON_OPERATOR_SRC), checked to be that module, with a
 #                                    SOURCE.md naming that version. NAME prefixes the messages. Needs forge_go_env
+#   seldon_build NAME BIN DIR        print bin/NAME-<SELDON_OPERATOR_VERSION>-<digest>/BIN, building it (cached_build,
+#                                    lock bin/.NAME.lock) the first time: DIR's main package, with a copy (-modfile)
+#                                    of DIR's go.mod and go.sum, -mod=readonly. DIR is $src (the operator itself)
+#                                    or a module of its own that requires the operator: then its go.mod, go.sum and
+#                                    *.go are part of the digest too, and the copy replaces SELDON_OPERATOR_MODULE
+#                                    with $src. The digest also covers $src's Go sources (tests left out) and the
+#                                    Go version. Needs forge_go_env and seldon_operator_src; a plain command
 
 forge_go_env() {
   cache="${FORGE_CACHE:-$HOME/.cache/forge}"
@@ -94,4 +102,32 @@ seldon_operator_src() {
     echo "$name: $src/../SOURCE.md does not name $ver (versions.env's SELDON_OPERATOR_VERSION)" >&2
     return 1
   fi
+}
+
+seldon_build() {
+  # sb_*: read by _seldon_compile, which cached_build runs (its own locals are out, name, lock, fn, tmp)
+  local sb_name="$1" sb_bin="$2" sb_dir="$3" sb_key
+  sb_key="$(
+    {
+      if [[ "$sb_dir" != "$src" ]]; then go_module_text "$sb_dir"; fi
+      go_sources "$src" ! -name '*_test.go' ! -path './testing/*'
+      go env GOVERSION
+    } | short_key 12
+  )"
+  cached_build "$cache/bin/$sb_name-$SELDON_OPERATOR_VERSION-$sb_key" "$sb_bin" "$cache/bin/.$sb_name.lock" _seldon_compile
+}
+
+_seldon_compile() { # <tmp dir>, with seldon_build's sb_name, sb_bin and sb_dir
+  local tmp="$1" label="$sb_name"
+  [[ "$sb_bin" == "$sb_name" ]] || label+=" $sb_bin"
+  echo "[build] $label ($SELDON_OPERATOR_MODULE $SELDON_OPERATOR_VERSION from $src): compiling" >&2
+  mkdir -p "$tmp/mod"
+  cp "$sb_dir/go.mod" "$tmp/mod/go.mod"
+  cp "$sb_dir/go.sum" "$tmp/mod/go.sum"
+  # a module of its own: the same go.mod and go.sum, with the operator's replace made absolute
+  if [[ "$sb_dir" != "$src" ]]; then go mod edit -replace="$SELDON_OPERATOR_MODULE=$src" "$tmp/mod/go.mod"; fi
+  (cd "$sb_dir" && go build -mod=readonly -modfile="$tmp/mod/go.mod" -p "${FORGE_BUILD_JOBS:-$(nproc)}" \
+     -ldflags "-s -w" -o "$tmp/$sb_bin" .)
+  rm -rf "$tmp/mod"
+  echo "[build] $label: built" >&2
 }
