@@ -160,18 +160,28 @@ build_kube_node() {
   rm -rf "$tmp"
 }
 
+# proxy_wrapper <name> <version> <module> <binary>...: the start of a build of <module>'s commands through a
+# wrapper module, for the caller's locals: out=bin/<name>-<version>; when every <binary> is there already,
+# log it and set cached=1; otherwise cached= , src=src/<name>-<version> (emptied) and gomod=the path of
+# <module>@<version>'s go.mod, downloaded from the module proxy. A plain command (set -e stops a failed step).
+proxy_wrapper() {
+  local name="$1" v="$2" mod="$3" bin; shift 3
+  out="$cache/bin/$name-$v" cached=1
+  for bin in "$@"; do [[ -x "$out/$bin" ]] || cached=; done
+  if [[ -n "$cached" ]]; then log "$name $v: cached ($out)"; return 0; fi
+  src="$cache/src/$name-$v"
+  rm -rf "$src"; mkdir -p "$src"
+  gomod="$(cd "$src" && go mod download -json "$mod@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+}
+
 # Argo Workflows' workflow-controller and argoexec (the executor that runs in every step's pod),
 # ARGO_WORKFLOWS_VERSION from the module proxy: bin/argo-workflows-<version>/{workflow-controller,argoexec}.
 # Its go.mod has no replace directives, so a wrapper module that requires it builds the commands
 # with upstream's own requirements; ldflags as upstream's Makefile sets them.
 build_argo() {
-  local v="$ARGO_WORKFLOWS_VERSION" mod="$ARGO_WORKFLOWS_MODULE"
-  local out="$cache/bin/argo-workflows-$v"
-  if [[ -x "$out/workflow-controller" && -x "$out/argoexec" ]]; then log "argo-workflows $v: cached ($out)"; return; fi
-  local src="$cache/src/argo-workflows-$v"
-  rm -rf "$src"; mkdir -p "$src"
-  local gomod
-  gomod="$(cd "$src" && go mod download -json "$mod@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  local v="$ARGO_WORKFLOWS_VERSION" mod="$ARGO_WORKFLOWS_MODULE" out src gomod cached
+  proxy_wrapper argo-workflows "$v" "$mod" workflow-controller argoexec
+  [[ -z "$cached" ]] || return 0
   if grep -q '^replace' "$gomod"; then echo "$mod@$v go.mod has replace directives; the wrapper would ignore them" >&2; exit 1; fi
   local gover; gover="$(go mod edit -json "$gomod" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Go"])')"
   printf 'module forge.local/cluster/argo-workflows\n\ngo %s\n\nrequire %s %s\n' "$gover" "$mod" "$v" >"$src/go.mod"
@@ -210,13 +220,9 @@ build_argo() {
 # requiring module ignores, so the wrapper requires the published submodules of the same tag (what
 # those directories hold). ldflags as upstream's Makefile (GO_BUILD_LDFLAGS) sets them.
 build_promop() {
-  local v="$PROMETHEUS_OPERATOR_VERSION" mod="$PROMETHEUS_OPERATOR_MODULE"
-  local out="$cache/bin/prometheus-operator-$v"
-  if [[ -x "$out/operator" && -x "$out/prometheus-config-reloader" ]]; then log "prometheus-operator $v: cached ($out)"; return; fi
-  local src="$cache/src/prometheus-operator-$v"
-  rm -rf "$src"; mkdir -p "$src"
-  local gomod
-  gomod="$(cd "$src" && go mod download -json "$mod@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  local v="$PROMETHEUS_OPERATOR_VERSION" mod="$PROMETHEUS_OPERATOR_MODULE" out src gomod cached
+  proxy_wrapper prometheus-operator "$v" "$mod" operator prometheus-config-reloader
+  [[ -z "$cached" ]] || return 0
   local gover; gover="$(go mod edit -json "$gomod" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Go"])')"
   # every replace must be one of its own submodules (./pkg/...), which the wrapper requires at $v
   go mod edit -json "$gomod" | MOD="$mod" python3 -c '
