@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import tempfile
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from kubernetes import client
 from devkit.cluster import Cluster
 from devkit.node import Node, argo
 from devkit.node import node as nodemod
+from tests.cluster import nodekit
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -39,38 +39,17 @@ def _wait(what: str, fn: Callable[[], Any], timeout: float = 90.0, every: float 
 
 @pytest.fixture(scope="module")
 def node_cluster(pytestconfig: pytest.Config) -> Iterator[tuple[Cluster, Node]]:
-    if os.geteuid() != 0:
-        pytest.fail("the node needs root (containerd, runc, iptables, cgroups); this test does not skip")
-    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-    with capman.global_and_fixture_disabled() if capman else _null():
-        executor = argo.executor_image()  # builds Argo's binaries the first time (a few minutes)
     # the CRDs (for Argo's Workflow) come from the cached etcd snapshot; node=True keeps the
     # ServiceAccount admission plugin on, so pods get a token
-    cluster = Cluster.start(tempfile.mkdtemp(prefix="forge-node-test-cluster-"), node=True,
-                            die_with_parent=True, log=lambda m: None)
-    n = None
-    try:
-        with capman.global_and_fixture_disabled() if capman else _null():
-            n = Node.start(cluster, tempfile.mkdtemp(prefix="forge-node-test-"), die_with_parent=True,
-                           extra_images=[executor], wait_for_other=600)
-        yield cluster, n
-    finally:
-        if n is not None:
-            n.stop(quiet=True)
-        cluster.stop(quiet=True)
+    with nodekit.node_cluster(pytestconfig, "forge-node-test", wait_for_other=600,
+                              # builds Argo's binaries the first time (a few minutes)
+                              build=lambda: [argo.executor_image()]) as cluster_and_node:
+        yield cluster_and_node
 
 
 @pytest.fixture(scope="module")
 def node(node_cluster: tuple[Cluster, Node]) -> Node:
     return node_cluster[1]
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: object) -> None:
-        return None
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ root. See docs/test-cluster.md, "The Prometheus Operator on the node".
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ from kubernetes import client
 from devkit.cluster import Cluster
 from devkit.node import Node, promop
 from devkit.node.controllers import apply_docs
+from tests.cluster import nodekit
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -55,35 +54,15 @@ class _Stack:
         self.cluster, self.node, self.operator, self.url = cluster, node, operator, url
 
 
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: object) -> None:
-        return None
-
-
 @pytest.fixture(scope="module")
 def stack(pytestconfig: pytest.Config) -> Iterator[_Stack]:
-    if os.geteuid() != 0:
-        pytest.fail("the node needs root (containerd, runc, iptables, cgroups); this test does not skip")
-    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-    with capman.global_and_fixture_disabled() if capman else _null():
-        extra = promop.images()  # builds the operator, the reloader and Prometheus the first time
-    cluster = Cluster.start(tempfile.mkdtemp(prefix="forge-promop-test-cluster-"), node=True,
-                            die_with_parent=True, log=lambda m: None)
-    n = None
-    try:
-        with capman.global_and_fixture_disabled() if capman else _null():
-            n = Node.start(cluster, tempfile.mkdtemp(prefix="forge-promop-test-"), die_with_parent=True,
-                           wait_for_other=900, extra_images=extra)
+    # promop.images() builds the operator, the reloader and Prometheus the first time
+    with nodekit.node_cluster(pytestconfig, "forge-promop-test", wait_for_other=900,
+                              build=promop.images) as (cluster, n):
+        with nodekit.shown(pytestconfig):
             operator = promop.start(cluster, n, die_with_parent=True)
             url = promop.deploy_prometheus(n, controller=operator)
         yield _Stack(cluster, n, operator, url)
-    finally:
-        if n is not None:
-            n.stop(quiet=True)
-        cluster.stop(quiet=True)
 
 
 def _get(url: str) -> dict[str, Any]:

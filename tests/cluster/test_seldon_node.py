@@ -14,8 +14,6 @@ See docs/test-cluster.md, "Seldon Core on the node".
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +24,7 @@ from kubernetes import client
 from devkit.cluster import Cluster
 from devkit.node import Node, seldon
 from devkit.node.controllers import HostController
+from tests.cluster import nodekit
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -35,35 +34,17 @@ NAME = "iris"
 GROUP, VERSION, PLURAL = "machinelearning.seldon.io", "v1", "seldondeployments"
 
 
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: object) -> None:
-        return None
-
-
 @pytest.fixture(scope="module")
 def env(pytestconfig: pytest.Config) -> Iterator[tuple[Cluster, Node, HostController]]:
-    if os.geteuid() != 0:
-        pytest.fail("the node needs root (containerd, runc, iptables, cgroups); this test does not skip")
-    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-    with capman.global_and_fixture_disabled() if capman else _null():
+    def build() -> None:
         seldon.ensure_binary()  # the first time: a build (see the docs for how long)
+
     # the CRDs (SeldonDeployment among them) come from the cached etcd snapshot
-    cluster = Cluster.start(tempfile.mkdtemp(prefix="forge-seldon-test-cluster-"), node=True,
-                            die_with_parent=True, log=lambda m: None)
-    n = None
-    try:
-        with capman.global_and_fixture_disabled() if capman else _null():
-            n = Node.start(cluster, tempfile.mkdtemp(prefix="forge-seldon-test-node-"), die_with_parent=True,
-                           wait_for_other=900)
+    with nodekit.node_cluster(pytestconfig, "forge-seldon-test", node_prefix="forge-seldon-test-node-",
+                              wait_for_other=900, build=build) as (cluster, n):
+        with nodekit.shown(pytestconfig):
             ctl = seldon.start(cluster, n, die_with_parent=True)
         yield cluster, n, ctl
-    finally:
-        if n is not None:
-            n.stop(quiet=True)
-        cluster.stop(quiet=True)
 
 
 @pytest.fixture(scope="module")
