@@ -4,8 +4,9 @@ shows a cluster's runs the way it shows local ones. Pure: reads the object, noth
 
 Argo's node graph for one DAG task with a ``retryStrategy``: a node of type ``Retry`` named after
 the task, with one ``Pod`` child per attempt (``train(0)``, ``train(1)``, …); a task without one is
-a single ``Pod`` node. A memoized task served from the cache is a node with
-``memoizationStatus.hit: true`` and no pod. Skipped and omitted tasks are nodes of their own.
+a single ``Pod`` node (an attempt's ``children`` are the tasks that depend on it, not attempts). A
+memoized task served from the cache is a node with ``memoizationStatus.hit: true`` and no pod.
+Skipped and omitted tasks are nodes of their own; the exit handler is ``<workflow>.onExit``.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ def steps_of(workflow: Mapping[str, Any]) -> list[StepRun]:
         phase = node.get("phase", "Pending")
         status = "cached" if hit and phase == "Succeeded" else _STATUS.get(phase, phase.lower())
         last = attempts[-1] if attempts else node
+        name = node.get("displayName") or node.get("name", node_id)
+        if name.endswith(".onExit"):  # the exit handler: named by its template, as the local target names it
+            name = node.get("templateName") or name
         steps.append(StepRun(
-            step=node.get("displayName") or node.get("name", node_id),
+            step=name,
             status=status,
             attempts=0 if hit else len(attempts),
             started=_epoch(node.get("startedAt")),
