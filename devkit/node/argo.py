@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from devkit.node import images, paths
+from devkit.node.controllers import HostController, service_account_kubeconfig, spawn
 from devkit.node.controllers import kubectl as _kubectl
 from devkit.node.controllers import manifest_docs as _docs
-from devkit.node.controllers import service_account_kubeconfig
-from devkit.node.node import KUBERNETES_SERVICE_IP, Node, NodeError, _stderr_log, _tail
+from devkit.node.node import KUBERNETES_SERVICE_IP, Node, NodeError, _stderr_log
 
 NAMESPACE = "argo"
 EXTRA_CRDS = ("workflowtaskresults", "workflowtasksets", "workflowartifactgctasks", "workfloweventbindings")
@@ -81,32 +81,12 @@ def in_cluster_clients_supported(cluster: Any) -> list[str]:
 
 
 @dataclass
-class ArgoController:
-    state_dir: str
-    pid: int = 0
-    start_ticks: int = -1
+class ArgoController(HostController):
+    """The workflow-controller process, and what it runs with."""
+
     version: str = ""
     executor_image: str = ""
     namespaces: list[str] = field(default_factory=list)
-    start_seconds: float = 0.0
-
-    @property
-    def log_path(self) -> Path:
-        return Path(self.state_dir) / "workflow-controller.log"
-
-    def running(self) -> bool:
-        return paths.running(self.pid, self.start_ticks)
-
-    def stop(self) -> None:
-        if self.pid:
-            paths.stop_pid(self.pid, self.start_ticks, timeout=5)
-
-    def _save(self) -> None:
-        (Path(self.state_dir) / "argo.json").write_text(json.dumps(asdict(self), indent=2) + "\n")
-
-    @classmethod
-    def load(cls, state_dir: str | os.PathLike[str]) -> ArgoController:
-        return cls(**json.loads((Path(state_dir) / "argo.json").read_text()))
 
 
 def start(cluster: Any, node: Node, namespaces: list[str] = ("default",), *, die_with_parent: bool = False,
@@ -173,24 +153,15 @@ def start(cluster: Any, node: Node, namespaces: list[str] = ("default",), *, die
         _kubectl(node, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": executor}))
     # the controller's identity: the `argo` ServiceAccount (a client certificate for its user name)
     kubeconfig = service_account_kubeconfig(cluster, node, NAMESPACE, "argo", "argo")
-    sd = kubeconfig.parent
-    ctl = ArgoController(state_dir=str(sd), version=v, executor_image=ref, namespaces=list(namespaces))
-    rec = paths.spawn("workflow-controller", "forge-node", [
+    def started(c: HostController) -> bool:
+        tail = c.log_tail()
+        return "Starting Workflow Controller" in tail or "Started workflow garbage collection" in tail
+    host = spawn(node, "workflow-controller", [
         str(bins["workflow-controller"]), f"--kubeconfig={kubeconfig}", f"--namespace={NAMESPACE}",
         f"--executor-image={ref}", "--executor-image-pull-policy=Never",
-    ], env=dict(os.environ, LEADER_ELECTION_DISABLE="true"), log=ctl.log_path, die_with_parent=die_with_parent)
-    ctl.pid, ctl.start_ticks = rec.pid, rec.start_ticks
-    ctl._save()
-    deadline = time.monotonic() + 60
-    while "Starting Workflow Controller" not in paths.log_tail(ctl.log_path, limit=200000) \
-            and "Started workflow garbage collection" not in paths.log_tail(ctl.log_path, limit=200000):
-        if not ctl.running():
-            raise NodeError(f"workflow-controller exited:\n{_tail(ctl.log_path)}")
-        if time.monotonic() > deadline:
-            ctl.stop()
-            raise NodeError(f"workflow-controller not started after 60 s:\n{_tail(ctl.log_path)}")
-        time.sleep(0.3)
+    ], env=dict(os.environ, LEADER_ELECTION_DISABLE="true"), ready=started, timeout=60,
+        die_with_parent=die_with_parent)
+    ctl = ArgoController(**asdict(host), version=v, executor_image=ref, namespaces=list(namespaces))
     ctl.start_seconds = round(time.monotonic() - t0, 2)
-    ctl._save()
     log(f"Argo {v} workflow-controller running (pid {ctl.pid}) after {ctl.start_seconds:.1f} s")
     return ctl

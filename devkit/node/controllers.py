@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from devkit.node import paths
 from devkit.node.node import Node, NodeError, _tail
 

@@ -754,10 +754,19 @@ state = "{c / 'state'}"
     def _stop(self, *, quiet: bool, keep_logs: bool) -> None:
         log = (lambda m: None) if quiet else _stderr_log
         t0 = time.monotonic()
-        # 1. no new pods: the host-run controllers (Argo's, devkit.node.argo, and every one that
-        # saved a {"pid", "start_ticks"} record in <state>/controllers/), the kube controllers and
+        # The host-wide state (the /forge-node cgroups, KUBE-* chains, the bridge, sysctls) is the
+        # machine's active node's. A node that is not the active one — stopped already (a second
+        # stop, e.g. a test's and then its fixture's) while another has started since — must leave
+        # it alone: tearing it down killed the other node's kubelet ("cgroup [forge-node] has some
+        # missing paths"). No active node at all: whatever is left is ours to remove.
+        try:
+            owns_host = ACTIVE.read_text().strip() == str(self.sd)
+        except OSError:
+            owns_host = True
+        # 1. no new pods: the host-run controllers (Argo's, Seldon's, the Prometheus Operator:
+        # devkit.node.controllers records each in <state>/controllers/), the kube controllers and
         # the scheduler first
-        for record in [self.sd / "argo" / "argo.json", *sorted((self.sd / "controllers").glob("*.json"))]:
+        for record in sorted((self.sd / "controllers").glob("*.json")):
             if record.exists():
                 with contextlib.suppress(Exception):
                     ctl = json.loads(record.read_text())
@@ -779,21 +788,24 @@ state = "{c / 'state'}"
             paths.stop_pid(self.pids["containerd"], self.starts.get("containerd", -1))
         # a node that died (die_with_parent) leaves its containers running: whatever is still in
         # the node's cgroup is a pod's process
-        self._kill_cgroup_procs(log)
+        if owns_host:
+            self._kill_cgroup_procs(log)
         self._kill_shims(log)
         # 4. host-wide state
         self._remove_volumes(log)
-        if "kube-proxy" in self.exes and Path(self.exes["kube-proxy"]).exists():
-            _run([self.exes["kube-proxy"], "--cleanup", "--proxy-mode=iptables"], check=False)
-        self._remove_cni_iptables()
-        remove_kube_iptables()
-        _run(["ip", "link", "del", BRIDGE], check=False)
+        if owns_host:
+            if "kube-proxy" in self.exes and Path(self.exes["kube-proxy"]).exists():
+                _run([self.exes["kube-proxy"], "--cleanup", "--proxy-mode=iptables"], check=False)
+            self._remove_cni_iptables()
+            remove_kube_iptables()
+            _run(["ip", "link", "del", BRIDGE], check=False)
         unmount_under(self.sd)
-        self._remove_cgroups(log)
-        for key, val in self.sysctls_saved.items():
-            with contextlib.suppress(OSError):
-                if _read_sysctl(key) != val:
-                    _write_sysctl(key, val)
+        if owns_host:
+            self._remove_cgroups(log)
+            for key, val in self.sysctls_saved.items():
+                with contextlib.suppress(OSError):
+                    if _read_sysctl(key) != val:
+                        _write_sysctl(key, val)
         with contextlib.suppress(Exception):
             self._raw().request("DELETE", f"/api/v1/nodes/{self.name}")
         # /var/log/containers: the kubelet's symlinks (a fixed path) into our pod logs

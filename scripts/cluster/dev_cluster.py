@@ -20,11 +20,18 @@ from devkit.node import default_state_dir as node_state_dir  # noqa: E402
 from devkit.prometheus import Prometheus  # noqa: E402
 
 
-def _exports(cluster: Cluster, prom_url: str | None) -> str:
+def _exports(cluster: Cluster, prom_url: str | None, operated_url: str | None = None) -> str:
     lines = [f"export KUBECONFIG={shlex.quote(cluster.kubeconfig)}"]
     if prom_url:
         lines.append(f"export FORGE_PROMETHEUS_URL={shlex.quote(prom_url)}")
+    if operated_url:  # the Prometheus Operator's Prometheus, a pod: pass it as `--prometheus-url`
+        lines.append(f"export FORGE_CLUSTER_PROMETHEUS_URL={shlex.quote(operated_url)}")
     return "\n".join(lines)
+
+
+def _operated_url(sd: Path) -> str | None:
+    p = sd / "prometheus-operated.json"
+    return json.loads(p.read_text())["url"] if p.exists() else None
 
 
 def _prom_state(sd: Path) -> dict | None:
@@ -45,6 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--runtime-image", action="store_true",
                        help="with --node: also Forge's runtime image (devkit/node/runtime_image.py; ~7 GB, "
                             "built and imported once)")
+    start.add_argument("--seldon", action="store_true",
+                       help="with --node: also Seldon Core v1's operator (devkit/node/seldon.py)")
+    start.add_argument("--prometheus-operator", action="store_true",
+                       help="with --node: also the Prometheus Operator and the Prometheus it manages in "
+                            "`monitoring` (devkit/node/promop.py)")
+    start.add_argument("--quickstart", action="store_true",
+                       help="what `forgectl apply --env cluster` of examples/quickstart needs: --node --argo "
+                            "--runtime-image --seldon --prometheus-operator")
     sub.add_parser("stop", help="stop what start started, by PID, and remove its data")
     sub.add_parser("env", help="print the export lines")
     sub.add_parser("status", help="print the saved state as JSON")
@@ -57,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {path}")
             return 0
         if args.cmd == "start":
+            if args.quickstart:
+                args.node = args.argo = args.runtime_image = args.seldon = args.prometheus_operator = True
             t0 = time.monotonic()
             ps = _prom_state(sd)
             if ps:  # left from an earlier start: end it unless that cluster still runs
@@ -70,12 +87,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.node and (node_state_dir() / "state.json").exists():
                 Node.load(node_state_dir()).stop(quiet=True)  # left from a start that died
             cluster = Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False, node=args.node)
-            if (args.argo or args.runtime_image) and not args.node:
-                raise ClusterError("--argo and --runtime-image need --node")
+            if (args.argo or args.runtime_image or args.seldon or args.prometheus_operator) and not args.node:
+                raise ClusterError("--argo, --runtime-image, --seldon and --prometheus-operator need --node")
+            operated_url = None
             if args.node:
-                from devkit.node import argo, runtime_image
+                from devkit.node import argo, promop, runtime_image, seldon
 
                 extra = [argo.executor_image()] if args.argo else []
+                if args.prometheus_operator:
+                    extra += promop.images()
                 if args.runtime_image:
                     archive, refs, _ = runtime_image.build()
                     extra += [(str(archive), r) for r in refs]
@@ -85,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
                                       wait_for_other=900)
                     if args.argo:
                         argo.start(cluster, node, ["default"], die_with_parent=False)
+                    if args.seldon:
+                        seldon.start(cluster, node, die_with_parent=False)
+                    if args.prometheus_operator:
+                        operator = promop.start(cluster, node, die_with_parent=False)
+                        operated_url = promop.deploy_prometheus(node, controller=operator)
+                        (sd / "prometheus-operated.json").write_text(json.dumps({"url": operated_url}))
                 except BaseException:
                     if node is not None:
                         node.stop(quiet=True, keep_logs=True)
@@ -102,13 +128,17 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             if prom_url:
                 print(f"# prometheus at {prom_url}", file=sys.stderr)
+            if operated_url:
+                print(f"# the Prometheus Operator's Prometheus at {operated_url} (a pod; the `cluster` Environment "
+                      "names it by its in-cluster Service): forgectl reconcile --prometheus-url "
+                      "$FORGE_CLUSTER_PROMETHEUS_URL", file=sys.stderr)
             print(f"# started in {time.monotonic() - t0:.1f} s (state: {sd})", file=sys.stderr)
-            print(_exports(cluster, prom_url))
+            print(_exports(cluster, prom_url, operated_url))
             return 0
         if args.cmd == "env":
             cluster = Cluster.load(sd)
             ps = _prom_state(sd)
-            print(_exports(cluster, f"http://127.0.0.1:{ps['port']}" if ps else None))
+            print(_exports(cluster, f"http://127.0.0.1:{ps['port']}" if ps else None, _operated_url(sd)))
             return 0
         if args.cmd == "status":
             cluster = Cluster.load(sd)

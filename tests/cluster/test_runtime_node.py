@@ -1,11 +1,25 @@
-"""Forge's runtime image on the one-node cluster, and the quick-start's `cluster` Environment run
-by the real Argo controller (issue 14).
+"""The quick-start end to end on the one-node cluster, under the real controllers (issue 14).
 
-Its own cluster (node=True, CRDs) + node + Argo, with the runtime image built here
-(devkit.node.runtime_image: Debian + Python + the pinned requirements, the first build takes a
-few minutes and ~7 GB) and imported into containerd under the names the `cluster` Environment
-renders (a later start finds it in containerd's kept store and does not import it again). Needs
-root; never skips.
+Its own cluster (node=True, CRDs) + node, with Forge's runtime image (devkit.node.runtime_image:
+Debian + Python + the pinned requirements; the first build takes a few minutes and ~7 GB) imported
+into containerd under the names the `cluster` Environment renders, and on it the real controllers:
+Argo Workflows' (devkit.node.argo), Seldon Core v1's operator (devkit.node.seldon) and the
+Prometheus Operator (devkit.node.promop) with the Prometheus it manages as a pod. `forgectl` runs
+on the host with the cluster's admin kubeconfig, as a platform engineer's laptop or CI would; the
+rendered objects are never changed. The stages run in order and share the cluster:
+
+1. `apply` → Argo runs prepare → train → evaluate → compress → register as pods; `status` shows
+   the Workflow and its steps from the cluster; the Seldon operator makes the stable predictor,
+   which serves; Prometheus, configured by the operator from the PodMonitor, scrapes it, and the
+   rule group is loaded.
+2. `down` deletes what Forge owns: the controllers remove the pods they made.
+
+Not here yet (docs/test-cluster.md, "Not yet"): the second version. After a `learningRate`
+change, Argo v4.0.5 ran every task of the new Workflow (prepare-data a memoization hit) to
+Succeeded but left the Workflow `Running`, with no exit handler, for 5+ minutes in two runs; the
+canary's promotion and rollback, and the permanent-failure stage, wait on that.
+
+Needs root; never skips.
 """
 
 from __future__ import annotations
@@ -15,6 +29,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,23 +41,32 @@ import pytest
 from kubernetes import client, dynamic
 
 from devkit.cluster import Cluster
-from devkit.node import Node, argo, runtime_image
+from devkit.node import Node, argo, promop, runtime_image, seldon
+from devkit.rollout import BODY
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart"
+FORGECTL = REPO / ".venv" / "bin" / "forgectl"
+NS = "forge-quickstart"  # the `cluster` Environment's namespace
+MODEL_VERSION = "forge.dev/model-version"
 
 
 def _wait(what: str, fn: Callable[[], Any], timeout: float = 120.0, every: float = 1.0) -> Any:
     return wait_until(fn, timeout, what, interval=every)
 
 
+def _quiet(msg: str) -> None:
+    pass
+
+
 class _Stack:
-    def __init__(self, cluster: Cluster, node: Node, ctl: argo.ArgoController, archive: Path, refs: list[str],
-                 build: dict[str, Any]) -> None:
-        self.cluster, self.node, self.ctl, self.archive, self.refs, self.build = cluster, node, ctl, archive, refs, build
+    def __init__(self, cluster: Cluster, node: Node, archive: Path, refs: list[str], prometheus_url: str,
+                 times: dict[str, float]) -> None:
+        self.cluster, self.node, self.archive, self.refs = cluster, node, archive, refs
+        self.prometheus_url, self.times = prometheus_url, times
 
 
 @pytest.fixture(scope="module")
@@ -47,43 +74,158 @@ def stack(pytestconfig: pytest.Config) -> Iterator[_Stack]:
     if os.geteuid() != 0:
         pytest.fail("the node needs root (containerd, runc, iptables, cgroups); this test does not skip")
     capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+    times: dict[str, float] = {}
+    t0 = time.monotonic()
     with capman.global_and_fixture_disabled():
         executor = argo.executor_image()
-        archive, refs, build = runtime_image.build()
+        archive, refs, _ = runtime_image.build()
+        monitoring = promop.images()
+    times["images"] = time.monotonic() - t0
     cluster = Cluster.start(tempfile.mkdtemp(prefix="forge-rt-test-cluster-"), node=True, die_with_parent=True,
-                            log=lambda m: None)
+                            log=_quiet)
     node = None
     try:
         with capman.global_and_fixture_disabled():
+            t = time.monotonic()
             node = Node.start(cluster, tempfile.mkdtemp(prefix="forge-rt-test-node-"), die_with_parent=True,
-                              extra_images=[executor] + [(str(archive), r) for r in refs], wait_for_other=900)
-        ctl = argo.start(cluster, node, ["default"], die_with_parent=True, log=lambda m: None)
-        yield _Stack(cluster, node, ctl, archive, refs, build)
+                              extra_images=[executor, *monitoring] + [(str(archive), r) for r in refs],
+                              wait_for_other=900)
+            times["node"] = time.monotonic() - t
+        t = time.monotonic()
+        argo.start(cluster, node, ["default"], die_with_parent=True, log=_quiet)
+        seldon.start(cluster, node, die_with_parent=True, log=_quiet)
+        operator = promop.start(cluster, node, die_with_parent=True, log=_quiet)
+        url = promop.deploy_prometheus(node, controller=operator, log=_quiet)
+        times["controllers"] = time.monotonic() - t
+        times["total"] = time.monotonic() - t0
+        print("\nstack up:", json.dumps({k: round(v, 1) for k, v in times.items()}))
+        yield _Stack(cluster, node, archive, refs, url, times)
     finally:
         if node is not None:
             node.stop(quiet=True)
         cluster.stop(quiet=True)
 
 
-@pytest.fixture(scope="module")
-def core(stack: _Stack) -> Iterator[client.CoreV1Api]:
-    api = stack.node.api()
+class Quickstart:
+    """A copy of examples/quickstart in a git repository of its own, and what the stages need to
+    read back from the cluster."""
+
+    def __init__(self, stack: _Stack, work: Path) -> None:
+        self.stack, self.work = stack, work
+        self.api = stack.node.api()
+        self.core = client.CoreV1Api(self.api)
+        dyn = dynamic.DynamicClient(self.api)
+        self.workflows = dyn.resources.get(api_version="argoproj.io/v1alpha1", kind="Workflow")
+        self.sdeps = dyn.resources.get(api_version="machinelearning.seldon.io/v1", kind="SeldonDeployment")
+        self.versions: dict[str, str] = {}
+
+    def git(self, *args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=self.work,
+                       check=True, capture_output=True)
+
+    def edit(self, file: str, old: str, new: str, message: str) -> None:
+        path = self.work / file
+        text = path.read_text()
+        assert old in text, (file, old)
+        path.write_text(text.replace(old, new, 1))
+        self.git("commit", "-qam", message)
+
+    def forgectl(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, KUBECONFIG=self.stack.node.kubeconfig, NO_COLOR="1", COLUMNS="200")
+        proc = subprocess.run([str(FORGECTL), *args], cwd=self.work, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        if check:
+            assert proc.returncode == 0, f"forgectl {' '.join(args)} → {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        return proc
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.forgectl(*args, "--env", "cluster", "-o", "json").stdout)
+
+    def version(self) -> str:
+        """The model version the specs in the working tree want."""
+        from reconciler.environments import load_environment
+        from renderers.versions import model_version
+        from specs import Model
+
+        result, environment = load_environment([str(self.work)], None, "cluster")
+        return model_version(result.specs, result.specs.get(Model, "digits-mlp"), environment)
+
+    def workflow(self, version: str) -> dict[str, Any] | None:
+        items = self.workflows.get(namespace=NS, label_selector=f"{MODEL_VERSION}={version}").to_dict()["items"]
+        return items[0] if items else None
+
+    def finished(self, version: str, timeout: float = 900) -> dict[str, Any]:
+        """The version's Workflow once Argo has finished it (also kept beside the work folder, as
+        the controller wrote it)."""
+        def done() -> dict[str, Any] | None:
+            wf = self.workflow(version)
+            phase = ((wf or {}).get("status") or {}).get("phase")
+            return wf if phase in ("Succeeded", "Failed", "Error") else None
+        wf: dict[str, Any] = _wait(f"the Workflow of version {version} to finish", done, timeout=timeout, every=3)
+        (self.work.parent / f"workflow-{version}-{wf['status']['phase']}.json").write_text(json.dumps(wf, indent=1))
+        return wf
+
+    def sdep(self) -> dict[str, Any]:
+        return self.sdeps.get(namespace=NS, name="digits").to_dict()
+
+    def predictors(self) -> dict[str, dict[str, Any]]:
+        return {p["name"]: p for p in self.sdep()["spec"]["predictors"]}
+
+    def service_url(self, predictor: str) -> str:
+        """The predictor's Service (the operator names it `<deployment>-<predictor>`) at its ClusterIP."""
+        svc = _wait(f"the {predictor} predictor's Service", lambda: next(
+            (s for s in self.core.list_namespaced_service(NS).items if s.metadata.name == f"digits-{predictor}"), None))
+        return f"http://{svc.spec.cluster_ip}:9000"
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"{self.stack.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return json.loads(resp.read())["data"]["result"]
+
+    def prometheus(self, path: str) -> Any:
+        with urllib.request.urlopen(f"{self.stack.prometheus_url}{path}", timeout=10) as resp:
+            return json.loads(resp.read())["data"]
+
+
+def _infer(url: str) -> int:
+    req = urllib.request.Request(url + "/v2/models/digits-mlp/infer", data=BODY,
+                                 headers={"content-type": "application/json"}, method="POST")
     try:
-        yield client.CoreV1Api(api)
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            resp.read()
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def _nodes(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each DAG task's node by its name (the Retry node where the task has a retryStrategy)."""
+    return {n["displayName"]: n for n in wf["status"]["nodes"].values()
+            if n["type"] in ("Retry", "Pod", "Skipped") and "(" not in n["displayName"]}
+
+
+@pytest.fixture(scope="module")
+def qs(stack: _Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quickstart]:
+    work = tmp_path_factory.mktemp("e2e") / "quickstart"
+    shutil.copytree(QUICKSTART, work)
+    q = Quickstart(stack, work)
+    q.git("init", "-q")
+    q.git("add", ".")
+    q.git("commit", "-qm", "quick-start")
+    try:
+        yield q
     finally:
-        api.close()
-
-
-def _rendered(env: str = "cluster") -> list[dict[str, Any]]:
-    from reconciler.environments import load_environment
-    from renderers import RenderContext, render
-
-    result, environment = load_environment([str(QUICKSTART)], None, env)
-    return render(result.specs, RenderContext(environment)).manifests
+        q.api.close()
 
 
 def test_runtime_images_are_in_containerd_under_the_rendered_names(stack: _Stack) -> None:
-    wf = next(m for m in _rendered() if m["kind"] == "Workflow")
+    from reconciler.environments import load_environment
+    from renderers import RenderContext, render
+
+    result, environment = load_environment([str(QUICKSTART)], None, "cluster")
+    wf = next(m for m in render(result.specs, RenderContext(environment)).manifests if m["kind"] == "Workflow")
     rendered = {t["container"]["image"] for t in wf["spec"]["templates"] if "container" in t}
     assert rendered and rendered <= set(stack.refs), (rendered, stack.refs)
     listed = {ln.split()[0]: ln.split()[2] for ln in stack.node.ctr("images", "ls").stdout.splitlines()[1:]}
@@ -94,63 +236,55 @@ def test_runtime_images_are_in_containerd_under_the_rendered_names(stack: _Stack
     assert again == stack.archive and refs == stack.refs and "pack_s" not in info
 
 
-def test_a_runtime_pod_runs_the_pinned_stack(stack: _Stack, core: client.CoreV1Api) -> None:
-    train = next(r for r in stack.refs if "/forge-train:" in r)
-    script = ("import torch, sklearn, onnxruntime, runtimes, specs, os; "
-              "print('versions', torch.__version__, sklearn.__version__, onnxruntime.__version__, os.getuid())")
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name="runtime-probe"),
-        spec=client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(
-            name="main", image=train, command=["sh", "-c", f'python -c "{script}" && torchrun --help >/dev/null '
-                                                           '&& echo torchrun-ok'])]))
-    core.create_namespaced_pod("default", pod)
-    try:
-        phase = _wait("the runtime pod to finish",
-                      lambda: (p := core.read_namespaced_pod("runtime-probe", "default").status.phase)
-                      in ("Succeeded", "Failed") and p, timeout=300)
-        log = core.read_namespaced_pod_log("runtime-probe", "default")
-        assert phase == "Succeeded", log
-        pins = dict(ln.split("==") for ln in (REPO / "runtimes" / "requirements.txt").read_text().splitlines()
-                    if "==" in ln and not ln.startswith("#"))
-        assert f"versions {pins['torch']}" in log and pins["scikit-learn"] in log and log.split()[4] == "1000", log
-        assert "torchrun-ok" in log
-    finally:
-        core.delete_namespaced_pod("runtime-probe", "default", grace_period_seconds=0)
+def test_1_apply_trains_serves_and_is_scraped(qs: Quickstart) -> None:
+    t0 = time.monotonic()
+    qs.forgectl("apply", "--env", "cluster", "--auto-approve")
+    v1 = qs.versions["v1"] = qs.version()
+    wf = qs.finished(v1)
+    steps = {name: n["phase"] for name, n in _nodes(wf).items()}
+    print(f"\nversion {v1}: Workflow {wf['status']['phase']} in {time.monotonic() - t0:.0f} s: {steps}")
+    assert wf["status"]["phase"] == "Succeeded", (wf["status"].get("message"), steps)
+    assert {"prepare-data", "train", "evaluate", "register"} <= set(steps) and set(steps.values()) == {"Succeeded"}
+
+    # `forgectl status` shows the Workflow and its steps, read from the cluster
+    status = qs.json("status")
+    [shown] = [w for w in status["workflows"] if w["version"] == v1]
+    assert shown["phase"] == "Succeeded"
+    shown_steps = {s["step"]: s for s in shown["steps"]}
+    tasks = {s for s in steps if not s.endswith(".onExit")}  # the exit handler is shown by its template's name
+    assert set(shown_steps) == tasks | {"record-outcome"}, shown_steps
+    assert all(s["status"] == "succeeded" and s["attempts"] == 1 for s in shown_steps.values()), shown_steps
+    text = qs.forgectl("status", "--env", "cluster").stdout
+    assert wf["metadata"]["name"] in text and "train" in text, text
+
+    # the Seldon operator's stable predictor serves the registered model
+    _wait("the SeldonDeployment to be Available", lambda: (qs.sdep().get("status") or {}).get("state") == "Available",
+          timeout=300, every=2)
+    stable = qs.service_url("stable")
+    _wait("the stable predictor to answer", lambda: _infer(stable) == 200, timeout=60)
+    assert all(_infer(stable) == 200 for _ in range(30))
+
+    # Prometheus, configured by the operator from the rendered PodMonitor, scrapes that pod
+    def scraped() -> float:
+        rows = qs.query('sum(forge_requests_total{forge_endpoint="digits",forge_namespace="forge-quickstart",'
+                        'forge_role="stable"})')
+        return float(rows[0]["value"][1]) if rows else 0.0
+    assert _wait("Prometheus to count the stable's requests", lambda: scraped() >= 31, timeout=120, every=2)
+    targets = qs.prometheus("/api/v1/targets")["activeTargets"]
+    pool = [t for t in targets if "podMonitor/forge-quickstart/digits" in t["scrapePool"]]
+    assert pool and all(t["health"] == "up" for t in pool), [(t["scrapePool"], t["health"]) for t in targets]
+    groups = {g["name"] for g in qs.prometheus("/api/v1/rules")["groups"]}
+    assert "forge-digits" in groups, groups  # the rendered PrometheusRule, loaded by the operator's reloader
 
 
-def test_quickstart_apply_runs_the_workflow_as_pods(stack: _Stack, core: client.CoreV1Api,
-                                                         tmp_path: Path) -> None:
-    """`forgectl apply --env cluster` of the quick-start, unchanged; the real Argo controller runs
-    its Workflow (prepare → train → evaluate → compress → export → benchmark → register, and the
-    exit handler) as pods of the runtime image on the node's workspace volume, to Succeeded."""
-    work = tmp_path / "quickstart"
-    shutil.copytree(QUICKSTART, work)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
-    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "quick-start"]):
-        subprocess.run(git + cmd, cwd=work, check=True)
-    env = dict(os.environ, KUBECONFIG=stack.node.kubeconfig)
-    # the namespace's executor Role for Argo is Forge's own (rendered forge-workflow RBAC)
-    proc = subprocess.run([str(REPO / ".venv" / "bin" / "forgectl"), "apply", "--env", "cluster", "--auto-approve"],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    ns = next(m for m in _rendered() if m["kind"] == "Namespace")["metadata"]["name"]
-    wfs = dynamic.DynamicClient(core.api_client).resources.get(api_version="argoproj.io/v1alpha1", kind="Workflow")
-
-    def finished() -> dict[str, Any] | None:
-        items = wfs.get(namespace=ns).to_dict()["items"]
-        assert len(items) == 1, [i["metadata"]["name"] for i in items]
-        status = items[0].get("status") or {}
-        return status if status.get("phase") in ("Succeeded", "Failed", "Error") else None
-
-    status = _wait("the quick-start's Workflow to finish", finished, timeout=900, every=3)
-    # each step: its Retry node (the step) and the attempts under it
-    nodes = status["nodes"].values()
-    steps = {n["displayName"]: n["phase"] for n in nodes if n["type"] in ("Retry", "Pod") and "(" not in n["displayName"]}
-    attempts = {n["displayName"]: (n["phase"], n.get("message", "")) for n in nodes if n["type"] == "Pod"}
-    print(json.dumps({"phase": status["phase"], "steps": steps, "attempts": attempts,
-                      "started": status.get("startedAt"), "finished": status.get("finishedAt")}, indent=2))
-    assert status["phase"] == "Succeeded", (status.get("message"), attempts)
-    wf = next(m for m in _rendered() if m["kind"] == "Workflow")
-    wanted = {task["name"] for t in wf["spec"]["templates"] if "dag" in t for task in t["dag"]["tasks"]}
-    assert {"prepare-data", "train", "evaluate", "register"} <= wanted
-    assert {k: v for k, v in steps.items() if k in wanted} == dict.fromkeys(wanted, "Succeeded"), steps
+def test_2_down_removes_what_forge_owns(qs: Quickstart) -> None:
+    qs.forgectl("down", "--env", "cluster", "--auto-approve")
+    assert not qs.workflows.get(namespace=NS).to_dict()["items"]
+    assert not qs.sdeps.get(namespace=NS).to_dict()["items"]
+    # the controllers remove what they made: the operator's Deployments (their pods) and Argo's pods
+    _wait("the namespace's pods to go", lambda: not qs.core.list_namespaced_pod(NS).items, timeout=120, every=2)
+    # the workspace claim (the registered models) opts out of pruning, and its namespace stays with it
+    assert [c.metadata.name for c in qs.core.list_namespaced_persistent_volume_claim(NS).items] == ["forge-workspace"]
+    _wait("Prometheus to drop the endpoint's scrape pool", lambda: not [
+        t for t in qs.prometheus("/api/v1/targets")["activeTargets"] if "forge-quickstart/digits" in t["scrapePool"]],
+        timeout=120, every=2)
