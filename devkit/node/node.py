@@ -891,6 +891,14 @@ state = "{c / 'state'}"
                 if chain and chain.startswith("CNI-"):
                     subprocess.run(["iptables", "-t", "nat", "-F", chain], capture_output=True)
                     subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True)
+        # chains of ours no POSTROUTING rule points at any more (a teardown cut short between
+        # its two steps) stay otherwise, and would outlive every later node
+        for rule in _run(["iptables", "-t", "nat", "-S"], check=False).stdout.splitlines():
+            args = rule.split()
+            if len(args) > 1 and args[0] == "-A" and args[1].startswith("CNI-") and (
+                    'name: \\"forge\\"' in rule or 'name: "forge"' in rule):
+                subprocess.run(["iptables", "-t", "nat", "-F", args[1]], capture_output=True)
+                subprocess.run(["iptables", "-t", "nat", "-X", args[1]], capture_output=True)
 
     def _kill_cgroup_procs(self, log: Log) -> None:
         for attempt in range(20):
