@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from devkit.node import images, paths
-from devkit.node.controllers import HostController, service_account_kubeconfig, spawn
+from devkit.node.controllers import HostController, service_account_kubeconfig, spawn, wait_established
 from devkit.node.controllers import kubectl as _kubectl
 from devkit.node.controllers import manifest_docs as _docs
 from devkit.node.node import KUBERNETES_SERVICE_IP, Node, NodeError, _stderr_log
@@ -107,18 +107,7 @@ def start(cluster: Any, node: Node, namespaces: list[str] = ("default",), *, die
     m = module_dir() / "manifests"
     for name in EXTRA_CRDS:
         _kubectl(node, "apply", "--server-side", "--force-conflicts", "-f", str(m / "base" / "crds" / "full" / f"argoproj.io_{name}.yaml"))
-    # `kubectl wait` fails at once (".status.conditions accessor error: <nil>") on a CRD the API
-    # server has not given any condition yet: ask again until the deadline
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            _kubectl(node, "wait", "--for=condition=Established", "--timeout=60s",
-                     *[f"crd/{n}.argoproj.io" for n in EXTRA_CRDS])
-            break
-        except NodeError as e:
-            if "accessor error" not in str(e) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    wait_established(node, [f"crd/{n}.argoproj.io" for n in EXTRA_CRDS])
     docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
     for f in ("workflow-controller-configmap.yaml", "workflow-controller-sa.yaml"):
         docs += _docs(m / "base" / "workflow-controller" / f)

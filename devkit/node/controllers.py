@@ -101,6 +101,21 @@ def kubectl(node: Node, *args: str, stdin: str | None = None) -> str:
     return proc.stdout
 
 
+def wait_established(node: Node, crds: list[str], timeout: float = 60.0) -> None:
+    """Wait until ``crds`` (``crd/<name>``) are Established. `kubectl wait` fails at once
+    (".status.conditions accessor error: <nil>") on a CRD the API server has not given any
+    condition yet, so that error means "ask again" until the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            kubectl(node, "wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *crds)
+            return
+        except NodeError as e:
+            if "accessor error" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def apply_docs(node: Node, docs: list[dict[str, Any]]) -> None:
     """Server-side apply ``docs`` as one List."""
     kubectl(node, "apply", "--server-side", "--force-conflicts", "-f", "-",

@@ -47,7 +47,15 @@ from typing import Any
 
 from devkit.node import images as imagesmod
 from devkit.node import paths
-from devkit.node.controllers import HostController, apply_docs, kubectl, manifest_docs, service_account_kubeconfig, spawn
+from devkit.node.controllers import (
+    HostController,
+    apply_docs,
+    kubectl,
+    manifest_docs,
+    service_account_kubeconfig,
+    spawn,
+    wait_established,
+)
 from devkit.node.node import Node, NodeError, _stderr_log, _tail
 
 Log = Callable[[str], None]
@@ -170,18 +178,6 @@ def images(log: Log = _stderr_log) -> list[tuple[str, str]]:
     return [reloader_image(log), prometheus_image(log)]
 
 
-def _retry_kubectl(node: Node, args: list[str], timeout: float, transient: str) -> str:
-    """``kubectl`` again while its error contains ``transient`` (and the deadline allows)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return kubectl(node, *args)
-        except NodeError as e:
-            if transient not in str(e) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -206,9 +202,7 @@ def start(cluster: Any, node: Node, *, die_with_parent: bool = False, log: Log =
     for f in crds:
         # server-side: prometheuses' CRD is larger than the client-side apply annotation allows
         kubectl(node, "apply", "--server-side", "--force-conflicts", "-f", str(f))
-    # `kubectl wait` fails at once on a CRD that has no condition yet ("accessor error"): ask again
-    names = [f"crd/{f.name.split('_', 1)[1].removesuffix('.yaml')}.monitoring.coreos.com" for f in crds]
-    _retry_kubectl(node, ["wait", "--for=condition=Established", "--timeout=60s", *names], 60, "accessor error")
+    wait_established(node, [f"crd/{f.name.split('_', 1)[1].removesuffix('.yaml')}.monitoring.coreos.com" for f in crds])
     # upstream's operator RBAC with the namespace kustomize's `namespace:` would set (upstream
     # writes `default`); the Deployment, Service and ServiceMonitor are left out: it runs on the host
     docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]

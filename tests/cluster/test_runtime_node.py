@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -43,6 +42,7 @@ from kubernetes import client, dynamic
 from devkit.cluster import Cluster
 from devkit.node import Node, argo, promop, runtime_image, seldon
 from devkit.rollout import BODY
+from tests.cluster.nodekit import node_cluster
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -71,26 +71,16 @@ class _Stack:
 
 @pytest.fixture(scope="module")
 def stack(pytestconfig: pytest.Config) -> Iterator[_Stack]:
-    if os.geteuid() != 0:
-        pytest.fail("the node needs root (containerd, runc, iptables, cgroups); this test does not skip")
-    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-    times: dict[str, float] = {}
+    built: dict[str, Any] = {}
+
+    def images() -> list[tuple[str, str]]:
+        built["archive"], built["refs"], _ = runtime_image.build()
+        return [argo.executor_image(), *promop.images()] + [(str(built["archive"]), r) for r in built["refs"]]
+
     t0 = time.monotonic()
-    with capman.global_and_fixture_disabled():
-        executor = argo.executor_image()
-        archive, refs, _ = runtime_image.build()
-        monitoring = promop.images()
-    times["images"] = time.monotonic() - t0
-    cluster = Cluster.start(tempfile.mkdtemp(prefix="forge-rt-test-cluster-"), node=True, die_with_parent=True,
-                            log=_quiet)
-    node = None
-    try:
-        with capman.global_and_fixture_disabled():
-            t = time.monotonic()
-            node = Node.start(cluster, tempfile.mkdtemp(prefix="forge-rt-test-node-"), die_with_parent=True,
-                              extra_images=[executor, *monitoring] + [(str(archive), r) for r in refs],
-                              wait_for_other=900)
-            times["node"] = time.monotonic() - t
+    with node_cluster(pytestconfig, "forge-rt-test", node_prefix="forge-rt-test-node-", wait_for_other=900,
+                      build=images) as (cluster, node):
+        times = {"node": time.monotonic() - t0}
         t = time.monotonic()
         argo.start(cluster, node, ["default"], die_with_parent=True, log=_quiet)
         seldon.start(cluster, node, die_with_parent=True, log=_quiet)
@@ -99,11 +89,7 @@ def stack(pytestconfig: pytest.Config) -> Iterator[_Stack]:
         times["controllers"] = time.monotonic() - t
         times["total"] = time.monotonic() - t0
         print("\nstack up:", json.dumps({k: round(v, 1) for k, v in times.items()}))
-        yield _Stack(cluster, node, archive, refs, url, times)
-    finally:
-        if node is not None:
-            node.stop(quiet=True)
-        cluster.stop(quiet=True)
+        yield _Stack(cluster, node, built["archive"], built["refs"], url, times)
 
 
 class Quickstart:
@@ -117,18 +103,10 @@ class Quickstart:
         dyn = dynamic.DynamicClient(self.api)
         self.workflows = dyn.resources.get(api_version="argoproj.io/v1alpha1", kind="Workflow")
         self.sdeps = dyn.resources.get(api_version="machinelearning.seldon.io/v1", kind="SeldonDeployment")
-        self.versions: dict[str, str] = {}
 
     def git(self, *args: str) -> None:
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=self.work,
                        check=True, capture_output=True)
-
-    def edit(self, file: str, old: str, new: str, message: str) -> None:
-        path = self.work / file
-        text = path.read_text()
-        assert old in text, (file, old)
-        path.write_text(text.replace(old, new, 1))
-        self.git("commit", "-qam", message)
 
     def forgectl(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, KUBECONFIG=self.stack.node.kubeconfig, NO_COLOR="1", COLUMNS="200")
@@ -239,7 +217,7 @@ def test_runtime_images_are_in_containerd_under_the_rendered_names(stack: _Stack
 def test_1_apply_trains_serves_and_is_scraped(qs: Quickstart) -> None:
     t0 = time.monotonic()
     qs.forgectl("apply", "--env", "cluster", "--auto-approve")
-    v1 = qs.versions["v1"] = qs.version()
+    v1 = qs.version()
     wf = qs.finished(v1)
     steps = {name: n["phase"] for name, n in _nodes(wf).items()}
     print(f"\nversion {v1}: Workflow {wf['status']['phase']} in {time.monotonic() - t0:.0f} s: {steps}")
