@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from devkit.node import paths
 from devkit.node.controllers import HostController, apply_docs, manifest_docs, service_account_kubeconfig, spawn
 from devkit.node.node import Node, NodeError, _stderr_log
