@@ -17,17 +17,13 @@ from reconciler.change import Action, Change
 from renderers.hardware import export_reasons
 from renderers.labels import KIND, MODEL_VERSION, NAME, ROLE
 from renderers.stepargs import decode_step_config
+from renderers.workflow import task_templates
 
 
 def workflow_steps(workflow: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Step name → {"key": memoize key, "config": step config} of a rendered Workflow."""
-    steps: dict[str, dict[str, Any]] = {}
-    for template in workflow.get("spec", {}).get("templates", []):
-        container = template.get("container")
-        if not container or "memoize" not in template:
-            continue
-        steps[template["name"]] = {"key": template["memoize"].get("key", ""), "config": decode_step_config(container)}
-    return steps
+    return {name: {"key": memoize.get("key", ""), "config": decode_step_config(run["container"])}
+            for name, (memoize, run) in task_templates(dict(workflow)).items() if memoize and "container" in run}
 
 
 #: Keys that name the items of a spec list (metrics and variants by `name`, thresholds by

@@ -286,6 +286,47 @@ def _retry(limit: int) -> dict[str, Any]:
     }
 
 
+def memoized_name(step: str) -> str:
+    """Name of the template that memoizes a step (no step's own name starts with `memoized-`)."""
+    return f"memoized-{step}"
+
+
+def memoized(step: Step, template: dict[str, Any]) -> dict[str, Any]:
+    """The step's DAG task template: a one-task DAG around the step's own (retried) template that
+    carries the step cache (`memoize`) and passes its outputs on.
+
+    Why not `memoize` and `retryStrategy` on the one pod template: Argo (v4.0.5) records a cache hit
+    of a retried template as a `Retry` node with no attempt, which has no outbound node, so the
+    tasks that depend on it hang off nothing: the DAG never completes, the Workflow stays Running
+    with every task done and no exit handler. A memoized DAG that hits is its own outbound node
+    (argoproj/argo-workflows#12780), and a DAG (unlike Steps) saves its outputs in the cache entry.
+    """
+    wrapper: dict[str, Any] = {
+        "name": memoized_name(step.name),
+        "memoize": {"key": f"{step.kind}-{step.key[:40]}", "maxAge": "8760h", "cache": {"configMap": {"name": STEP_CACHE_CONFIGMAP}}},
+        "dag": {"tasks": [{"name": step.name, "template": step.name}]},
+    }
+    if "outputs" in template:
+        wrapper["outputs"] = {"parameters": [
+            {"name": p["name"], "valueFrom": {"parameter": f"{{{{tasks.{step.name}.outputs.parameters.{p['name']}}}}}"}}
+            for p in template["outputs"]["parameters"]]}
+    return wrapper
+
+
+def task_templates(workflow: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Each DAG task of a rendered Workflow → (its `memoize`, the template that runs it): through a
+    `memoized(...)` wrapper, or (Workflows rendered before it) one template carrying both."""
+    templates = {t["name"]: t for t in workflow.get("spec", {}).get("templates", [])}
+    entry = templates.get(workflow.get("spec", {}).get("entrypoint", ""), {})
+    found: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for task in (entry.get("dag") or {}).get("tasks", []):
+        template = templates.get(task["template"], {})
+        inner = (template.get("dag") or {}).get("tasks", [])
+        run = templates.get(inner[0]["template"], {}) if len(inner) == 1 and "memoize" in template else template
+        found[task["name"]] = (template.get("memoize") or {}, run)
+    return found
+
+
 def _pytorchjob(step: Step, schedule: Schedule, model: Model, pod_spec: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
     """A Kubeflow Training Operator PyTorchJob for multi-node training: its rendezvous is the
     engine, so Forge writes none of its own.
@@ -328,7 +369,6 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
         template: dict[str, Any] = {
             "name": step.name,
             "metadata": {"labels": {STEP: step.kind}},
-            "memoize": {"key": f"{step.kind}-{step.key[:40]}", "maxAge": "8760h", "cache": {"configMap": {"name": STEP_CACHE_CONFIGMAP}}},
             "retryStrategy": _retry(model.spec.retries),
         }
         if "output" in step.config:
@@ -359,8 +399,8 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
                 template["volumes"] = [shm_volume(compute.spec.node.memory)]
             template["container"] = container
             apply_placement(template, step.kind, step.config)  # export/build-engine/benchmark only
-        templates.append(template)
-        task: dict[str, Any] = {"name": step.name, "template": step.name}
+        templates += [memoized(step, template), template]
+        task: dict[str, Any] = {"name": step.name, "template": memoized_name(step.name)}
         if step.depends:
             task["depends"] = " && ".join(f"{d}.Succeeded" for d in step.depends)
         tasks.append(task)

@@ -15,6 +15,7 @@ from reconciler.resources import BY_KIND, EVENT, ObjectRef, Resource
 from reconciler.rollout import STATE_ANNOTATION, RolloutState
 from reconciler.serving import apply_serving, serving_states
 from reconciler.targets.base import Target
+from reconciler.workflow_status import failure_of
 from renderers.labels import ENDPOINT, MODEL_VERSION, NAME, owner_selector
 from renderers.seldon import ServingState
 from specs import Endpoint, Environment, SpecSet
@@ -104,7 +105,7 @@ class KubernetesRolloutBackend:
                 if phase == "Succeeded":
                     return True, True, f"Workflow {name} succeeded: evaluation thresholds met, version registered"
                 if phase in ("Failed", "Error"):
-                    message = (wf.get("status") or {}).get("message") or phase
+                    message = failure_of(wf) or phase
                     return True, False, f"Workflow {name} {phase.lower()}: {message}"
                 return False, False, f"Workflow {name} is {phase}"
         return False, False, f"no Workflow for version {version} of model `{model}` (not applied yet?)"

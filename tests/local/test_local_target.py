@@ -133,7 +133,23 @@ def trained(tmp_path_factory: pytest.TempPathFactory, runtime_python: str) -> Te
     finally:
         template.forgectl("down", "specs", check=False)
     assert template.processes() == [], "the template keeps nothing running: each copy starts its own"
+    # A process that is still closing the state DB removes its WAL mid-copy (shutil.Error on
+    # state.db-wal): copies start once nobody holds any of the template's files open.
+    wait_until(lambda: not _holders(path), 30, f"no process to hold the template's files open ({_holders(path)})")
     return Template(path, out.stdout)
+
+
+def _holders(folder: Path) -> list[str]:
+    """`pid command` of each process with a file under ``folder`` open."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and any(os.readlink(fd).startswith(f"{folder}/") for fd in (proc / "fd").iterdir()):
+                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{proc.name} {command[:120]}")
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
 
 
 def _sockets(folder: str, names: list[str]) -> list[str]:

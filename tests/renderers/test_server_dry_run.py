@@ -48,8 +48,8 @@ def test_broken_render_is_rejected(kube_cluster, namespace) -> None:
     target = KubernetesTarget("cluster", namespace, kubeconfig=kube_cluster.kubeconfig)
     workflow = next(o for o in rendered("quickstart", namespace) if o["kind"] == "Workflow")
     broken = copy.deepcopy(workflow)
-    broken["spec"]["templates"][1]["retryStrategy"]["backoff"] = "ten seconds"  # must be an object
-    with pytest.raises(TargetError, match=r"spec\.templates\[1\]\.retryStrategy\.backoff") as err:
+    broken["spec"]["templates"][2]["retryStrategy"]["backoff"] = "ten seconds"  # must be an object
+    with pytest.raises(TargetError, match=r"spec\.templates\[2\]\.retryStrategy\.backoff") as err:
         target.apply(broken, dry_run=True)
     assert not isinstance(err.value, TransientError)  # a rejection is not retried
     sd = next(o for o in rendered("quickstart", namespace) if o["kind"] == "SeldonDeployment")

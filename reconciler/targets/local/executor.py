@@ -1,7 +1,8 @@
 """Run a rendered Argo Workflow on this machine: each DAG task's container command as a local
 process of the runtime environment — the same command and config the cluster would run —
-respecting dependencies, `parallelism`, `retryStrategy`, the step cache (`memoize` keys) and the
-`onExit` handler.
+respecting dependencies, `parallelism`, `retryStrategy`, the step cache (`memoize` keys, on each
+task's one-task DAG around the retried template: renderers.workflow.memoized) and the `onExit`
+handler.
 
 What `depends` and `retryStrategy` mean is decided by Argo's own code (`reconciler.upstream`:
 its expression evaluator over the scope its controller builds), never by reading the expression
@@ -30,6 +31,7 @@ from reconciler import upstream
 from reconciler.targets.local.processes import ProcessRecord, alive, die_with_parent, start_ticks, stop
 from reconciler.targets.local.state import StateDB
 from renderers.stepargs import decode_step_config
+from renderers.workflow import task_templates
 from specs.stepconfig import WORKSPACE_ENV
 
 MAX_LOCAL_BACKOFF = 5.0
@@ -46,12 +48,15 @@ class Task:
     name: str
     depends: list[str]
     template: dict[str, Any]
+    """The template that runs it (its container and `retryStrategy`)."""
     expression: str = ""
     """The task's `depends` as rendered (judged by Argo's evaluator)."""
+    memoize: dict[str, Any] = field(default_factory=dict)
+    """The step cache of its task template."""
 
     @property
     def key(self) -> str | None:
-        return (self.template.get("memoize") or {}).get("key")
+        return self.memoize.get("key")
 
     @property
     def output(self) -> str | None:
@@ -68,17 +73,18 @@ class Outcome:
 
 
 def parse_tasks(workflow: dict[str, Any]) -> list[Task]:
-    """The DAG's tasks in order, with their dependencies and templates."""
+    """The DAG's tasks in order, with their dependencies, step cache and templates."""
     templates = {t["name"]: t for t in workflow["spec"]["templates"]}
-    entry = templates[workflow["spec"]["entrypoint"]]
-    dag = entry.get("dag", {}).get("tasks", [])
+    dag = templates[workflow["spec"]["entrypoint"]].get("dag", {}).get("tasks", [])
     names = [t["name"] for t in dag]
+    runs = task_templates(workflow)
     tasks = []
     for task in dag:
         expression = task.get("depends", "")
         # which tasks it waits for: every task named in the expression (Argo waits for each)
         depends = [n for n in names if re.search(rf"(?<![A-Za-z0-9_-]){re.escape(n)}(?![A-Za-z0-9_-])", expression)]
-        tasks.append(Task(task["name"], depends, templates[task["template"]], expression))
+        memoize, run = runs[task["name"]]
+        tasks.append(Task(task["name"], depends, run, expression, memoize))
     return tasks
 
 

@@ -7,7 +7,7 @@ folder) to what reconciler.workflow_status reads, for tests/reconciler/data.
 import json
 import sys
 
-KEEP = ("id", "name", "displayName", "type", "templateName", "phase", "startedAt", "finishedAt", "children",
+KEEP = ("id", "name", "displayName", "type", "templateName", "boundaryID", "phase", "startedAt", "finishedAt", "children",
         "memoizationStatus", "message")
 
 
