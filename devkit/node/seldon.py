@@ -21,9 +21,14 @@ anywhere but loopback (chain ``FORGE-NODE-SELDON-WEBHOOK``, which ``Node.stop`` 
 node's other chains). Leader election is off (one operator); metrics on a free loopback port;
 controller-runtime 0.11's health probes are off unless asked for, and ``main.go`` never asks.
 
-The executor is not built: Forge renders every predictor with the annotation ``seldon.io/no-engine:
-"true"`` (which the controller reads per predictor), so the operator adds no executor container (it would add a second port named ``http``,
-8000, and point the predictor Service at it; see judges/seldon's tests).
+The executor (the service orchestrator, ``executor/cmd/executor``) is built too,
+:func:`ensure_executor` with ``judges/seldon/build-executor.sh`` (from the same vendored copy, in a
+temporary folder with the operator copied in as ``_operator``, as upstream's Makefile does), and
+``tests/cluster/test_seldon_executor.py`` runs it on the host in front of a v2 server. It is not
+used on the node: Forge renders every predictor with the annotation ``seldon.io/no-engine: "true"``
+(which the controller reads per predictor), so the operator adds no executor container (it would
+add a second port named ``http``, 8000, and point the predictor Service at it; see judges/seldon's
+tests).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,7 @@ ACCOUNT = NAME_PREFIX + "manager"  # config/manager/serviceaccount.yaml, prefixe
 WEBHOOK_CHAIN = "FORGE-NODE-SELDON-WEBHOOK"
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SH = REPO / "judges" / "seldon" / "build-operator.sh"
+EXECUTOR_BUILD_SH = REPO / "judges" / "seldon" / "build-executor.sh"
 # The controller-runtime log line that says the SeldonDeployment controller's workers run.
 READY_LINE = "Starting workers"
 WEBHOOK_LINE = "Serving webhook server"
@@ -65,17 +72,31 @@ def source_dir() -> Path:
     return src
 
 
-def ensure_binary(log=_stderr_log) -> Path:
-    """The operator's ``manager`` binary, built the first time (``judges/seldon/build-operator.sh``)."""
+def _build(script: Path, what: str, log: Callable[[str], None]) -> Path:
+    """Run one of judges/seldon's build scripts (niced), pass its progress to ``log`` and return
+    the binary's path (its last line on stdout); a failed build raises :class:`NodeError`."""
     t0 = time.monotonic()
-    proc = subprocess.run(["nice", "-n", "10", str(BUILD_SH)], capture_output=True, text=True)
+    proc = subprocess.run(["nice", "-n", "10", str(script)], capture_output=True, text=True)
     for line in proc.stderr.splitlines():
         log(line)
     if proc.returncode != 0:
-        raise NodeError(f"judges/seldon/build-operator.sh failed:\n{proc.stderr.strip()}")
+        raise NodeError(f"judges/seldon/{script.name} failed:\n{proc.stderr.strip()}")
     if "[build]" in proc.stderr:
-        log(f"Seldon operator built in {time.monotonic() - t0:.0f} s")
+        log(f"{what} built in {time.monotonic() - t0:.0f} s")
     return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def ensure_binary(log: Callable[[str], None] = _stderr_log) -> Path:
+    """The operator's ``manager`` binary, built the first time (``judges/seldon/build-operator.sh``)."""
+    return _build(BUILD_SH, "Seldon operator", log)
+
+
+def ensure_executor(log: Callable[[str], None] = _stderr_log) -> Path:
+    """The executor's binary (Seldon Core's service orchestrator, upstream's ``executor`` image's
+    entry point), built the first time (``judges/seldon/build-executor.sh``; cached by version and
+    source digest, so later calls only find it). Not started on the node: Forge renders
+    ``seldon.io/no-engine``; ``tests/cluster/test_seldon_executor.py`` runs it on the host."""
+    return _build(EXECUTOR_BUILD_SH, "Seldon executor", log)
 
 
 def _kustomized(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
