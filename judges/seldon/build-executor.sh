@@ -25,16 +25,4 @@
 # Not used on the node: Forge renders every SeldonDeployment with seldon.io/no-engine "true".
 # First build: see docs/test-cluster.md ("Seldon Core on the node").
 set -euo pipefail
-
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-# shellcheck source=../../scripts/cluster/versions.env
-source "$repo/scripts/cluster/versions.env"
-# shellcheck source=../../scripts/cluster/gocache.sh
-source "$repo/scripts/cluster/gocache.sh"
-forge_go_env
-export CGO_ENABLED=1
-seldon_src seldon-executor executor
-executor_src="$src"
-seldon_operator_src seldon-executor
-seldon_build seldon-executor executor "$executor_src" ./cmd/executor
+exec "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/build-operator.sh" executor

@@ -15,7 +15,8 @@
 # through a copy (-modfile) because the vendored folder is read-only; -mod=readonly, so every
 # dependency is checked against upstream's go.sum. judges/seldon's go.sum does not cover the main
 # package (it lacks go.uber.org/automaxprocs and github.com/ghodss/yaml).
-# The executor is not built: Forge renders every SeldonDeployment with seldon.io/no-engine "true".
+# The executor is built by build-executor.sh; Forge renders every SeldonDeployment with
+# seldon.io/no-engine "true", so the node does not run it.
 # The digest covers the operator's Go sources (its go.mod and go.sum included) and the Go version.
 # First build: see docs/test-cluster.md ("Seldon Core on the node").
 set -euo pipefail
@@ -27,5 +28,17 @@ source "$repo/scripts/cluster/versions.env"
 # shellcheck source=../../scripts/cluster/gocache.sh
 source "$repo/scripts/cluster/gocache.sh"
 forge_go_env
-seldon_operator_src seldon-operator
-seldon_build seldon-operator manager "$src"
+if [[ "${1:-}" == executor ]]; then  # build-executor.sh: the executor, with the operator as its _operator
+  export CGO_ENABLED=1
+  if ! command -v gcc >/dev/null; then  # cgo's C compiler and libc headers, from Debian's packages
+    echo "seldon-executor: installing gcc and libc6-dev for cgo" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc libc6-dev >&2
+  fi
+  seldon_src seldon-executor executor
+  executor_src="$src"
+  seldon_operator_src seldon-executor
+  seldon_build seldon-executor executor "$executor_src" ./cmd/executor
+else
+  seldon_operator_src seldon-operator
+  seldon_build seldon-operator manager "$src"
+fi
