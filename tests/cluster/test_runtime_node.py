@@ -12,13 +12,19 @@ rendered objects are never changed. The stages run in order and share the cluste
    the Workflow and its steps from the cluster; the Seldon operator makes the stable predictor,
    which serves; Prometheus, configured by the operator from the PodMonitor, scrapes it, and the
    rule group is loaded.
-2. `down` deletes what Forge owns: the controllers remove the pods they made.
+2. a `learningRate` change → `plan` names the cache hit and Argo's memoization hits (the memoized
+   task's `memoizationStatus.hit`, no pod); `reconcile --watch` promotes the healthy canary through
+   every step on Prometheus's figures.
+3. an evaluation threshold no model meets, and the training pod deleted while it runs → Argo
+   retries the training (an Error) and does not retry the evaluation (its permanent exit code);
+   the rollout is refused on the offline gate, and `status` shows both.
+4. back to the first version with an injected fault → every step a cache hit; the canary fails
+   its analysis and `reconcile --watch` rolls it back, the reason in `rollout status`.
+5. `down` deletes what Forge owns: the controllers remove the pods they made.
 
-Not here yet (docs/test-cluster.md, "Not yet"): the second version. After a `learningRate`
-change, Argo v4.0.5 ran every task of the new Workflow (prepare-data a memoization hit) to
-Succeeded but left the Workflow `Running`, with no exit handler, for 5+ minutes in two runs; the
-canary's promotion and rollback, and the permanent-failure stage, wait on that.
-
+Without Istio or Ambassador, Seldon v1 does not weigh predictors (it writes `traffic` only into
+their routes): the test's traffic goes to the predictors' Services split by the live weights, as a
+mesh would (devkit.rollout.Traffic).
 Needs root; never skips.
 """
 
@@ -28,6 +34,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -41,7 +48,7 @@ from kubernetes import client, dynamic
 
 from devkit.cluster import Cluster
 from devkit.node import Node, argo, promop, runtime_image, seldon
-from devkit.rollout import BODY
+from devkit.rollout import BODY, Traffic
 from tests.cluster.nodekit import node_cluster
 from tests.polling import wait_until
 
@@ -103,10 +110,18 @@ class Quickstart:
         dyn = dynamic.DynamicClient(self.api)
         self.workflows = dyn.resources.get(api_version="argoproj.io/v1alpha1", kind="Workflow")
         self.sdeps = dyn.resources.get(api_version="machinelearning.seldon.io/v1", kind="SeldonDeployment")
+        self.versions: dict[str, str] = {}
 
     def git(self, *args: str) -> None:
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=self.work,
                        check=True, capture_output=True)
+
+    def edit(self, file: str, old: str, new: str, message: str) -> None:
+        path = self.work / file
+        text = path.read_text()
+        assert old in text, (file, old)
+        path.write_text(text.replace(old, new, 1))
+        self.git("commit", "-qam", message)
 
     def forgectl(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, KUBECONFIG=self.stack.node.kubeconfig, NO_COLOR="1", COLUMNS="200")
@@ -179,9 +194,47 @@ def _infer(url: str) -> int:
 
 
 def _nodes(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each DAG task's node by its name (the Retry node where the task has a retryStrategy)."""
+    """Each DAG task's node by its name: the one-task DAG of its memoized template (and the exit
+    handler's pod)."""
     return {n["displayName"]: n for n in wf["status"]["nodes"].values()
-            if n["type"] in ("Retry", "Pod", "Skipped") and "(" not in n["displayName"]}
+            if n.get("boundaryID") == wf["metadata"]["name"] or n["displayName"].endswith(".onExit")}
+
+
+def _attempts(wf: dict[str, Any], task: str) -> list[dict[str, Any]]:
+    """The pods that ran a task: the children of the Retry node inside its memoized DAG."""
+    nodes = wf["status"]["nodes"]
+    [retry] = [n for n in nodes.values() if n["type"] == "Retry" and n.get("boundaryID") == _nodes(wf)[task]["id"]]
+    return [nodes[c] for c in retry.get("children") or [] if nodes[c]["type"] == "Pod"]
+
+
+def _rollout(q: Quickstart, reason: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Traffic]:
+    """Traffic to the stable and canary Services split by the live weights, and `forgectl
+    reconcile --watch` until the rollout settles; its output, `rollout status` and the traffic."""
+    assert _wait("the canary predictor", lambda: "canary" in q.predictors(), timeout=120)
+    traffic = Traffic(q.service_url("stable"), q.service_url("canary"))
+    _wait("the canary's server to answer", lambda: _infer(traffic.canary_url) in (200, 500), timeout=300, every=2)
+
+    def follow() -> None:  # what the mesh would do: the live weights, read back from the cluster
+        while not traffic.stop.is_set():
+            try:
+                traffic.weight = int(q.predictors().get("canary", {}).get("traffic") or 0)
+            except Exception:  # noqa: BLE001 - a failed read keeps the last weight; the next one retries
+                pass
+            time.sleep(0.5)
+
+    threads = [threading.Thread(target=traffic.run, daemon=True), threading.Thread(target=follow, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        watch = q.forgectl("reconcile", "--env", "cluster", "--watch", "--until-settled", "--timeout", "420",
+                           "--prometheus-url", q.stack.prometheus_url, timeout=480, check=False)
+    finally:
+        traffic.stop.set()
+        for t in threads:
+            t.join(timeout=10)
+    status = q.json("rollout", "status", "digits", "--prometheus-url", q.stack.prometheus_url)
+    print(f"\n{reason}: reconcile → {watch.returncode}\n{watch.stdout[-3000:]}\n{json.dumps(status['rollout'], indent=1)[:3000]}")
+    return watch, status, traffic
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +270,7 @@ def test_runtime_images_are_in_containerd_under_the_rendered_names(stack: _Stack
 def test_1_apply_trains_serves_and_is_scraped(qs: Quickstart) -> None:
     t0 = time.monotonic()
     qs.forgectl("apply", "--env", "cluster", "--auto-approve")
-    v1 = qs.version()
+    v1 = qs.versions["v1"] = qs.version()
     wf = qs.finished(v1)
     steps = {name: n["phase"] for name, n in _nodes(wf).items()}
     print(f"\nversion {v1}: Workflow {wf['status']['phase']} in {time.monotonic() - t0:.0f} s: {steps}")
@@ -255,7 +308,108 @@ def test_1_apply_trains_serves_and_is_scraped(qs: Quickstart) -> None:
     assert "forge-digits" in groups, groups  # the rendered PrometheusRule, loaded by the operator's reloader
 
 
-def test_2_down_removes_what_forge_owns(qs: Quickstart) -> None:
+def test_2_a_learning_rate_change_hits_the_cache_and_promotes(qs: Quickstart) -> None:
+    v1 = qs.versions["v1"]
+    qs.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003", "learning rate 0.003")
+    plan = qs.forgectl("plan", "--env", "cluster").stdout
+    hits = [line for line in plan.splitlines() if "cache hit" in line]
+    assert hits and "prepare-data" in hits[0], plan
+    t0 = time.monotonic()
+    qs.forgectl("apply", "--env", "cluster", "--auto-approve")
+    v2 = qs.versions["v2"] = qs.version()
+    assert v2 != v1
+    _wait("the new Workflow", lambda: (qs.workflow(v2) or {}).get("metadata", {}).get("name"))
+
+    wf = qs.finished(v2)
+    print(f"\nversion {v2}: Workflow {wf['status']['phase']} in {time.monotonic() - t0:.0f} s")
+    assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+    nodes = _nodes(wf)
+    # Argo's memoization: the unchanged data step came from the cache, with no pod
+    assert (nodes["prepare-data"].get("memoizationStatus") or {}).get("hit") is True, nodes["prepare-data"]
+    shown = {s["step"]: s for w in qs.json("status")["workflows"] if w["version"] == v2 for s in w["steps"]}
+    assert shown["prepare-data"]["status"] == "cached" and shown["train"]["attempts"] == 1, shown
+
+    # the healthy canary is promoted through every step on Prometheus's figures
+    watch, status, traffic = _rollout(qs, "healthy canary")
+    assert watch.returncode == 0, watch.stdout[-3000:] + watch.stderr[-3000:]
+    assert status["rollout"]["phase"] == "Promoted", status["rollout"]["reason"]
+    assert [h["weight"] for h in status["rollout"]["history"] if "/3: canary" in h["reason"]] == [10, 50, 100]
+    assert status["serving"]["stable"] == v2 and status["serving"]["canary"] is None
+    assert traffic.count("canary", ok=True) > 0 and traffic.count("stable", ok=False) == 0
+    _wait("the operator to drop the old predictor", lambda: set(qs.predictors()) == {"stable"}, timeout=60)
+    labels = qs.predictors()["stable"]["labels"]
+    assert labels[MODEL_VERSION] == v2, labels
+
+
+def test_3_a_failed_evaluation_is_not_retried(qs: Quickstart) -> None:
+    qs.edit("model.yaml", "min: 0.95", "min: 0.9999", "a threshold no model meets")
+    qs.forgectl("apply", "--env", "cluster", "--auto-approve")
+    v3 = qs.versions["v3"] = qs.version()
+
+    # a transient failure: the training pod is deleted while it runs (as an eviction or a lost
+    # node would), which Argo records as an Error and retries
+    def training() -> str | None:
+        """The training pod, once Argo's own node for it is Running: deleted before that, while
+        the controller still has the attempt Pending, Argo just creates the pod again."""
+        wf = qs.workflow(v3)
+        nodes = ((wf or {}).get("status") or {}).get("nodes") or {}
+        if not any(n["displayName"] == "train(0)" and n["phase"] == "Running" for n in nodes.values()):
+            return None
+        pods = qs.core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={wf['metadata']['name']},"
+                                           "forge.dev/step=train").items
+        return pods[0].metadata.name if pods else None
+    pod = _wait("the new version's training attempt to run", training, timeout=300)
+    time.sleep(3)
+    qs.core.delete_namespaced_pod(pod, NS, grace_period_seconds=0)
+
+    wf = qs.finished(v3)
+    assert wf["status"]["phase"] == "Failed", wf["status"]
+    nodes = _nodes(wf)
+    train = _attempts(wf, "train")
+    assert [(a["phase"], a.get("message")) for a in train] == [("Error", "pod deleted"), ("Succeeded", None)], train
+    print(f"\nversion {v3}: train attempt 1 {train[0]['phase']}: {train[0].get('message')}; attempt 2 Succeeded")
+    # the data did not change: a cache hit (a new version trains again: its outputs are its own);
+    # the evaluation failed once, permanently (exit 2-5), and nothing after it ran
+    assert (nodes["prepare-data"].get("memoizationStatus") or {}).get("hit") is True, nodes["prepare-data"]
+    assert nodes["train"]["phase"] == "Succeeded", nodes["train"]
+    assert nodes.get("register", {}).get("phase") != "Succeeded", nodes.get("register")
+    attempts = _attempts(wf, "evaluate")
+    assert len(attempts) == 1 and attempts[0]["phase"] == "Failed", attempts
+    assert attempts[0]["outputs"]["exitCode"] in ("2", "3", "4", "5"), attempts[0]
+    print(f"\nversion {v3}: evaluate failed once: {attempts[0].get('message')}")
+    one = qs.forgectl("reconcile", "--env", "cluster", "--prometheus-url", qs.stack.prometheus_url, check=False)
+    status = qs.json("rollout", "status", "digits", "--prometheus-url", qs.stack.prometheus_url)
+    assert status["rollout"]["phase"] == "RolledBack", (one.stdout, status["rollout"])
+    assert "offline evaluation failed" in status["rollout"]["reason"], status["rollout"]["reason"]
+    assert status["serving"]["stable"] == qs.versions["v2"]
+    shown = {s["step"]: s for w in qs.json("status")["workflows"] if w["version"] == v3 for s in w["steps"]}
+    assert shown["train"]["attempts"] == 2 and shown["train"]["status"] == "succeeded", shown["train"]
+    assert shown["evaluate"]["attempts"] == 1 and shown["evaluate"]["status"] == "failed", shown["evaluate"]
+
+
+def test_4_a_faulty_canary_is_rolled_back(qs: Quickstart) -> None:
+    qs.edit("model.yaml", "min: 0.9999", "min: 0.95", "threshold back")
+    qs.edit("model.yaml", "learningRate: 0.003", "learningRate: 0.002", "learning rate back")
+    qs.edit("endpoint.yaml", "  protocol: v2\n", "  protocol: v2\n  faultInjection:\n    errorRate: 0.5\n",
+            "a drill: the canary fails half its requests")
+    assert qs.version() == qs.versions["v1"]
+    qs.forgectl("apply", "--env", "cluster", "--auto-approve")
+    wf = qs.finished(qs.versions["v1"], timeout=300)
+    assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+    nodes = _nodes(wf)
+    # everything this version ran before is in Argo's cache (its Workflow was pruned after stage 2)
+    assert all((nodes[s].get("memoizationStatus") or {}).get("hit") for s in ("prepare-data", "train", "evaluate")), nodes
+
+    watch, status, traffic = _rollout(qs, "faulty canary")
+    assert watch.returncode != 0 or status["rollout"]["phase"] == "RolledBack", watch.stdout[-3000:]
+    assert status["rollout"]["phase"] == "RolledBack", status["rollout"]
+    assert "success-rate" in status["rollout"]["reason"], status["rollout"]["reason"]
+    assert status["serving"]["stable"] == qs.versions["v2"] and status["serving"]["weights"]["canary"] == 0
+    assert traffic.count("canary", ok=False) > 0 and traffic.count("stable", ok=False) == 0
+    _wait("the operator to drop the canary", lambda: set(qs.predictors()) == {"stable"}, timeout=60)
+
+
+def test_5_down_removes_what_forge_owns(qs: Quickstart) -> None:
     qs.forgectl("down", "--env", "cluster", "--auto-approve")
     assert not qs.workflows.get(namespace=NS).to_dict()["items"]
     assert not qs.sdeps.get(namespace=NS).to_dict()["items"]
