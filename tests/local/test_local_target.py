@@ -21,6 +21,7 @@ import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,11 +66,13 @@ class Workspace:
 
     def processes(self) -> list[ProcessRecord]:
         """The processes the local target has recorded (StateDB's own reader)."""
-        return StateDB(self.path / ".forge" / "local" / "state.db").processes()
+        with closing(StateDB(self.path / ".forge" / "local" / "state.db")) as db:
+            return db.processes()
 
     def objects(self, kind: str) -> list[dict[str, Any]]:
         """The live objects of ``kind`` the local target holds (StateDB's own reader)."""
-        return [o for o in StateDB(self.path / ".forge" / "local" / "state.db").objects() if o["kind"] == kind]
+        with closing(StateDB(self.path / ".forge" / "local" / "state.db")) as db:
+            return [o for o in db.objects() if o["kind"] == kind]
 
     def status(self) -> dict[str, Any]:
         return json.loads(self.forgectl("status", "specs", "-o", "json").stdout)
@@ -133,8 +136,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory, runtime_python: str) -> Te
     finally:
         template.forgectl("down", "specs", check=False)
     assert template.processes() == [], "the template keeps nothing running: each copy starts its own"
-    # A process that is still closing the state DB removes its WAL mid-copy (shutil.Error on
-    # state.db-wal): copies start once nobody holds any of the template's files open.
+    # A connection that closes during a copy removes the WAL mid-way (shutil.Error on
+    # state.db-wal): the test's own readers close theirs at once, and copies start once no other
+    # process holds any of the template's files open.
     wait_until(lambda: not _holders(path), 30, f"no process to hold the template's files open ({_holders(path)})")
     return Template(path, out.stdout)
 
@@ -144,7 +148,7 @@ def _holders(folder: Path) -> list[str]:
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and any(os.readlink(fd).startswith(f"{folder}/") for fd in (proc / "fd").iterdir()):
+            if proc.name.isdigit() and proc.name != str(os.getpid()) and any(os.readlink(fd).startswith(f"{folder}/") for fd in (proc / "fd").iterdir()):
                 command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 found.append(f"{proc.name} {command[:120]}")
         except OSError:  # gone, or not ours to read

@@ -57,6 +57,12 @@ class StateDB:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
 
+    def close(self) -> None:
+        """Close the connection now rather than when the object is collected (the last connection
+        to close checkpoints the WAL and removes its files: a copy of the folder taken meanwhile
+        would lose them mid-way)."""
+        self.db.close()
+
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction."""
