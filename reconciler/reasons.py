@@ -23,7 +23,7 @@ from renderers.workflow import task_templates
 def workflow_steps(workflow: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Step name → {"key": memoize key, "config": step config} of a rendered Workflow."""
     return {name: {"key": memoize.get("key", ""), "config": decode_step_config(run["container"])}
-            for name, (memoize, run) in task_templates(dict(workflow)).items() if memoize and "container" in run}
+            for name, (memoize, run) in task_templates(workflow).items() if memoize and "container" in run}
 
 
 #: Keys that name the items of a spec list (metrics and variants by `name`, thresholds by

@@ -15,6 +15,7 @@ handler is ``<workflow>.onExit``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -41,15 +42,25 @@ def _exit_code(node: Mapping[str, Any]) -> int | None:
         return None
 
 
-def steps_of(workflow: Mapping[str, Any]) -> list[StepRun]:
-    """Each task of ``workflow`` (the exit handler included) with its status (``cached`` for a
-    memoization hit), attempts, times, the last attempt's exit code and message, in the order
-    they started."""
+@dataclass(frozen=True)
+class TaskNodes:
+    """The nodes Argo made for one task: ``node`` is the task's (the memoized DAG, with the
+    ``memoizationStatus``, or the exit handler's pod), ``run`` the node that ran it (the ``Retry``
+    or ``Pod`` inside; ``node`` itself for a hit or an omitted task) and ``attempts`` its pods."""
+
+    node: Mapping[str, Any]
+    run: Mapping[str, Any]
+    attempts: list[Mapping[str, Any]]
+
+
+def task_nodes(workflow: Mapping[str, Any]) -> dict[str, TaskNodes]:
+    """Each task of ``workflow`` by its name (the exit handler by its template's name, as the local
+    target names it) with its nodes, in the order of ``status.nodes``."""
     nodes: Mapping[str, Mapping[str, Any]] = (workflow.get("status") or {}).get("nodes") or {}
     name = (workflow.get("metadata") or {}).get("name")
     root = name if name in nodes else next((i for i, n in nodes.items() if not n.get("boundaryID")), None)
     attempt_ids = {child for node in nodes.values() if node.get("type") == "Retry" for child in node.get("children") or []}
-    steps = []
+    tasks: dict[str, TaskNodes] = {}
     for node_id, node in nodes.items():
         on_exit = str(node.get("name", "")).endswith(".onExit")
         if node_id in attempt_ids or node.get("type") not in _TASK_TYPES or node_id == root \
@@ -60,13 +71,24 @@ def steps_of(workflow: Mapping[str, Any]) -> list[StepRun]:
             run = next((nodes[c] for c in node.get("children") or [] if nodes.get(c, {}).get("boundaryID") == node_id), node)
         attempts = [nodes[c] for c in run.get("children") or [] if c in nodes and nodes[c].get("type") == "Pod"] \
             if run.get("type") == "Retry" else ([run] if run.get("type") == "Pod" else [])
+        step = node.get("displayName") or node.get("name", node_id)
+        if on_exit:
+            step = node.get("templateName") or step
+        tasks[step] = TaskNodes(node, run, attempts)
+    return tasks
+
+
+def steps_of(workflow: Mapping[str, Any]) -> list[StepRun]:
+    """Each task of ``workflow`` (the exit handler included) with its status (``cached`` for a
+    memoization hit), attempts, times, the last attempt's exit code and message, in the order
+    they started."""
+    steps = []
+    for step, task in task_nodes(workflow).items():
+        node, run, attempts = task.node, task.run, task.attempts
         hit = bool((node.get("memoizationStatus") or {}).get("hit"))
         phase = node.get("phase", "Pending")
         status = "cached" if hit and phase == "Succeeded" else _STATUS.get(phase, phase.lower())
         last = attempts[-1] if attempts else run
-        step = node.get("displayName") or node.get("name", node_id)
-        if on_exit:  # the exit handler: named by its template, as the local target names it
-            step = node.get("templateName") or step
         steps.append(StepRun(
             step=step,
             status=status,

@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,7 +314,7 @@ def memoized(step: Step, template: dict[str, Any]) -> dict[str, Any]:
     return wrapper
 
 
-def task_templates(workflow: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+def task_templates(workflow: Mapping[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """Each DAG task of a rendered Workflow → (its `memoize`, the template that runs it): through a
     `memoized(...)` wrapper, or (Workflows rendered before it) one template carrying both."""
     templates = {t["name"]: t for t in workflow.get("spec", {}).get("templates", [])}
