@@ -1,4 +1,4 @@
-"""Simulated A/B experiments through the controller's decision (reconciler/experiment_stats.py).
+"""Simulated A/B experiments through the controller's decision (reconciler/experiment/stats.py).
 
 Arms get requests in batches (`--batch` per arm per look, a look after every batch: continuous
 monitoring), each request a success with its arm's probability; a run ends when the rule decides or
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reconciler.experiment_stats import ArmCounts, decide  # noqa: E402
+from reconciler.experiment.stats import ArmCounts, decide  # noqa: E402
 
 
 def one_run(rng: random.Random, p_control: float, p_arm: float, rule: str, args: argparse.Namespace) -> tuple[str | None, int]:

@@ -280,7 +280,7 @@ def change_models(root: Path, indices: list[int]) -> None:
 
 
 def _load(spec_dir: Path):
-    from reconciler.loader import load_or_raise
+    from reconciler.load.loader import load_or_raise
     from specs import Environment
 
     result = load_or_raise([str(spec_dir)])
@@ -289,7 +289,7 @@ def _load(spec_dir: Path):
     return result.specs, env
 
 
-#: make_plan's phases (reconciler.session.PhaseHook) as this report names them
+#: make_plan's phases (reconciler.plan.session.PhaseHook) as this report names them
 PHASES = {
     "read live": "LIST per kind (read live)",
     "rollout states": "rollout states (from the live objects)",
@@ -307,7 +307,7 @@ def forge_breakdown(spec_dir: Path, kubeconfig: str) -> tuple[dict[str, Any], An
     Meant for a fresh process (`--_breakdown`, see `breakdown_subprocess`): then no cache is warm
     and the imports `forgectl plan` needs are timed too.  `make_plan`'s phases are timed through its
     own `phase` hook, so this measures that very function rather than a copy of it; what the CLI
-    adds around it (reconciler.review.reviewed_live_plan: data sizes, capacity check, cost, risk
+    adds around it (reconciler.plan.review.reviewed_live_plan: data sizes, capacity check, cost, risk
     flags, the registry's records; liveplan.plan_json: the cluster prerequisites; the text view)
     is timed by calling the same functions in the same order. The requests are counted by the
     `kubernetes` client the target talks through (its public `ApiClient.call_api`, in a subclass).
@@ -329,11 +329,12 @@ def forge_breakdown(spec_dir: Path, kubeconfig: str) -> tuple[dict[str, Any], An
         from kubernetes import client as k8s
 
         import forgectl.cli  # noqa: F401  (what the CLI imports before the command runs)
-        import reconciler.session as session
-        from reconciler import review, views
-        from reconciler.liveplan import plan_json
-        from reconciler.loader import load_or_raise  # noqa: F401
-        from reconciler.targets.kubernetes import KubernetesTarget
+        import reconciler.plan.session as session
+        from reconciler.load.loader import load_or_raise  # noqa: F401
+        from reconciler.plan import review
+        from reconciler.plan.live import plan_json
+        from reconciler.present import views
+        from reconciler.targets.kubernetes.target import KubernetesTarget
 
     requests: Counter[str] = Counter()
 
@@ -392,7 +393,7 @@ def write_manifests(rendered: Any, out_dir: Path) -> int:
     number, and the API server then rejects the object ("expected string").  JSON is read the
     same by both; it also spares kubectl the YAML parsing, so this errs in kubectl's favour.
     """
-    from reconciler.manifests import file_name
+    from reconciler.present.manifests import file_name
 
     out_dir.mkdir(parents=True)
     for obj in rendered.manifests:

@@ -11,7 +11,7 @@ a Prometheus scraping the model servers (``devkit.prometheus.Prometheus``), two
 serving a digits MLP trained once for all runs (stable, and canary with fault injection
 ``errorRate``), a traffic generator that splits ~``--rate`` req/s between them by the weights of
 the live SeldonDeployment (what the mesh does in a cluster), and the rollout controller
-(``reconciler.rollout.Controller`` + ``KubernetesRolloutBackend``) run every 1 s, as
+(``reconciler.rollout.controller.Controller`` + ``KubernetesRolloutBackend``) run every 1 s, as
 ``forgectl reconcile --watch --interval 1`` does.
 
 The RolloutPolicy is the default one: canary steps [20 %, 100 %], each analysed by ONE metric,
@@ -24,7 +24,7 @@ again (version 2 = canary at weight 0), mark that Workflow Succeeded, start the 
 traffic, run the controller loop. Two watcher threads, one clock (``time.monotonic()``):
 
 * t_visible: the first time the controller's own PromQL for the canary
-  (``reconciler.analysis.render_query``), polled every 0.25 s, answers a value below 0.99;
+  (``reconciler.metrics.analysis.render_query``), polled every 0.25 s, answers a value below 0.99;
 * t_zero: the first time the live SeldonDeployment (polled every 0.1 s) gives the canary weight 0
   after it had given it traffic: the rollback.
 
@@ -67,11 +67,11 @@ from devkit.cluster import Cluster  # noqa: E402
 from devkit.common import ClusterError  # noqa: E402
 from devkit.prometheus import Prometheus  # noqa: E402
 from devkit.rollout import PacedTraffic, Traffic  # noqa: E402
-from reconciler.analysis import render_query  # noqa: E402
-from reconciler.prometheus import Prometheus as PromClient  # noqa: E402
-from reconciler.prometheus import PrometheusUnavailable  # noqa: E402
-from reconciler.rollout import Phase  # noqa: E402
-from reconciler.session import serving_states  # noqa: E402
+from reconciler.metrics.analysis import render_query  # noqa: E402
+from reconciler.metrics.prometheus import Prometheus as PromClient  # noqa: E402
+from reconciler.metrics.prometheus import PrometheusUnavailable  # noqa: E402
+from reconciler.plan.session import serving_states  # noqa: E402
+from reconciler.rollout.controller import Phase  # noqa: E402
 from tests.cluster_fixtures import delete_namespace  # noqa: E402
 from tests.rollout.test_rollout_controller import Rollout  # noqa: E402
 from tests.runtimes.helpers import DIGITS_DATASET, Runner, Server, train_config  # noqa: E402

@@ -66,9 +66,9 @@ from bench.rollback_latency import create_namespace, drain, runtime_python, trai
 from devkit.cluster import Cluster  # noqa: E402
 from devkit.prometheus import Prometheus  # noqa: E402
 from devkit.rollout import PacedTraffic  # noqa: E402
-from reconciler.rollout import Phase, RolloutState  # noqa: E402
-from reconciler.serving import serving_states  # noqa: E402
-from reconciler.targets.kubernetes_rollout import rollout_state_of  # noqa: E402
+from reconciler.rollout.controller import Phase, RolloutState  # noqa: E402
+from reconciler.targets.kubernetes.rollout import rollout_state_of  # noqa: E402
+from reconciler.traffic.serving import serving_states  # noqa: E402
 from specs import duration_seconds  # noqa: E402
 from tests.cluster_fixtures import delete_namespace  # noqa: E402
 from tests.rollout.test_rollout_controller import Rollout  # noqa: E402

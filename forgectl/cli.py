@@ -1,8 +1,8 @@
 """`forgectl`: validate, render, plan and apply Forge specs.
 
 Each command parses its arguments, calls the library and prints: load → render → diff → plan →
-apply (`reconciler.liveplan`), the pull-request plan (`reconciler.pullrequest`), the rollout
-controllers' watch loop (`reconciler.watch`) and steering (`reconciler.steering`). The target
+apply (`reconciler.plan.live`), the pull-request plan (`reconciler.plan.pullrequest`), the rollout
+controllers' watch loop (`reconciler.controller.watch`) and steering (`reconciler.rollout.steering`). The target
 flags are one option group (`forgectl.options`). User errors (:class:`ForgeError`) print one
 clear message and exit 1, never a traceback.
 """
@@ -24,11 +24,11 @@ from forgectl.models_cli import app as models_app
 from forgectl.options import NO_OVERRIDES, EndpointArg, EnvOpt, PathsArg, RevOpt, SpecsOpt, TargetFlags, with_target_flags
 from forgectl.shell import err, load_for, one_endpoint, open_target_for, out, rollout_controllers, safe, target_options
 from reconciler.diagnostics import ForgeError, SpecError, render_diagnostics
-from reconciler.loader import load
+from reconciler.load.loader import load
 from renderers.errors import RenderError
 
 if TYPE_CHECKING:
-    from reconciler.plan import Plan
+    from reconciler.plan.plan import Plan
     from reconciler.targets.base import Target
 
 app = typer.Typer(
@@ -109,8 +109,8 @@ def render(
     out_dir: Annotated[Path | None, typer.Option("-o", "--out", help="Write one file per object into this folder.")] = None,
 ) -> None:
     """Render the specs into Kubernetes manifests (YAML on stdout, or one file per object)."""
-    from reconciler.manifests import file_name, to_yaml, to_yaml_stream
-    from reconciler.sources import revision_of
+    from reconciler.load.sources import revision_of
+    from reconciler.present.manifests import file_name, to_yaml, to_yaml_stream
     from renderers import RenderContext
     from renderers import render as render_specs
 
@@ -132,8 +132,7 @@ class PlanOutput(str, Enum):
 
 
 def _print_plan(plan_json: dict[str, Any], output: PlanOutput, *, verbose: bool = False) -> None:
-    from reconciler import views
-
+    from reconciler.present import views
     if output is PlanOutput.json:
         print(json.dumps(plan_json, indent=2, sort_keys=False))
     elif output is PlanOutput.markdown:
@@ -160,9 +159,9 @@ def plan(
     """Show what applying the specs would change, and why: blockers and risk flags first, the GPU
     arithmetic and cost, then the changes. Exit 1 when the target cannot run it, 3 on a risk flag
     named by --fail-on-risk, 2 on changes with --detailed-exitcode, else 0."""
-    from reconciler.liveplan import live_plan, plan_json
-    from reconciler.pullrequest import pull_request_plan
-    from reconciler.review import EXIT_ERROR, EXIT_RISK, exit_code, parse_fail_on
+    from reconciler.plan.live import live_plan, plan_json
+    from reconciler.plan.pullrequest import pull_request_plan
+    from reconciler.plan.review import EXIT_ERROR, EXIT_RISK, exit_code, parse_fail_on
 
     fail_on = parse_fail_on(fail_on_risk)
     if base is not None:
@@ -194,7 +193,7 @@ def diff(
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Show drift: live objects that differ from what the specs render (exit 2 when any)."""
-    from reconciler.session import make_plan
+    from reconciler.plan.session import make_plan
 
     result, environment = load_for(paths, None, env)
     target, ns = open_target_for(environment, flags)
@@ -215,8 +214,8 @@ def apply(
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Apply the specs (or a saved plan file): show the plan, confirm, then make it so."""
-    from reconciler.liveplan import ensure_runnable, live_plan, plan_json, saved_plan
-    from reconciler.session import ensure_fresh
+    from reconciler.plan.live import ensure_runnable, live_plan, plan_json, saved_plan
+    from reconciler.plan.session import ensure_fresh
 
     saved = saved_plan(paths)
     if saved is not None:
@@ -248,8 +247,8 @@ def _confirm_and_apply(the_plan: Plan, shown: dict[str, Any], target: Target, ou
     change set is printed as JSON or summed up in a line."""
     from contextlib import nullcontext
 
-    from reconciler.apply import apply_plan
     from reconciler.errors import ApplyFailed
+    from reconciler.plan.apply import apply_plan
 
     if not the_plan.has_changes:
         if output is PlanOutput.json:
@@ -297,9 +296,9 @@ def reconcile(
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Run the rollout controller: one pass over every endpoint, or continuously with --watch."""
-    from reconciler.endpoints import desired_endpoints
-    from reconciler.rollout import RolloutState
-    from reconciler.watch import WatchOptions, run
+    from reconciler.controller.watch import WatchOptions, run
+    from reconciler.load.endpoints import desired_endpoints
+    from reconciler.rollout.controller import RolloutState
 
     result, environment, controllers = rollout_controllers(paths, env, flags)
 
@@ -326,7 +325,7 @@ def rollout_status(
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Step, weights, last analysis values and the reason for the last transition."""
-    from reconciler.steering import status_data
+    from reconciler.rollout.steering import status_data
 
     controllers, desired = one_endpoint(specs_paths, env, flags, endpoint)
     backend = controllers.backend
@@ -335,15 +334,14 @@ def rollout_status(
     if output is PlanOutput.json:
         print(json.dumps(data, indent=2))
         return
-    from reconciler import views
-
+    from reconciler.present import views
     out.print(views.rollout_text(data))
     for line in experiment_lines(data):
         out.print(line, markup=False)
 
 
 def _steer(endpoint: str, specs_paths: list[str] | None, env: str | None, flags: TargetFlags, *, promote: bool) -> None:
-    from reconciler.steering import steer
+    from reconciler.rollout.steering import steer
 
     controllers, desired = one_endpoint(specs_paths, env, flags, endpoint)
     state = steer(controllers.rollouts, controllers.backend, desired, controllers.backend.load_state(endpoint), promote=promote)
@@ -371,7 +369,7 @@ def rollout_abort(endpoint: EndpointArg, specs_paths: SpecsOpt = None, env: EnvO
 def rollout_retry(endpoint: EndpointArg, specs_paths: SpecsOpt = None, env: EnvOpt = None,
                   flags: TargetFlags = NO_OVERRIDES) -> None:
     """Start a rolled-back or aborted rollout again."""
-    from reconciler.steering import retry
+    from reconciler.rollout.steering import retry
 
     controllers, desired = one_endpoint(specs_paths, env, flags, endpoint)
     state = retry(controllers.rollouts, controllers.backend, desired, controllers.backend.load_state(endpoint))
@@ -388,7 +386,7 @@ def doctor(
 ) -> None:
     """Check that the cluster provides what the rendered objects need (CRDs, PriorityClasses,
     StorageClass, GPU resources); exit 1 when something is missing."""
-    from reconciler.prerequisites import check_environment
+    from reconciler.plan.prerequisites import check_environment
 
     result, environment = load_for(paths, None, env)
     if environment.spec.target != "kubernetes":
@@ -420,7 +418,7 @@ def status(
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Workflows and their steps, model versions and metrics, endpoints, traffic and rollouts."""
-    from reconciler.status import collect, render_text
+    from reconciler.observe.status import collect, render_text
 
     result, environment = load_for(paths, None, env)
     target, _ = open_target_for(environment, flags)
@@ -468,7 +466,7 @@ def down(
             stopped = target.down()
         out.print(f"stopped {len(stopped)} process(es)" + "".join(f"\n  {s}" for s in stopped))
         return
-    from reconciler.liveplan import teardown_plan
+    from reconciler.plan.live import teardown_plan
 
     started = time.monotonic()
     with target.lock():

@@ -12,8 +12,8 @@ from forgectl.options import NO_OVERRIDES, EndpointArg, SpecsOpt, TargetFlags, w
 from forgectl.shell import one_endpoint
 
 if TYPE_CHECKING:
-    from reconciler.endpoints import DesiredEndpoint
-    from reconciler.watch import Controllers
+    from reconciler.controller.watch import Controllers
+    from reconciler.load.endpoints import DesiredEndpoint
 
 app = typer.Typer(help="A/B experiments of endpoints: status and stop (the decision runs in `forgectl reconcile`).",
                   no_args_is_help=True)

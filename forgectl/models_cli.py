@@ -6,8 +6,8 @@
                                                B may be a bare version of A's model; `diff MODEL`: the last two)
     forgectl models report [--html FILE]       the leaderboard (terminal table, JSON, or a self-contained HTML file)
 
-Parsing and printing only: the records come from `reconciler.registry`, the ranking from
-`reconciler.leaderboard`, the page from `reconciler.report`.
+Parsing and printing only: the records come from `reconciler.registry.records`, the ranking from
+`reconciler.registry.leaderboard`, the page from `reconciler.present.report`.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ BatchOpt = Annotated[int, typer.Option("--batch", help="Batch size whose latency
 def _records(specs: list[str] | None, env: str | None, flags: TargetFlags,
              model: str | None = None) -> tuple[str, list[dict[str, Any]]]:
     """The environment's name and its registry records (of ``model`` only, when given)."""
-    from reconciler.registry import collect
+    from reconciler.registry.records import collect
 
     _, environment = load_for(specs, None, env)
     target, _ = open_target_for(environment, flags)
@@ -107,7 +107,7 @@ def versions_table(records: list[dict[str, Any]]) -> Table:
 
 
 def board_table(board: dict[str, Any]) -> Table:
-    from reconciler.report import fmt_bytes, fmt_metric, fmt_ms
+    from reconciler.present.report import fmt_bytes, fmt_metric, fmt_ms
 
     metric = board["metric"]
     better = "higher is better" if board["goal"] == "maximize" else "lower is better"
@@ -134,7 +134,7 @@ def list_models(
     batch: BatchOpt = 1, flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Registered versions with their lineage, then the leaderboard."""
-    from reconciler.leaderboard import leaderboards
+    from reconciler.registry.leaderboard import leaderboards
 
     environment, records = _records(specs, env, flags, model)
     boards = leaderboards(records, by.value, batch)
@@ -161,8 +161,8 @@ def show(
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """One version: lineage, evaluation, every variant's figures per batch size, built artifacts."""
-    from reconciler.registry import find
-    from reconciler.report import fmt_bytes, fmt_ms
+    from reconciler.present.report import fmt_bytes, fmt_ms
+    from reconciler.registry.records import find
 
     _, records = _records(specs, env, flags)
     record = find(records, ref)
@@ -244,9 +244,9 @@ def diff(
 ) -> None:
     """What changed between two versions: the specs, the evaluation, and each variant's figures."""
     from reconciler.diagnostics import ForgeError
-    from reconciler.registry import diff as diff_records
-    from reconciler.registry import find
-    from reconciler.report import fmt_bytes, fmt_metric, fmt_ms
+    from reconciler.present.report import fmt_bytes, fmt_metric, fmt_ms
+    from reconciler.registry.records import diff as diff_records
+    from reconciler.registry.records import find
 
     model = a.partition("@")[0]
     _, records = _records(specs, env, flags)
@@ -308,8 +308,8 @@ def report(
     batch: BatchOpt = 1, flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """The leaderboard: a terminal table, JSON, or an HTML file that opens offline."""
-    from reconciler.leaderboard import leaderboards
-    from reconciler.report import html_report
+    from reconciler.present.report import html_report
+    from reconciler.registry.leaderboard import leaderboards
 
     environment, records = _records(specs, env, flags, model)
     boards = leaderboards(records, by.value, batch)

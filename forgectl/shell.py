@@ -16,11 +16,11 @@ from rich.console import Console
 from forgectl.options import NO_OVERRIDES, TargetFlags
 
 if TYPE_CHECKING:
-    from reconciler.endpoints import DesiredEndpoint
-    from reconciler.loader import LoadResult
-    from reconciler.session import TargetOptions
+    from reconciler.controller.watch import Controllers
+    from reconciler.load.endpoints import DesiredEndpoint
+    from reconciler.load.loader import LoadResult
+    from reconciler.plan.session import TargetOptions
     from reconciler.targets.base import Target
-    from reconciler.watch import Controllers
     from specs import Environment
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -39,7 +39,7 @@ def safe(text: str) -> str:
 
 def load_for(paths: list[str] | None, rev: str | None, env_name: str | None) -> tuple[LoadResult, Environment]:
     """Load specs (raising on any problem) and pick the environment."""
-    from reconciler.environments import load_environment
+    from reconciler.load.environments import load_environment
 
     return load_environment(paths, rev, env_name)
 
@@ -47,14 +47,14 @@ def load_for(paths: list[str] | None, rev: str | None, env_name: str | None) -> 
 def target_options(flags: TargetFlags, progress: Any = None) -> TargetOptions:
     """The library's target options from the command line's target flags. ``progress``: the local
     target's callback for workflow step events (`apply`'s bars)."""
-    from reconciler.session import TargetOptions
+    from reconciler.plan.session import TargetOptions
 
     return TargetOptions(flags.kubeconfig, flags.context, flags.namespace, progress)
 
 
 def open_target_for(environment: Environment, flags: TargetFlags = NO_OVERRIDES, progress: Any = None) -> tuple[Target, str]:
     """The environment's target with the command line's overrides, and its namespace."""
-    from reconciler.session import namespace_of, open_target
+    from reconciler.plan.session import namespace_of, open_target
 
     options = target_options(flags, progress)
     return open_target(environment, options), namespace_of(environment, options)
@@ -65,8 +65,8 @@ def rollout_controllers(paths: list[str] | None, env_name: str | None,
     """Specs, environment, and the rollout and experiment controllers on the target's rollout
     backend, measuring with the Prometheus of ``--prometheus-url``, else the Environment's, else the
     one the target runs."""
-    from reconciler.sources import revision_of
-    from reconciler.watch import controllers_for
+    from reconciler.controller.watch import controllers_for
+    from reconciler.load.sources import revision_of
 
     result, environment = load_for(paths, None, env_name)
     target, namespace = open_target_for(environment, flags)
@@ -79,7 +79,7 @@ def one_endpoint(paths: list[str] | None, env_name: str | None, flags: TargetFla
                  endpoint: str) -> tuple[Controllers, DesiredEndpoint]:
     """The controllers (their backend freshly read) and the Endpoint named ``endpoint`` with
     what the specs want it to serve; :class:`ForgeError` when the specs have no such Endpoint."""
-    from reconciler.endpoints import find_endpoint
+    from reconciler.load.endpoints import find_endpoint
 
     result, environment, controllers = rollout_controllers(paths, env_name, flags)
     controllers.backend.refresh()

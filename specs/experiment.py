@@ -9,7 +9,7 @@ proportion is what Prometheus counters give exactly and what a sequential test c
   runtime's histogram), out of all requests — a latency comparison on counters, no quantile estimate;
 * `ratio`: the team's own counters, e.g. conversions out of requests, as two PromQL queries.
 
-The decision rule is evaluated by `reconciler.experiment_stats`: `msprt` (a mixture sequential
+The decision rule is evaluated by `reconciler.experiment.stats`: `msprt` (a mixture sequential
 probability ratio test: an always-valid p-value, valid however often it is looked at) or
 `bayesian` (probability that an arm beats control under Beta(1, 1) priors, against a stated
 threshold; not a frequentist guarantee under continuous monitoring — the docs say so).

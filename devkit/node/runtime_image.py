@@ -211,7 +211,7 @@ def forge_layer(need_file: bool = False) -> Path:
 
 def image_refs(environment: str = "cluster", specs_dir: Path | None = None) -> dict[str, str]:
     """{target: image ref} as the Environment renders them (``renderers.workflow.image``)."""
-    from reconciler.environments import load_environment
+    from reconciler.load.environments import load_environment
     from renderers.workflow import image
 
     _, env = load_environment([str(specs_dir or paths.REPO_ROOT / "examples" / "quickstart")], None, environment)

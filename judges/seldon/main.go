@@ -34,7 +34,7 @@
 // installEnv), less the ingress switches that -ingress sets: it re-executes itself once with
 // those variables added (a variable already set is kept). So the first model port is 9000 (http)
 // and 9500 (grpc), the metrics port 6000 is named "metrics", and the executor is
-// seldonio/seldon-core-executor:1.17.1 on port 8000. The Python client (reconciler/upstream.py)
+// seldonio/seldon-core-executor:1.17.1 on port 8000. The Python client (reconciler/targets/local/upstream.py)
 // passes none of its own Seldon variables.
 //
 // Exit 0: a verdict (valid or not). Exit 1: the judge itself could not run (bad input).

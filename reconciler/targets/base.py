@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reconciler.resources import ObjectRef
-from reconciler.rollout import Backend, RolloutState
+from reconciler.rollout.controller import Backend, RolloutState
 from specs import Environment, SpecSet
 
 
@@ -62,7 +62,7 @@ class RunDetails:
 
 
 class RolloutBackend(Backend, Protocol):
-    """The rollout controller's view of a target (:class:`reconciler.rollout.Backend`: serving,
+    """The rollout controller's view of a target (:class:`reconciler.rollout.controller.Backend`: serving,
     rollout state read/write, offline gate, events) and what the rollout commands read of it."""
 
     def refresh(self) -> None:
@@ -126,7 +126,7 @@ class Target(Protocol):
     def model_records(self, live: list[dict[str, Any]], model: str | None = None, *,
                       backfill: bool = True) -> list[dict[str, Any]]:
         """The registered model versions the target knows (of one model, or all), oldest first,
-        as :func:`reconciler.registry.build_record` makes them (without `servedBy`). A target with
+        as :func:`reconciler.registry.records.build_record` makes them (without `servedBy`). A target with
         a registry of its own records a version whose Workflow in ``live`` succeeded before it was
         registered, unless ``backfill`` is false (a plan reads, never writes)."""
         ...

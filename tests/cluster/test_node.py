@@ -254,7 +254,7 @@ QUICKSTART = REPO / "examples" / "quickstart"
 
 
 def _quickstart_manifests() -> list[dict[str, Any]]:
-    from reconciler.environments import load_environment
+    from reconciler.load.environments import load_environment
     from renderers import RenderContext, render
 
     result, env = load_environment([str(QUICKSTART)], None, "cluster")

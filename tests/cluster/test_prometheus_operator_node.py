@@ -42,7 +42,7 @@ CGI = '#!/bin/sh\nprintf "Content-Type: text/plain; version=0.0.4\\r\\n\\r\\n"\n
 
 
 def _rendered(env: str = "cluster") -> list[dict[str, Any]]:
-    from reconciler.environments import load_environment
+    from reconciler.load.environments import load_environment
     from renderers import RenderContext, render
 
     result, environment = load_environment([str(QUICKSTART)], None, env)

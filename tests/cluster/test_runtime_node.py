@@ -49,7 +49,7 @@ from kubernetes import client, dynamic
 from devkit.cluster import Cluster
 from devkit.node import Node, argo, promop, runtime_image, seldon
 from devkit.rollout import BODY, Traffic
-from reconciler.workflow_status import task_nodes
+from reconciler.targets.kubernetes.workflow_status import task_nodes
 from tests.cluster.nodekit import node_cluster
 from tests.polling import wait_until
 
@@ -137,7 +137,7 @@ class Quickstart:
 
     def version(self) -> str:
         """The model version the specs in the working tree want."""
-        from reconciler.environments import load_environment
+        from reconciler.load.environments import load_environment
         from renderers.versions import model_version
         from specs import Model
 
@@ -250,7 +250,7 @@ def qs(stack: _Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quic
 
 
 def test_runtime_images_are_in_containerd_under_the_rendered_names(stack: _Stack) -> None:
-    from reconciler.environments import load_environment
+    from reconciler.load.environments import load_environment
     from renderers import RenderContext, render
 
     result, environment = load_environment([str(QUICKSTART)], None, "cluster")

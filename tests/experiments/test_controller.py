@@ -15,9 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconciler.experiment import DECIDED, INCONCLUSIVE, RUNNING, STOPPED, ExperimentController, count_queries, serving_for
-from reconciler.loader import load_or_raise
-from reconciler.rollout import RolloutState
+from reconciler.experiment.controller import (
+    DECIDED,
+    INCONCLUSIVE,
+    RUNNING,
+    STOPPED,
+    ExperimentController,
+    count_queries,
+    serving_for,
+)
+from reconciler.load.loader import load_or_raise
+from reconciler.rollout.controller import RolloutState
 from renderers.seldon import ServingState
 from specs import Endpoint
 from specs.experiment import PrimaryMetric
@@ -180,8 +188,8 @@ def test_status_text_and_json() -> None:
 
 def test_versions_an_experiment_serves_are_kept() -> None:
     """A Workflow whose version an arm or the shadow serves is not pruned (session.in_use)."""
+    from reconciler.plan.session import in_use
     from reconciler.resources import ObjectRef
-    from reconciler.session import in_use
     from renderers.seldon import ArmServing, render_seldon
 
     specs = load_or_raise([str(ROOT / "examples" / "experiments")]).specs

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from reconciler.experiment import DECIDED, INCONCLUSIVE, RUNNING, ExperimentController
-from reconciler.loader import load_or_raise
-from reconciler.prometheus import Prometheus
-from reconciler.rollout import RolloutState
-from reconciler.session import serving_states
+from reconciler.experiment.controller import DECIDED, INCONCLUSIVE, RUNNING, ExperimentController
+from reconciler.load.loader import load_or_raise
+from reconciler.metrics.prometheus import Prometheus
+from reconciler.plan.session import serving_states
+from reconciler.rollout.controller import RolloutState
 from reconciler.targets.local import processes
 from reconciler.targets.local.load import generate
 from reconciler.targets.local.monitoring import LocalPrometheus

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconciler.loader import load_or_raise
-from reconciler.regression import regression_gate
-from reconciler.rollout import Controller, Phase, RolloutState
+from reconciler.load.loader import load_or_raise
+from reconciler.rollout.controller import Controller, Phase, RolloutState
+from reconciler.rollout.regression import regression_gate
 from renderers.seldon import ServingState
 from specs import Endpoint, RolloutPolicy
 from specs.rollout import RegressionGate

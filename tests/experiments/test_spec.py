@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.loader import load, load_or_raise
+from reconciler.load.loader import load, load_or_raise
 from renderers import RenderContext, render
 from specs.experiment import LATENCY_BUCKETS
 

@@ -15,7 +15,7 @@ import statistics
 
 import pytest
 
-from reconciler.experiment_stats import ArmCounts, decide, msprt_interval, msprt_lambda, probability_to_beat
+from reconciler.experiment.stats import ArmCounts, decide, msprt_interval, msprt_lambda, probability_to_beat
 
 
 def simulate(p_control: float, p_arm: float, *, runs: int, seed: int, rule: str = "msprt", alpha: float = 0.05,

@@ -31,7 +31,7 @@ def test_example_validates(example: Path) -> None:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
 def test_example_has_two_environments(example: Path) -> None:
-    from reconciler.loader import load
+    from reconciler.load.loader import load
     from specs import Environment
 
     specs = load([str(example)]).specs

@@ -8,8 +8,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.loader import load_files
-from reconciler.sources import SourceFile
+from reconciler.load.loader import load_files
+from reconciler.load.sources import SourceFile
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = [p.read_bytes() for p in sorted((ROOT / "examples").rglob("*.yaml"))]

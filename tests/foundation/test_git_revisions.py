@@ -54,7 +54,7 @@ def test_rev_ignores_uncommitted_changes(repo: git.Repo) -> None:
 
 def test_unknown_revision_is_a_clear_error(repo: git.Repo) -> None:
     from reconciler.diagnostics import ForgeError
-    from reconciler.sources import files_from_git
+    from reconciler.load.sources import files_from_git
 
     with pytest.raises(ForgeError, match="unknown git revision 'nope'"):
         files_from_git(["specs"], "nope")

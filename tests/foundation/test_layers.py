@@ -40,7 +40,7 @@ IO_CALLS = ("open", "print", "input", "eval", "exec", "compile", "__import__", "
 #: `reconciler`, and prints (writing a file the user named with `-o` is printing elsewhere).
 CLI_FORBIDDEN = ("subprocess", "socket", "sqlite3", "http", "urllib", "urllib3", "requests", "kubernetes", "git",
                  "prometheus_api_client", "shutil", "tempfile", "fcntl", "multiprocessing", "concurrent",
-                 # a target only through reconciler.session and the Target protocol
+                 # a target only through reconciler.plan.session and the Target protocol
                  "reconciler.targets")
 
 
@@ -230,15 +230,15 @@ RULES = [
     Rule("renderers-are-pure", "`render` is a pure function; `renderers` never do I/O and depend only on `specs`",
          ("renderers/**/*.py",), pure(ours_allowed=("specs", "renderers"))),
     Rule("diff-and-plan-are-pure", "`diff` is a pure function; a Plan is a plain data value",
-         ("reconciler/diff.py", "reconciler/plan.py", "reconciler/reasons.py", "reconciler/resources.py"),
+         ("reconciler/plan/diff.py", "reconciler/plan/plan.py", "reconciler/plan/reasons.py", "reconciler/resources.py"),
          pure(ours_allowed=("specs", "renderers", "reconciler"),
-              ours_forbidden=("reconciler.targets", "reconciler.session", "reconciler.apply", "reconciler.prometheus",
-                              "reconciler.sources", "reconciler.loader", "reconciler.writeback", "reconciler.rollout",
-                              "reconciler.registry", "reconciler.status"))),
+              ours_forbidden=("reconciler.targets", "reconciler.plan.session", "reconciler.plan.apply", "reconciler.metrics.prometheus",
+                              "reconciler.load.sources", "reconciler.load.loader", "reconciler.rollout.writeback", "reconciler.rollout.controller",
+                              "reconciler.registry.records", "reconciler.observe.status"))),
     Rule("rollout-core-is-pure",
          "the rollout core (state machine, analysis of a measurement) is pure: it decides, the controller carries out",
-         ("reconciler/rollout_machine.py", "reconciler/analysis.py"),
-         pure(ours_allowed=("specs", "renderers", "reconciler.analysis", "reconciler.rollout_machine", "reconciler.regression"))),
+         ("reconciler/rollout/machine.py", "reconciler/metrics/analysis.py"),
+         pure(ours_allowed=("specs", "renderers", "reconciler.metrics.analysis", "reconciler.rollout.machine", "reconciler.rollout.regression"))),
     Rule("runtimes-never-import-reconciler", "`runtimes` never import `reconciler` (nor the CLI above it)",
          ("runtimes/**/*.py",), forbid_imports(("reconciler", "forgectl"))),
     Rule("control-plane-installs-light",
@@ -249,7 +249,7 @@ RULES = [
     Rule("planner-sees-only-the-target-protocol",
          "the planner, applier and status see only the Target interface (reconciler/targets/base.py)",
          ("reconciler/**/*.py",), forbid_imports(("reconciler.targets",), allow=("reconciler.targets.base",)),
-         exempt={"reconciler/session.py": "the factory: it opens the target the Environment names"},
+         exempt={"reconciler/plan/session.py": "the factory: it opens the target the Environment names"},
          outside=("reconciler/targets/",)),
     Rule("callers-use-only-the-target-protocol",
          "status, the registry, the controllers and the CLI use nothing of a target but the protocol",
@@ -292,40 +292,40 @@ PLANTED: dict[str, tuple[dict[str, str], dict[str, str], list[str]]] = {
         {"renderers/good.py": "import json\nimport random\nfrom specs import Model\nRNG = random.Random(7)\n"},
         ["renderers/bad.py: calls open()"]),
     "diff-and-plan-are-pure": (
-        {"reconciler/diff.py": "import time\nfrom reconciler.targets.base import Target\n"},
-        {"reconciler/plan.py": "import hashlib\nfrom reconciler.diff import field_diff\nfrom renderers.labels import KIND\n"},
-        ["reconciler/diff.py: imports time (I/O)", "reconciler/diff.py: imports reconciler.targets.base (not a pure layer)"]),
+        {"reconciler/plan/diff.py": "import time\nfrom reconciler.targets.base import Target\n"},
+        {"reconciler/plan/plan.py": "import hashlib\nfrom reconciler.plan.diff import field_diff\nfrom renderers.labels import KIND\n"},
+        ["reconciler/plan/diff.py: imports time (I/O)", "reconciler/plan/diff.py: imports reconciler.targets.base (not a pure layer)"]),
     "rollout-core-is-pure": (
-        {"reconciler/rollout_machine.py": "from reconciler.prometheus import Prometheus\nimport time\nNOW = time.time()\n"},
-        {"reconciler/analysis.py": "import math\nfrom dataclasses import dataclass\nfrom specs.rollout import Metric\n"},
-        ["reconciler/rollout_machine.py: imports time (I/O)",
-         "reconciler/rollout_machine.py: imports reconciler.prometheus (not a pure layer)"]),
+        {"reconciler/rollout/machine.py": "from reconciler.metrics.prometheus import Prometheus\nimport time\nNOW = time.time()\n"},
+        {"reconciler/metrics/analysis.py": "import math\nfrom dataclasses import dataclass\nfrom specs.rollout import Metric\n"},
+        ["reconciler/rollout/machine.py: imports time (I/O)",
+         "reconciler/rollout/machine.py: imports reconciler.metrics.prometheus (not a pure layer)"]),
     "runtimes-never-import-reconciler": (
-        {"runtimes/bad.py": "from reconciler.registry import ingest_local\n"},
+        {"runtimes/bad.py": "from reconciler.registry.records import ingest_local\n"},
         {"runtimes/good.py": "import torch\nfrom specs.stepconfig import TrainConfig\nfrom runtimes import _step\n"},
-        ["runtimes/bad.py: imports reconciler.registry"]),
+        ["runtimes/bad.py: imports reconciler.registry.records"]),
     "control-plane-installs-light": (
         {"reconciler/bad.py": "def f():\n    import torch\n    from runtimes.serve import main\n"},
         {"reconciler/good.py": "import json\nimport yaml\nimport kubernetes\nfrom git import Repo\nfrom specs import Model\n"},
         ["reconciler/bad.py: imports runtimes.serve (not control plane: it runs in its own image or is tooling)",
          "reconciler/bad.py: imports torch (not installed by the base dependencies)"]),
     "cli-parses-and-prints": (
-        {"forgectl/bad.py": "def down():\n    from reconciler.targets.local import LocalTarget\n    import subprocess\n"},
-        {"forgectl/good.py": "import json\nimport typer\nfrom reconciler.session import open_target\nfrom reconciler.targets.base import Target\n",
+        {"forgectl/bad.py": "def down():\n    from reconciler.targets.local.target import LocalTarget\n    import subprocess\n"},
+        {"forgectl/good.py": "import json\nimport typer\nfrom reconciler.plan.session import open_target\nfrom reconciler.targets.base import Target\n",
          "forgectl/load.py": "def load():\n    from reconciler.targets.local.load import generate\n"},
-        ["forgectl/bad.py: imports reconciler.targets.local", "forgectl/bad.py: imports subprocess"]),
+        ["forgectl/bad.py: imports reconciler.targets.local.target", "forgectl/bad.py: imports subprocess"]),
     "planner-sees-only-the-target-protocol": (
         {"reconciler/bad.py": "from reconciler.targets import local\n"},
         {"reconciler/good.py": "from reconciler.targets.base import Target\n",
-         "reconciler/session.py": "from reconciler.targets.local import LocalTarget\n",
+         "reconciler/plan/session.py": "from reconciler.targets.local.target import LocalTarget\n",
          "reconciler/targets/local/thing.py": "from reconciler.targets.local.state import StateDB\n"},
         ["reconciler/bad.py: imports reconciler.targets"]),
     "callers-use-only-the-target-protocol": (
-        {"reconciler/registry.py": "def collect(target):\n    return target.db.model_versions()\n",
+        {"reconciler/registry/records.py": "def collect(target):\n    return target.db.model_versions()\n",
          "forgectl/cli.py": "def status(target):\n    print(target.workspace / 'registry')\n"},
-        {"reconciler/status.py": "def collect(target, live):\n    return target.run_details(live), target.model_records(live)\n",
-         "reconciler/targets/local/__init__.py": "class LocalTarget:\n    def model_records(self):\n        return self.db.model_versions()\n"},
-        ["forgectl/cli.py: reads .workspace (a target's internals)", "reconciler/registry.py: reads .db (a target's internals)"]),
+        {"reconciler/observe/status.py": "def collect(target, live):\n    return target.run_details(live), target.model_records(live)\n",
+         "reconciler/targets/local/target.py": "class LocalTarget:\n    def model_records(self):\n        return self.db.model_versions()\n"},
+        ["forgectl/cli.py: reads .workspace (a target's internals)", "reconciler/registry/records.py: reads .db (a target's internals)"]),
     "product-never-imports-dev-tooling": (
         {"reconciler/targets/local/bad.py": "from devkit.cluster import Cluster\n",
          "runtimes/bad.py": "def f():\n    from tests.polling import wait_until\n"},
@@ -333,10 +333,10 @@ PLANTED: dict[str, tuple[dict[str, str], dict[str, str], list[str]]] = {
          "devkit/cluster.py": "from reconciler.targets.local import processes\n"},
         ["reconciler/targets/local/bad.py: imports devkit.cluster", "runtimes/bad.py: imports tests.polling"]),
     "all-sql-inside-statedb": (
-        {"reconciler/status.py": "def f(target):\n    return target.db.db.execute('SELECT * FROM steps')\n"},
+        {"reconciler/observe/status.py": "def f(target):\n    return target.db.db.execute('SELECT * FROM steps')\n"},
         {STATE_DB: "import sqlite3\nDB = sqlite3.connect(':memory:')\nDB.execute('SELECT 1')\n",
          "reconciler/other.py": "from reconciler.targets.local.state import StateDB\n"},
-        ["reconciler/status.py: calls .execute() (SQL)"]),
+        ["reconciler/observe/status.py: calls .execute() (SQL)"]),
 }
 
 

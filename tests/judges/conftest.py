@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import upstream
+from reconciler.targets.local import upstream
 from devkit.common import ClusterError
 from devkit.prometheus import ensure_prometheus
 

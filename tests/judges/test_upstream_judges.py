@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import pytest
 
-from reconciler import upstream
-from reconciler.loader import load_or_raise
+from reconciler.targets.local import upstream
+from reconciler.load.loader import load_or_raise
 from renderers import RenderContext, render
 from specs import Model, SpecSet
 from specs.stepconfig import PERMANENT_EXIT_CODES

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.loader import load_or_raise
+from reconciler.load.loader import load_or_raise
 from reconciler.targets.local import processes
 from reconciler.targets.local.load import LoadError, generate
 from reconciler.targets.local.monitoring import LocalPrometheus, PrometheusError

@@ -42,8 +42,8 @@ import pytest
 import yaml
 
 from devkit.prometheus import ensure_prometheus
-from reconciler.analysis import render_query
-from reconciler.loader import load_or_raise
+from reconciler.load.loader import load_or_raise
+from reconciler.metrics.analysis import render_query
 from reconciler.targets.local import processes
 from reconciler.targets.local.monitoring import LocalPrometheus
 from reconciler.targets.local.serving import LocalServing, Predictor

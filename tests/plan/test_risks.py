@@ -1,4 +1,4 @@
-"""Risk flags (reconciler/risks.py) through `reconciler.review.annotate`: each flag raised by the
+"""Risk flags (reconciler/plan/risks.py) through `reconciler.plan.review.annotate`: each flag raised by the
 change that causes it — and only then — with the spec file:line of that change; the registry's
 offline metrics; prunes of objects serving traffic; the Markdown of a plan capped in size."""
 
@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 
-from reconciler.loader import load_files
-from reconciler.plan import Action, Change, Plan, build_plan
+from reconciler.load.loader import load_files
+from reconciler.load.sources import SourceFile
+from reconciler.plan.plan import Action, Change, Plan, build_plan
+from reconciler.plan.review import annotate, exit_code, parse_fail_on
+from reconciler.plan.risks import FLAGS, metric_risks
+from reconciler.present.views import markdown
 from reconciler.resources import ObjectRef
-from reconciler.review import annotate, exit_code, parse_fail_on
-from reconciler.risks import FLAGS, metric_risks
-from reconciler.sources import SourceFile
-from reconciler.views import markdown
 from renderers import RenderContext, render
 
 HEAD = "apiVersion: forge.dev/v1alpha1\n"
@@ -272,7 +272,7 @@ def test_markdown_is_capped_with_a_note_of_what_was_left_out() -> None:
 def test_live_diff_risks_in_pull_request_mode() -> None:
     """With a live diff, a deployment serving traffic that the pull request removes is flagged from
     the live state, at the Endpoint's line in the base revision."""
-    from reconciler.review import live_risks
+    from reconciler.plan.review import live_risks
 
     base, head = loaded(BASE), loaded(BASE[: BASE.index(f"---\n{HEAD}kind: Endpoint")])
     live_plan = build_plan([], [_seldon("aaa", "bbb")], environment="local", target="kubernetes")
@@ -282,9 +282,9 @@ def test_live_diff_risks_in_pull_request_mode() -> None:
 
 
 def test_regression_gate_is_judged_in_the_plan_with_the_numbers() -> None:
-    """The plan runs the controller's own regression gate (reconciler/regression.py) on the
+    """The plan runs the controller's own regression gate (reconciler/rollout/regression.py) on the
     registry's records: a flag when the candidate will be refused, a note with the numbers always."""
-    from reconciler.risks import regression_risks
+    from reconciler.plan.risks import regression_risks
 
     text = BASE.replace("  onPrometheusUnreachable: rollback\n",
                         "  onPrometheusUnreachable: rollback\n  regressionGate: {metric: accuracy, maxDrop: 0.005}\n", 1)

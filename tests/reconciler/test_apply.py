@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from reconciler.apply import Outcome, apply_plan, waves
 from reconciler.errors import ApplyFailed, ConflictError
-from reconciler.plan import Action, Change, Plan
+from reconciler.plan.apply import Outcome, apply_plan, waves
+from reconciler.plan.plan import Action, Change, Plan
 from reconciler.resources import ObjectRef
 
 

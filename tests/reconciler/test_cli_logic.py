@@ -23,15 +23,15 @@ from typer.testing import CliRunner
 
 from forgectl.cli import app as forgectl_app
 from forgectl.options import NO_OVERRIDES, PathsArg, TargetFlags, with_target_flags
+from reconciler.controller.watch import EXIT_OK, EXIT_ROLLED_BACK, Controllers, WatchOptions, failed, reconcile_pass, run, settled
 from reconciler.diagnostics import ForgeError
-from reconciler.endpoints import desired_endpoints, find_endpoint
-from reconciler.experiment import ExperimentState
-from reconciler.loader import load_or_raise
-from reconciler.pullrequest import pull_request_plan
-from reconciler.rollout import Controller, Phase, RolloutState
-from reconciler.steering import retry, status_data, steer
-from reconciler.watch import EXIT_OK, EXIT_ROLLED_BACK, Controllers, WatchOptions, failed, reconcile_pass, run, settled
-from reconciler.writeback import rollback_hook
+from reconciler.experiment.controller import ExperimentState
+from reconciler.load.endpoints import desired_endpoints, find_endpoint
+from reconciler.load.loader import load_or_raise
+from reconciler.plan.pullrequest import pull_request_plan
+from reconciler.rollout.controller import Controller, Phase, RolloutState
+from reconciler.rollout.steering import retry, status_data, steer
+from reconciler.rollout.writeback import rollback_hook
 from renderers.seldon import ServingState
 from renderers.versions import model_version
 from specs import Endpoint, RolloutPolicy
@@ -233,7 +233,7 @@ def _controllers(backend: FakeBackend, policy: RolloutPolicy | None = None) -> C
 
 
 def _desired(*endpoints: Endpoint, version: str = V1) -> list[Any]:
-    from reconciler.endpoints import DesiredEndpoint
+    from reconciler.load.endpoints import DesiredEndpoint
 
     return [DesiredEndpoint(e, "digits-mlp", version, None) for e in endpoints]
 
@@ -467,7 +467,7 @@ def test_pull_request_plan_reads_the_cluster_only_where_the_base_says(tmp_path: 
     monkeypatch.chdir(root)
     envs = root / "environments.yaml"
     envs.write_text(envs.read_text().replace("namespace: forge-quickstart", "namespace: elsewhere"))
-    from reconciler.session import TargetOptions
+    from reconciler.plan.session import TargetOptions
 
     plan = pull_request_plan(["."], "HEAD", None, "cluster", TargetOptions(kubeconfig="/nonexistent/forge-tests/kubeconfig"))
     notes = "\n".join(plan["notes"])
@@ -480,8 +480,8 @@ def test_pull_request_plan_reads_the_cluster_only_where_the_base_says(tmp_path: 
 # -- the plan `plan` shows and `apply` carries out ------------------------------------------------
 
 def test_saved_plan_is_read_only_from_one_existing_json_file(tmp_path: Path) -> None:
-    from reconciler.liveplan import saved_plan
-    from reconciler.plan import Plan
+    from reconciler.plan.live import saved_plan
+    from reconciler.plan.plan import Plan
 
     plan = Plan("local", "local", (), live_fingerprint="f" * 16, notes=("a note",))
     path = tmp_path / "plan.json"
@@ -498,9 +498,9 @@ def test_saved_plan_is_read_only_from_one_existing_json_file(tmp_path: Path) -> 
 
 
 def test_ensure_runnable_refuses_a_blocked_plan_naming_the_first_blocker() -> None:
-    from reconciler.liveplan import ensure_runnable
-    from reconciler.plan import Plan
-    from reconciler.risks import Finding
+    from reconciler.plan.live import ensure_runnable
+    from reconciler.plan.plan import Plan
+    from reconciler.plan.risks import Finding
 
     ensure_runnable(Plan("local", "local", ()))
     one = Finding("gpu-capacity", "model `big` needs 16 GPUs; pool `a100` has 8")
@@ -511,8 +511,8 @@ def test_ensure_runnable_refuses_a_blocked_plan_naming_the_first_blocker() -> No
 
 
 def test_plan_json_adds_prerequisite_notes_only_for_a_cluster(tmp_path: Path) -> None:
-    from reconciler.liveplan import plan_json
-    from reconciler.plan import Plan
+    from reconciler.plan.live import plan_json
+    from reconciler.plan.plan import Plan
 
     result = _specs(tmp_path)
     local = result.specs.environment("local")

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.apply import Outcome, apply_plan
 from reconciler.errors import ApplyFailed, ForbiddenError, LockHeldError, TargetError, UnreachableError
-from reconciler.loader import load_or_raise
-from reconciler.plan import Action, Plan
+from reconciler.load.loader import load_or_raise
+from reconciler.plan.apply import Outcome, apply_plan
+from reconciler.plan.plan import Action, Plan
+from reconciler.plan.session import TargetOptions, make_plan, open_target
 from reconciler.resources import ObjectRef
-from reconciler.session import TargetOptions, make_plan, open_target
 from specs import Environment
 from tests.polling import wait_until
 
@@ -81,7 +81,7 @@ def test_create_then_noop_with_zero_writes(kube_cluster, namespace, tmp_path) ->
 def test_live_state_is_read_in_pages(kube_cluster, namespace, tmp_path, monkeypatch) -> None:
     """read_live LISTs in pages (`limit`/`continue`): with pages of 1 object it reads what one
     page per kind reads, in as many requests as the pages need."""
-    import reconciler.targets.kubernetes as kubernetes_target
+    import reconciler.targets.kubernetes.target as kubernetes_target
 
     specs = copy_example(tmp_path)
     plan, target = plan_for(specs, kube_cluster.kubeconfig, namespace)
@@ -229,7 +229,7 @@ def test_api_server_stopped_mid_apply_then_rerun_converges(kube_cluster, namespa
     specs = copy_example(tmp_path)
     result = load_or_raise([str(specs)])
     env = result.specs.get(Environment, "cluster")
-    from reconciler.targets.kubernetes import KubernetesTarget
+    from reconciler.targets.kubernetes.target import KubernetesTarget
 
     target = KubernetesTarget("cluster", namespace, kubeconfig=kube_cluster.kubeconfig, retries=1, backoff=0.1, timeout=2.0)
     plan, _ = make_plan(result.specs, env, target, namespace, None)

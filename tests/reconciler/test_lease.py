@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from reconciler.errors import LockHeldError
-from reconciler.targets import kubernetes
-from reconciler.targets.kubernetes import KubernetesTarget
+from reconciler.targets.kubernetes import target as kubernetes
+from reconciler.targets.kubernetes.target import KubernetesTarget
 from tests.polling import wait_until
 
 

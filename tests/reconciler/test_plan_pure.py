@@ -12,9 +12,9 @@ from pathlib import Path
 
 import git
 
-from reconciler.diff import field_diff, owned_paths
-from reconciler.plan import Action, Plan, build_plan
-from reconciler.views import markdown, text
+from reconciler.plan.diff import field_diff, owned_paths
+from reconciler.plan.plan import Action, Plan, build_plan
+from reconciler.present.views import markdown, text
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.loader import load
-from reconciler.rollout import Phase, RolloutState
-from reconciler.serving import desired_serving, render_serving, serving_states, with_namespace
+from reconciler.load.loader import load
+from reconciler.rollout.controller import Phase, RolloutState
 from reconciler.targets.local.state import StateDB
+from reconciler.traffic.serving import desired_serving, render_serving, serving_states, with_namespace
 from renderers.seldon import ServingState
 from renderers.versions import model_version
 from specs import Endpoint, Environment
@@ -103,12 +103,11 @@ def test_state_db_steps_runs_cache_and_rollouts(tmp_path: Path) -> None:
 def test_a_plan_reads_the_local_registry_through_the_target(quickstart, tmp_path: Path) -> None:
     """`registry_records` asks the Target (`model_records`, no backfill) only when the plan moves
     an endpoint to another version; the local target answers from its state DB."""
-    from reconciler.change import Action, Change
-    from reconciler.plan import Plan
+    from reconciler.plan.change import Action, Change
+    from reconciler.plan.plan import Plan
+    from reconciler.plan.review import registry_records
     from reconciler.resources import ObjectRef
-    from reconciler.review import registry_records
-    from reconciler.targets.local import LocalTarget
-
+    from reconciler.targets.local.target import LocalTarget
     specs, env, endpoint, _ = quickstart
     target = LocalTarget(env, "forge-local", repo_root=tmp_path)
     target.db.put_model_version("digits-mlp", "v1", 1.0, {"model": "digits-mlp", "version": "v1"})

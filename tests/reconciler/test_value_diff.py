@@ -1,4 +1,4 @@
-"""How a changed value reads in a plan (reconciler/diff.py, reconciler/reasons.py): long strings
+"""How a changed value reads in a plan (reconciler/plan/diff.py, reconciler/plan/reasons.py): long strings
 as the tokens around the change, multi-line strings as unified diffs, spec lists of named items
 paired by name."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from reconciler.diff import INLINE_LIMIT, FieldChange, token_hunks, tokens, value_diff
-from reconciler.reasons import spec_changes, spec_diff
+from reconciler.plan.diff import INLINE_LIMIT, FieldChange, token_hunks, tokens, value_diff
+from reconciler.plan.reasons import spec_changes, spec_diff
 from specs.rollout import BUILTIN_TEMPLATES
 
 

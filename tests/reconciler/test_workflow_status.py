@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reconciler.workflow_status import failure_of, steps_of
+from reconciler.targets.kubernetes.workflow_status import failure_of, steps_of
 
 DATA = Path(__file__).parent / "data"
 TASKS = {"prepare-data", "train", "evaluate", "compress-pruned", "compress-int8", "export-base", "benchmark", "register"}

@@ -11,7 +11,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from forgectl.cli import app
-from reconciler.loader import load_or_raise
+from reconciler.load.loader import load_or_raise
 from renderers import RenderContext, render
 
 ROOT = Path(__file__).resolve().parents[2]

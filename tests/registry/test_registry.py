@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from reconciler.leaderboard import leaderboards, spec_metric
-from reconciler.loader import load_or_raise
-from reconciler.registry import _from_workflow_status, diff, find, ingest_local, lineage
+from reconciler.load.loader import load_or_raise
+from reconciler.registry.leaderboard import leaderboards, spec_metric
+from reconciler.registry.records import _from_workflow_status, diff, find, ingest_local, lineage
 from reconciler.targets.local.state import StateDB
 from renderers import RenderContext, render
 from tests.registry.sample import DIGITS_DIGEST, ROOT, V1, V2, cli, project, rendered, write_run

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.report import CSP, PALETTE
+from reconciler.present.report import CSP, PALETTE
 from tests.registry import browser
 from tests.registry.sample import cli
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reconciler.loader import load_or_raise
+from reconciler.load.loader import load_or_raise
 from renderers import RenderContext, render
 from renderers.bundle import sort_key
 from renderers.stepargs import decode_step_config
@@ -111,7 +111,7 @@ def test_endpoint_compute_ref_places_gpu_servers_on_the_pool() -> None:
 
 
 def test_gpu_servers_without_an_accelerator_pool_are_refused(tmp_path: Path) -> None:
-    from reconciler.loader import load
+    from reconciler.load.loader import load
 
     (tmp_path / "specs.yaml").write_text((ROOT / "examples" / "quickstart" / "endpoint.yaml").read_text()
                                          .replace("spec:\n", "spec:\n  resources:\n    limits:\n      gpus: 1\n", 1))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.loader import load_or_raise
+from reconciler.load.loader import load_or_raise
 from renderers.dashboards import _TEMPLATES, dashboard, dashboard_json, dashboard_text
 from specs import Endpoint, RolloutPolicy
 

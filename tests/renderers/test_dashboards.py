@@ -11,7 +11,7 @@ from pathlib import Path
 
 import promql_parser
 
-from reconciler.loader import load_or_raise
+from reconciler.load.loader import load_or_raise
 from renderers import RenderContext, render
 from renderers.dashboards import label
 from specs.rollout import BUILTIN_TEMPLATES

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from forgectl.cli import app
-from reconciler.loader import load_or_raise
-from reconciler.manifests import to_yaml_stream
+from reconciler.load.loader import load_or_raise
+from reconciler.present.manifests import to_yaml_stream
 from renderers import RenderContext, ServingState, render
 from specs import Model
 
@@ -190,7 +190,7 @@ def test_import_rule_bites(tmp_path: Path) -> None:
 
 
 def test_yaml_quotes_strings_that_other_readers_take_for_numbers() -> None:
-    from reconciler.manifests import to_yaml
+    from reconciler.present.manifests import to_yaml
 
     text = to_yaml({"version": "064436155966", "flag": "yes", "name": "digits", "empty": "", "exp": "1e5"})
     assert text == "version: '064436155966'\nflag: 'yes'\nname: digits\nempty: ''\nexp: '1e5'\n"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from reconciler.errors import TargetError, TransientError
-from reconciler.loader import load_or_raise
-from reconciler.targets.kubernetes import KubernetesTarget
+from reconciler.load.loader import load_or_raise
+from reconciler.targets.kubernetes.target import KubernetesTarget
 from renderers import RenderContext, ServingState, render
 from specs import Environment
 

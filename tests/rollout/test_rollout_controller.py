@@ -28,13 +28,13 @@ import git
 import pytest
 
 from devkit.rollout import Traffic
-from reconciler.apply import apply_plan
-from reconciler.loader import load_or_raise
-from reconciler.prometheus import Prometheus
-from reconciler.rollout import Controller, Phase, RolloutState
-from reconciler.session import TargetOptions, make_plan, open_target
-from reconciler.sources import revision_of
-from reconciler.targets.kubernetes_rollout import KubernetesRolloutBackend
+from reconciler.load.loader import load_or_raise
+from reconciler.load.sources import revision_of
+from reconciler.metrics.prometheus import Prometheus
+from reconciler.plan.apply import apply_plan
+from reconciler.plan.session import TargetOptions, make_plan, open_target
+from reconciler.rollout.controller import Controller, Phase, RolloutState
+from reconciler.targets.kubernetes.rollout import KubernetesRolloutBackend
 from renderers.versions import model_version
 from specs import Endpoint, Environment, Model
 from tests.polling import WaitTimeout, wait_until
@@ -205,7 +205,7 @@ def test_failing_canary_rolls_back_and_stable_keeps_serving(rollout: Rollout, se
     repo = git.Repo(rollout.specs_dir.parent)
 
     def writeback(endpoint, state) -> str:
-        from reconciler.writeback import write_back
+        from reconciler.rollout.writeback import write_back
 
         sha = write_back(rollout.specs_dir, [str(rollout.specs_dir / "model.yaml")], repo.commit("HEAD~1").hexsha[:12],
                          "forge/rollback-digits", f"Revert model digits-mlp to {state.stable}")

@@ -20,10 +20,9 @@ from typing import Any
 
 import pytest
 
-from reconciler import rollout_machine as machine
-from reconciler.analysis import Cause, Verdict, judge, liveness_query, render_query
-from reconciler.prometheus import Prometheus, PrometheusUnavailable
-from reconciler.rollout import Controller, Phase, RolloutState
+from reconciler.metrics.analysis import Cause, Verdict, judge, liveness_query, render_query
+from reconciler.metrics.prometheus import Prometheus, PrometheusUnavailable
+from reconciler.rollout.controller import Controller, Phase, RolloutState, machine
 from renderers.seldon import ServingState
 from specs import Endpoint, RolloutPolicy
 from specs.rollout import Metric
@@ -255,8 +254,8 @@ def test_the_prometheus_client_reports_a_closed_port_as_unavailable() -> None:
 def test_the_state_machine_does_no_io() -> None:
     """The pure core reads no clock and talks to nothing: its imports say so."""
     forbidden = ("time", "datetime", "socket", "subprocess", "requests", "urllib", "sqlite3", "os",
-                 "reconciler.prometheus", "reconciler.targets", "reconciler.session", "kubernetes", "prometheus_api_client")
-    for module in ("rollout_machine", "analysis"):
+                 "reconciler.metrics.prometheus", "reconciler.targets", "reconciler.plan.session", "kubernetes", "prometheus_api_client")
+    for module in ("rollout/machine", "metrics/analysis"):
         tree = ast.parse((ROOT / "reconciler" / f"{module}.py").read_text())
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]

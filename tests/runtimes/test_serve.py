@@ -217,7 +217,7 @@ def test_backend_select_fastest_serves_the_measured_fastest_variant(registered: 
     metrics = get_text(f"{server.url}/metrics")
     assert f'served_variant="{fastest}"' in metrics and 'forge_variant="base"' in metrics  # series keep the Endpoint's labels
     # what `forgectl status` shows for the endpoint (it asks through the router's address the same way)
-    from reconciler.status import render_text, served_backend
+    from reconciler.observe.status import render_text, served_backend
 
     shown = served_backend(server.url)
     assert shown is not None and shown["variant"] == fastest and shown["role"] == "canary" and shown["version"] == "v9"

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from reconciler import upstream
-from reconciler.loader import load_or_raise
+from reconciler.load.loader import load_or_raise
+from reconciler.targets.local import upstream
 from renderers import RenderContext, render
 from tests.judges.conftest import judge  # noqa: F401 - the session fixture that builds forge-judge
 from tests.security.helpers import BASE, DIGEST, Project, assert_diagnostic, doc

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import sources
+from reconciler.load import sources
 from tests.security.helpers import BASE, DIGEST, Project, assert_diagnostic, doc, snapshot
 
 MODEL = "datasetRef: digits\narchitecture: {type: mlp}\n"

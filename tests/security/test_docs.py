@@ -8,7 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from reconciler import kubeconfig, loader, sources, views, yamlsource
+from reconciler.load import loader, sources, yamlsource
+from reconciler.present import views
+from reconciler.targets.kubernetes import kubeconfig
 from specs import base, compression, compute, dataset, model, rollout
 
 ROOT = Path(__file__).resolve().parents[2]

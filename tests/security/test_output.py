@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from reconciler.views import markdown
+from reconciler.present.views import markdown
 from tests.security.helpers import BASE, DIGEST, Project, doc
 
 #: A value that tries everything at once: close the fence and write a heading, HTML, a mention, a

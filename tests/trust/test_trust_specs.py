@@ -12,10 +12,10 @@ import pytest
 from pydantic import ValidationError
 
 from forgectl.models_cli import trust_lines
-from reconciler.leaderboard import rows
-from reconciler.loader import load_or_raise
-from reconciler.reasons import workflow_steps
-from reconciler.registry import build_record
+from reconciler.load.loader import load_or_raise
+from reconciler.plan.reasons import workflow_steps
+from reconciler.registry.leaderboard import rows
+from reconciler.registry.records import build_record
 from renderers import RenderContext, render
 from renderers.hardware import export_reasons
 from specs.model import ModelSpec

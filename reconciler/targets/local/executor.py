@@ -4,7 +4,7 @@ respecting dependencies, `parallelism`, `retryStrategy`, the step cache (`memoiz
 task's one-task DAG around the retried template: renderers.workflow.memoized) and the `onExit`
 handler.
 
-What `depends` and `retryStrategy` mean is decided by Argo's own code (`reconciler.upstream`:
+What `depends` and `retryStrategy` mean is decided by Argo's own code (`reconciler.targets.local.upstream`:
 its expression evaluator over the scope its controller builds), never by reading the expression
 here: a task starts when its dependencies are done and Argo says its `depends` holds; a failed
 attempt is retried when Argo's controller would retry it.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconciler import upstream
+from reconciler.targets.local import upstream
 from reconciler.targets.local.processes import ProcessRecord, alive, die_with_parent, start_ticks, stop
 from reconciler.targets.local.state import StateDB
 from renderers.stepargs import decode_step_config

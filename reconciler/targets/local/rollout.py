@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.resources import ObjectRef
-from reconciler.rollout import RolloutState
-from reconciler.serving import apply_serving, serving_states
+from reconciler.rollout.controller import RolloutState
 from reconciler.targets.base import Target
 from reconciler.targets.local.state import StateDB
+from reconciler.traffic.serving import apply_serving, serving_states
 from renderers.labels import GIT_REVISION, MODEL_VERSION, NAME
 from renderers.seldon import ServingState
 from specs import Endpoint, Environment, SpecSet
 
 
 class LocalRolloutBackend:
-    """Backend of :class:`reconciler.rollout.Controller` for the `local` target.
+    """Backend of :class:`reconciler.rollout.controller.Controller` for the `local` target.
 
     It is given the target's pieces rather than the target itself (the target's module imports
     this one): the target to apply through, its state DB, its events file, and how to read the
@@ -57,7 +57,7 @@ class LocalRolloutBackend:
         self.db.set_rollout(endpoint, state.to_json())
 
     def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
-        """Move the endpoint's traffic (see :func:`reconciler.serving.apply_serving`)."""
+        """Move the endpoint's traffic (see :func:`reconciler.traffic.serving.apply_serving`)."""
         apply_serving(self.target, self.specs, self.env, self.revision, endpoint, state)
 
     def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:

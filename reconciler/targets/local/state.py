@@ -215,7 +215,7 @@ class StateDB:
         row = self.db.execute("SELECT output FROM step_cache WHERE key = ?", (key,)).fetchone()
         return CachedStep(row[0]) if row else None
 
-    # -- model registry (reconciler/registry.py) ----------------------------------------------------
+    # -- model registry (reconciler/registry/records.py) ----------------------------------------------------
     def put_model_version(self, model: str, version: str, registered: float, record: dict[str, Any]) -> None:
         """Record (or replace) one registered model version with its lineage and measurements."""
         with self.tx() as db:

@@ -1,5 +1,5 @@
 """Trim a Workflow written by Argo's controller (the end-to-end test keeps each beside its work
-folder) to what reconciler.workflow_status reads, for tests/reconciler/data.
+folder) to what reconciler.targets.kubernetes.workflow_status reads, for tests/reconciler/data.
 
     python tests/reconciler/data/trim_workflow.py workflow-<version>-<phase>.json out.json
 """

@@ -1,0 +1,141 @@
+"""`forgectl reconcile`: the rollout and experiment controllers of one environment, one pass over
+its endpoints, and the watch loop with its stop rules and exit-code policy.
+
+A pass reconciles every endpoint once: an endpoint with an `experiment` is the experiment
+controller's (it decides what serves), every other one the rollout controller's. The loop repeats
+passes until one of the stop rules holds; what a pass changed reaches the caller as lines (only
+when an endpoint's line differs from its last one) and as the states of the pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from reconciler.diagnostics import ForgeError
+from reconciler.experiment.controller import FINAL as EXPERIMENT_FINAL
+from reconciler.experiment.controller import ExperimentController, ExperimentState
+from reconciler.load.endpoints import DesiredEndpoint
+from reconciler.load.loader import LoadResult
+from reconciler.metrics.prometheus import Prometheus
+from reconciler.rollout.controller import Controller, RolloutState
+from reconciler.rollout.steering import AT_REST, FAILED
+from reconciler.rollout.writeback import rollback_hook
+from reconciler.targets.base import RolloutBackend
+from specs import Environment, duration_seconds
+
+#: Exit codes of `forgectl reconcile`: done (or every rollout settled well); with
+#: `--until-settled`, some rollout ended rolled back or aborted.
+EXIT_OK = 0
+EXIT_ROLLED_BACK = 3
+
+
+@dataclass(frozen=True)
+class Controllers:
+    """The controllers of one environment, on one backend."""
+
+    backend: RolloutBackend
+    rollouts: Controller
+    experiments: ExperimentController
+
+
+def controllers_for(result: LoadResult, environment: Environment, backend: RolloutBackend, prometheus_url: str | None,
+                    namespace: str) -> Controllers:
+    """The rollout controller (with the write-back policy as its rollback hook) and the experiment
+    controller of ``environment``, both measuring with the Prometheus at ``prometheus_url`` (the
+    Environment's, else the one its target runs; None: none, every measurement inconclusive)."""
+    prometheus = (Prometheus(prometheus_url, timeout=duration_seconds(environment.spec.prometheus.timeout))
+                  if prometheus_url else None)
+    rollouts = Controller(backend, prometheus, namespace, on_rollback=rollback_hook(result, environment, backend))
+    return Controllers(backend, rollouts, ExperimentController(backend, prometheus, namespace))
+
+
+def rollout_line(endpoint: str, state: RolloutState) -> str:
+    """What a pass reports of an endpoint's rollout."""
+    return f"{endpoint}: {state.phase.value} step {state.step + 1} canary {state.weight} % — {state.reason}"
+
+
+def experiment_line(endpoint: str, state: ExperimentState) -> str:
+    """What a pass reports of an endpoint's experiment."""
+    return f"{endpoint}: experiment {state.phase} — {state.reason}"
+
+
+def reconcile_pass(controllers: Controllers, endpoints: list[DesiredEndpoint]) -> tuple[dict[str, RolloutState], dict[str, str]]:
+    """Refresh the backend, then reconcile each endpoint once. Returns the rollout state of each
+    endpoint that has one (an experiment's lives in its rollout state) and a line for each."""
+    controllers.backend.refresh()
+    states: dict[str, RolloutState] = {}
+    lines: dict[str, str] = {}
+    for endpoint, model, version, policy in endpoints:
+        name = endpoint.name
+        if endpoint.spec.experiment is not None:
+            experiment = controllers.experiments.reconcile(endpoint, version)
+            if experiment is not None:
+                saved = controllers.backend.load_state(name)  # the experiment controller saved it there
+                if saved is not None:
+                    states[name] = saved
+                lines[name] = experiment_line(name, experiment)
+            continue
+        state = controllers.rollouts.reconcile(endpoint, version, model, policy)
+        if state is not None:
+            states[name] = state
+            lines[name] = rollout_line(name, state)
+    return states, lines
+
+
+def settled(states: Mapping[str, RolloutState]) -> bool:
+    """No rollout in progress: each at rest, and each experiment decided, inconclusive or stopped."""
+    return all(st.phase in AT_REST and (not st.experiment or st.experiment.get("phase") in EXPERIMENT_FINAL)
+               for st in states.values())
+
+
+def failed(states: Mapping[str, RolloutState]) -> list[str]:
+    """The endpoints whose rollout ended rolled back or aborted."""
+    return [name for name, st in states.items() if st.phase in FAILED]
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """When `forgectl reconcile` stops (its flags)."""
+
+    #: Keep reconciling; False: one pass.
+    watch: bool = False
+    #: Seconds between passes.
+    interval: float = 1.0
+    #: Stop after this many passes (0: never).
+    passes: int = 0
+    #: Stop once :func:`settled`; the exit code then says whether a rollout failed.
+    until_settled: bool = False
+    #: Give up (an error) after this many seconds (0: never).
+    timeout: float = 0.0
+
+
+def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: WatchOptions, *,
+        on_line: Callable[[str], None] | None = None,
+        on_pass: Callable[[dict[str, RolloutState]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Reconcile until a stop rule holds and return the exit code: :data:`EXIT_ROLLED_BACK` when
+    `until_settled` and a rollout failed, else :data:`EXIT_OK`. ``on_line`` gets an endpoint's line
+    when it differs from the last one it got for that endpoint; ``on_pass`` gets each pass's
+    states. Raises :class:`ForgeError` past the timeout, naming the rollouts still in progress.
+    ``clock`` and ``sleep`` are injectable for tests."""
+    last: dict[str, str] = {}
+    count = 0
+    began = clock()
+    while True:
+        states, lines = reconcile_pass(controllers, endpoints)
+        for name, line in lines.items():
+            if last.get(name) != line:
+                last[name] = line
+                if on_line is not None:
+                    on_line(line)
+        if on_pass is not None:
+            on_pass(states)
+        count += 1
+        if not options.watch or (options.passes and count >= options.passes) or (options.until_settled and settled(states)):
+            return EXIT_ROLLED_BACK if options.until_settled and failed(states) else EXIT_OK
+        if options.timeout and clock() - began > options.timeout:
+            raise ForgeError(f"rollouts still in progress after {options.timeout:.0f} s: "
+                             + ", ".join(f"{n} {st.phase.value}" for n, st in states.items()))
+        sleep(options.interval)

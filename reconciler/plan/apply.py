@@ -1,0 +1,152 @@
+"""Apply a Plan to a Target: in dependency order, skipping no-ops, independent objects of one
+wave written concurrently (bounded), returning a typed change set.
+
+A failure part-way raises :class:`ApplyFailed` carrying what was applied and what was not; a rerun
+plans again from the live state and converges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from reconciler.errors import ApplyFailed, TargetError
+from reconciler.plan.plan import Action, Change, Plan
+from reconciler.resources import ObjectRef
+from reconciler.targets.base import Target
+from renderers.bundle import sort_key
+
+
+class Outcome(str, Enum):
+    """What happened to one object."""
+
+    CREATED = "created"
+    CONFIGURED = "configured"
+    UNCHANGED = "unchanged"
+    DELETED = "deleted"
+    FAILED = "failed"
+    NOT_ATTEMPTED = "not attempted"
+
+
+@dataclass
+class ChangeSetEntry:
+    """One object's outcome."""
+
+    ref: ObjectRef
+    outcome: Outcome
+    error: str = ""
+
+
+@dataclass
+class ChangeSet:
+    """Every object's outcome, in the order they were handled."""
+
+    entries: list[ChangeSetEntry] = field(default_factory=list)
+
+    def count(self, outcome: Outcome) -> int:
+        """How many objects had ``outcome``."""
+        return sum(e.outcome is outcome for e in self.entries)
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict for `--output json`."""
+        return {
+            "summary": {o.value: self.count(o) for o in Outcome},
+            "entries": [{"ref": e.ref.to_json(), "outcome": e.outcome.value, "error": e.error} for e in self.entries],
+        }
+
+
+_OUTCOME = {Action.CREATE: Outcome.CREATED, Action.UPDATE: Outcome.CONFIGURED, Action.DELETE: Outcome.DELETED}
+
+def waves(changes: Sequence[Change]) -> list[list[int]]:
+    """The plan's changes (indices) cut into waves that may each be applied all at once.
+
+    The plan is already in dependency order (kinds in apply order, a distillation teacher's
+    Workflow before its students', deletions last in reverse): consecutive changes that share a
+    kind and a training stage depend on nothing among themselves, so they form one wave. A wave
+    starts only when the one before it has finished, which keeps that order.
+    """
+    out: list[list[int]] = []
+    last: tuple[Any, ...] | None = None
+    for index, change in enumerate(changes):
+        if change.action is Action.NOOP:
+            continue
+        obj = change.after or change.before or {}
+        key = (change.action is Action.DELETE, *sort_key(obj)[:3])
+        if key != last:
+            out.append([])
+            last = key
+        out[-1].append(index)
+    return out
+
+
+def _attempt(change: Change, target: Target) -> TargetError | None:
+    """Write one change; the target's error, if any, is returned (not raised) so that the rest
+    of its wave still finishes."""
+    try:
+        if change.action is Action.DELETE:
+            uid = (change.before or {}).get("metadata", {}).get("uid")
+            target.delete(change.ref, uid=uid)
+        else:
+            assert change.after is not None
+            target.apply(change.after)
+    except TargetError as exc:
+        return exc
+    return None
+
+
+def apply_plan(plan: Plan, target: Target, *, progress: Callable[[Change, Outcome], None] | None = None,
+               parallelism: int | None = None) -> ChangeSet:
+    """Make the plan's changes on ``target``: wave after wave (see :func:`waves`), up to
+    ``parallelism`` objects at once within a wave (default: the target's ``apply_parallelism``).
+
+    Every object's outcome is recorded in the plan's order. When objects of a wave fail, the rest
+    of that wave still finishes (its writes are independent), later waves are not attempted, and
+    :class:`ApplyFailed` names every failed object with its error.
+    """
+    width = max(1, parallelism or target.apply_parallelism)
+    changes = plan.changes
+    outcomes: dict[int, ChangeSetEntry] = {}
+    errors: dict[int, TargetError] = {}
+    pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="forge-apply") if width > 1 else None
+    try:
+        for wave in waves(changes):
+            if errors:
+                break
+            if pool is None or len(wave) == 1:
+                results = [(i, _attempt(changes[i], target)) for i in wave]
+            else:
+                futures = {pool.submit(_attempt, changes[i], target): i for i in wave}
+                results = [(futures[f], f.result()) for f in as_completed(futures)]
+            for index, error in results:  # reported from this thread, as each object finishes
+                change = changes[index]
+                if error is not None:
+                    outcomes[index] = ChangeSetEntry(change.ref, Outcome.FAILED, str(error))
+                    errors[index] = error
+                    continue
+                outcome = _OUTCOME[change.action]
+                outcomes[index] = ChangeSetEntry(change.ref, outcome)
+                if progress:
+                    progress(change, outcome)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+    changeset = ChangeSet()
+    for index, change in enumerate(changes):
+        entry = outcomes.get(index)
+        if entry is None:
+            entry = ChangeSetEntry(change.ref, Outcome.UNCHANGED if change.action is Action.NOOP else Outcome.NOT_ATTEMPTED)
+        changeset.entries.append(entry)
+    if errors:
+        failed = sorted(errors)
+        first = changes[failed[0]]
+        done = changeset.count(Outcome.CREATED) + changeset.count(Outcome.CONFIGURED) + changeset.count(Outcome.DELETED)
+        others = "".join(f"\n  also failed: {changes[i].ref}: {outcomes[i].error}" for i in failed[1:])
+        raise ApplyFailed(
+            f"apply stopped at {first.ref}: {outcomes[failed[0]].error}{others}\n  {done} change(s) were applied, "
+            f"{changeset.count(Outcome.NOT_ATTEMPTED)} not attempted; run `forgectl apply` again to converge",
+            changeset,
+        ) from errors[failed[0]]
+    return changeset

@@ -1,0 +1,327 @@
+"""What a reviewer decides from, added to a Plan: the spec-level changes with their file:line, the
+GPU arithmetic and cost of every training step and endpoint, the risk flags, and the blockers (what
+the target cannot run).
+
+`annotate` is pure given its inputs. The two inputs that need I/O are measured at the edges, both
+read-only and inert in pull-request mode: :func:`measure_data` reads the *sizes* of the data files
+the Datasets name (from git's object database at a revision, or `stat` in the working tree — inside
+the Environment's root, regular files only, never opened), and the caller passes the registry's
+records where it has a target to read them from (never in pull-request mode without a cluster).
+"""
+
+from __future__ import annotations
+
+import stat as stat_module
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from reconciler.plan.diff import value_diff
+from reconciler.plan.plan import Plan
+from reconciler.plan.reasons import ABSENT, spec_diff
+from reconciler.plan.risks import (
+    FLAGS,
+    UNSATISFIABLE,
+    Finding,
+    fault_injection_risks,
+    locate,
+    metric_risks,
+    prune_risks,
+    regression_risks,
+    spec_risks,
+)
+from reconciler.targets.base import Target
+from renderers.cost import DataSize, capacity_problems, estimate
+from renderers.labels import MODEL_VERSION, NAME
+from specs import Dataset, Environment, Model, SpecSet
+from specs.safety import OutsideRoot, resolve_inside
+
+
+def _dotted(keys: tuple[str | int, ...]) -> str:
+    out = ""
+    for k in keys:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
+    return out
+
+
+def measure_data(specs: SpecSet, env: Environment, rev: str | None, start: str = ".") -> dict[str, DataSize]:
+    """Sizes of the `text://` and `file://` sources the Models train on: the blob's size at git
+    revision ``rev``, else the file's in the working tree. Paths stay inside the Environment's
+    root; symlinks in git, FIFOs and devices are skipped; nothing is read but a size."""
+    wanted = {m.spec.dataset_ref for m in specs.of(Model)}
+    sizes: dict[str, DataSize] = {}
+    cwd = Path.cwd()
+    commit = repo_root = None
+    for dataset in specs.of(Dataset):
+        source = dataset.spec.source
+        if dataset.name not in wanted or not source.uri.startswith(("text://", "file://")) or source.local_path is None:
+            continue
+        try:
+            if rev is None:
+                root = resolve_inside(cwd, env.spec.root, what="root")
+                path = resolve_inside(root, source.local_path, what="source")
+                info = path.stat()
+                if stat_module.S_ISREG(info.st_mode):
+                    sizes[dataset.name] = DataSize(bytes=info.st_size, source=f"{source.local_path} in the working tree")
+                continue
+            if commit is None:
+                import git
+
+                from reconciler.load.sources import resolve_commit
+
+                repo = git.Repo(Path(start).resolve() if Path(start).resolve().is_dir() else Path(start).resolve().parent,
+                                search_parent_directories=True)
+                repo_root = Path(repo.working_dir).resolve()
+                commit = resolve_commit(repo, rev)
+            assert repo_root is not None
+            relative = PurePosixPath((cwd / env.spec.root / source.local_path).resolve().relative_to(repo_root).as_posix())
+            blob = commit.tree / str(relative)
+            if blob.type == "blob" and blob.mode != 0o120000:
+                sizes[dataset.name] = DataSize(bytes=blob.size, source=f"{source.local_path} at {rev}")
+        except (OutsideRoot, OSError, ValueError, KeyError):
+            continue  # unknown: the estimate says so
+    return sizes
+
+
+def _spec_changes(base: Any, head: Any) -> list[dict[str, Any]]:
+    """Spec-level changes of every document, located in the head (or the base, for what is gone)."""
+    out: list[dict[str, Any]] = []
+    old_docs = {(d.kind, d.name): d for d in base.specs}
+    new_docs = {(d.kind, d.name): d for d in head.specs}
+    for key in sorted(set(old_docs) | set(new_docs)):
+        a, b = old_docs.get(key), new_docs.get(key)
+        raw_new, raw_old = head.raws.get(key), base.raws.get(key)
+        if a is None or b is None:
+            raw = raw_new if b is not None else raw_old
+            out.append({"kind": key[0], "name": key[1], "op": "add" if a is None else "remove", "path": "", "old": None,
+                        "new": None, "file": raw.file if raw else None, "line": raw.line if raw else None})
+            continue
+        dump_a = {"metadata": {"labels": a.metadata.labels, "annotations": a.metadata.annotations},
+                  "spec": a.model_dump(mode="json", by_alias=True)["spec"]}
+        dump_b = {"metadata": {"labels": b.metadata.labels, "annotations": b.metadata.annotations},
+                  "spec": b.model_dump(mode="json", by_alias=True)["spec"]}
+        for change in spec_diff(dump_a, dump_b):
+            raw = raw_old if change.in_old else raw_new
+            line = raw.position(change.keys)[0] if raw else None
+            path = change.path.removeprefix("spec.").removeprefix("spec") if change.path.startswith("spec") else change.path
+            entry = {"kind": key[0], "name": key[1], "op": change.op, "path": path,
+                     "old": None if change.op == "add" else change.old, "new": None if change.op == "remove" else change.new,
+                     "file": raw.file if raw else None, "line": line}
+            shown = value_diff(change.old, change.new)
+            if shown is not None:
+                entry["valueDiff"] = shown
+            out.append(entry)
+    return out
+
+
+def change_line(entry: Mapping[str, Any]) -> str:
+    """`path` old → new, as the plan shows a spec change."""
+    def fmt(value: Any, present: bool) -> str:
+        import json
+
+        if not present:
+            return ABSENT
+        return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+    return (f"`{entry['path']}` {fmt(entry.get('old'), entry['op'] != 'add')} → "
+            f"{fmt(entry.get('new'), entry['op'] != 'remove')}")
+
+
+def _order(findings: Iterable[Finding]) -> list[Finding]:
+    rank = {flag: i for i, flag in enumerate(FLAGS)}
+    unique = list(dict.fromkeys(findings))
+    return sorted(unique, key=lambda f: (rank.get(f.flag, len(rank)), f.file, f.line, f.message))
+
+
+def annotate(plan: Plan, head: Any, env: Environment, *, base: Any = None, base_env: Environment | None = None,
+             sizes: Mapping[str, DataSize] | None = None, records: Iterable[Mapping[str, Any]] | None = None,
+             everything: bool = False, base_sizes: Mapping[str, DataSize] | None = None) -> Plan:
+    """``plan`` with its review filled in. ``head`` and ``base`` are loader results (specs with
+    their source positions); ``base`` only in pull-request mode. The cost covers the Models whose
+    workflows the plan creates and the Endpoints whose deployments it creates or changes (every one
+    with ``everything``: a blocked plan has no changes to choose by)."""
+    models = endpoints = None
+    if not everything:
+        models = {(c.after or {}).get("metadata", {}).get("labels", {}).get(NAME, "") for c in plan.changes
+                  if c.ref.kind == "Workflow" and c.action.value == "create"}
+        endpoints = {(c.after or {}).get("metadata", {}).get("labels", {}).get(NAME, "") for c in plan.changes
+                     if c.ref.kind == "SeldonDeployment" and c.action.value in ("create", "update")}
+    # Capacity is checked for every Model and Endpoint, whether or not this plan changes it: one
+    # that cannot run is a blocker either way.
+    full = estimate(head.specs, env, dict(sizes or {}))
+    est = replace(full, training=tuple(t for t in full.training if models is None or t.model in models),
+                  serving=tuple(s for s in full.serving if endpoints is None or s.endpoint in endpoints))
+    blockers = [Finding(UNSATISFIABLE, p.message, p.kind, p.name, _dotted(p.path), keys=p.path, declared=p.declared_by)
+                for p in capacity_problems(head.specs, env, full)]
+    risks: list[Finding] = []
+    if base is not None:
+        risks += spec_risks(base.specs, head.specs, base_env, env)
+    risks += fault_injection_risks(head.specs, base.specs if base is not None else None)
+    risks += prune_risks(plan.changes)
+    gate_notes: list[str] = []
+    if records:
+        risks += metric_risks(plan.changes, list(records))
+        gate_risks, gate_notes = regression_risks(plan.changes, list(records), head.specs, env)
+        risks += gate_risks
+    base_raws = base.raws if base is not None else None
+    cost = est.to_json()
+    if base is not None and base_env is not None:
+        _compare_cost(cost, estimate(base.specs, base_env, dict(base_sizes or {})))
+    return replace(
+        plan,
+        blockers=tuple(_order(locate(blockers, head.raws, base_raws))),
+        risks=tuple(_order(locate(risks, head.raws, base_raws))),
+        spec_changes=tuple(_spec_changes(base, head)) if base is not None else (),
+        cost=cost,
+        notes=(*plan.notes, *gate_notes),
+    )
+
+
+def _compare_cost(cost: dict[str, Any], before: Any) -> None:
+    """Add to each training and serving entry of ``cost`` what the base revision had, where it
+    differs (`base` in the JSON, a `before this change:` line)."""
+    from renderers.cost import hours
+
+    was = {t.model: t for t in before.training}
+    for entry in cost["training"]:
+        old = was.get(entry["model"])
+        if old is None:
+            continue
+        then = {"gpus": old.gpus, "nodes": old.schedule.nodes if old.schedule else None, "accelerator": old.accelerator,
+                "gpuHours": old.gpu_hours}
+        now = {k: entry[k] for k in ("gpus", "nodes", "accelerator")} | {"gpuHours": entry["gpuHours"]}
+        same_hours = (then["gpuHours"] is None) == (now["gpuHours"] is None) and (
+            then["gpuHours"] is None or abs(then["gpuHours"] - now["gpuHours"]) <= 1e-9 * max(1.0, abs(now["gpuHours"])))
+        if {k: then[k] for k in ("gpus", "nodes", "accelerator")} == {k: now[k] for k in ("gpus", "nodes", "accelerator")} and same_hours:
+            continue
+        entry["base"] = then
+        text = (f"{then['gpus']} × {then['accelerator']} on {then['nodes']} node{'s' if then['nodes'] != 1 else ''}"
+                if then["gpus"] else ("not schedulable" if old.schedule is None else "no accelerators"))
+        if then["gpuHours"] is not None:
+            text += f", ≈ {hours(then['gpuHours'])} GPU-hours"
+        entry["lines"].append(f"before this change: {text}")
+    served = {s.endpoint: s for s in before.serving}
+    for entry in cost["serving"]:
+        old = served.get(entry["endpoint"])
+        if old is not None and (old.gpus, old.accelerator) != (entry["gpus"], entry["accelerator"]):
+            entry["base"] = {"gpus": old.gpus, "accelerator": old.accelerator}
+            entry["line"] += f" (before this change: {old.gpus} × {old.accelerator})"
+
+
+def blocked_plan(environment: str, target: str, head: Any, env: Environment, *, base: Any = None,
+                 base_env: Environment | None = None, sizes: Mapping[str, DataSize] | None = None,
+                 revision: str | None = None, base_sizes: Mapping[str, DataSize] | None = None) -> Plan | None:
+    """A plan with no changes and the blockers, when a Model cannot be scheduled at all (so nothing
+    can be rendered); None when every Model can."""
+    est = estimate(head.specs, env, dict(sizes or {}))
+    if all(t.schedule is not None for t in est.training):
+        return None
+    plan = annotate(Plan(environment, target, (), revision=revision), head, env, base=base, base_env=base_env, sizes=sizes,
+                    everything=True, base_sizes=base_sizes)
+    return replace(plan, notes=("no changes were computed: the specs cannot be rendered until every blocker is resolved",))
+
+
+#: `forgectl plan` exit codes (README, docs/plan-json.md): Terraform's for `--detailed-exitcode`,
+#: and one more for `--fail-on-risk`.
+EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_RISK = 0, 1, 2, 3
+
+
+def parse_fail_on(values: Iterable[str] | None) -> frozenset[str]:
+    """The flags of `--fail-on-risk FLAG[,FLAG]` (repeatable; `all` for every flag); an unknown
+    name is a ForgeError listing the known ones."""
+    from reconciler.diagnostics import ForgeError, printable
+
+    chosen: set[str] = set()
+    for value in values or ():
+        for name in (part.strip() for part in value.split(",")):
+            if not name:
+                continue
+            if name == "all":
+                chosen |= set(FLAGS)
+            elif name in FLAGS:
+                chosen.add(name)
+            else:
+                raise ForgeError(f"--fail-on-risk: unknown flag {printable(name)!r}; expected `all` or one of "
+                                 + ", ".join(FLAGS))
+    return frozenset(chosen)
+
+
+def exit_code(plan_json: Mapping[str, Any], *, detailed: bool, fail_on: frozenset[str]) -> int:
+    """1 when the target cannot run the plan, else 3 when a flag of ``fail_on`` is raised, else 2
+    with ``detailed`` and changes, else 0."""
+    if plan_json.get("blockers"):
+        return EXIT_ERROR
+    if any(r["flag"] in fail_on for r in plan_json.get("risks") or []):
+        return EXIT_RISK
+    changed = any(plan_json["summary"][a] for a in ("create", "update", "delete"))
+    return EXIT_CHANGES if detailed and changed else EXIT_OK
+
+
+def _versions(obj: Mapping[str, Any]) -> list[str]:
+    return sorted(p.get("labels", {}).get(MODEL_VERSION, "") for p in obj.get("spec", {}).get("predictors", []))
+
+
+def registry_records(plan: Plan, target: Target) -> list[dict[str, Any]]:
+    """The registry's records, read only when the plan moves an endpoint to another version (the
+    one risk they inform); [] when the target has none or cannot say."""
+    moving = False
+    for change in plan.changes:
+        if change.ref.kind != "SeldonDeployment" or change.after is None or change.before is None:
+            continue
+        moving = moving or _versions(change.after) != _versions(change.before)
+    if not moving:
+        return []
+    try:
+        # The live objects are the plan's `before`s (every live object is in the plan): a second
+        # LIST here held the whole live state twice (most of the peak memory at 5,000 endpoints).
+        live = [c.before for c in plan.changes if c.before is not None]
+        return target.model_records(live, backfill=False)  # read only: no backfill from a plan
+    except Exception:  # noqa: BLE001 - the registry informs a risk flag; a plan never fails on it
+        return []
+
+
+def reviewed_live_plan(result: Any, environment: Environment, target: Any, namespace: str, revision: str | None, *,
+                       rev: str | None = None, start: str = ".") -> Plan:
+    """The plan against the target's live state, reviewed; a blocked plan (no changes) when a Model
+    cannot be scheduled at all."""
+    from reconciler.plan.session import make_plan
+
+    sizes = measure_data(result.specs, environment, rev, start)
+    blocked = blocked_plan(environment.name, target.name, result, environment, sizes=sizes, revision=revision)
+    if blocked is not None:
+        return blocked
+    plan, _ = make_plan(result.specs, environment, target, namespace, revision)
+    return annotate(plan, result, environment, sizes=sizes, records=registry_records(plan, target))
+
+
+def reviewed_git_plan(old: Any, old_env: Environment, new: Any, new_env: Environment, *, base: str,
+                      head: str | None, revision: str | None, start: str = ".") -> Plan:
+    """Pull-request mode: the manifests rendered at ``base`` against those at ``head`` (the working
+    tree when None), no cluster involved, reviewed against the base's specs."""
+    from reconciler.diagnostics import ForgeError
+    from reconciler.plan.plan import build_plan
+    from renderers import RenderContext, SchedulingError, render
+
+    sizes = measure_data(new.specs, new_env, head, start)
+    base_sizes = measure_data(old.specs, old_env, base, start)
+    blocked = blocked_plan(new_env.name, "git", new, new_env, base=old, base_env=old_env, sizes=sizes, revision=revision,
+                           base_sizes=base_sizes)
+    if blocked is not None:
+        return blocked
+    try:
+        old_rendered = render(old.specs, RenderContext(old_env))
+    except SchedulingError as exc:
+        raise ForgeError(f"at the base revision {base}: {exc}") from exc
+    new_rendered = render(new.specs, RenderContext(new_env))
+    plan = build_plan(new_rendered.manifests, old_rendered.manifests, environment=new_env.name, target="git",
+                      revision=revision, exact=True)
+    return annotate(plan, new, new_env, base=old, base_env=old_env, sizes=sizes, base_sizes=base_sizes)
+
+
+def live_risks(live: Plan, head: Any, base: Any, records: Iterable[Mapping[str, Any]] | None = None) -> list[Finding]:
+    """Pull-request mode with a live diff: the risks only the live state shows — a prune of a
+    deployment that serves traffic now, a version about to take traffic that scored worse offline
+    than the one serving (when the cluster's registry knows both) — located in the specs."""
+    found = prune_risks(live.changes) + (metric_risks(live.changes, list(records)) if records else [])
+    return _order(locate(found, head.raws, base.raws if base is not None else None))

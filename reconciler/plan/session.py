@@ -1,0 +1,155 @@
+"""The impure edge of planning: choose the target, read the live state, render against it, build
+the plan and settle it with server-side dry runs; check a saved plan is still fresh."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reconciler.errors import StalePlanError
+from reconciler.heap import gc_paused
+from reconciler.plan.plan import Action, Plan, build_plan, fingerprint, settle
+from reconciler.resources import ObjectRef
+from reconciler.rollout.controller import RolloutState
+from reconciler.targets.base import Target
+from reconciler.traffic.serving import desired_serving, serving_states, with_namespace
+from renderers import RenderContext, render
+from renderers.bundle import Rendered
+from renderers.labels import MODEL_VERSION
+from specs import Environment, SpecSet
+
+__all__ = ["PhaseHook", "TargetOptions", "desired_state", "ensure_fresh", "in_use", "make_plan", "namespace_of", "open_target",
+           "serving_states"]
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """kubectl-style overrides from the command line."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+    progress: Any = None  # local target: a callback for workflow step events
+    #: Pull-request mode: the checkout under review. Credentials are then read only from the
+    #: runner (never a kubeconfig an Environment names, nor one inside this folder).
+    untrusted_root: Path | None = None
+
+
+def namespace_of(env: Environment, options: TargetOptions) -> str:
+    """The namespace an environment uses: `--namespace`, else its spec, else `forge-<env>`."""
+    if options.namespace:
+        return options.namespace
+    return env.spec.kubernetes.namespace if env.spec.kubernetes else f"forge-{env.name}"
+
+
+def open_target(env: Environment, options: TargetOptions = TargetOptions()) -> Target:
+    """The target of an environment."""
+    # Imported here: each target pulls in its own stack (the `kubernetes` client, the local
+    # executor), and a command needs only one of them.
+    if env.spec.target == "kubernetes":
+        from reconciler.targets.kubernetes.target import KubernetesTarget
+
+        k8s = env.spec.kubernetes
+        trusted = options.untrusted_root is None
+        return KubernetesTarget(
+            env.name,
+            namespace_of(env, options),
+            kubeconfig=options.kubeconfig or (k8s.kubeconfig if k8s and trusted else None),
+            context=options.context or (k8s.context if k8s else None),
+            untrusted_root=options.untrusted_root,
+        )
+    from reconciler.targets.local.target import LocalTarget
+    return LocalTarget(env, namespace_of(env, options), progress=options.progress)
+
+
+def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: str | None,
+                  live: Iterable[Mapping[str, Any]], rollouts: Mapping[str, RolloutState] | None = None) -> Rendered:
+    """Render the specs against what is live: each endpoint serves what
+    :func:`reconciler.traffic.serving.desired_serving` decides from its live state and rollout state."""
+    serving = desired_serving(specs, env, serving_states(live), rollouts or {})
+    return render(specs, RenderContext(with_namespace(env, namespace), revision, serving))
+
+
+#: What :func:`make_plan` calls around each of its phases ("read live", "rollout states", "render",
+#: "diff", "dry runs", "settle"): a context manager, e.g. a benchmark's clock. Nothing by default.
+PhaseHook = Callable[[str], AbstractContextManager[object]]
+
+
+def _no_phase(name: str) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
+def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
+              *, dry_run: bool = True, phase: PhaseHook = _no_phase) -> tuple[Plan, Rendered]:
+    """Read live (one LIST per kind), render, diff, and settle apparent updates by dry run (unless
+    ``dry_run`` is false: pull-request mode holds a read-only credential and uses no write verb).
+    ``phase(name)`` wraps each phase (see :data:`PhaseHook`). Runs with the cyclic garbage
+    collector paused (:func:`reconciler.heap.gc_paused`: tens of thousands of objects)."""
+    with gc_paused():
+        return _make_plan(specs, env, target, namespace, revision, dry_run=dry_run, phase=phase)
+
+
+def _make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
+               *, dry_run: bool, phase: PhaseHook) -> tuple[Plan, Rendered]:
+    with phase("read live"):
+        live = target.read_live()
+    with phase("rollout states"):
+        rollouts = target.rollout_states(live)
+    with phase("render"):
+        rendered = desired_state(specs, env, namespace, revision, live, rollouts)
+    with phase("diff"):
+        plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision,
+                          keep=in_use(live, {ObjectRef.of(m) for m in rendered.manifests}))
+    if not dry_run:
+        return plan, rendered
+    dry_runs: dict[ObjectRef, dict[str, Any]] = {}
+    with phase("dry runs"):
+        for change in plan.changes:
+            if change.action is Action.UPDATE and change.after is not None:
+                dry_runs[change.ref] = target.apply(change.after, dry_run=True)
+    with phase("settle"):
+        settled = settle(plan, dry_runs)
+    return settled, rendered
+
+
+def in_use(live: Iterable[Mapping[str, Any]], desired: Collection[ObjectRef]) -> dict[ObjectRef, str]:
+    """Workflows of model versions that an endpoint still serves: kept (with the reason) until
+    no endpoint serves them, so a rollback knows where its stable version came from. An endpoint
+    whose SeldonDeployment is not ``desired`` any more is pruned in the same plan, and keeps
+    nothing (else removing a model and its endpoint would take two applies)."""
+    live = list(live)
+    serving = serving_states([o for o in live if o.get("kind") != "SeldonDeployment" or ObjectRef.of(o) in desired])
+    versions = {}
+    for endpoint, state in serving.items():
+        versions[state.stable] = endpoint
+        if state.canary:
+            versions[state.canary] = endpoint
+        for arm in state.arms:  # an experiment's arms (a pinned older version among them) and its shadow
+            versions[arm.version] = endpoint
+        if state.shadow:
+            versions[state.shadow] = endpoint
+    kept = {}
+    for obj in live:
+        if obj.get("kind") == "Workflow":
+            version = (obj["metadata"].get("labels") or {}).get(MODEL_VERSION)
+            if version in versions:
+                kept[ObjectRef.of(obj)] = f"kept: version {version} still serves endpoint `{versions[version]}`"
+    return kept
+
+
+def ensure_fresh(plan: Plan, target: Target) -> None:
+    """Refuse a saved plan whose live state moved since it was made."""
+    live = target.read_live()
+    if fingerprint(live) == plan.live_fingerprint:
+        return
+    planned = {c.ref: c.live_version for c in plan.changes if c.before is not None}
+    now = {ObjectRef.of(o): o.get("metadata", {}).get("resourceVersion") for o in live}
+    moved = sorted(str(r) for r in set(planned) | set(now) if planned.get(r) != now.get(r))
+    raise StalePlanError(
+        "the saved plan is stale: the live state changed since it was made ("
+        + (", ".join(moved[:5]) + (" …" if len(moved) > 5 else "") if moved else "objects changed")
+        + "); run `forgectl plan` again and review the new plan"
+    )

@@ -1,0 +1,2 @@
+"""The model registry: records of registered versions (records: built from Workflows and their
+registry files, pure), the leaderboard ranking their variants."""

@@ -1,0 +1,180 @@
+"""The rollout controller: a resumable state machine per endpoint.
+
+Its state lives in the target (an annotation on the SeldonDeployment in a cluster; the state DB
+for the local target), never only in memory: each pass loads it, does what is due *now* (move a
+weight, take a measurement, promote, roll back), saves it if it changed, and returns. A killed
+controller restarted later continues from the same step.
+
+The states and transitions are :mod:`reconciler.rollout.machine` (pure, diagram there); this
+module is the loop around them: it reads the target (serving, saved state, the offline gate), asks
+the :class:`~reconciler.metrics.prometheus.MetricSource` for measurements, and carries out each
+:class:`~reconciler.rollout.machine.Decision` (serving change, event, write-back hook). Every
+transition is recorded with its reason: query, value, threshold, step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from reconciler.metrics.analysis import Measurement, down, judge, liveness_query, render_query
+from reconciler.metrics.prometheus import MetricSource, PrometheusUnavailable
+from reconciler.rollout import machine
+from reconciler.rollout.machine import (
+    ACTIVE,
+    FINAL,
+    HISTORY_LIMIT,
+    STATE_ANNOTATION,
+    MetricRun,
+    OfflineGate,
+    Phase,
+    RolloutState,
+    Step,
+    policy_steps,
+)
+from reconciler.rollout.regression import GateResult, regression_gate
+from renderers.seldon import ServingState
+from specs import Endpoint, RolloutPolicy
+from specs.rollout import Metric
+
+# The state types are re-exported: the targets and the CLI import them from here.
+__all__ = ["ACTIVE", "FINAL", "HISTORY_LIMIT", "STATE_ANNOTATION", "Backend", "Controller", "MetricRun", "Phase",
+           "RolloutState", "Step", "policy_steps"]
+
+
+class Backend(Protocol):
+    """What the controller needs of a target."""
+
+    def serving(self, endpoint: str) -> ServingState | None:
+        """What the endpoint serves now (None before its first apply)."""
+        ...
+
+    def load_state(self, endpoint: str) -> RolloutState | None:
+        """The saved rollout state."""
+        ...
+
+    def save_state(self, endpoint: str, state: RolloutState) -> None:
+        """Persist the rollout state."""
+        ...
+
+    def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
+        """Make the endpoint serve ``state`` (re-render and apply its SeldonDeployment)."""
+        ...
+
+    def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
+        """(finished, passed, detail) of the offline gate: the model version's workflow."""
+        ...
+
+    def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
+        """Record an event (a Kubernetes Event in a cluster)."""
+        ...
+
+
+@dataclass
+class Controller:
+    """Drives the rollouts of one environment. ``clock`` is injectable for tests.
+
+    ``prometheus`` answers the analysis queries (None: none configured, every measurement is
+    inconclusive as if Prometheus were unreachable). A backend that also has
+    ``registered(model, version)`` (registry records) lets a policy's regression gate compare."""
+
+    backend: Backend
+    prometheus: MetricSource | None
+    namespace: str
+    on_rollback: Callable[[Endpoint, RolloutState], str] | None = None
+    clock: Callable[[], float] = time.time
+
+    # -- one pass -------------------------------------------------------------------------
+    def reconcile(self, endpoint: Endpoint, desired: str, model: str, policy: RolloutPolicy | None) -> RolloutState | None:
+        """Do what is due now for ``endpoint`` whose specs want model version ``desired``."""
+        serving = self.backend.serving(endpoint.name)
+        if serving is None:
+            return None  # not applied yet
+        saved = self.backend.load_state(endpoint.name)
+        now = self.clock()
+        state = machine.observe(saved, endpoint.name, serving, desired, model, now)
+        if state.phase in ACTIVE:
+            state = self._advance(endpoint, model, policy, state, now)
+        if state != saved:
+            self.backend.save_state(endpoint.name, state)
+        return state
+
+    def _advance(self, endpoint: Endpoint, model: str, policy: RolloutPolicy | None, state: RolloutState, now: float) -> RolloutState:
+        steps = policy_steps(policy)
+        if state.phase is Phase.WAITING:
+            gate = self._offline_gate(endpoint, model, policy, state)
+            return self._carry_out(endpoint, machine.after_offline_gate(state, steps, gate, now))
+        if not machine.analysis_due(state, steps, now):
+            return state  # paused by the policy, or the step's pause has not elapsed
+        metrics = {m.name: m for m in (policy.spec.metrics if policy else [])}
+        # One metric at a time: a rollback stops the pass before the next metric is queried.
+        for name in steps[state.step].analysis:
+            metric = metrics[name]
+            if not machine.measurement_due(state, metric, now):
+                continue
+            decision = machine.record(state, policy, metric, self._measure(metric, endpoint, state), now)
+            if decision.state.phase in FINAL:
+                return self._carry_out(endpoint, decision)
+            state = decision.state
+        return self._carry_out(endpoint, machine.conclude(state, policy, steps, now))
+
+    def _offline_gate(self, endpoint: Endpoint, model: str, policy: RolloutPolicy | None, state: RolloutState) -> OfflineGate:
+        """The offline gate of the canary: its workflow, then (once that passed) the policy's regression gate."""
+        assert state.canary is not None
+        finished, passed, detail = self.backend.model_gate(model, state.canary)
+        gate = policy.spec.regression_gate if policy is not None else None
+        if not (finished and passed) or gate is None:
+            return OfflineGate(finished, passed, detail)
+        registered: Callable[[str, str], dict[str, Any] | None] | None = getattr(self.backend, "registered", None)
+        result = (regression_gate(gate, registered(model, state.canary), registered(model, state.stable), endpoint.spec.variant)
+                  if registered is not None else GateResult(None, "regression gate skipped: this target keeps no registry records"))
+        return OfflineGate(finished, passed, detail, result)
+
+    def _measure(self, metric: Metric, endpoint: Endpoint, state: RolloutState) -> Measurement:
+        assert state.canary is not None
+        query = render_query(metric, endpoint=endpoint.name, namespace=self.namespace, version=state.canary, role="canary")
+        at = self.clock()
+        if self.prometheus is None:
+            return judge(metric, None, None, query=query, at=at, error="no Prometheus URL configured")
+        try:
+            value = self.prometheus.value(query)
+            if value is not None and not math.isnan(value):
+                # A rate() over the window keeps answering from the samples scraped before the
+                # canary died: without this, a dead canary could pass its steps and be promoted.
+                liveness = liveness_query(endpoint=endpoint.name, namespace=self.namespace, role="canary")
+                if self.prometheus.value(liveness) is None:
+                    return down(metric, value, query=query, liveness=liveness, at=at)
+            stable = None
+            if metric.compare_to_stable is not None:
+                stable = self.prometheus.value(render_query(metric, endpoint=endpoint.name, namespace=self.namespace,
+                                                            version=state.stable, role="stable"))
+        except PrometheusUnavailable as exc:
+            return judge(metric, None, None, query=query, at=at, error=str(exc))
+        return judge(metric, value, stable, query=query, at=at)
+
+    def _carry_out(self, endpoint: Endpoint, decision: machine.Decision) -> RolloutState:
+        """The decision's effects, in order: serving, event, write-back hook. Returns the new state."""
+        state = decision.state
+        if decision.serving is not None:
+            self.backend.set_serving(endpoint, decision.serving)
+        if decision.event is not None:
+            self.backend.event(endpoint.name, decision.event.kind, decision.event.reason, decision.event.message)
+        if decision.writeback_due and self.on_rollback is not None:
+            state = replace(state, writeback=self.on_rollback(endpoint, state))
+        return state
+
+    # -- by hand ------------------------------------------------------------------------------
+    def promote(self, endpoint: Endpoint, state: RolloutState, reason: str, now: float | None = None) -> RolloutState:
+        """Make the canary the stable version (all traffic)."""
+        return self._carry_out(endpoint, machine.promote(state, reason, self.clock() if now is None else now))
+
+    def abort(self, endpoint: Endpoint, state: RolloutState, who: str = "user") -> RolloutState:
+        """Roll back now, by hand."""
+        return self._carry_out(endpoint, machine.abort(state, who, self.clock()))
+
+    def retry(self, state: RolloutState) -> RolloutState:
+        """Start a rolled-back or aborted rollout again from the offline gate."""
+        return machine.retry(state, self.clock())

@@ -1,0 +1,95 @@
+"""What each endpoint serves: read from the live SeldonDeployments, decided from the specs and the
+rollout states, and written through one function.
+
+Everything here is pure except :func:`apply_serving`, which writes only through the Target it is
+given. The plan path (``session.desired_state``) and the rollout backends both come here: the
+plan asks :func:`desired_serving` what each endpoint should serve, the controllers decide a new
+:class:`ServingState` and hand it to :func:`apply_serving`, and both render the object with
+:func:`render_serving` — so a SeldonDeployment has one renderer and one way to the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from reconciler.experiment.controller import serving_for
+from reconciler.rollout.controller import Phase, RolloutState
+from reconciler.targets.base import Target
+from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, VARIANT
+from renderers.seldon import ArmServing, ServingState, render_seldon
+from renderers.versions import model_version
+from specs import Endpoint, Environment, SpecSet
+
+
+def serving_states(live: Iterable[Mapping[str, Any]]) -> dict[str, ServingState]:
+    """What each endpoint serves now, read from its live SeldonDeployment's predictors."""
+    states: dict[str, ServingState] = {}
+    for obj in live:
+        if obj.get("kind") != "SeldonDeployment":
+            continue
+        endpoint = (obj.get("metadata", {}).get("labels") or {}).get(ENDPOINT)
+        roles = {}
+        arms = []
+        for predictor in obj.get("spec", {}).get("predictors", []):
+            labels = predictor.get("labels") or {}
+            role = labels.get(ROLE, predictor.get("name"))
+            roles[role] = (labels.get(MODEL_VERSION), int(predictor.get("traffic", 0)), labels.get(VARIANT))
+            if role not in ("stable", "canary", "shadow"):
+                arms.append(ArmServing(role, labels.get(MODEL_VERSION) or "", labels.get(VARIANT) or "", int(predictor.get("traffic", 0))))
+        shadow = roles.get("shadow", (None,))[0]
+        if endpoint and "stable" in roles and roles["stable"][0]:
+            canary = roles.get("canary")
+            states[endpoint] = ServingState(roles["stable"][0], canary[0] if canary else None, canary[1] if canary else 0,
+                                            shadow=shadow, stable_variant=roles["stable"][2])
+        elif endpoint and arms:
+            # an experiment: the first arm's version stands for "stable" (nothing reads it as such)
+            states[endpoint] = ServingState(arms[0].version, arms=tuple(arms), shadow=shadow)
+    return states
+
+
+def desired_serving(specs: SpecSet, env: Environment, current: Mapping[str, ServingState],
+                    rollouts: Mapping[str, RolloutState]) -> dict[str, ServingState]:
+    """What each Endpoint should serve, given what it serves now (``current``) and its saved
+    rollout state: an endpoint whose model has a new version keeps its stable version and gets the
+    new one as a canary, at the weight the rollout controller set; a rolled-back or aborted canary
+    stays out until `rollout retry`; an experiment serves what its controller decided."""
+    serving: dict[str, ServingState] = {}
+    for endpoint in specs.of(Endpoint):
+        want = model_version(specs, specs.model_of(endpoint), env)
+        state = current.get(endpoint.name)
+        rollout = rollouts.get(endpoint.name)
+        experiment = serving_for(endpoint, want, rollout.experiment if rollout is not None else None)
+        if experiment is not None:
+            serving[endpoint.name] = experiment  # the experiment controller decides what serves
+        elif state is None or state.stable == want:
+            serving[endpoint.name] = ServingState(want)
+        elif rollout is not None and rollout.canary == want and rollout.phase in (Phase.ROLLED_BACK, Phase.ABORTED):
+            serving[endpoint.name] = ServingState(state.stable)  # rolled back: `rollout retry` to try again
+        else:
+            weight = state.canary_weight if state.canary == want else 0
+            serving[endpoint.name] = ServingState(state.stable, want, weight)
+    return serving
+
+
+def with_namespace(env: Environment, namespace: str) -> Environment:
+    """``env`` with its cluster namespace set to ``namespace`` (`--namespace` overrides the spec),
+    so what is rendered names the namespace the target writes to."""
+    if env.spec.kubernetes is None or env.spec.kubernetes.namespace == namespace:
+        return env
+    k8s = env.spec.kubernetes.model_copy(update={"namespace": namespace})
+    return env.model_copy(update={"spec": env.spec.model_copy(update={"kubernetes": k8s})})
+
+
+def render_serving(specs: SpecSet, env: Environment, namespace: str, revision: str | None, endpoint: Endpoint,
+                   state: ServingState) -> dict[str, Any]:
+    """The SeldonDeployment of ``endpoint`` serving ``state`` in ``namespace``."""
+    return render_seldon(specs, endpoint, with_namespace(env, namespace), namespace, revision, state)
+
+
+def apply_serving(target: Target, specs: SpecSet, env: Environment, revision: str | None, endpoint: Endpoint,
+                  state: ServingState) -> dict[str, Any]:
+    """Make ``endpoint`` serve ``state``: render its SeldonDeployment and apply it through
+    ``target`` (the rollout and experiment controllers' one way to move traffic); the object as
+    stored."""
+    return target.apply(render_serving(specs, env, target.namespace, revision, endpoint, state))
