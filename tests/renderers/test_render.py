@@ -6,7 +6,12 @@ Refresh the golden files after an intended change with: `scripts/test tests/rend
 from __future__ import annotations
 
 import ast
+import difflib
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,9 +47,56 @@ def test_golden(example: str, env: str, update_golden: bool) -> None:
     assert text == golden.read_text(), f"{golden} differs; if intended, refresh with --update-golden"
 
 
+#: Two string-hash seeds for the child processes below. Fixed, so the check is itself
+#: deterministic; `test_the_seeds_reorder_a_set` shows that they order a set differently.
+HASH_SEEDS = ("1", "2")
+
+
+def _in_children(argv: list[str], cwd: Path) -> list[bytes]:
+    """``argv`` run once per seed of HASH_SEEDS, side by side, each in a fresh interpreter with that
+    ``PYTHONHASHSEED``: their stdout, as bytes."""
+    procs = [subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)})
+             for seed in HASH_SEEDS]
+    outputs = []
+    for seed, proc in zip(HASH_SEEDS, procs, strict=True):
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"PYTHONHASHSEED={seed} {argv[2:]} exited {proc.returncode}:\n{stderr.decode()[-3000:]}"
+        outputs.append(stdout)
+    return outputs
+
+
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_rendering_twice_is_byte_identical(example: str) -> None:
-    assert rendered_text(example, "cluster") == rendered_text(example, "cluster")
+def test_rendering_is_byte_identical_across_processes_and_hash_seeds(example: str, tmp_path: Path) -> None:
+    """`forgectl render` of the example in two fresh processes with different string-hash seeds
+    writes the same bytes.
+
+    Rendering twice in one process cannot catch what makes a GitOps tool's output flap between
+    runs: everything that depends on the process — the order of a `set` (or `frozenset`) of
+    strings iterated into a list, a label list or a name (string hashes are salted per process by
+    PYTHONHASHSEED), `hash()` or `id()` used in a name, a module-level cache or counter, the
+    unseeded `random` module. In one process all of these repeat themselves; in two processes
+    with different seeds the first two change, and this test fails with a diff of the two
+    outputs. (The goldens are compared in the test process only, so they share its blind spot.)
+
+    The example is a copy outside any git repository, so both children render the same revision
+    (none) whatever is committed meanwhile.
+    """
+    shutil.copytree(ROOT / "examples" / example, tmp_path / example)
+    first, second = _in_children([sys.executable, "-m", "forgectl", "render", example, "--env", "cluster"], tmp_path)
+    assert first, "forgectl render printed nothing"
+    assert first == second, "rendering differs between processes with different hash seeds:\n" + "".join(difflib.unified_diff(
+        first.decode().splitlines(True), second.decode().splitlines(True), f"PYTHONHASHSEED={HASH_SEEDS[0]}",
+        f"PYTHONHASHSEED={HASH_SEEDS[1]}", n=2))[:4000]
+
+
+def test_the_seeds_reorder_a_set(tmp_path: Path) -> None:
+    """The check above can fail: under HASH_SEEDS the same set of step names comes out of two
+    children in different orders, which is what a renderer that iterated one would write."""
+    names = ["prepare-data", "train", "evaluate", "compress-pruned", "compress-int8", "export-base", "benchmark", "register"]
+    first, second = _in_children([sys.executable, "-c", f"print(list(set({names!r})))"], tmp_path)
+    assert sorted(ast.literal_eval(first.decode())) == sorted(ast.literal_eval(second.decode())) == sorted(names)
+    assert first != second, "the seeds do not reorder a set of strings: the test above would not catch set order"
 
 
 def test_cli_render_writes_one_file_per_object(tmp_path: Path) -> None:
