@@ -12,13 +12,14 @@ from __future__ import annotations
 import ast
 import math
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3.util.connection
+import urllib3.util.retry
 
 from reconciler.metrics.analysis import Cause, Verdict, judge, liveness_query, render_query
 from reconciler.metrics.prometheus import Prometheus, PrometheusUnavailable
@@ -241,14 +242,27 @@ def test_judge_names_the_cause_of_each_verdict(rule: dict[str, Any], value: floa
     assert m.to_json()["cause"] == cause.value and m.to_json()["verdict"] == expected.value
 
 
-def test_the_prometheus_client_reports_a_closed_port_as_unavailable() -> None:
-    with socket.socket() as s:  # a port nothing listens on once the socket is closed
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    began = time.monotonic()
-    with pytest.raises(PrometheusUnavailable, match=f"127.0.0.1:{port}"):
-        Prometheus(f"http://127.0.0.1:{port}", timeout=1).value("up")
-    assert time.monotonic() - began < 3  # "inconclusive within seconds", not after a long retry loop
+def test_the_prometheus_client_gives_up_on_an_unreachable_server_within_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A down Prometheus reads as "inconclusive within seconds", not after a long retry loop:
+    counted, not timed. Every connection the client opens goes through urllib3's
+    `create_connection`, faked here to refuse and to record the timeout it was given; the pauses
+    between retries are recorded instead of slept. The worst case — every attempt waiting its whole
+    timeout, as for a host that drops packets instead of refusing them — is then attempts × timeout
+    + the pauses, whatever the machine's load. A retry loop that grew (more attempts, a backoff)
+    or a connection without a timeout (None: wait forever) fails here."""
+    attempts: list[float | None] = []
+    paused: list[float] = []
+
+    def refuse(address: tuple[str, int], timeout: float | None = None, *args: Any, **kwargs: Any) -> socket.socket:
+        attempts.append(timeout)
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(urllib3.util.connection, "create_connection", refuse)
+    monkeypatch.setattr(urllib3.util.retry.time, "sleep", paused.append)
+    with pytest.raises(PrometheusUnavailable, match="127.0.0.1:9090"):
+        Prometheus("http://127.0.0.1:9090", timeout=1).value("up")
+    assert attempts == [1, 1]  # the first try and one quick retry, each bounded by the client's timeout
+    assert sum(t for t in attempts if t is not None) + sum(paused) < 3
 
 
 def test_the_state_machine_does_no_io() -> None:
