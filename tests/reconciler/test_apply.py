@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -29,14 +28,26 @@ def plan_of(*changes: Change) -> Plan:
     return Plan("env", "kubernetes", tuple(changes), "fp", None)
 
 
+#: How long a group of writes that must meet waits for its last member: only a broken applier waits it out.
+MEET_TIMEOUT = 30.0
+
+
 class FakeTarget:
-    """Records what was written, how many writes overlapped, and fails the names it is told to."""
+    """Records what was written, how many writes overlapped, and fails the names it is told to.
+
+    ``meet=(prefix, n)``: the writes of names starting with ``prefix`` wait for each other in groups
+    of ``n`` (a cyclic barrier) before they finish, so that ``n`` of them are in flight together for
+    certain — not because a sleep happened to be long enough on a loaded machine. A group that never
+    fills (an applier that writes fewer at once) breaks the barrier after MEET_TIMEOUT s, and that
+    write fails with BrokenBarrierError."""
 
     name = "fake"
 
-    def __init__(self, parallelism: int, fail: frozenset[str] = frozenset(), delay: float = 0.05) -> None:
+    def __init__(self, parallelism: int, fail: frozenset[str] = frozenset(), meet: tuple[str, int] | None = None) -> None:
         self.apply_parallelism = parallelism
-        self.fail, self.delay = fail, delay
+        self.fail = fail
+        self.meet_prefix, parties = meet or ("", 0)
+        self.barrier = threading.Barrier(parties, timeout=MEET_TIMEOUT) if parties else None
         self.written: list[str] = []
         self.in_flight = self.peak = 0
         self._lock = threading.Lock()
@@ -46,7 +57,8 @@ class FakeTarget:
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)
         try:
-            time.sleep(self.delay)
+            if self.barrier is not None and name.startswith(self.meet_prefix):
+                self.barrier.wait()
             if name in self.fail:
                 raise ConflictError(f"{name}: refused")
             with self._lock:
@@ -75,9 +87,9 @@ def test_waves_follow_kind_and_keep_deletions_apart() -> None:
 def test_a_wave_is_written_concurrently_within_the_bound_and_in_order_across_waves() -> None:
     sa = [change("ServiceAccount", f"sa-{i}") for i in range(3)]
     wfs = [change("Workflow", f"wf-{i}", api=WF) for i in range(12)]
-    target = FakeTarget(parallelism=4)
+    target = FakeTarget(parallelism=4, meet=("wf-", 4))  # the 12 Workflows finish 4 by 4, together
     result = apply_plan(plan_of(*sa, *wfs), target)
-    assert result.count(Outcome.CREATED) == 15
+    assert result.count(Outcome.CREATED) == 15  # every group of 4 met: 4 were in flight at once, three times
     assert target.peak == 4  # bounded, and really concurrent
     assert set(target.written[:3]) == {"sa-0", "sa-1", "sa-2"}  # the first wave finished before the second
     assert [e.ref.name for e in result.entries] == [c.ref.name for c in (*sa, *wfs)]  # the plan's order
