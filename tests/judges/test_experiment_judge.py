@@ -46,7 +46,7 @@ def test_arms_and_shadow_pass_the_webhook(env: str, seldon_judge: Path) -> None:
 
 def test_istio_weighs_the_arms_and_mirrors_to_the_shadow(seldon_judge: Path) -> None:  # noqa: F811
     sds = _sdeps("cluster")
-    for sd, objs in zip(sds, upstream.seldon_render_many(sds, ingress="istio")):
+    for sd, objs in zip(sds, upstream.seldon_render_many(sds, ingress="istio"), strict=True):  # a short answer fails
         name, ns = sd["metadata"]["name"], sd["metadata"]["namespace"]
         rest = of_kind(objs, "VirtualService")[0]["spec"]["http"][0]
         got = {r["destination"]["host"]: r["weight"] for r in rest["route"]}

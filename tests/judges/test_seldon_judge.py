@@ -118,7 +118,8 @@ def _generated(case: str, ingress: str = "none") -> tuple[tuple[dict[str, Any], 
 
 
 def generated(case: str, ingress: str = "none") -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    return [(sd, copy.deepcopy(list(objs))) for sd, objs in zip(seldon_deployments(case), _generated(case, ingress))]
+    # strict: an answer short of one SeldonDeployment must fail, not leave that one unjudged
+    return [(sd, copy.deepcopy(list(objs))) for sd, objs in zip(seldon_deployments(case), _generated(case, ingress), strict=True)]
 
 
 def of_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -162,7 +163,7 @@ def resolve_target_port(pod_spec: dict[str, Any], target: int | str) -> list[tup
 @pytest.mark.parametrize("case", CASES)
 def test_seldon_deployments_pass_the_webhook(case: str, seldon_judge: Path) -> None:
     sds = seldon_deployments(case)
-    verdicts = dict(zip((sd["metadata"]["name"] for sd in sds), upstream.seldon_validate_many(sds)))
+    verdicts = dict(zip((sd["metadata"]["name"] for sd in sds), upstream.seldon_validate_many(sds), strict=True))
     assert not any(verdicts.values()), "Seldon Core's webhook rejects:\n" + "\n".join(
         f"{name}:\n  " + "\n  ".join(errs) for name, errs in verdicts.items() if errs)
 

@@ -120,7 +120,7 @@ def _report(verdicts: dict[str, list[str]]) -> str:
 def test_workflows_pass_argo_validation(case: str, judge: Path) -> None:
     workflows = manifests(case, "Workflow")
     assert workflows, f"{case} renders no Workflow"
-    verdicts = dict(zip((w["metadata"]["name"] for w in workflows), upstream.argo_validate_many(workflows)))
+    verdicts = dict(zip((w["metadata"]["name"] for w in workflows), upstream.argo_validate_many(workflows), strict=True))
     assert not any(verdicts.values()), "Argo rejects:\n" + _report(verdicts)
 
 
@@ -128,7 +128,8 @@ def test_workflows_pass_argo_validation(case: str, judge: Path) -> None:
 def test_pytorchjobs_pass_the_training_operator_webhook(case: str, judge: Path) -> None:
     jobs = [(wf["metadata"]["name"], job) for wf in manifests(case, "Workflow") for job in pytorchjobs(wf)]
     assert jobs, f"{case} should train on several nodes, through a PyTorchJob"
-    verdicts = dict(zip((f"{name} (PyTorchJob)" for name, _ in jobs), upstream.pytorchjob_validate_many([j for _, j in jobs])))
+    verdicts = dict(zip((f"{name} (PyTorchJob)" for name, _ in jobs), upstream.pytorchjob_validate_many([j for _, j in jobs]),
+                        strict=True))
     assert not any(verdicts.values()), "the PyTorchJob webhook rejects:\n" + _report(verdicts)
 
 
