@@ -30,7 +30,7 @@ from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.scheduling import Schedule, schedule_resources
 from renderers.stepargs import step_args
 from renderers.versions import model_version, step_key
-from specs import Compression, Environment, Model, SpecSet
+from specs import Environment, Model, SpecSet
 from specs.compression import Distill
 from specs.model import Choice, IntRange, Uniform
 from specs.stepconfig import (
@@ -443,7 +443,3 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
         manifest["spec"]["serviceAccountName"] = workflow_service_account(env)
     return RenderedWorkflow(model.name, version, manifest, steps, schedule)
 
-
-def compression_variants(compression: Compression | None) -> list[str]:
-    """Variant names a Model builds, `base` first."""
-    return ["base", *(v.name for v in compression.spec.variants)] if compression else ["base"]
