@@ -1,0 +1,142 @@
+"""The watch loop of `forgectl reconcile` (`reconciler/controller/watch.py`): its passes, lines and
+exit codes, run on the real rollout controller over a fake backend with a fake clock and sleep (no
+server, no waiting)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from reconciler.controller.watch import EXIT_OK, EXIT_ROLLED_BACK, Controllers, WatchOptions, failed, reconcile_pass, run, settled
+from reconciler.diagnostics import ForgeError
+from reconciler.experiment.controller import ExperimentState
+from reconciler.rollout.controller import Controller, Phase, RolloutState
+from renderers.seldon import ServingState
+from specs import Endpoint, RolloutPolicy
+from tests.reconciler.rollout_fakes import V1, V2, FakeBackend, an_endpoint, desired_of
+
+
+@dataclass
+class FakeExperiments:
+    """The experiment controller: answers a fixed phase, saving it in the rollout state as the real one does."""
+
+    backend: FakeBackend
+    phase: str = "Running"
+    asked: list[str] = field(default_factory=list)
+
+    def reconcile(self, endpoint: Endpoint, version: str) -> ExperimentState:
+        self.asked.append(endpoint.name)
+        state = ExperimentState("k", self.phase, 0.0, "control", [], reason=f"looked at {version}")
+        self.backend.save_state(endpoint.name, RolloutState(endpoint.name, V1, experiment=state.to_json()))
+        return state
+
+
+@dataclass
+class Clock:
+    """The loop's clock and sleep: sleeping moves the clock."""
+
+    now: float = 100.0
+    sleeps: list[float] = field(default_factory=list)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def _controllers(backend: FakeBackend, policy: RolloutPolicy | None = None) -> Controllers:
+    rollouts = Controller(backend, None, "forge-test", clock=lambda: 1_000.0)
+    return Controllers(backend, rollouts, FakeExperiments(backend))
+
+
+def _run(controllers: Controllers, endpoints: list[Any], options: WatchOptions, clock: Clock) -> tuple[int, list[str], list[dict[str, str]]]:
+    lines: list[str] = []
+    passes: list[dict[str, str]] = []
+    code = run(controllers, endpoints, options, on_line=lines.append,
+               on_pass=lambda states: passes.append({k: v.phase.value for k, v in states.items()}),
+               clock=clock, sleep=clock.sleep)
+    return code, lines, passes
+
+
+def test_one_pass_without_watch() -> None:
+    backend = FakeBackend({"digits": ServingState(V1)})
+    clock = Clock()
+    code, lines, passes = _run(_controllers(backend), desired_of(an_endpoint("digits")), WatchOptions(), clock)
+    assert (code, backend.refreshes, clock.sleeps) == (EXIT_OK, 1, [])
+    assert passes == [{"digits": "Idle"}] and lines == ["digits: Idle step 0 canary 0 % — "]
+
+
+def test_an_endpoint_not_applied_yet_has_no_line_and_no_state() -> None:
+    backend = FakeBackend()
+    code, lines, passes = _run(_controllers(backend), desired_of(an_endpoint("digits")), WatchOptions(), Clock())
+    assert (code, lines, passes) == (EXIT_OK, [], [{}])
+
+
+def test_watch_reports_a_line_only_when_it_changes_and_stops_after_passes() -> None:
+    backend = FakeBackend({"digits": ServingState(V1)})
+    clock = Clock()
+    code, lines, passes = _run(_controllers(backend), desired_of(an_endpoint("digits")),
+                               WatchOptions(watch=True, interval=0.5, passes=3), clock)
+    assert code == EXIT_OK and len(passes) == 3 and backend.refreshes == 3
+    assert clock.sleeps == [0.5, 0.5]  # none after the last pass
+    assert lines == ["digits: Idle step 0 canary 0 % — "]
+
+
+def test_until_settled_exits_3_when_a_rollout_rolled_back() -> None:
+    backend = FakeBackend({"digits": ServingState(V1, V2, 0)}, gate=(True, False, "evaluation accuracy 0.5 < 0.95"))
+    clock = Clock()
+    code, lines, passes = _run(_controllers(backend), desired_of(an_endpoint("digits"), version=V2),
+                               WatchOptions(watch=True, until_settled=True), clock)
+    assert code == EXIT_ROLLED_BACK and passes[-1] == {"digits": "RolledBack"}
+    assert lines[-1].startswith("digits: RolledBack ")
+
+
+def test_until_settled_exits_0_when_every_rollout_promoted() -> None:
+    backend = FakeBackend({"digits": ServingState(V1, V2, 0)})
+    clock = Clock()
+    code, _, passes = _run(_controllers(backend), desired_of(an_endpoint("digits"), version=V2),
+                           WatchOptions(watch=True, until_settled=True), clock)
+    assert code == EXIT_OK and passes[-1] == {"digits": "Promoted"}
+
+
+def test_a_plain_watch_ignores_how_rollouts_ended() -> None:
+    backend = FakeBackend({"digits": ServingState(V1, V2, 0)}, gate=(True, False, "evaluation failed"))
+    code, _, passes = _run(_controllers(backend), desired_of(an_endpoint("digits"), version=V2),
+                           WatchOptions(watch=True, passes=2), Clock())
+    assert code == EXIT_OK and passes[-1] == {"digits": "RolledBack"}
+
+
+def test_watch_gives_up_after_the_timeout_naming_what_is_in_progress() -> None:
+    backend = FakeBackend({"digits": ServingState(V1, V2, 0)}, gate=(False, False, "Workflow still running"))
+    clock = Clock()
+    with pytest.raises(ForgeError, match=r"rollouts still in progress after 3 s: digits WaitingForModel"):
+        _run(_controllers(backend), desired_of(an_endpoint("digits"), version=V2),
+             WatchOptions(watch=True, interval=1.0, until_settled=True, timeout=3.0), clock)
+    assert clock.sleeps == [1.0] * 4  # after passes at 0, 1, 2 and 3 s; the fifth, at 4 s, is past the 3 s
+
+
+def test_an_experiment_endpoint_is_the_experiment_controllers() -> None:
+    backend = FakeBackend({"digits": ServingState(V1), "ab": ServingState(V1)})
+    controllers = _controllers(backend)
+    states, lines = reconcile_pass(controllers, desired_of(an_endpoint("ab", experiment=True), an_endpoint("digits")))
+    assert controllers.experiments.asked == ["ab"]
+    assert lines == {"ab": f"ab: experiment Running — looked at {V1}", "digits": "digits: Idle step 0 canary 0 % — "}
+    assert states["ab"].experiment is not None and states["ab"].experiment["phase"] == "Running"
+    assert not settled(states)  # an experiment still running keeps the watch going
+    controllers.experiments.phase = "Decided"
+    states, _ = reconcile_pass(controllers, desired_of(an_endpoint("ab", experiment=True), an_endpoint("digits")))
+    assert settled(states)
+
+
+@pytest.mark.parametrize("phase, at_rest, has_failed", [
+    (Phase.IDLE, True, False), (Phase.WAITING, False, False), (Phase.PROGRESSING, False, False),
+    (Phase.HOLDING, False, False), (Phase.PAUSED, False, False), (Phase.PROMOTED, True, False),
+    (Phase.ROLLED_BACK, True, True), (Phase.ABORTED, True, True)])
+def test_settled_and_failed_by_phase(phase: Phase, at_rest: bool, has_failed: bool) -> None:
+    states = {"digits": RolloutState("digits", V1, V2, phase)}
+    assert settled(states) is at_rest
+    assert failed(states) == (["digits"] if has_failed else [])
