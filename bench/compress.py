@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from runtimes.benchsupport import ensure_runtime_env, step  # noqa: E402
+from bench.runtime_env import ensure_runtime_env, step  # noqa: E402
 
 DIGITS = {
     "source": {"uri": "sklearn://digits", "format": "sklearn"},

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from runtimes.benchsupport import ensure_runtime_env  # noqa: E402
+from bench.runtime_env import ensure_runtime_env  # noqa: E402
 
 COLUMNS = 64
 

@@ -65,16 +65,17 @@ import git  # noqa: E402
 
 from devkit.cluster import Cluster  # noqa: E402
 from devkit.common import ClusterError  # noqa: E402
+from devkit.digits import DIGITS_DATASET, train_config  # noqa: E402
+from devkit.namespaces import delete_namespace  # noqa: E402
 from devkit.prometheus import Prometheus  # noqa: E402
 from devkit.rollout import PacedTraffic, Traffic  # noqa: E402
+from devkit.rollout_harness import Rollout  # noqa: E402
+from devkit.runtime_steps import Runner, Server  # noqa: E402
 from reconciler.metrics.analysis import render_query  # noqa: E402
 from reconciler.metrics.prometheus import Prometheus as PromClient  # noqa: E402
 from reconciler.metrics.prometheus import PrometheusUnavailable  # noqa: E402
 from reconciler.plan.session import serving_states  # noqa: E402
 from reconciler.rollout.controller import Phase  # noqa: E402
-from tests.cluster_fixtures import delete_namespace  # noqa: E402
-from tests.rollout.test_rollout_controller import Rollout  # noqa: E402
-from tests.runtimes.helpers import DIGITS_DATASET, Runner, Server, train_config  # noqa: E402
 
 FLAGGER_DEFAULT_S = 60 * 5  # Flagger: analysis interval 1m × threshold 5
 TARGET_S = 20.0
@@ -116,7 +117,7 @@ def runtime_python() -> str:
 
 
 def train_digits(python: str, workspace: Path) -> Runner:
-    """Prepare digits and train the MLP once (as tests/runtimes/conftest.py's `digits` fixture)."""
+    """Prepare digits and train the MLP once (as tests/conftest.py's `digits` fixture)."""
     runner = Runner(python, workspace)
     runner.run("prepare", {"step": "prepare", "dataset": "digits", "spec": DIGITS_DATASET, "output": "data/digits"})
     runner.run("train", train_config("models/base"), timeout=600)

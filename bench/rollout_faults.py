@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Rollout fault drills (issue 19, the rollout half of "Faults"), each repeated, against the real
-components of tests/rollout/test_rollout_controller.py: a kube-apiserver + etcd
-(``devkit.cluster``), a Prometheus scraping every 1 s (``devkit.prometheus``), two real
-``python -m runtimes serve`` processes (stable and canary) and a traffic generator that splits
-~``--rate`` req/s between them by the live SeldonDeployment's weights (what the mesh does in a
-cluster), logging each request's time, role and outcome. The controller is the real
-``forgectl reconcile --watch --interval 0.5`` as a subprocess.
+components of tests/rollout/test_rollout_controller.py (whose harness is
+``devkit.rollout_harness``): a kube-apiserver + etcd (``devkit.cluster``), a Prometheus scraping
+every 1 s (``devkit.prometheus``), two real ``python -m runtimes serve`` processes (stable and
+canary) and a traffic generator that splits ~``--rate`` req/s between them by the live
+SeldonDeployment's weights (what the mesh does in a cluster), logging each request's time, role
+and outcome. The controller is the real ``forgectl reconcile --watch --interval 0.5`` as a
+subprocess.
 
     .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary]
         [--kill-runs 10] [--prometheus-runs 3] [--canary-runs 5] [--outage 20]
@@ -64,15 +65,15 @@ import git  # noqa: E402
 
 from bench.rollback_latency import create_namespace, drain, runtime_python, train_digits  # noqa: E402
 from devkit.cluster import Cluster  # noqa: E402
+from devkit.namespaces import delete_namespace  # noqa: E402
 from devkit.prometheus import Prometheus  # noqa: E402
 from devkit.rollout import PacedTraffic  # noqa: E402
+from devkit.rollout_harness import Rollout  # noqa: E402
+from devkit.runtime_steps import Runner, Server  # noqa: E402
 from reconciler.rollout.controller import Phase, RolloutState  # noqa: E402
 from reconciler.targets.kubernetes.rollout import rollout_state_of  # noqa: E402
 from reconciler.traffic.serving import serving_states  # noqa: E402
 from specs import duration_seconds  # noqa: E402
-from tests.cluster_fixtures import delete_namespace  # noqa: E402
-from tests.rollout.test_rollout_controller import Rollout  # noqa: E402
-from tests.runtimes.helpers import Runner, Server  # noqa: E402
 
 STEPS = (10, 50, 100)
 

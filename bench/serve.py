@@ -57,7 +57,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from runtimes.benchsupport import ROOT, ensure_runtime_env  # noqa: E402
+from bench.runtime_env import ROOT, ensure_runtime_env  # noqa: E402
 
 MAX_REQUESTS = 500_000
 MODELS = {

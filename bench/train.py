@@ -18,7 +18,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.compress import DIGITS  # noqa: E402
-from runtimes.benchsupport import ensure_runtime_env, step  # noqa: E402
+from bench.runtime_env import ensure_runtime_env, step  # noqa: E402
 
 CTX = 64
 

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from runtimes.benchsupport import ROOT, ensure_runtime_env  # noqa: E402
+from bench.runtime_env import ROOT, ensure_runtime_env  # noqa: E402
 
 #: Peak dense bf16 tensor throughput (FLOP/s, without sparsity) by GPU name; the first key found
 #: in the device name (upper case) wins, so the more specific names come first.

@@ -10,7 +10,15 @@ A real, throw-away Kubernetes control plane and Prometheus, by concern:
 * :mod:`devkit.apiclient` — a tiny stdlib HTTPS client for start-up;
 * :mod:`devkit.cluster` — the cluster's lifecycle (start, load, stop, identities);
 * :mod:`devkit.rbac` — forgectl's RBAC (docs/rbac/forgectl-role.yaml);
-* :mod:`devkit.prometheus` — Debian's Prometheus with a generated config.
+* :mod:`devkit.prometheus` — Debian's Prometheus with a generated config;
+* :mod:`devkit.namespaces` — a namespace removed with what is in it (no namespace controller runs).
+
+What the tests and the benches both run (bench/, scripts/ and devkit/ never import tests/):
+
+* :mod:`devkit.runtime_steps` — runtime steps and model servers as processes (``Runner``, ``Server``);
+* :mod:`devkit.digits` — the digits dataset and MLP configs they prepare, train and serve;
+* :mod:`devkit.rollout` — traffic split by the live weights; :mod:`devkit.rollout_harness` — the
+  quick-start's rollout on the API server (apply, controller, a Workflow ended by hand).
 
 Processes, ports, log tails, package installs and Prometheus's start-up are the local target's own
 layer (:mod:`reconciler.targets.local.processes`), shared, not repeated here. Library use::

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.runtimes.helpers import DIGITS_DATASET, Runner, Server, train_config
+from devkit.digits import DIGITS_DATASET, train_config
+from devkit.runtime_steps import Runner, Server
 
 pytest_plugins = ["tests.cluster_fixtures"]
 

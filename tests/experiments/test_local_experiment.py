@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from devkit.runtime_steps import Runner
 from reconciler.experiment.controller import DECIDED, INCONCLUSIVE, RUNNING, ExperimentController
 from reconciler.load.loader import load_or_raise
 from reconciler.metrics.prometheus import Prometheus
@@ -32,7 +33,7 @@ from renderers.seldon import ServingState, render_seldon
 from specs import Endpoint
 from specs.experiment import ArmFaults
 from tests.polling import wait_until
-from tests.runtimes.helpers import ROOT, Runner
+from tests.runtimes.helpers import ROOT
 
 EXAMPLE = ROOT / "examples" / "experiments"
 MODEL = "digits-mlp"

@@ -223,6 +223,8 @@ def no_target_internals(facts: Facts) -> list[str]:
 #: Attribute names that are a target's internals, not its protocol.
 TARGET_INTERNALS = frozenset({"db", "workspace"})
 STATE_DB = "reconciler/targets/local/state.py"
+#: The development tooling: benchmarks, scripts and the dev harness (tests/ use them, never the reverse).
+DEV_TOOLING = ("bench/**/*.py", "scripts/**/*.py", "devkit/**/*.py")
 
 RULES = [
     Rule("specs-import-nothing-of-ours", "`specs` imports nothing of ours",
@@ -257,6 +259,10 @@ RULES = [
     Rule("product-never-imports-dev-tooling",
          "the product (control plane and runtimes) never imports the dev harness, tests, benchmarks or scripts",
          tuple(f"{p}/**/*.py" for p in (*CONTROL_PLANE, "runtimes")), forbid_imports(("devkit", "tests", "bench", "scripts"))),
+    Rule("dev-tooling-never-imports-tests",
+         "bench/, scripts/ and devkit/ never import tests/: what they share with the tests (runners, servers, the rollout "
+         "harness, the cluster's clean-up) lives in devkit/",
+         DEV_TOOLING, forbid_imports(("tests",))),
     Rule("all-sql-inside-statedb", "all SQL lives inside StateDB (reconciler/targets/local/state.py)",
          tuple(f"{p}/**/*.py" for p in (*CONTROL_PLANE, "runtimes", "devkit")), sql_outside_statedb,
          exempt={STATE_DB: "the one owner of the schema"}),
@@ -332,6 +338,16 @@ PLANTED: dict[str, tuple[dict[str, str], dict[str, str], list[str]]] = {
         {"reconciler/targets/local/good.py": "from reconciler.targets.local.processes import free_port\n",
          "devkit/cluster.py": "from reconciler.targets.local import processes\n"},
         ["reconciler/targets/local/bad.py: imports devkit.cluster", "runtimes/bad.py: imports tests.polling"]),
+    "dev-tooling-never-imports-tests": (
+        {"bench/bad.py": "from tests.rollout.test_rollout_controller import Rollout\n",
+         "devkit/bad.py": "def f():\n    import tests.cluster_fixtures  # lazy still counts\n",
+         "scripts/cluster/bad.py": "from tests import polling\n"},
+        {"bench/good.py": "from bench.rollback_latency import drain\nfrom devkit.rollout_harness import Rollout\n",
+         "devkit/good.py": "import testinfra\nfrom devkit.runtime_steps import Runner\n",
+         "scripts/cluster/good.py": "from devkit.cluster import Cluster\n",
+         "tests/conftest.py": "from devkit.runtime_steps import Runner\nfrom tests.runtimes.helpers import events\n"},
+        ["bench/bad.py: imports tests.rollout.test_rollout_controller", "devkit/bad.py: imports tests.cluster_fixtures",
+         "scripts/cluster/bad.py: imports tests"]),
     "all-sql-inside-statedb": (
         {"reconciler/observe/status.py": "def f(target):\n    return target.db.db.execute('SELECT * FROM steps')\n"},
         {STATE_DB: "import sqlite3\nDB = sqlite3.connect(':memory:')\nDB.execute('SELECT 1')\n",

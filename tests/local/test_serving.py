@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from devkit.runtime_steps import Runner
 from reconciler.load.loader import load_or_raise
 from reconciler.targets.local import processes
 from reconciler.targets.local.load import LoadError, generate
@@ -25,7 +26,7 @@ from reconciler.targets.local.state import StateDB
 from renderers.seldon import ServingState, render_seldon
 from specs import Endpoint
 from tests.polling import wait_until
-from tests.runtimes.helpers import ROOT, Runner
+from tests.runtimes.helpers import ROOT
 
 QUICKSTART = ROOT / "examples" / "quickstart"
 MODEL = "digits-mlp"

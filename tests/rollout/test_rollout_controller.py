@@ -20,68 +20,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import git
 import pytest
 
 from devkit.rollout import Traffic
-from reconciler.load.loader import load_or_raise
-from reconciler.load.sources import revision_of
-from reconciler.metrics.prometheus import Prometheus
-from reconciler.plan.apply import apply_plan
-from reconciler.plan.session import TargetOptions, make_plan, open_target
-from reconciler.rollout.controller import Controller, Phase, RolloutState
-from reconciler.targets.kubernetes.rollout import KubernetesRolloutBackend
-from renderers.versions import model_version
-from specs import Endpoint, Environment, Model
+from devkit.rollout_harness import Rollout
+from reconciler.rollout.controller import Phase, RolloutState
 from tests.polling import WaitTimeout, wait_until
-from tests.runtimes.helpers import Runner
 
 ROOT = Path(__file__).resolve().parents[2]
-@dataclass
-class Rollout:
-    specs_dir: Path
-    namespace: str
-    kubeconfig: str
-    prometheus: Any
-    runner: Runner
-    stable: str = ""
-    canary: str = ""
-
-    def load(self):
-        result = load_or_raise([str(self.specs_dir)])
-        env = result.specs.get(Environment, "cluster")
-        return result, env
-
-    def apply(self) -> None:
-        result, env = self.load()
-        target = open_target(env, TargetOptions(kubeconfig=self.kubeconfig, namespace=self.namespace))
-        plan, _ = make_plan(result.specs, env, target, self.namespace, revision_of([str(self.specs_dir)], None))
-        apply_plan(plan, target)
-
-    def controller(self, on_rollback=None):
-        result, env = self.load()
-        target = open_target(env, TargetOptions(kubeconfig=self.kubeconfig, namespace=self.namespace))
-        backend = KubernetesRolloutBackend(target, result.specs, env, revision_of([str(self.specs_dir)], None))
-        controller = Controller(backend, Prometheus(self.prometheus.url, timeout=2), self.namespace, on_rollback=on_rollback)
-        endpoint = result.specs.get(Endpoint, "digits")
-        policy = result.specs.policy_of(endpoint, env)
-        model = result.specs.get(Model, "digits-mlp")
-        version = model_version(result.specs, model, env)
-        return controller, backend, endpoint, policy, version
-
-    def finish_workflow(self, version: str, phase: str = "Succeeded") -> None:
-        """What Argo's controller would do when the version's workflow ends (no kubelet here)."""
-        out = subprocess.run(["kubectl", "--kubeconfig", self.kubeconfig, "-n", self.namespace, "get", "workflows",
-                              "-l", f"forge.dev/model-version={version}", "-o", "name"], capture_output=True, text=True, check=True)
-        name = out.stdout.strip()
-        assert name, f"no workflow for {version}"
-        subprocess.run(["kubectl", "--kubeconfig", self.kubeconfig, "-n", self.namespace, "patch", name, "--type", "merge",
-                        "-p", json.dumps({"status": {"phase": phase, "message": "evaluate: accuracy 0.91 < 0.95" if phase == "Failed" else ""}})],
-                       check=True, capture_output=True)
 
 
 def _set(specs_dir: Path, old: str, new: str, file: str = "model.yaml") -> None:

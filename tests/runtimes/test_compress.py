@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtimes.helpers import Runner
+from devkit.runtime_steps import Runner
 
 pytestmark = pytest.mark.runtime
 

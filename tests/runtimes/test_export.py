@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from tests.runtimes.helpers import DIGITS_MODEL, Runner, train_config
+from devkit.digits import DIGITS_MODEL, train_config
+from devkit.runtime_steps import Runner
 
 pytestmark = pytest.mark.runtime
 

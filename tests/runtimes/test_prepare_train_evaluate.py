@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from tests.runtimes.helpers import DIGITS_DATASET, DIGITS_DIGEST, Runner, events
+from devkit.digits import DIGITS_DATASET, DIGITS_DIGEST
+from devkit.runtime_steps import Runner
+from tests.runtimes.helpers import events
 
 pytestmark = pytest.mark.runtime
 

@@ -11,8 +11,9 @@ import threading
 
 import pytest
 
+from devkit.runtime_steps import Runner
 from runtimes.serving.select import choose_variant
-from tests.runtimes.helpers import ROOT, Runner, get_text, post_json
+from tests.runtimes.helpers import ROOT, get_text, post_json
 
 pytestmark = pytest.mark.runtime
 

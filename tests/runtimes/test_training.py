@@ -10,7 +10,9 @@ import subprocess
 
 import pytest
 
-from tests.runtimes.helpers import DIGITS_MODEL, ROOT, Runner, events, train_config
+from devkit.digits import DIGITS_MODEL, train_config
+from devkit.runtime_steps import Runner
+from tests.runtimes.helpers import ROOT, events
 
 pytestmark = pytest.mark.runtime
 

@@ -215,7 +215,7 @@ def test_resolve_inside(tmp_path: Path) -> None:
 def test_prepare_step_refuses_a_source_leading_out(tmp_path: Path, runtime_python: str, uri: str, expected: str) -> None:
     """The real prepare step (runtime environment) applies the same rule where it reads the data: a
     symlink out of the source root or a FIFO fails the step with a message, nothing is read."""
-    from tests.runtimes.helpers import Runner
+    from devkit.runtime_steps import Runner
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "link.csv").symlink_to("/etc/passwd")

@@ -15,7 +15,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.runtimes.helpers import Runner
+from devkit.runtime_steps import Runner
 
 pytestmark = pytest.mark.runtime
 

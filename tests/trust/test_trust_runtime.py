@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.runtimes.helpers import Runner, events, train_config
+from devkit.digits import train_config
+from devkit.runtime_steps import Runner
+from tests.runtimes.helpers import events
 
 pytestmark = pytest.mark.runtime
 

@@ -1,5 +1,7 @@
-"""Support of bench/*.py: run inside the cached runtime environment (re-exec there when torch is
-missing) and run a step in-process. Imports nothing heavy at module level."""
+"""What the runtime benches (bench/train.py, train_gpu.py, compress.py, prepare.py, serve.py) share:
+run inside the cached runtime environment (re-exec there when torch is missing) and run a step
+in-process. Bench tooling, not part of the runtimes package (it shipped in the wheel as
+runtimes/benchsupport.py until issue 27). Imports nothing heavy at module level."""
 
 from __future__ import annotations
 
