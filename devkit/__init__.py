@@ -13,7 +13,7 @@ A real, throw-away Kubernetes control plane and Prometheus, by concern:
 * :mod:`devkit.prometheus` — Debian's Prometheus with a generated config;
 * :mod:`devkit.namespaces` — a namespace removed with what is in it (no namespace controller runs).
 
-What the tests and the benches both run (bench/, scripts/ and devkit/ never import tests/):
+What the tests and the benches both run (bench/, scripts/ and devkit/ depend on devkit/, never on tests/):
 
 * :mod:`devkit.runtime_steps` — runtime steps and model servers as processes (``Runner``, ``Server``);
 * :mod:`devkit.digits` — the digits dataset and MLP configs they prepare, train and serve;
