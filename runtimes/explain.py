@@ -37,10 +37,13 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from runtimes._step import in_workspace, parse_config, run_step, write_json
 from runtimes.errors import StepFailed
+from specs.model import Explanations
 from specs.stepconfig import ExplainConfig
 
 log = logging.getLogger("forge.explain")
@@ -111,83 +114,32 @@ def _png(path: Any, panels: list[tuple[str, Any, str]], title: str) -> None:
     plt.close(fig)
 
 
+@dataclass
+class _Rows:
+    """The rows explained and what names them: their classes' and features' names and, for image
+    data, the image shape (the prepared data's ``imageShape``)."""
+
+    x: Any
+    y: Any
+    classes: list[str]
+    feature_names: list[str]
+    shape: list[int] | None
+
+
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(ExplainConfig, argv, "python -m runtimes explain")
-    import torch
-
-    from runtimes.data import load_prepared
-    from runtimes.learn import split_tensors
-    from runtimes.models import load_bundle
-
     settings = config.settings
-    model, info = load_bundle(in_workspace(config.model_dir))
-    if info.get("kind", "state_dict") != "state_dict" and not any(True for _ in model.parameters()):
-        raise StepFailed("explain: the bundle has no float weights to differentiate")
-    data = load_prepared(in_workspace(config.data), ("test",))
-    if info["task"] != "classification" or data.meta.get("inputKind") != "features":
-        raise StepFailed(f"explain: attributions are computed for classifiers of features or images "
-                         f"(this model: task {info['task']}, input {data.meta.get('inputKind')})")
-    model = model.float().eval()
-    warnings.filterwarnings("ignore", message="Input Tensor .* did not already require gradients")
-    x, y = split_tensors(data.split("test"), data.meta, None)
-    x, y = x[: settings.samples], y[: settings.samples]
-    if not len(x):
-        raise StepFailed("explain: the test split is empty")
-    classes = [str(c) for c in (info.get("classes") or data.meta.get("classes") or range(int(y.max()) + 1))]
-    torch.manual_seed(0)
-    attributions: dict[str, Any] = {}
-    completeness = None
-    method: str  # reused below for the keys of `attributions`
-    for method in settings.methods:
-        attr, delta = _attribute(method, model, x, y, settings.steps)
-        attributions[method] = attr
-        if delta is not None:
-            completeness = float(delta.mean())
+    model, info, meta, (x, y) = _load(config)
+    classes = [str(c) for c in (info.get("classes") or meta.get("classes") or range(int(y.max()) + 1))]
+    attributions, completeness = _attributions(model, x, y, settings)
     primary = settings.methods[0]
-    informative = x != 0  # where the input differs from the (zero) baseline
-    random_model = _randomised(model, seed=1)
-    sanity_by_method = {m: round(_rank_correlation(attributions[m], _attribute(m, random_model, x, y, settings.steps)[0],
-                                                   informative), 4) for m in settings.methods}
+    sanity_by_method, agreement = _sanity_and_agreement(model, attributions, x, y, settings)
     sanity = sanity_by_method[primary]
-    agreement = {m: round(_rank_correlation(attributions[primary], attributions[m], informative), 4)
-                 for m in settings.methods[1:]}
-
-    feature_names = data.meta.get("featureNames") or [f"f{i}" for i in range(x.shape[1] if x.dim() == 2 else x[0].numel())]
-    per_class: dict[str, Any] = {}
-    for method, attr in attributions.items():
-        flat = attr.reshape(len(attr), -1)
-        out = {}
-        for c in sorted(set(y.tolist())):
-            rows = flat[y == c]
-            mean_abs = rows.abs().mean(0)
-            top = mean_abs.argsort(descending=True)[:TOP_FEATURES].tolist()
-            out[classes[c] if c < len(classes) else str(c)] = {
-                "rows": int(len(rows)),
-                "meanAbsAttribution": [round(float(v), 6) for v in mean_abs],
-                "top": [{"feature": feature_names[i] if i < len(feature_names) else f"f{i}", "index": i,
-                         "meanAbs": round(float(mean_abs[i]), 6), "mean": round(float(rows[:, i].mean()), 6)} for i in top],
-            }
-        per_class[method] = out
-
+    feature_names = meta.get("featureNames") or [f"f{i}" for i in range(x.shape[1] if x.dim() == 2 else x[0].numel())]
+    rows = _Rows(x, y, classes, feature_names, meta.get("imageShape"))
+    per_class = {method: _per_class(attr, rows) for method, attr in attributions.items()}
     out_dir = in_workspace(config.output)
-    maps: list[str] = []
-    shape = data.meta.get("imageShape")
-    if shape and settings.maps_per_class:
-        h, w = int(shape[-2]), int(shape[-1])
-        for method, attr in attributions.items():
-            for c in sorted(set(y.tolist())):
-                idx = (y == c).nonzero().flatten().tolist()
-                name = classes[c] if c < len(classes) else str(c)
-                mean = attr[y == c].reshape(-1, *shape).mean(0).reshape(-1, h, w).sum(0)
-                path = out_dir / "maps" / f"{method}-class-{name}.png"
-                _png(path, [("input", x[idx[0]].reshape(-1, h, w).sum(0), "gray"), ("mean attribution", mean, "bwr")],
-                     f"{method}, class {name} ({len(idx)} rows)")
-                maps.append(str(path.relative_to(out_dir)))
-                for i in idx[1 : settings.maps_per_class]:
-                    path = out_dir / "maps" / f"{method}-example-{i}.png"
-                    _png(path, [("input", x[i].reshape(-1, h, w).sum(0), "gray"),
-                                ("attribution", attr[i].reshape(-1, h, w).sum(0), "bwr")], f"{method}, row {i}, class {name}")
-                    maps.append(str(path.relative_to(out_dir)))
+    maps = _maps(out_dir, attributions, rows, settings.maps_per_class) if rows.shape and settings.maps_per_class else []
 
     summary = {
         "model": config.model,
@@ -212,6 +164,107 @@ def main(argv: list[str] | None = None) -> int:
              config.model, ", ".join(settings.methods), len(x), sanity, "passed" if sanity < SANITY_BOUND else "FAILED",
              SANITY_BOUND, agreement, len(maps))
     return 0
+
+
+def _load(config: ExplainConfig) -> tuple[Any, dict[str, Any], dict[str, Any], tuple[Any, Any]]:
+    """The model (float, eval mode), its ``model.json``, the prepared data's meta and the first
+    ``samples`` rows of the test split; refused, with the reason, for what attributions of the
+    true class's logit cannot explain (no float weights to differentiate, not a classifier of
+    features or images, no rows)."""
+    from runtimes.data import load_prepared
+    from runtimes.learn import split_tensors
+    from runtimes.models import load_bundle
+
+    model, info = load_bundle(in_workspace(config.model_dir))
+    if info.get("kind", "state_dict") != "state_dict" and not any(True for _ in model.parameters()):
+        raise StepFailed("explain: the bundle has no float weights to differentiate")
+    data = load_prepared(in_workspace(config.data), ("test",))
+    if info["task"] != "classification" or data.meta.get("inputKind") != "features":
+        raise StepFailed(f"explain: attributions are computed for classifiers of features or images "
+                         f"(this model: task {info['task']}, input {data.meta.get('inputKind')})")
+    model = model.float().eval()
+    warnings.filterwarnings("ignore", message="Input Tensor .* did not already require gradients")
+    x, y = split_tensors(data.split("test"), data.meta, None)
+    x, y = x[: config.settings.samples], y[: config.settings.samples]
+    if not len(x):
+        raise StepFailed("explain: the test split is empty")
+    return model, info, data.meta, (x, y)
+
+
+def _attributions(model: Any, x: Any, y: Any, settings: Explanations) -> tuple[dict[str, Any], float | None]:
+    """Each method's attributions of the true class's logit, and Integrated Gradients' mean
+    completeness error (None without it). Seeded: the methods themselves are deterministic, the
+    seed keeps whatever a Captum version samples the same from run to run."""
+    import torch
+
+    torch.manual_seed(0)
+    attributions: dict[str, Any] = {}
+    completeness = None
+    for method in settings.methods:
+        attr, delta = _attribute(method, model, x, y, settings.steps)
+        attributions[method] = attr
+        if delta is not None:
+            completeness = float(delta.mean())
+    return attributions, completeness
+
+
+def _sanity_and_agreement(model: Any, attributions: dict[str, Any], x: Any, y: Any,
+                          settings: Explanations) -> tuple[dict[str, float], dict[str, float]]:
+    """(each method's rank correlation with its attributions of the randomised model — the
+    sanity check —, each other method's agreement with the first one), both over the features
+    where the input differs from the (zero) baseline."""
+    methods, informative = settings.methods, x != 0
+    random_model = _randomised(model, seed=1)
+    sanity_by_method: dict[str, float] = {
+        m: round(_rank_correlation(attributions[m], _attribute(m, random_model, x, y, settings.steps)[0], informative), 4)
+        for m in methods}
+    agreement: dict[str, float] = {m: round(_rank_correlation(attributions[methods[0]], attributions[m], informative), 4)
+                                   for m in methods[1:]}
+    return sanity_by_method, agreement
+
+
+def _per_class(attr: Any, explained: _Rows) -> dict[str, Any]:
+    """One method's attributions by class: every feature's mean absolute attribution and the top
+    ``TOP_FEATURES`` features (with their signed means)."""
+    y, classes, feature_names = explained.y, explained.classes, explained.feature_names
+    flat = attr.reshape(len(attr), -1)
+    out = {}
+    for c in sorted(set(y.tolist())):
+        rows = flat[y == c]
+        mean_abs = rows.abs().mean(0)
+        top = mean_abs.argsort(descending=True)[:TOP_FEATURES].tolist()
+        out[classes[c] if c < len(classes) else str(c)] = {
+            "rows": int(len(rows)),
+            "meanAbsAttribution": [round(float(v), 6) for v in mean_abs],
+            "top": [{"feature": feature_names[i] if i < len(feature_names) else f"f{i}", "index": i,
+                     "meanAbs": round(float(mean_abs[i]), 6), "mean": round(float(rows[:, i].mean()), 6)} for i in top],
+        }
+    return out
+
+
+def _maps(out_dir: Path, attributions: dict[str, Any], rows: _Rows, per_class: int) -> list[str]:
+    """PNG maps of image data: per method and class the mean attribution beside the class's
+    first row, then single rows, up to ``per_class`` rows of each class in all. Returns the files
+    written, relative to ``out_dir``."""
+    x, y, classes, shape = rows.x, rows.y, rows.classes, rows.shape
+    assert shape is not None
+    h, w = int(shape[-2]), int(shape[-1])
+    maps: list[str] = []
+    for method, attr in attributions.items():
+        for c in sorted(set(y.tolist())):
+            idx = (y == c).nonzero().flatten().tolist()
+            name = classes[c] if c < len(classes) else str(c)
+            mean = attr[y == c].reshape(-1, *shape).mean(0).reshape(-1, h, w).sum(0)
+            path = out_dir / "maps" / f"{method}-class-{name}.png"
+            _png(path, [("input", x[idx[0]].reshape(-1, h, w).sum(0), "gray"), ("mean attribution", mean, "bwr")],
+                 f"{method}, class {name} ({len(idx)} rows)")
+            maps.append(str(path.relative_to(out_dir)))
+            for i in idx[1:per_class]:
+                path = out_dir / "maps" / f"{method}-example-{i}.png"
+                _png(path, [("input", x[i].reshape(-1, h, w).sum(0), "gray"),
+                            ("attribution", attr[i].reshape(-1, h, w).sum(0), "bwr")], f"{method}, row {i}, class {name}")
+                maps.append(str(path.relative_to(out_dir)))
+    return maps
 
 
 def run(argv: list[str] | None = None) -> int:

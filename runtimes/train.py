@@ -27,6 +27,8 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +284,85 @@ class _BatchSource:
                 self.y[idx].pin_memory().to(self.device, non_blocking=True))
 
 
+@dataclass
+class _Data:
+    """The training split as the loop reads it, and what the final measurement needs of it."""
+
+    arch: dict[str, Any]
+    ctx: int | None  # context length (language models), else None
+    task: str
+    x: Any
+    y: Any
+    batches: _BatchSource
+
+
+@dataclass
+class _Parts:
+    """A fresh model with its loss, optimizer and schedule, and the step budget: what both
+    training loops (plain and DP-SGD) start from."""
+
+    model: Any
+    criterion: Any
+    optimizer: Any
+    scheduler: Any
+    micro_per_epoch: int
+    total: int  # optimizer steps of the whole run
+    ckpt_dir: Path
+
+
+@dataclass
+class _Wrapped:
+    """The model as the plain loop drives it: ``net`` (DeepSpeed's engine, DDP, compiled or the
+    model itself) is what runs forward; ``model`` stays the bare module, whose weights are
+    checkpointed and measured."""
+
+    model: Any
+    net: Any
+    engine: Any | None
+    optimizer: Any
+    scheduler: Any
+    scaler: Any | None
+    criterion: Any
+    autocast_dtype: Any | None
+    input_dtype: Any | None
+
+
+@dataclass
+class _Progress:
+    """What the plain loop counts and times as it goes. ``state`` is the position checkpoints
+    hold (``epoch`` and ``micro`` stay where the run started; ``step`` counts on)."""
+
+    state: dict[str, int]
+    meter: StepMeter
+    samples: int = 0  # samples of every rank, for samplesPerSecond
+    step_samples: int = 0  # samples of the optimizer step under way
+
+
+@dataclass
+class _Outcome:
+    """How a training loop ended: the final fp32 weights and the figures ``metrics.json`` reports."""
+
+    final: dict[str, Any]
+    state: dict[str, int]
+    resumed_from: int
+    elapsed: float
+    samples: int
+    throughput: dict[str, Any]
+    privacy: dict[str, Any] | None = None
+
+
+def _lr_schedule(hp: Hyperparameters, total: int) -> Callable[[int], float]:
+    """The learning-rate factor at each optimizer step: linear warm-up, then a cosine decay to 10 %."""
+
+    def lr_at(step: int) -> float:
+        if hp.warmup_steps and step < hp.warmup_steps:
+            return (step + 1) / hp.warmup_steps
+        progress = (step - hp.warmup_steps) / max(1, total - hp.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return lr_at
+
+
 class Trainer:
     def __init__(self, config: TrainConfig):
         import torch
@@ -324,21 +405,44 @@ class Trainer:
             self.device = torch.device("cuda", local)
 
     def run(self) -> int:
-        import torch
+        """Set up, train (the plain loop, or DP-SGD's own), then measure and write the bundle.
 
-        from runtimes.learn import loss_fn, seed_everything, split_tensors
-        from runtimes.models import build_model, count_parameters, resolve_architecture
+        The phases run in this order because each seeds or consumes what the next depends on:
+        the seed before the model is built (its initial weights), the model before the
+        optimizer, the optimizer before a checkpoint is loaded into it."""
+        from runtimes.learn import seed_everything
 
         self._init_distributed()
-        hp, spec = self.hp, self.config.spec
-        seed_everything(hp.seed, deterministic=spec.deterministic)
-        arch = resolve_architecture(spec.architecture)
+        seed_everything(self.hp.seed, deterministic=self.config.spec.deterministic)
+        data = self._training_data()
+        parts = self._build(data)
+        outcome = self._train_private(data, parts) if self.config.spec.privacy is not None else self._train(data, parts)
+        # The training state is not needed any more: free the device for the measurement in _finish.
+        del parts
+        return self._finish(data, outcome)
+
+    def _training_data(self) -> _Data:
+        """The training split as tensors, on the device where it fits (see _BatchSource)."""
+        from runtimes.learn import split_tensors
+        from runtimes.models import resolve_architecture
+
+        arch = resolve_architecture(self.config.spec.architecture)
         ctx = arch.get("contextLength")
         x, y = split_tensors(self.data.split("train"), self.meta, ctx)
         if len(x) == 0:
             raise StepFailed("the training split is empty")
-        batches = _BatchSource(x, y, self.device)
-        model = build_model(arch, self.meta)
+        return _Data(arch, ctx, self.meta["task"], x, y, _BatchSource(x, y, self.device))
+
+    def _build(self, data: _Data) -> _Parts:
+        """The fresh model on its device, its loss, optimizer and learning-rate schedule, and the
+        run's step budget; the checkpoint folder made (rank 0)."""
+        import torch
+
+        from runtimes.learn import loss_fn
+        from runtimes.models import build_model, count_parameters
+
+        spec = self.config.spec
+        model = build_model(data.arch, self.meta)
         if spec.gradient_checkpointing:
             if hasattr(model, "gradient_checkpointing"):
                 model.gradient_checkpointing = True
@@ -346,162 +450,188 @@ class Trainer:
                 log.warning("gradientCheckpointing: custom model %s has no `gradient_checkpointing` switch; ignored", type(model).__name__)
         model.to(self.device)
         params = count_parameters(model)
-        task = self.meta["task"]
-        criterion = loss_fn(task)
+        criterion = loss_fn(data.task)
         if self.rank == 0:
             log.info("training %s v%s: %s, %d parameters, %d samples, strategy %s, precision %s, world %d",
-                     self.config.model, self.config.version, arch["type"], params, len(x), self.strategy, spec.precision, self.world)
+                     self.config.model, self.config.version, data.arch["type"], params, len(data.x), self.strategy,
+                     spec.precision, self.world)
+        micro_per_epoch, total = self._budget(len(data.x))
+        optimizer = self._optimizer(model)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(self.hp, total))
+        ckpt_dir = self.out / "checkpoints"
+        if self.rank == 0:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+        return _Parts(model, criterion, optimizer, scheduler, micro_per_epoch, total, ckpt_dir)
 
-        local = math.ceil(len(x) / self.world)
+    def _budget(self, samples: int) -> tuple[int, int]:
+        """(micro-batches per epoch on this rank, optimizer steps of the run): the epochs' steps,
+        cut at ``maxSteps``."""
+        hp = self.hp
+        local = math.ceil(samples / self.world)
         micro_per_epoch = math.ceil(local / hp.batch_size)
         steps_per_epoch = math.ceil(micro_per_epoch / hp.gradient_accumulation_steps)
         total = hp.epochs * steps_per_epoch
         if hp.max_steps is not None:
             total = min(total, hp.max_steps)
+        return micro_per_epoch, total
 
-        def lr_at(step: int) -> float:
-            if hp.warmup_steps and step < hp.warmup_steps:
-                return (step + 1) / hp.warmup_steps
-            progress = (step - hp.warmup_steps) / max(1, total - hp.warmup_steps)
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    def _wrap(self, parts: _Parts) -> _Wrapped:
+        """The model under DeepSpeed's engine (which also takes over the optimizer, the schedule
+        and the precision), or under DDP with autocast (and a GradScaler for fp16); compiled
+        when the spec says so (not under DeepSpeed, which wraps the model itself)."""
+        import torch
 
-        optimizer = self._optimizer(model)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
-        ckpt_dir = self.out / "checkpoints"
-        if self.rank == 0:
-            ckpt_dir.mkdir(parents=True, exist_ok=True)
-        if spec.privacy is not None:
-            # DP-SGD (runtimes/privacy.py): its own loop over Poisson-sampled batches.
-            from runtimes.privacy import train_private
-
-            final, state, elapsed, samples, throughput, privacy = train_private(
-                self, model, optimizer, scheduler, criterion, x, y, total, StepMeter)
-            del model, optimizer, scheduler
-            return self._finish(final, arch, ctx, x, y, task, state, 0, elapsed, samples, throughput, privacy)
-
+        spec = self.config.spec
+        model, optimizer, scheduler, criterion = parts.model, parts.optimizer, parts.scheduler, parts.criterion
         engine = None
-        ddp_model = model
+        net = model
         scaler = None
         autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+        input_dtype = None
         if self.strategy == "deepspeed":
             import deepspeed
 
-            ds_cfg = deepspeed_config(self.config, hp, cpu=not self.cuda)
+            ds_cfg = deepspeed_config(self.config, self.hp, cpu=not self.cuda)
             engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
-            ddp_model = engine
+            net = engine
             autocast_dtype = None  # DeepSpeed casts the model itself (bf16/fp16 sections)
             input_dtype = torch.bfloat16 if ds_cfg.get("bf16", {}).get("enabled") else (torch.float16 if ds_cfg.get("fp16", {}).get("enabled") else None)
         else:
-            input_dtype = None
             if self.world > 1:
                 from torch.nn.parallel import DistributedDataParallel
 
-                ddp_model = DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None)
+                net = DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None)
             if spec.precision == "fp16":
                 scaler = torch.amp.GradScaler(self.device.type)
         if spec.compile:
             if engine is not None:
                 log.warning("compile: not applied with strategy deepspeed (DeepSpeed wraps the model itself)")
             else:
-                ddp_model = torch.compile(ddp_model)  # compiles on the first step (timed as warm-up)
+                net = torch.compile(net)  # compiles on the first step (timed as warm-up)
                 # The loss too: TorchInductor fuses the fp32 upcast of the logits, the log-softmax
                 # and its backward into a few passes over the (bf16) logits, where eager PyTorch
                 # writes and reads [batch × context × vocabulary] fp32 tensors several times.
                 criterion = torch.compile(criterion)
+        return _Wrapped(model, net, engine, optimizer, scheduler, scaler, criterion, autocast_dtype, input_dtype)
 
-        state = {"step": 0, "epoch": 0, "micro": 0}
-        state = self._resume(model, optimizer, scheduler, scaler, engine, ckpt_dir, state)
+    # -- the loops ------------------------------------------------------------------------------
+    def _train_private(self, data: _Data, parts: _Parts) -> _Outcome:
+        """DP-SGD (runtimes/privacy.py): its own loop over Poisson-sampled batches, no checkpoints."""
+        from runtimes.privacy import train_private
+
+        final, state, elapsed, samples, throughput, privacy = train_private(
+            self, parts.model, parts.optimizer, parts.scheduler, parts.criterion, data.x, data.y, parts.total, StepMeter)
+        return _Outcome(final, state, 0, elapsed, samples, throughput, privacy)
+
+    def _train(self, data: _Data, parts: _Parts) -> _Outcome:
+        """The plain loop: from the last checkpoint of this config (if any) to ``total`` steps."""
+        w = self._wrap(parts)
+        state = self._resume(w, parts.ckpt_dir, {"step": 0, "epoch": 0, "micro": 0})
         resumed_from = state["step"]
-
         start = time.perf_counter()
-        samples = 0
-        report_every = max(1, total // 50)
-        meter = StepMeter(self.device, ctx if task == "lm" else None)
-        step_samples = 0
-        ddp_model.train()
-        done = state["step"] >= total
-        for epoch in range(state["epoch"], hp.epochs):
-            if done:
+        progress = _Progress(state, StepMeter(self.device, data.ctx if data.task == "lm" else None))
+        w.net.train()
+        for epoch in range(state["epoch"], self.hp.epochs):
+            if state["step"] >= parts.total:
                 break
-            gen = torch.Generator().manual_seed(hp.seed * 100_003 + epoch)
-            perm = batches.order(torch.randperm(len(x), generator=gen)[self.rank :: self.world])
-            first = state["micro"] if epoch == state["epoch"] else 0
-            running, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
-            for i in range(first, micro_per_epoch):
-                idx = perm[i * hp.batch_size : (i + 1) * hp.batch_size]
-                if len(idx) == 0:
-                    continue
-                meter.begin()
-                xb, yb = batches.get(idx)
-                if input_dtype is not None and xb.is_floating_point():
-                    xb = xb.to(input_dtype)
-                boundary = (i + 1) % hp.gradient_accumulation_steps == 0 or i == micro_per_epoch - 1
-                if engine is not None:
-                    loss = criterion(engine(xb), yb)
-                    engine.backward(loss)
-                    engine.step()
-                    boundary = engine.is_gradient_accumulation_boundary() or i == micro_per_epoch - 1
-                else:
-                    sync = contextlib.nullcontext() if boundary or self.world == 1 else ddp_model.no_sync()
-                    with sync:
-                        with meter.saved_tensors(model, enabled=not spec.compile):
-                            with torch.autocast(self.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                                out = ddp_model(xb)
-                            loss = criterion(out, yb)
-                        scaled = loss / hp.gradient_accumulation_steps
-                        (scaler.scale(scaled) if scaler else scaled).backward()
-                    if boundary:
-                        if scaler:
-                            scaler.step(optimizer)
-                            scaler.update()
-                        else:
-                            optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-                        scheduler.step()
-                running += loss.detach().double() * len(idx)  # stays on the device: no sync per micro-batch
-                count += len(idx)
-                samples += len(idx) * self.world
-                step_samples += len(idx) * self.world
-                if not boundary:
-                    continue
-                meter.end(step_samples)
-                step_samples = 0
-                state["step"] += 1
-                if self.rank == 0 and (state["step"] % report_every == 0 or state["step"] == total):
-                    last_loss = float(running) / max(1, count)  # the one read-back of the loss (a sync)
-                    event = {"step": state["step"], "total": total, "epoch": epoch + 1, "loss": round(last_loss, 6), "lr": optimizer.param_groups[0]["lr"]}
-                    emit("progress", **event)
-                    write_json(self.out / "progress.json", {"event": "progress", **event})
-                if state["step"] % self.config.checkpoint_every == 0 or state["step"] >= total:
-                    micro_next = i + 1
-                    ep = epoch
-                    if micro_next >= micro_per_epoch:
-                        ep, micro_next = epoch + 1, 0
-                    self._checkpoint(model, optimizer, scheduler, scaler, engine, ckpt_dir, {"step": state["step"], "epoch": ep, "micro": micro_next})
-                if state["step"] >= total:
-                    done = True
-                    break
-            if count and self.rank == 0:
-                log.info("epoch %d/%d: loss %.4f", epoch + 1, hp.epochs, float(running) / count)
+            self._epoch(w, data, parts, progress, epoch)
         elapsed = time.perf_counter() - start
-        throughput = meter.summary()
-        state["total"] = total
+        throughput = progress.meter.summary()
+        state["total"] = parts.total
+        return _Outcome(self._final_weights(w.model, w.engine), state, resumed_from, elapsed, progress.samples, throughput)
 
-        final = self._final_weights(model, engine)
-        # The training state is not needed any more: free the device for the measurement below.
-        del model, ddp_model, optimizer, scheduler, engine
-        return self._finish(final, arch, ctx, x, y, task, state, resumed_from, elapsed, samples, throughput)
+    def _epoch(self, w: _Wrapped, data: _Data, parts: _Parts, progress: _Progress, epoch: int) -> None:
+        """One epoch (the rest of it, when resuming inside one), ending early once the run's
+        ``total`` steps are done. The batch order is a function of (seed, epoch): a resumed run
+        sees the batches the uninterrupted one would."""
+        import torch
 
-    def _finish(self, final: dict[str, Any], arch: dict[str, Any], ctx: Any, x: Any, y: Any, task: str,
-                state: dict[str, int], resumed_from: int, elapsed: float, samples: int, throughput: dict[str, Any],
-                privacy: dict[str, Any] | None = None) -> int:
+        hp, state, meter = self.hp, progress.state, progress.meter
+        gen = torch.Generator().manual_seed(hp.seed * 100_003 + epoch)
+        perm = data.batches.order(torch.randperm(len(data.x), generator=gen)[self.rank :: self.world])
+        first = state["micro"] if epoch == state["epoch"] else 0
+        running, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
+        for i in range(first, parts.micro_per_epoch):
+            idx = perm[i * hp.batch_size : (i + 1) * hp.batch_size]
+            if len(idx) == 0:
+                continue
+            meter.begin()
+            xb, yb = data.batches.get(idx)
+            if w.input_dtype is not None and xb.is_floating_point():
+                xb = xb.to(w.input_dtype)
+            last = i == parts.micro_per_epoch - 1
+            loss, boundary = self._micro_step(w, meter, (xb, yb), (i + 1) % hp.gradient_accumulation_steps == 0 or last, last)
+            running += loss.detach().double() * len(idx)  # stays on the device: no sync per micro-batch
+            count += len(idx)
+            progress.samples += len(idx) * self.world
+            progress.step_samples += len(idx) * self.world
+            if boundary and self._after_optimizer_step(w, parts, progress, (epoch, i), (running, count)):
+                break
+        if count and self.rank == 0:
+            log.info("epoch %d/%d: loss %.4f", epoch + 1, hp.epochs, float(running) / count)
+
+    def _micro_step(self, w: _Wrapped, meter: StepMeter, batch: tuple[Any, Any], boundary: bool, last: bool) -> tuple[Any, bool]:
+        """Forward and backward of one micro-batch (inputs, targets), and the optimizer update at
+        an accumulation boundary; returns (loss, whether this was a boundary). Under DeepSpeed the
+        engine keeps the accumulation count; otherwise DDP skips the gradient all-reduce between
+        boundaries."""
+        import torch
+
+        hp, spec = self.hp, self.config.spec
+        xb, yb = batch
+        if w.engine is not None:
+            loss = w.criterion(w.engine(xb), yb)
+            w.engine.backward(loss)
+            w.engine.step()
+            return loss, w.engine.is_gradient_accumulation_boundary() or last
+        sync = contextlib.nullcontext() if boundary or self.world == 1 else w.net.no_sync()
+        with sync:
+            with meter.saved_tensors(w.model, enabled=not spec.compile):
+                with torch.autocast(self.device.type, dtype=w.autocast_dtype, enabled=w.autocast_dtype is not None):
+                    out = w.net(xb)
+                loss = w.criterion(out, yb)
+            scaled = loss / hp.gradient_accumulation_steps
+            (w.scaler.scale(scaled) if w.scaler else scaled).backward()
+        if boundary:
+            if w.scaler:
+                w.scaler.step(w.optimizer)
+                w.scaler.update()
+            else:
+                w.optimizer.step()
+            w.optimizer.zero_grad(set_to_none=True)
+            w.scheduler.step()
+        return loss, boundary
+
+    def _after_optimizer_step(self, w: _Wrapped, parts: _Parts, progress: _Progress, at: tuple[int, int],
+                              epoch_loss: tuple[Any, int]) -> bool:
+        """After an optimizer step (micro-batch ``at`` = (epoch, index)): time it, report progress
+        (rank 0, about 50 times a run) and checkpoint every ``checkpointEvery`` steps and at the
+        end. Returns whether the run's ``total`` steps are done. ``epoch_loss`` = (the epoch's
+        summed loss, on the device; its samples): read back only when a report needs it (a sync)."""
+        epoch, i = at
+        running, count = epoch_loss
+        state, total = progress.state, parts.total
+        progress.meter.end(progress.step_samples)
+        progress.step_samples = 0
+        state["step"] += 1
+        if self.rank == 0 and (state["step"] % max(1, total // 50) == 0 or state["step"] == total):
+            event = {"step": state["step"], "total": total, "epoch": epoch + 1, "loss": round(float(running) / max(1, count), 6),
+                     "lr": w.optimizer.param_groups[0]["lr"]}
+            emit("progress", **event)
+            write_json(self.out / "progress.json", {"event": "progress", **event})
+        if state["step"] % self.config.checkpoint_every == 0 or state["step"] >= total:
+            ep, micro_next = (epoch + 1, 0) if i + 1 >= parts.micro_per_epoch else (epoch, i + 1)
+            self._checkpoint(w, parts.ckpt_dir, {"step": state["step"], "epoch": ep, "micro": micro_next})
+        return state["step"] >= total
+
+    # -- the end --------------------------------------------------------------------------------
+    def _finish(self, data: _Data, outcome: _Outcome) -> int:
         """Measure the final weights, write the bundle and ``metrics.json`` (rank 0), then wait for
         the other ranks."""
         import torch
 
         from runtimes.learn import split_tensors
 
-        spec = self.config.spec
         if self.cuda:
             import gc
 
@@ -509,74 +639,95 @@ class Trainer:
             torch.cuda.empty_cache()
         if self.rank == 0:
             from runtimes.models import build_model as _build
-            from runtimes.models import count_parameters, save_bundle
+            from runtimes.models import save_bundle
 
-            clean = _build(arch, self.meta)
-            clean.load_state_dict(final)
+            clean = _build(data.arch, self.meta)
+            clean.load_state_dict(outcome.final)
             clean.eval()
-            vx, vy = split_tensors(self.data.split("validation"), self.meta, ctx)
-            val, train_metrics = self._measure(clean, vx, vy, x[:4096], y[:4096], task)
-            info = {
-                "model": self.config.model,
-                "version": self.config.version,
-                "architecture": arch,
-                "task": task,
-                "inputKind": self.meta.get("inputKind", "features"),
-                "numFeatures": self.meta.get("numFeatures"),
-                "numClasses": self.meta.get("numClasses"),
-                "classes": self.meta.get("classes", []),
-                "imageShape": self.meta.get("imageShape"),
-                "transform": self.meta.get("transform", {}),
-                "dataDigest": self.meta.get("digest"),
-                "precision": spec.precision,
-                "parameters": count_parameters(clean),
-                "compression": [],
-            }
+            vx, vy = split_tensors(self.data.split("validation"), self.meta, data.ctx)
+            val, train_metrics = self._measure(clean, (vx, vy), (data.x[:4096], data.y[:4096]), data.task)
+            info = self._bundle_info(data, clean)
             save_bundle(self.out, clean, info)
-            metrics = {
-                "model": self.config.model,
-                "version": self.config.version,
-                **val,
-                "validation": val,
-                "train": train_metrics,
-                "steps": state["step"],
-                "resumedFromStep": resumed_from,
-                "seconds": round(elapsed, 3),
-                "samplesPerSecond": round(samples / elapsed, 1) if elapsed > 0 else None,
-                "throughput": throughput,
-                "device": torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
-                "compile": spec.compile and self.strategy != "deepspeed",
-                "deterministic": spec.deterministic,
-                "gradientCheckpointing": spec.gradient_checkpointing,
-                "parameters": info["parameters"],
-                "strategy": self.strategy,
-                "zeroStage": spec.distributed.zero_stage if self.strategy == "deepspeed" else None,
-                "worldSize": self.world,
-                "precision": spec.precision,
-                "hyperparameters": self.hp.to_yaml_dict(),
-            }
-            if privacy is not None:
-                metrics["privacy"] = privacy
-                metrics["epsilon"] = privacy["epsilonSpent"]
+            metrics = self._metrics(outcome, val, train_metrics, info["parameters"])
             write_json(self.out / "metrics.json", metrics)
-            rates = {k: throughput[k] for k in ("tokensPerSecond", "samplesPerSecond", "peakMemoryBytes") if throughput[k] is not None}
-            emit("done", steps=state["step"], total=state.get("total", state["step"]), seconds=round(elapsed, 3), **rates, **{k: v for k, v in val.items()})
-            log.info("done: %d steps in %.1fs (warm-up %.1fs, then %s/s, step %.4fs median); validation %s", state["step"], elapsed,
-                     throughput["warmupSeconds"], f"{throughput['tokensPerSecond']:,.0f} tokens" if throughput["tokensPerSecond"] else
-                     f"{throughput['samplesPerSecond'] or 0:,.1f} samples", throughput["stepSeconds"]["median"] or 0.0,
-                     json.dumps({k: round(v, 4) for k, v in val.items()}))
+            self._report_done(outcome, val)
         self._barrier()
         return 0
 
+    def _bundle_info(self, data: _Data, clean: Any) -> dict[str, Any]:
+        """``model.json``: what the servers and the later steps need to load and feed the model."""
+        from runtimes.models import count_parameters
+
+        return {
+            "model": self.config.model,
+            "version": self.config.version,
+            "architecture": data.arch,
+            "task": data.task,
+            "inputKind": self.meta.get("inputKind", "features"),
+            "numFeatures": self.meta.get("numFeatures"),
+            "numClasses": self.meta.get("numClasses"),
+            "classes": self.meta.get("classes", []),
+            "imageShape": self.meta.get("imageShape"),
+            "transform": self.meta.get("transform", {}),
+            "dataDigest": self.meta.get("digest"),
+            "precision": self.config.spec.precision,
+            "parameters": count_parameters(clean),
+            "compression": [],
+        }
+
+    def _metrics(self, outcome: _Outcome, val: dict[str, float], train_metrics: dict[str, float], parameters: int) -> dict[str, Any]:
+        """``metrics.json``: the validation metrics at the top (the evaluate step and the registry
+        read them there), then how the run went."""
+        import torch
+
+        spec, elapsed = self.config.spec, outcome.elapsed
+        metrics = {
+            "model": self.config.model,
+            "version": self.config.version,
+            **val,
+            "validation": val,
+            "train": train_metrics,
+            "steps": outcome.state["step"],
+            "resumedFromStep": outcome.resumed_from,
+            "seconds": round(elapsed, 3),
+            "samplesPerSecond": round(outcome.samples / elapsed, 1) if elapsed > 0 else None,
+            "throughput": outcome.throughput,
+            "device": torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
+            "compile": spec.compile and self.strategy != "deepspeed",
+            "deterministic": spec.deterministic,
+            "gradientCheckpointing": spec.gradient_checkpointing,
+            "parameters": parameters,
+            "strategy": self.strategy,
+            "zeroStage": spec.distributed.zero_stage if self.strategy == "deepspeed" else None,
+            "worldSize": self.world,
+            "precision": spec.precision,
+            "hyperparameters": self.hp.to_yaml_dict(),
+        }
+        if outcome.privacy is not None:
+            metrics["privacy"] = outcome.privacy
+            metrics["epsilon"] = outcome.privacy["epsilonSpent"]
+        return metrics
+
+    def _report_done(self, outcome: _Outcome, val: dict[str, float]) -> None:
+        """The ``done`` event on stdout and its log line."""
+        state, elapsed, throughput = outcome.state, outcome.elapsed, outcome.throughput
+        rates = {k: throughput[k] for k in ("tokensPerSecond", "samplesPerSecond", "peakMemoryBytes") if throughput[k] is not None}
+        emit("done", steps=state["step"], total=state.get("total", state["step"]), seconds=round(elapsed, 3), **rates, **{k: v for k, v in val.items()})
+        log.info("done: %d steps in %.1fs (warm-up %.1fs, then %s/s, step %.4fs median); validation %s", state["step"], elapsed,
+                 throughput["warmupSeconds"], f"{throughput['tokensPerSecond']:,.0f} tokens" if throughput["tokensPerSecond"] else
+                 f"{throughput['samplesPerSecond'] or 0:,.1f} samples", throughput["stepSeconds"]["median"] or 0.0,
+                 json.dumps({k: round(v, 4) for k, v in val.items()}))
+
     # -- helpers ------------------------------------------------------------------------------
-    def _measure(self, clean: Any, vx: Any, vy: Any, tx: Any, ty: Any, task: str) -> tuple[dict[str, float], dict[str, float]]:
-        """Validation and training metrics of the final weights, on the training device (a GPU
-        measures a large LM in seconds where a CPU takes hours); on the CPU if the device runs
-        out of memory."""
+    def _measure(self, clean: Any, validation: tuple[Any, Any], train: tuple[Any, Any], task: str) -> tuple[dict[str, float], dict[str, float]]:
+        """Validation and training metrics of the final weights, each an (inputs, targets) pair, on
+        the training device (a GPU measures a large LM in seconds where a CPU takes hours); on the
+        CPU if the device runs out of memory."""
         import torch
 
         from runtimes.learn import measure
 
+        (vx, vy), (tx, ty) = validation, train
         try:
             clean.to(self.device)
             return (measure(clean, vx, vy, task) if len(vx) else {}), measure(clean, tx, ty, task)
@@ -621,20 +772,22 @@ class Trainer:
         if self.cuda and rng.get("cuda") is not None:
             torch.cuda.set_rng_state_all(rng["cuda"])
 
-    def _checkpoint(self, model, optimizer, scheduler, scaler, engine, ckpt_dir: Path, position: dict[str, int]) -> None:
+    def _checkpoint(self, w: _Wrapped, ckpt_dir: Path, position: dict[str, int]) -> None:
+        """Save where the run is (``position``: the next step, epoch and micro-batch), the weights,
+        the optimizer, schedule and scaler states and the RNG: a resumed run ends identical."""
         import torch
 
         client = {**position, "fingerprint": self.fingerprint}
-        if engine is not None:
+        if w.engine is not None:
             client["rng"] = self._rng()
-            engine.save_checkpoint(str(ckpt_dir / "deepspeed"), tag="last", client_state=client)
+            w.engine.save_checkpoint(str(ckpt_dir / "deepspeed"), tag="last", client_state=client)
         elif self.rank == 0:
             payload = {
                 **client,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler else None,
+                "model": w.model.state_dict(),
+                "optimizer": w.optimizer.state_dict(),
+                "scheduler": w.scheduler.state_dict(),
+                "scaler": w.scaler.state_dict() if w.scaler else None,
                 "rng": self._rng(),
             }
             tmp = ckpt_dir / "last.pt.tmp"
@@ -644,13 +797,15 @@ class Trainer:
             log.info("checkpoint at step %d", position["step"])
         self._barrier()
 
-    def _resume(self, model, optimizer, scheduler, scaler, engine, ckpt_dir: Path, state: dict[str, int]) -> dict[str, int]:
+    def _resume(self, w: _Wrapped, ckpt_dir: Path, state: dict[str, int]) -> dict[str, int]:
+        """The position to start from: that of the last checkpoint of this same config (its state
+        loaded into ``w``), else ``state``."""
         import torch
 
-        if engine is not None:
+        if w.engine is not None:
             if not (ckpt_dir / "deepspeed" / "latest").exists():
                 return state
-            path, client = engine.load_checkpoint(str(ckpt_dir / "deepspeed"), tag="last")
+            path, client = w.engine.load_checkpoint(str(ckpt_dir / "deepspeed"), tag="last")
             if path is None or client.get("fingerprint") != self.fingerprint:
                 log.warning("ignoring checkpoint of a different config in %s", ckpt_dir)
                 return state
@@ -663,11 +818,11 @@ class Trainer:
             if payload.get("fingerprint") != self.fingerprint:
                 log.warning("ignoring checkpoint of a different config at %s", file)
                 return state
-            model.load_state_dict(payload["model"])
-            optimizer.load_state_dict(payload["optimizer"])
-            scheduler.load_state_dict(payload["scheduler"])
-            if scaler is not None and payload.get("scaler"):
-                scaler.load_state_dict(payload["scaler"])
+            w.model.load_state_dict(payload["model"])
+            w.optimizer.load_state_dict(payload["optimizer"])
+            w.scheduler.load_state_dict(payload["scheduler"])
+            if w.scaler is not None and payload.get("scaler"):
+                w.scaler.load_state_dict(payload["scaler"])
         self._set_rng(payload["rng"])
         if self.rank == 0:
             log.info("resuming from checkpoint at step %d (epoch %d)", payload["step"], payload["epoch"] + 1)
