@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.targets.local import upstream
 from devkit.common import ClusterError
 from devkit.prometheus import ensure_prometheus
+from reconciler.targets.local import upstream
 
 
 @pytest.fixture(scope="session")

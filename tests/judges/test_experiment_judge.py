@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.targets.local import upstream
 from reconciler.load.loader import load_or_raise
+from reconciler.targets.local import upstream
 from renderers import RenderContext, ServingState, render
 from renderers.seldon import SERVE_PORT
 from tests.judges.test_seldon_judge import of_kind, seldon_judge  # noqa: F401 - the fixture

@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.targets.local import upstream
 from reconciler.load.loader import load_or_raise
+from reconciler.targets.local import upstream
 from renderers import RenderContext, ServingState, render
 from renderers.seldon import SERVE_PORT
 from specs import Endpoint, SpecSet

@@ -18,13 +18,14 @@ from __future__ import annotations
 import copy
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from reconciler.targets.local import upstream
 from reconciler.load.loader import load_or_raise
+from reconciler.targets.local import upstream
 from renderers import RenderContext, render
 from specs import Model, SpecSet
 from specs.stepconfig import PERMANENT_EXIT_CODES

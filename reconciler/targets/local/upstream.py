@@ -266,7 +266,8 @@ def seldon_render_many(objs: Sequence[Mapping[str, Any]], *, ingress: SeldonIngr
         return []
     verdicts = _seldon(["render", "-ingress", ingress], list(objs))
     out = []
-    for obj, v in zip(objs, verdicts):
+    # strict: a judge that answers fewer verdicts than it was asked must fail, not judge less
+    for obj, v in zip(objs, verdicts, strict=True):
         if v["errors"]:
             name = (obj.get("metadata") or {}).get("name", "SeldonDeployment")
             raise UpstreamError(f"Seldon Core rejects SeldonDeployment {name}:\n  " + "\n  ".join(v["errors"]))
