@@ -48,6 +48,8 @@ OWNED: tuple[Resource, ...] = (
 BY_KIND: dict[str, Resource] = {r.kind: r for r in OWNED}
 LEASE = Resource("coordination.k8s.io", "v1", "Lease", "leases")
 EVENT = Resource("", "v1", "Event", "events")
+#: Read only: the rollout controller asks whether a canary's pods are Ready.
+POD = Resource("", "v1", "Pod", "pods")
 
 
 @dataclass(frozen=True, order=True)

@@ -12,9 +12,12 @@ the cause, never on the text of ``detail``, which is for people.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
+from specs import duration_seconds
 from specs.rollout import Metric
 
 
@@ -45,9 +48,11 @@ class Cause(str, Enum):
     NO_STABLE_DATA = "no-stable-data"
     #: No metric source could answer: Prometheus down, timing out, refusing the query, or none configured.
     UNREACHABLE = "unreachable"
-    #: The query has a value, but the canary's own series are stale: Prometheus's last scrape of it
-    #: failed (its server is down), so the value is made of samples from before that (a `rate()`
-    #: window keeps them for its whole range) and says nothing of the canary now.
+    #: The query has a value, but the canary is not demonstrably alive now (:func:`canary_down`):
+    #: its servers not ready, its series stale (the last scrape failed, or its target is gone), or
+    #: a sample the query counts is from before the step began — a `rate()` window keeps answering
+    #: from samples scraped before the canary died, so the value says nothing of it now. A failure,
+    #: and one that never counts toward the step's `count` (the weight cannot rise on it).
     CANARY_DOWN = "canary-down"
 
     @property
@@ -88,19 +93,164 @@ def render_query(metric: Metric, *, endpoint: str, namespace: str, version: str,
     return metric.render(endpoint=endpoint, namespace=namespace, version=version, role=role)
 
 
-def liveness_query(*, endpoint: str, namespace: str, role: str) -> str:
-    """An instant query with a value while Prometheus's last scrape of ``role``'s servers succeeded:
-    the number of their `forge_requests_total` series (which exist from a server's start, at 0).
-    A failed scrape marks them stale, and the query has no samples."""
-    return (f'count(forge_requests_total{{forge_endpoint="{endpoint}",forge_namespace="{namespace}",'
-            f'forge_role="{role}"}})')
+@dataclass(frozen=True)
+class Series:
+    """One series of a Prometheus answer: its labels and its samples as ``(timestamp, value)``
+    pairs — every raw sample a range selector holds (a matrix), or the one sample of an instant
+    query (a vector: the evaluation time, or the sample's own time under ``timestamp()``)."""
+
+    labels: Mapping[str, str]
+    samples: tuple[tuple[float, float], ...]
+
+    def key(self) -> tuple[tuple[str, str], ...]:
+        """The series' identity without its metric name (which ``timestamp()`` and operators drop)."""
+        return tuple(sorted((k, v) for k, v in self.labels.items() if k != "__name__"))
+
+    def target(self) -> tuple[str, str]:
+        """The scrape target the series came from: its ``job`` and ``instance`` target labels."""
+        return self.labels.get("job", ""), self.labels.get("instance", "")
 
 
-def down(metric: Metric, value: float, *, query: str, liveness: str, at: float) -> Measurement:
-    """A measurement whose value came from a canary that is no longer scraped: a failure."""
+@dataclass(frozen=True)
+class Readiness:
+    """What the target says of the canary's servers right now: its pods Ready (a cluster), its
+    server answering its readiness path (the local target). ``detail`` says what was seen."""
+
+    ready: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class LivenessQueries:
+    """The queries that show whether the canary's series are fresh, over ``reach`` seconds (what
+    a measurement's query counts: :func:`reach`). ``series`` selects the canary's serving series
+    (they exist from a server's start, at 0)."""
+
+    series: str
+    #: every raw sample of the canary's series that the measurement counts (a matrix)
+    counted: str
+    #: the time of each series' latest sample, for the series that are not stale now: a scrape that
+    #: failed, or stopped returning a series, writes a staleness marker and the series drops out
+    current: str
+    #: `up` of every scrape target the canary's series came from in that range: 1 when the last
+    #: scrape succeeded, 0 when it failed, absent when the target is gone (Prometheus no longer
+    #: scrapes it)
+    up: str
+
+
+def liveness_queries(*, endpoint: str, namespace: str, role: str, reach: float) -> LivenessQueries:
+    """The :class:`LivenessQueries` of ``role``'s servers, selected as the built-in templates select
+    them (endpoint, namespace, role: see ``specs.rollout.BUILTIN_TEMPLATES``)."""
+    series = (f'forge_requests_total{{forge_endpoint="{endpoint}",forge_namespace="{namespace}",'
+              f'forge_role="{role}"}}')
+    window = f"[{_seconds(reach)}]"
+    return LivenessQueries(series=series, counted=series + window, current=f"timestamp({series})",
+                           up=f"up and on(job, instance) last_over_time({series}{window})")
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """What was observed of the canary for one measurement: the target's :class:`Readiness` and
+    Prometheus's answers to the :class:`LivenessQueries`; ``since`` is when the step began or its
+    weight took effect, whichever is later (a sample from before says nothing of this step)."""
+
+    readiness: Readiness
+    queries: LivenessQueries
+    counted: tuple[Series, ...]
+    current: tuple[Series, ...]
+    up: tuple[Series, ...]
+    since: float
+
+
+def canary_down(live: Liveness) -> str | None:
+    """Why the canary is not demonstrably alive now, or None when it is: its servers ready, every
+    sample the measurement counts scraped after ``since``, and the last scrape of each of its
+    targets successful (`up == 1`, no staleness marker on its series, no scrape interval missed).
+    Pure. ``since`` is on the controller's clock and the samples on Prometheus's: a skew between
+    them shows as samples from before the step (named with how much before)."""
+    if not live.readiness.ready:
+        return f"not ready ({live.readiness.detail})"
+    if not live.counted:
+        return f"no samples of its series in the range the query counts (`{live.queries.counted}` is empty)"
+    up = {s.target(): s.samples[-1][1] for s in live.up if s.samples}
+    for job, instance in sorted({s.target() for s in live.counted}):
+        if (job, instance) not in up:
+            return f"its scrape target {instance} (job {job}) is missing: Prometheus no longer scrapes it"
+        if up[(job, instance)] != 1:
+            return f"the last scrape of {instance} failed (up == {up[(job, instance)]:g})"
+    current = {s.key() for s in live.current}
+    stale = [s for s in live.counted if s.key() not in current]
+    if stale:
+        labels = ", ".join(f"{k}={v}" for k, v in stale[0].key())
+        return f"its series are stale (a staleness marker: the last scrape did not return {{{labels}}})"
+    # The `up` answer carries Prometheus's evaluation time: a series whose newest sample is more
+    # than two scrape intervals older missed its last scrapes (a Prometheus that stopped scraping
+    # the target without a staleness marker, e.g. across its own restart).
+    evaluated = max((s.samples[-1][0] for s in live.up if s.samples), default=None)
+    for series in live.counted:
+        times = sorted(t for t, _ in series.samples)
+        gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
+        if evaluated is not None and gaps and evaluated - times[-1] > 2 * min(gaps):
+            return (f"its last sample is {evaluated - times[-1]:.3g} s old, more than two scrape intervals "
+                    f"({min(gaps):.3g} s): the last scrapes did not reach it")
+    oldest = min(t for s in live.counted for t, _ in s.samples)
+    if oldest < live.since:
+        return (f"a sample the query counts was scraped {live.since - oldest:.3g} s before the step began or its weight "
+                f"took effect (at {oldest:.3f} < {live.since:.3f})")
+    return None
+
+
+def down(metric: Metric, value: float, reason: str, *, query: str, at: float) -> Measurement:
+    """A measurement whose value says nothing of the canary now (:func:`canary_down` gave the
+    ``reason``): a failure, whatever the value."""
     return Measurement(metric.name, Cause.CANARY_DOWN, query, value, threshold_text(metric),
-                       f"canary down: its series are stale (the last scrape failed; `{liveness}` has no samples), "
-                       f"so {value:.4g} is from before", at)
+                       f"canary down: {reason}, so {value:.4g} is not of the canary now", at)
+
+
+def reach(metric: Metric, query: str) -> float:
+    """How far back, in seconds, ``query`` (``metric``'s, rendered) counts samples: its `window`,
+    or longer when a range selector or subquery in it (with its `offset`) reaches further."""
+    return max(duration_seconds(metric.window), _longest_range(query))
+
+
+@lru_cache(maxsize=256)
+def _longest_range(query: str) -> float:
+    import promql_parser
+
+    try:
+        expr = promql_parser.parse(query)
+    except (KeyboardInterrupt, SystemExit):  # pragma: no cover
+        raise
+    except BaseException:  # validated at load time; a parser panic is no reason to fail a measurement
+        return 0.0
+    longest = 0.0
+    todo: list[tuple[object, float]] = [(expr, 0.0)]  # (node, how far back its evaluation is shifted)
+    while todo:
+        node, base = todo.pop()
+        if isinstance(node, promql_parser.MatrixSelector):
+            longest = max(longest, base + _td(node.range) + _td(node.vector_selector.offset))
+            continue
+        if isinstance(node, promql_parser.SubqueryExpr):  # its inner query is evaluated over the range
+            todo.append((node.expr, base + _td(node.range) + _td(node.offset)))
+            continue
+        for name in ("lhs", "rhs", "expr", "param"):
+            child = getattr(node, name, None)
+            if child is not None:
+                todo.append((child, base))
+        todo.extend((arg, base) for arg in getattr(node, "args", None) or [])
+    return longest
+
+
+def _td(value: object) -> float:
+    """Seconds of a parser duration (a ``timedelta``; None when absent)."""
+    seconds = getattr(value, "total_seconds", None)
+    return float(seconds()) if callable(seconds) else 0.0
+
+
+def _seconds(value: float) -> str:
+    """A PromQL duration of ``value`` seconds (whole milliseconds)."""
+    ms = max(1, math.ceil(value * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def threshold_text(metric: Metric) -> str:

@@ -1,7 +1,9 @@
 """Prometheus queries for the rollout gates, through `prometheus-api-client`.
 
 A query answers a number, "no data" (None) or raises :class:`PrometheusUnavailable`; the
-analysis turns the last two into *inconclusive*, never into a failure by itself.
+analysis turns the last two into *inconclusive*, never into a failure by itself. The canary's
+liveness needs more than a number: :meth:`MetricSource.series` answers each series with its
+labels and its samples' timestamps (:class:`~reconciler.metrics.analysis.Series`).
 :class:`MetricSource` is that contract as a type: the controllers depend on it, not on the HTTP
 client, so their unit tests can answer queries without a server.
 """
@@ -9,13 +11,14 @@ client, so their unit tests can answer queries without a server.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
 from reconciler.diagnostics import ForgeError
+from reconciler.metrics.analysis import Series
 
 
 class PrometheusUnavailable(ForgeError):
@@ -30,6 +33,12 @@ class MetricSource(Protocol):
         :class:`PrometheusUnavailable` when the source cannot answer at all."""
         ...
 
+    def series(self, query: str) -> list[Series]:
+        """The query's result series by series, each with its samples as ``(timestamp, value)``
+        (one for an instant vector, every raw sample for a range selector); empty when there are
+        none. Raises :class:`PrometheusUnavailable` as :meth:`value` does."""
+        ...
+
 
 class Prometheus:
     """A Prometheus server's HTTP API (a :class:`MetricSource`)."""
@@ -40,15 +49,34 @@ class Prometheus:
         # One quick retry at most: a down Prometheus must read as "inconclusive" within seconds.
         self.client = PrometheusConnect(url=self.url, disable_ssl=True, retry=Retry(total=1, backoff_factor=0.1))
 
+    def _query(self, query: str) -> list[dict[str, Any]]:
+        try:
+            result = self.client.custom_query(query=query, params={"timeout": f"{self.timeout:g}s"}, timeout=self.timeout)
+        except (requests.exceptions.RequestException, PrometheusApiClientException, ValueError) as exc:
+            raise PrometheusUnavailable(f"{self.url}: {exc.__class__.__name__}: {str(exc)[:200]}") from exc
+        return list(result or [])
+
+    def series(self, query: str) -> list[Series]:
+        """The query's series with their samples: ``values`` of a matrix (every raw sample of a
+        range selector, staleness markers left out by Prometheus), ``value`` of a vector."""
+        out = []
+        for item in self._query(query):
+            raw: list[Any] = item.get("values") or [] if "values" in item else [item.get("value")]
+            samples = []
+            for point in raw:
+                try:
+                    samples.append((float(point[0]), float(point[1])))
+                except (TypeError, ValueError, IndexError):
+                    continue
+            out.append(Series({str(k): str(v) for k, v in (item.get("metric") or {}).items()}, tuple(samples)))
+        return out
+
     def value(self, query: str) -> float | None:
         """The query's instant value: a single number, or None when there are no samples.
 
         Several series (a query without an aggregation) are summed, so a template that forgot a
         `sum()` still answers one number."""
-        try:
-            result = self.client.custom_query(query=query, params={"timeout": f"{self.timeout:g}s"}, timeout=self.timeout)
-        except (requests.exceptions.RequestException, PrometheusApiClientException, ValueError) as exc:
-            raise PrometheusUnavailable(f"{self.url}: {exc.__class__.__name__}: {str(exc)[:200]}") from exc
+        result = self._query(query)
         if not result:
             return None
         values = []

@@ -17,10 +17,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from reconciler.metrics.analysis import Measurement, down, judge, liveness_query, render_query
+from reconciler.metrics.analysis import (
+    Liveness,
+    Measurement,
+    Readiness,
+    canary_down,
+    down,
+    judge,
+    liveness_queries,
+    reach,
+    render_query,
+)
 from reconciler.metrics.prometheus import MetricSource, PrometheusUnavailable
 from reconciler.rollout import machine
 from reconciler.rollout.machine import (
@@ -42,7 +52,7 @@ from specs.rollout import Metric
 
 # The state types are re-exported: the targets and the CLI import them from here.
 __all__ = ["ACTIVE", "FINAL", "HISTORY_LIMIT", "STATE_ANNOTATION", "Backend", "Controller", "MetricRun", "Phase",
-           "RolloutState", "Step", "policy_steps"]
+           "Readiness", "RolloutState", "Step", "policy_steps"]
 
 
 class Backend(Protocol):
@@ -68,6 +78,11 @@ class Backend(Protocol):
         """(finished, passed, detail) of the offline gate: the model version's workflow."""
         ...
 
+    def canary_ready(self, endpoint: str, version: str) -> Readiness:
+        """Whether the endpoint's canary servers of ``version`` are up now, as the target knows
+        it: its pods Ready (a cluster), its server answering its readiness path (local)."""
+        ...
+
     def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
         """Record an event (a Kubernetes Event in a cluster)."""
         ...
@@ -87,9 +102,14 @@ class Controller:
     on_rollback: Callable[[Endpoint, RolloutState], str] | None = None
     clock: Callable[[], float] = time.time
 
+    #: The canary's readiness as observed in the current pass (endpoint, version) → Readiness: asked
+    #: of the target at most once a pass, and never carried into the next one.
+    _ready: dict[tuple[str, str], Readiness] = field(default_factory=dict, init=False, repr=False)
+
     # -- one pass -------------------------------------------------------------------------
     def reconcile(self, endpoint: Endpoint, desired: str, model: str, policy: RolloutPolicy | None) -> RolloutState | None:
         """Do what is due now for ``endpoint`` whose specs want model version ``desired``."""
+        self._ready = {}
         serving = self.backend.serving(endpoint.name)
         if serving is None:
             return None  # not applied yet
@@ -106,7 +126,8 @@ class Controller:
         steps = policy_steps(policy)
         if state.phase is Phase.WAITING:
             gate = self._offline_gate(endpoint, model, policy, state)
-            return self._carry_out(endpoint, machine.after_offline_gate(state, steps, gate, now))
+            ready = self._readiness(endpoint, state) if gate.finished and gate.passed else None
+            return self._carry_out(endpoint, machine.after_offline_gate(state, steps, gate, now, ready))
         if not machine.analysis_due(state, steps, now):
             return state  # paused by the policy, or the step's pause has not elapsed
         metrics = {m.name: m for m in (policy.spec.metrics if policy else [])}
@@ -119,7 +140,18 @@ class Controller:
             if decision.state.phase in FINAL:
                 return self._carry_out(endpoint, decision)
             state = decision.state
-        return self._carry_out(endpoint, machine.conclude(state, policy, steps, now))
+        # A weight rises only on a canary ready now: asked only when the step is complete (or of
+        # this pass's measurements, which asked already).
+        ready = self._readiness(endpoint, state) if machine.step_complete(state, policy, steps) else None
+        return self._carry_out(endpoint, machine.conclude(state, policy, steps, now, ready))
+
+    def _readiness(self, endpoint: Endpoint, state: RolloutState) -> Readiness:
+        """The canary's readiness, asked of the target once per pass."""
+        assert state.canary is not None
+        key = (endpoint.name, state.canary)
+        if key not in self._ready:
+            self._ready[key] = self.backend.canary_ready(endpoint.name, state.canary)
+        return self._ready[key]
 
     def _offline_gate(self, endpoint: Endpoint, model: str, policy: RolloutPolicy | None, state: RolloutState) -> OfflineGate:
         """The offline gate of the canary: its workflow, then (once that passed) the policy's regression gate."""
@@ -144,9 +176,9 @@ class Controller:
             if value is not None and not math.isnan(value):
                 # A rate() over the window keeps answering from the samples scraped before the
                 # canary died: without this, a dead canary could pass its steps and be promoted.
-                liveness = liveness_query(endpoint=endpoint.name, namespace=self.namespace, role="canary")
-                if self.prometheus.value(liveness) is None:
-                    return down(metric, value, query=query, liveness=liveness, at=at)
+                reason = canary_down(self._liveness(metric, query, endpoint, state))
+                if reason is not None:
+                    return down(metric, value, reason, query=query, at=at)
             stable = None
             if metric.compare_to_stable is not None:
                 stable = self.prometheus.value(render_query(metric, endpoint=endpoint.name, namespace=self.namespace,
@@ -155,11 +187,21 @@ class Controller:
             return judge(metric, None, None, query=query, at=at, error=str(exc))
         return judge(metric, value, stable, query=query, at=at)
 
+    def _liveness(self, metric: Metric, query: str, endpoint: Endpoint, state: RolloutState) -> Liveness:
+        """What the target and Prometheus say of the canary now, over the range ``query`` counts."""
+        assert self.prometheus is not None
+        queries = liveness_queries(endpoint=endpoint.name, namespace=self.namespace, role="canary", reach=reach(metric, query))
+        return Liveness(self._readiness(endpoint, state), queries, tuple(self.prometheus.series(queries.counted)),
+                        tuple(self.prometheus.series(queries.current)), tuple(self.prometheus.series(queries.up)),
+                        machine.since(state))
+
     def _carry_out(self, endpoint: Endpoint, decision: machine.Decision) -> RolloutState:
-        """The decision's effects, in order: serving, event, write-back hook. Returns the new state."""
+        """The decision's effects, in order: serving, event, write-back hook. Returns the new state
+        (with the time the target accepted its traffic move, from which the step's samples count)."""
         state = decision.state
         if decision.serving is not None:
             self.backend.set_serving(endpoint, decision.serving)
+            state = replace(state, weight_at=self.clock())
         if decision.event is not None:
             self.backend.event(endpoint.name, decision.event.kind, decision.event.reason, decision.event.message)
         if decision.writeback_due and self.on_rollback is not None:

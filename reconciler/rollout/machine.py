@@ -1,13 +1,17 @@
 """The rollout state machine, pure: states, and the transitions between them as functions.
 
     Idle ──new version──▶ WaitingForModel ──offline gate passed──▶ Progressing(step i)
-      Progressing ──pause elapsed, analysis passed──▶ Progressing(step i+1) … ──▶ Promoted
+      Progressing ──pause elapsed, analysis passed, canary ready now──▶ Progressing(step i+1) … ──▶ Promoted
+      Progressing ──a measurement finds the canary down (`canary-down`)──▶ a failure that never counts
+                    toward `count`: failures > failureLimit roll back, and the weight never rises on it
+      Progressing ──analysis complete but the canary not ready now──▶ Holding ──ready──▶ Progressing(step i+1)
       Progressing ──failures > failureLimit──▶ RolledBack   (traffic back to stable, canary removed)
       Progressing ──no data / NaN / Prometheus down──▶ Holding ──data again──▶ Progressing
       Holding ──inconclusiveLimit reached──▶ RolledBack
       Progressing/Holding ──Prometheus unreachable, `onPrometheusUnreachable: rollback`──▶ RolledBack
       Progressing(blue-green preview) ──analysis passed, autoPromote false──▶ Paused ──promote──▶ Promoted
       WaitingForModel ──offline evaluation failed / regression gate refused──▶ RolledBack (no traffic ever moved)
+      WaitingForModel ──gate passed, canary not ready──▶ WaitingForModel (no traffic until it is)
       any ──`rollout abort`──▶ Aborted;  RolledBack/Aborted ──`rollout retry`──▶ WaitingForModel
       a rollout not final ──specs serve the stable version again──▶ Idle
 
@@ -16,6 +20,13 @@ time and what was observed (the offline gate's result, one measurement), and ret
 with the effects that go with it as data (:class:`Decision`). :mod:`reconciler.rollout.controller`'s controller
 gathers the observations and carries the effects out, so every transition can be tested without
 I/O. Every transition is recorded in the state's history with its reason: query, value, threshold, step.
+
+A weight only rises on a canary that is demonstrably alive now: its target says it is ready
+(:class:`~reconciler.metrics.analysis.Readiness`, observed in the same pass), and every measurement
+that counts toward a step's `count` found its series fresh — all the samples its query counts
+scraped after the step began and its weight took effect (:func:`since`; a measurement is not due
+before its whole range lies after that, :func:`measurement_due`), and the last scrape of each of
+its targets successful. A measurement that finds otherwise is a failure with cause `canary-down`.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from reconciler.metrics.analysis import Cause, Measurement, Verdict
+from reconciler.metrics.analysis import Cause, Measurement, Readiness, Verdict, reach
 from reconciler.rollout.regression import GateResult
 from renderers.seldon import ServingState
 from specs import RolloutPolicy, duration_seconds
@@ -94,6 +105,9 @@ class RolloutState:
     step: int = -1
     weight: int = 0
     step_started: float = 0.0
+    #: When the current step's weight took effect: the target accepted the traffic move (set by the
+    #: controller after carrying it out; 0 in states saved before it was recorded).
+    weight_at: float = 0.0
     runs: dict[str, MetricRun] = field(default_factory=dict)
     last_analysis: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
@@ -175,8 +189,15 @@ def observe(saved: RolloutState | None, endpoint: str, serving: ServingState, de
     return state
 
 
-def after_offline_gate(state: RolloutState, steps: list[Step], gate: OfflineGate, now: float) -> Decision:
-    """WaitingForModel: wait for the gate, roll back when it fails, else enter the first step."""
+def since(state: RolloutState) -> float:
+    """When the current step's samples start to count: the step began and its weight took effect."""
+    return max(state.step_started, state.weight_at)
+
+
+def after_offline_gate(state: RolloutState, steps: list[Step], gate: OfflineGate, now: float,
+                       ready: Readiness | None = None) -> Decision:
+    """WaitingForModel: wait for the gate, roll back when it fails, else enter the first step once
+    the canary is ready (``ready``: observed now; None, not observed, is not ready)."""
     if not gate.finished:
         return Decision(replace(state, reason=f"waiting for the offline gate: {gate.detail}"))
     if not gate.passed:
@@ -187,6 +208,9 @@ def after_offline_gate(state: RolloutState, steps: list[Step], gate: OfflineGate
         if gate.regression.passed is False:
             return rollback(state, gate.regression.detail, now)
         detail = f"{detail}; {gate.regression.detail}"
+    if ready is None or not ready.ready:
+        seen = ready.detail if ready is not None else "not observed"
+        return Decision(replace(state, reason=f"offline gate passed ({detail}); waiting for the canary to be ready: {seen}"))
     return enter_step(state, 0, steps, f"offline gate passed ({detail})", now)
 
 
@@ -198,9 +222,15 @@ def analysis_due(state: RolloutState, steps: list[Step], now: float) -> bool:
 
 
 def measurement_due(state: RolloutState, metric: Metric, now: float) -> bool:
-    """Whether ``metric`` needs a measurement now: fewer than `count` so far, `interval` elapsed."""
+    """Whether ``metric`` needs a measurement now: fewer than `count` so far, `interval` elapsed,
+    and the whole range its query counts (:func:`~reconciler.metrics.analysis.reach`) lying after
+    :func:`since` — a window that reaches back before the step began would count samples of the
+    previous weight, or of a canary that has died since."""
     run = state.runs.get(metric.name, MetricRun())
-    return run.measurements < metric.count and now >= run.last_at + duration_seconds(metric.interval)
+    # The ranges of a query do not depend on what fills its placeholders.
+    counted = reach(metric, metric.render(endpoint="e", namespace="n", version="v", role="canary"))
+    return (run.measurements < metric.count and now >= run.last_at + duration_seconds(metric.interval)
+            and now >= since(state) + counted)
 
 
 def record(state: RolloutState, policy: RolloutPolicy | None, metric: Metric, m: Measurement, now: float) -> Decision:
@@ -226,7 +256,11 @@ def record(state: RolloutState, policy: RolloutPolicy | None, metric: Metric, m:
         if state.phase is not Phase.HOLDING:
             state = transition(state, Phase.HOLDING, f"step {step}: holding, {m.metric} inconclusive: {m.detail}", now, m)
         return Decision(state)
-    run = replace(run, measurements=run.measurements + 1, inconclusive_in_a_row=0, failures=run.failures + (m.verdict is Verdict.FAIL))
+    # A canary found down is a failure that does not count toward `count`: the step cannot
+    # complete on it (with `failureLimit` > 0 a tolerated failure would otherwise raise the weight).
+    counted = m.cause is not Cause.CANARY_DOWN
+    run = replace(run, measurements=run.measurements + counted, inconclusive_in_a_row=0,
+                  failures=run.failures + (m.verdict is Verdict.FAIL))
     state = replace(state, runs={**state.runs, metric.name: run}, last_analysis=analysis)
     if run.failures > metric.failure_limit:
         return rollback(state, f"step {step} at {state.weight} %: {m.metric} {m.detail} "
@@ -236,17 +270,31 @@ def record(state: RolloutState, policy: RolloutPolicy | None, metric: Metric, m:
     return Decision(state)
 
 
-def conclude(state: RolloutState, policy: RolloutPolicy | None, steps: list[Step], now: float) -> Decision:
-    """After a pass's measurements: stay while any metric of the step lacks its `count`, else enter
-    the next step, pause a blue-green preview that waits for `promote`, or promote."""
+def step_complete(state: RolloutState, policy: RolloutPolicy | None, steps: list[Step]) -> bool:
+    """Whether every metric of the current step has its `count` of measurements."""
     metrics = {m.name: m for m in (policy.spec.metrics if policy else [])}
-    step = steps[state.step]
-    if not all(state.runs.get(n, MetricRun()).measurements >= metrics[n].count for n in step.analysis):
+    return all(state.runs.get(n, MetricRun()).measurements >= metrics[n].count for n in steps[state.step].analysis)
+
+
+def conclude(state: RolloutState, policy: RolloutPolicy | None, steps: list[Step], now: float,
+             ready: Readiness | None = None) -> Decision:
+    """After a pass's measurements: stay while any metric of the step lacks its `count`, else enter
+    the next step, pause a blue-green preview that waits for `promote`, or promote — the last two
+    raise the weight, so only on a canary ``ready`` now (None, not observed, is not ready): else
+    hold at this weight, saying why, until it is."""
+    if not step_complete(state, policy, steps):
         return Decision(state)
     summary = ", ".join(f"{a['metric']}={a['value']:.4g}" for a in state.last_analysis if a.get("value") is not None) or "no analysis"
+    paused = policy is not None and policy.spec.blue_green is not None and not policy.spec.blue_green.auto_promote
+    if (state.step + 1 < len(steps) or not paused) and (ready is None or not ready.ready):
+        reason = (f"step {state.step + 1} passed ({summary}) but the canary is not ready now "
+                  f"({ready.detail if ready is not None else 'not observed'}): holding at {state.weight} %")
+        if state.phase is Phase.HOLDING:
+            return Decision(replace(state, reason=reason))
+        return Decision(transition(state, Phase.HOLDING, reason, now))
     if state.step + 1 < len(steps):
         return enter_step(state, state.step + 1, steps, f"step {state.step + 1} passed ({summary})", now)
-    if policy is not None and policy.spec.blue_green is not None and not policy.spec.blue_green.auto_promote:
+    if paused:
         return Decision(transition(state, Phase.PAUSED, f"preview passed ({summary}); waiting for `forgectl rollout promote`", now))
     return promote(state, f"all {len(steps)} step(s) passed ({summary})", now)
 
@@ -259,7 +307,7 @@ def enter_step(state: RolloutState, index: int, steps: list[Step], reason: str, 
     if weight >= 100 and index == len(steps) - 1 and not steps[index].analysis:
         return promote(state, reason, now)
     serving = ServingState(state.stable, state.canary, min(weight, 100))
-    state = replace(state, step=index, weight=weight, step_started=now, runs={})
+    state = replace(state, step=index, weight=weight, step_started=now, weight_at=0.0, runs={})
     message = f"{reason}; step {index + 1}/{len(steps)}: canary {state.canary} at {weight} %"
     return Decision(transition(state, Phase.PROGRESSING, message, now), serving, Event("Normal", "RolloutStep", message))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.load.loader import load_or_raise
-from reconciler.rollout.controller import Controller, Phase, RolloutState
+from reconciler.rollout.controller import Controller, Phase, Readiness, RolloutState
 from reconciler.rollout.regression import regression_gate
 from renderers.seldon import ServingState
 from specs import Endpoint, RolloutPolicy
@@ -63,6 +63,9 @@ class Backend:
 
     def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
         return True, True, "evaluation thresholds met"
+
+    def canary_ready(self, endpoint: str, version: str) -> Readiness:
+        return Readiness(True, "1 canary pod(s) Ready")
 
     def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
         pass

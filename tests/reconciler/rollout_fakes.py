@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.rollout.controller import RolloutState
+from reconciler.rollout.controller import Readiness, RolloutState
 from renderers.seldon import ServingState
 from specs import Endpoint
 
@@ -55,6 +55,9 @@ class FakeBackend:
 
     def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
         return self.gate
+
+    def canary_ready(self, endpoint: str, version: str) -> Readiness:
+        return Readiness(True, "1 canary pod(s) Ready")
 
     def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
         pass

@@ -21,7 +21,7 @@ import pytest
 import urllib3.util.connection
 import urllib3.util.retry
 
-from reconciler.metrics.analysis import Cause, Verdict, judge, liveness_query, render_query
+from reconciler.metrics.analysis import Cause, Readiness, Series, Verdict, judge, liveness_queries, reach, render_query
 from reconciler.metrics.prometheus import Prometheus, PrometheusUnavailable
 from reconciler.rollout.controller import Controller, Phase, RolloutState, machine
 from renderers.seldon import ServingState
@@ -40,6 +40,8 @@ SUCCESS = {"name": "success-rate", "template": "success-rate", "min": 0.99, "int
            "count": 3, "failureLimit": 1}
 LATENCY = {"name": "latency-p99", "template": "latency-p99", "max": 0.2, "interval": "2s", "window": "10s",
            "count": 3, "failureLimit": 1}
+#: Their window: a step's first measurement waits until it lies after the step's weight took effect.
+WINDOW = 10.0
 
 
 def policy(steps: list[dict[str, Any]] | None = None, metrics: list[dict[str, Any]] | None = None,
@@ -103,6 +105,9 @@ class FakeBackend:
     def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
         return self.gate
 
+    def canary_ready(self, endpoint: str, version: str) -> Readiness:
+        return Readiness(True, "its server answers")  # the canary's liveness: tests/rollout/test_canary_liveness.py
+
     def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
         self.events.append((kind, reason, message))
 
@@ -124,10 +129,14 @@ class FakePrometheus:
         self.metrics = {m.name: m for m in policy.spec.metrics}
         self.answers: dict[str, Answer] = {}
         self.asked: list[str] = []
-        #: Whether the canary's own series are fresh (its last scrape succeeded); the controller's
-        #: liveness queries are answered from this and kept apart from ``asked``.
+        #: Whether the canary's own series are fresh (not stale); the controller's liveness
+        #: queries are answered from this, with samples of the last second of ``clock``, and kept
+        #: apart from ``asked``.
         self.canary_up = True
         self.liveness_asked: list[str] = []
+        self.clock: Callable[[], float] = Clock()
+        self.liveness = {liveness_queries(endpoint="digits", namespace=NAMESPACE, role="canary",
+                                          reach=reach(m, self.query(m.name))).counted for m in self.metrics.values()}
 
     def query(self, metric: str, role: str = "canary", version: str | None = None) -> str:
         version = version or (V2 if role == "canary" else V1)
@@ -141,10 +150,17 @@ class FakePrometheus:
             self.set(name, 0.01 if name == "latency-p99" else 1.0)
         return self
 
+    def series(self, query: str) -> list[Series]:
+        self.liveness_asked.append(query)
+        now, labels = self.clock(), {"forge_role": "canary", "job": f"{NAMESPACE}/digits", "instance": "10.0.0.7:8080"}
+        if query in self.liveness:  # the counted samples
+            return [Series({"__name__": "forge_requests_total", **labels}, ((now - 1, 1.0), (now, 2.0)))]
+        if query.startswith("timestamp("):  # the series not stale now
+            return [Series(labels, ((now, now),))] if self.canary_up else []
+        assert query.startswith("up and on(job, instance) "), f"unexpected query: {query}"
+        return [Series(labels, ((now, 1.0),))]
+
     def value(self, query: str) -> float | None:
-        if query == liveness_query(endpoint="digits", namespace=NAMESPACE, role="canary"):
-            self.liveness_asked.append(query)
-            return 3.0 if self.canary_up else None
         self.asked.append(query)
         if query not in self.answers:
             raise AssertionError(f"unexpected query: {query}")
@@ -199,7 +215,10 @@ def rig(policy: RolloutPolicy | None, backend: FakeBackend | None = None, health
         prometheus = FakePrometheus(policy)
         if healthy:
             prometheus.healthy()
-    return Rig(policy, backend or FakeBackend(), prometheus)
+    r = Rig(policy, backend or FakeBackend(), prometheus)
+    if prometheus is not None:
+        prometheus.clock = r.clock
+    return r
 
 
 def phase_is(*phases: Phase) -> Callable[[RolloutState], bool]:
@@ -363,18 +382,18 @@ def test_the_analysis_waits_for_the_step_pause_then_for_each_interval() -> None:
     assert r.prometheus is not None
     entered = r.reconcile().step_started
     saves = r.backend.saves
-    for offset in (1.0, 2.5, 4.99):  # inside the 5 s pause: nothing asked, nothing saved
+    for offset in (1.0, 2.5, 4.99, 9.99):  # inside the 5 s pause, then the 10 s window: nothing asked, nothing saved
         r.clock.now = entered + offset
         assert r.reconcile().runs == {}
     assert r.prometheus.asked == [] and r.backend.saves == saves
-    r.clock.now = entered + 5.0
+    r.clock.now = entered + WINDOW
     state = r.reconcile()
     assert r.prometheus.asked == [r.prometheus.query("success-rate"), r.prometheus.query("latency-p99")]
     assert {n: run.measurements for n, run in state.runs.items()} == {"success-rate": 1, "latency-p99": 1}
-    r.clock.now = entered + 6.9  # within the 2 s interval: no new query
+    r.clock.now = entered + WINDOW + 1.9  # within the 2 s interval: no new query
     r.reconcile()
     assert len(r.prometheus.asked) == 2
-    r.clock.now = entered + 7.0
+    r.clock.now = entered + WINDOW + 2.0
     assert r.reconcile().runs["success-rate"].measurements == 2 and len(r.prometheus.asked) == 4
 
 
@@ -386,8 +405,9 @@ def test_a_healthy_canary_walks_every_step_and_is_promoted() -> None:
     assert r.backend.applied == [ServingState(V1, V2, 10), ServingState(V1, V2, 50), ServingState(V1, V2, 100), ServingState(V2)]
     assert [e[1] for e in r.backend.events] == ["RolloutStep", "RolloutStep", "RolloutStep", "Promoted"]
     entered = [h["at"] for h in state.history if h["to"] == "Progressing"]
-    # Each step: its 5 s pause, then 3 measurements 2 s apart → the next step 5 + 2 × 2 = 9 s later.
-    assert entered[1] - entered[0] == 9.0 and entered[2] - entered[1] == 9.0
+    # Each step: its 10 s window (it outlasts the 5 s pause), then 3 measurements 2 s apart → the
+    # next step 10 + 2 × 2 = 14 s later.
+    assert entered[1] - entered[0] == 14.0 and entered[2] - entered[1] == 14.0
     assert "step 1 passed (success-rate=1, latency-p99=0.01)" in state.history[2]["reason"]
     # The summary lists each metric's latest value (latency-p99's from step 2, the last step has none).
     assert state.reason == f"promoted {V2} (was {V1}): all 3 step(s) passed (latency-p99=0.01, success-rate=1)"
@@ -429,7 +449,7 @@ def test_failures_within_the_failure_limit_are_tolerated() -> None:
     assert r.prometheus is not None
     r.prometheus.set("success-rate", 0.5)
     state = r.reconcile()
-    r.clock.now += 2
+    r.clock.now += WINDOW
     state = r.reconcile()
     assert state.phase is Phase.PROGRESSING and state.runs["success-rate"].failures == 1
     r.prometheus.set("success-rate", 1.0)
@@ -443,7 +463,8 @@ def test_a_metric_compared_with_stable_asks_for_both_versions() -> None:
     r.prometheus.set("latency-p99", 0.30)
     r.prometheus.set("latency-p99", 0.20, role="stable")
     r.reconcile()  # enters step 1 (no pause) …
-    r.reconcile()  # … and measures
+    r.clock.now += WINDOW
+    r.reconcile()  # … and measures once its window is in it
     assert r.prometheus.asked == [r.prometheus.query("latency-p99"), r.prometheus.query("latency-p99", "stable")]
     state = r.drive(phase_is(Phase.ROLLED_BACK, Phase.PROMOTED))
     assert state.phase is Phase.ROLLED_BACK and "0.3 > stable 0.2 + 0.05" in state.reason
@@ -458,6 +479,7 @@ def test_no_data_holds_at_the_same_weight_then_resumes_when_data_returns() -> No
     r.prometheus.set("success-rate", None)
     r.reconcile()  # enters step 1
     applied = list(r.backend.applied)
+    r.clock.now += WINDOW - 2
     for _ in range(10):
         r.clock.now += 2
         state = r.reconcile()
@@ -559,6 +581,7 @@ def test_prometheus_down_rolls_back_under_the_rollback_policy() -> None:
     assert r.prometheus is not None
     r.prometheus.set("success-rate", DOWN)
     r.reconcile()  # enters step 1
+    r.clock.now += WINDOW
     state = r.reconcile()
     assert state.phase is Phase.ROLLED_BACK and state.reason.endswith("(policy: rollback)")
     assert "step 1: success-rate: Prometheus unreachable: http://prometheus:9090: ConnectionError" in state.reason
@@ -570,6 +593,8 @@ def test_no_data_is_not_unreachable_even_under_the_rollback_policy() -> None:
     r = rig(one_step(unreachable="rollback"))
     assert r.prometheus is not None
     r.prometheus.set("success-rate", math.nan)
+    r.reconcile()  # enters step 1
+    r.clock.now += WINDOW
     for _ in range(5):
         state = r.reconcile()
         r.clock.now += 2
@@ -581,6 +606,7 @@ def test_no_prometheus_configured_counts_as_unreachable(unreachable: str, phase:
     r = rig(one_step(unreachable=unreachable))
     r.controller.prometheus = None
     r.reconcile()  # enters step 1
+    r.clock.now += WINDOW
     state = r.reconcile()
     assert state.phase is phase and "Prometheus unreachable: no Prometheus URL configured" in state.reason
 
@@ -678,7 +704,7 @@ def test_the_history_keeps_the_latest_transitions_only() -> None:
 def test_the_pure_functions_return_effects_instead_of_doing_them() -> None:
     state = RolloutState("digits", V1, V2, Phase.WAITING)
     steps = machine.policy_steps(policy())
-    entered = machine.after_offline_gate(state, steps, machine.OfflineGate(True, True, "ok"), 10.0)
+    entered = machine.after_offline_gate(state, steps, machine.OfflineGate(True, True, "ok"), 10.0, Readiness(True, "ready"))
     assert entered.serving == ServingState(V1, V2, 10) and entered.event is not None and entered.event.reason == "RolloutStep"
     assert not entered.writeback_due and state.phase is Phase.WAITING  # the input is left as it was
     rolled = machine.rollback(entered.state, "because", 11.0)

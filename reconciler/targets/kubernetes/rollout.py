@@ -1,6 +1,7 @@
 """The rollout controller's view of a cluster: serving state and rollout state from each endpoint's
 SeldonDeployment (the state is its `forge.dev/rollout` annotation, written with the field
-manager `forgectl-rollout`), the offline gate from the model version's Workflow, and Events."""
+manager `forgectl-rollout`), the offline gate from the model version's Workflow, the canary's
+readiness from its pods' `Ready` condition, and Events."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from reconciler.errors import TargetError
-from reconciler.resources import BY_KIND, EVENT, ObjectRef, Resource
-from reconciler.rollout.controller import STATE_ANNOTATION, RolloutState
+from reconciler.resources import BY_KIND, EVENT, POD, ObjectRef, Resource
+from reconciler.rollout.controller import STATE_ANNOTATION, Readiness, RolloutState
 from reconciler.targets.base import Target
 from reconciler.targets.kubernetes.workflow_status import failure_of
 from reconciler.traffic.serving import apply_serving, serving_states
-from renderers.labels import ENDPOINT, MODEL_VERSION, NAME, owner_selector
+from renderers.labels import ENDPOINT, MODEL_VERSION, NAME, ROLE, owner_selector
 from renderers.seldon import ServingState
 from specs import Endpoint, Environment, SpecSet
 
@@ -48,6 +49,10 @@ class ClusterAccess(Target, Protocol):
 
     def create(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST one object into the target's namespace."""
+        ...
+
+    def get(self, ref: ObjectRef) -> dict[str, Any] | None:
+        """GET one object (None when absent): an HTTPRoute's status after a weight move."""
         ...
 
 
@@ -92,8 +97,10 @@ class KubernetesRolloutBackend:
             self.deployments[endpoint] = stored
 
     def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
-        """Move the endpoint's traffic (see :func:`reconciler.traffic.serving.apply_serving`)."""
-        self.deployments[endpoint.name] = apply_serving(self.target, self.specs, self.env, self.revision, endpoint, state)
+        """Move the endpoint's traffic (see :func:`reconciler.traffic.serving.apply_serving`; with an
+        HTTPRoute, the move counts once the Gateway reports it admitted, read back with GET)."""
+        self.deployments[endpoint.name] = apply_serving(self.target, self.specs, self.env, self.revision, endpoint, state,
+                                                        current=self.serving(endpoint.name), read_back=self.target.get)
 
     def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
         """The offline gate: the phase of the version's Workflow."""
@@ -109,6 +116,28 @@ class KubernetesRolloutBackend:
                     return True, False, f"Workflow {name} {phase.lower()}: {message}"
                 return False, False, f"Workflow {name} is {phase}"
         return False, False, f"no Workflow for version {version} of model `{model}` (not applied yet?)"
+
+    def canary_ready(self, endpoint: str, version: str) -> Readiness:
+        """Ready when the canary's pods (labelled by Seldon from the predictor's labels: endpoint,
+        role `canary`, model version) are there and each one not being deleted has its `Ready`
+        condition True — what the kubelet reports from the container's state and readiness probe."""
+        selector = f"{ENDPOINT}={endpoint},{ROLE}=canary,{MODEL_VERSION}={version}"
+        try:
+            pods = self.target.list_kind(POD, selector)
+        except TargetError as exc:
+            return Readiness(False, f"its pods could not be read: {exc}")
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        if not live:
+            return Readiness(False, f"no pod of the canary ({selector}) in namespace {self.target.namespace}")
+        unready = []
+        for pod in live:
+            ready = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+            if ready is None or ready.get("status") != "True":
+                why = (ready or {}).get("reason") or (pod.get("status") or {}).get("phase") or "no Ready condition"
+                unready.append(f"{pod['metadata']['name']} ({why})")
+        if unready:
+            return Readiness(False, f"{len(unready)} of {len(live)} canary pod(s) not Ready: {', '.join(sorted(unready)[:3])}")
+        return Readiness(True, f"{len(live)} canary pod(s) Ready")
 
     def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
         """A Kubernetes Event on the endpoint's SeldonDeployment."""

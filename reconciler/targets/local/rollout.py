@@ -1,5 +1,6 @@
 """The rollout controller's view of the local target: state in the state DB, traffic through the
-local router, the offline gate from the local workflow runs, events in `events.jsonl`."""
+local router, the offline gate from the local workflow runs, the canary's readiness from its
+server, events in `events.jsonl`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.resources import ObjectRef
-from reconciler.rollout.controller import RolloutState
+from reconciler.rollout.controller import Readiness, RolloutState
 from reconciler.targets.base import Target
 from reconciler.targets.local.state import StateDB
 from reconciler.traffic.serving import apply_serving, serving_states
@@ -23,15 +24,17 @@ class LocalRolloutBackend:
     """Backend of :class:`reconciler.rollout.controller.Controller` for the `local` target.
 
     It is given the target's pieces rather than the target itself (the target's module imports
-    this one): the target to apply through, its state DB, its events file, and how to read the
-    router's shadow figures."""
+    this one): the target to apply through, its state DB, its events file, how to read the
+    router's shadow figures and how to ask a server whether it is ready
+    (``ready(endpoint, role, version)``: :meth:`~reconciler.targets.local.serving.LocalServing.ready`)."""
 
     def __init__(self, target: Target, db: StateDB, events: Path, mirror_stats: Callable[[str], dict[str, Any] | None],
-                 specs: SpecSet, env: Environment, revision: str | None) -> None:
+                 ready: Callable[[str, str, str], Readiness], specs: SpecSet, env: Environment, revision: str | None) -> None:
         self.target = target
         self.db = db
         self.events = events
         self.mirror_stats = mirror_stats
+        self.ready = ready
         self.specs = specs
         self.env = env
         self.revision = revision
@@ -74,9 +77,14 @@ class LocalRolloutBackend:
             return False, False, f"Workflow {run.name} is {run.phase}"
         return False, False, f"no run of version {version} of model `{model}` yet"
 
+    def canary_ready(self, endpoint: str, version: str) -> Readiness:
+        """Ready when the endpoint's canary server runs ``version`` and answers its readiness path."""
+        return self.ready(endpoint, "canary", version)
+
     def registered(self, model: str, version: str) -> dict[str, Any] | None:
         """The registry record of a model version (the regression gate compares two of them)."""
-        return next((r for r in self.db.model_versions(model) if r.get("version") == version), None)
+        # As JSON: the gate (reconciler/rollout/regression.py) reads the record's JSON form.
+        return next((r.to_json() for r in self.db.model_versions(model) if r.version == version), None)
 
     def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
         """The router's mirror figures for the endpoint's shadow (agreement, distance, latency)."""

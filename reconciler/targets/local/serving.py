@@ -4,7 +4,7 @@ one HAProxy router per endpoint (:mod:`.router`) splits traffic between stable a
 predictors' ``traffic``.
 
 Process records (StateDB ``processes``), one per model server: ``serve/<endpoint>/<role>/<key>``,
-kind ``serve``, info ``{endpoint, role, version, variant, step, key, namespace, container, port, url}``
+kind ``serve``, info ``{endpoint, role, version, variant, step, key, namespace, container, port, health, url}``
 (:meth:`Predictor.record_info`). ``key`` is a digest of what
 the server runs (step, ServeConfig, interpreter), so a changed version or config is a *new*
 process beside the old one, never a restart in place. The kv entry ``serving/<endpoint>`` holds
@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from reconciler.metrics.analysis import Readiness
 from reconciler.targets.local import processes
 from reconciler.targets.local.monitoring import pod_target
 from reconciler.targets.local.processes import log_tail
@@ -88,7 +89,7 @@ class Predictor:
         """The ``info`` of this predictor's process record (``url`` is added once it serves)."""
         return {"endpoint": self.endpoint, "role": self.role, "version": self.version, "variant": self.variant,
                 "step": self.step, "key": key, "namespace": self.namespace, "container": self.container,
-                "port": self.port_name, "url": None}
+                "port": self.port_name, "health": self.health_path, "url": None}
 
     def key(self, python: str) -> str:
         blob = json.dumps({"step": self.step, "config": self.config, "python": python}, sort_keys=True)
@@ -235,6 +236,23 @@ class LocalServing:
         """The router's URL of ``endpoint``, when it runs."""
         router = self.router(endpoint)
         return router.url if router.running() else None
+
+    def ready(self, endpoint: str, role: str, version: str) -> Readiness:
+        """Whether ``role``'s server of ``endpoint`` runs ``version`` and answers its readiness
+        path now (the rendered readinessProbe's, as the kubelet would probe it)."""
+        saved = (self.db.kv_get(f"serving/{endpoint}") or {}).get("roles", {}).get(role) or {}
+        record = self.db.process(saved["process"]) if saved.get("process") else None
+        if record is None:
+            return Readiness(False, f"no {role} server of endpoint {endpoint!r} is recorded")
+        if record.info.get("version") != version:
+            return Readiness(False, f"the {role} server runs version {record.info.get('version')}, not {version}")
+        if not processes.alive(record):
+            return Readiness(False, f"the {role} server (pid {record.pid}) is not running")
+        url = record.info.get("url")
+        health = record.info.get("health") or READINESS_PATHS.get(record.info.get("step", ""), READINESS_PATHS["serve"])
+        if not url or not http_ok(url + health, timeout=2.0):
+            return Readiness(False, f"the {role} server (pid {record.pid}) does not answer {url}{health}")
+        return Readiness(True, f"the {role} server (pid {record.pid}) answers {url}{health}")
 
     def status(self, endpoint: str) -> dict[str, Any]:
         """Per role: version, URL, PID, whether it runs, its weight and the router's view of it."""

@@ -244,7 +244,8 @@ class LocalTarget:
 
     def rollout_backend(self, specs: SpecSet, env: Environment, revision: str | None) -> RolloutBackend:
         """The rollout controller's backend for this target."""
-        return LocalRolloutBackend(self, self.db, self.state_dir / "events.jsonl", self._shadow_stats, specs, env, revision)
+        return LocalRolloutBackend(self, self.db, self.state_dir / "events.jsonl", self._shadow_stats, self.serving.ready,
+                                   specs, env, revision)
 
     def _shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
         router = self.serving.router(endpoint)
