@@ -67,6 +67,7 @@ from devkit.cluster import Cluster  # noqa: E402
 from devkit.common import ClusterError  # noqa: E402
 from devkit.digits import DIGITS_DATASET, train_config  # noqa: E402
 from devkit.namespaces import delete_namespace  # noqa: E402
+from devkit.pods import ServerPod  # noqa: E402
 from devkit.prometheus import Prometheus  # noqa: E402
 from devkit.rollout import PacedTraffic, Traffic  # noqa: E402
 from devkit.rollout_harness import Rollout  # noqa: E402
@@ -259,6 +260,7 @@ def one_run(index: int, cluster: Cluster, prom: Prometheus, runner: Runner, args
     namespace = create_namespace(cluster)
     work = Path(tempfile.mkdtemp(prefix="forge-bench-rollback-"))
     servers: list[Server] = []
+    pods: list[ServerPod] = []
     traffic: PacedTraffic | None = None
     marks = Marks()
     threads: list[threading.Thread] = []
@@ -271,6 +273,11 @@ def one_run(index: int, cluster: Cluster, prom: Prometheus, runner: Runner, args
             s.__enter__()
             drain(s)
         stable, canary = servers
+        # Their pods, Ready while they answer (the kubelet's part: no node runs here); the
+        # controller raises the canary's weight only while its pods are Ready.
+        pods = [ServerPod(cluster.kubeconfig, namespace, endpoint="digits", role=role, version=version, url=s.url,
+                          alive=lambda s=s: s.proc.poll() is None).start()
+                for role, version, s in (("stable", r.stable, stable), ("canary", r.canary, canary))]
         prom.set_targets([stable.url.removeprefix("http://"), canary.url.removeprefix("http://")])
         prom.wait_for_targets(2, timeout=30)
 
@@ -337,6 +344,8 @@ def one_run(index: int, cluster: Cluster, prom: Prometheus, runner: Runner, args
             traffic.stop.set()
         for t in threads:
             t.join(timeout=10)
+        for pod in pods:
+            pod.stop()
         for s in servers:
             s.stop()
         try:

@@ -5,7 +5,9 @@ components of tests/rollout/test_rollout_controller.py (whose harness is
 every 1 s (``devkit.prometheus``), two real ``python -m runtimes serve`` processes (stable and
 canary) and a traffic generator that splits ~``--rate`` req/s between them by the live
 SeldonDeployment's weights (what the mesh does in a cluster), logging each request's time, role
-and outcome. The controller is the real ``forgectl reconcile --watch --interval 0.5`` as a
+and outcome. Each server has a Pod in the API server whose Ready condition follows it
+(``devkit.pods``: the kubelet's part, as no node runs here), which the controller reads before a
+weight rises. The controller is the real ``forgectl reconcile --watch --interval 0.5`` as a
 subprocess.
 
     .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary]
@@ -20,7 +22,7 @@ Drills (one rollout = a new model version: learning rate changed, applied, its W
 Succeeded; rollouts follow one another in one namespace, the servers keep their roles):
 
 * ``kill``: the controller SIGKILLed once in every step of a rollout (at a uniform time in the
-  step's first 6 s), restarted at once; a run is one kill. Fails when the controller re-enters a
+  step's first 14 s: its 10 s window, then 3 measurements 2 s apart), restarted at once; a run is one kill. Fails when the controller re-enters a
   step it had entered (or goes back to an earlier one), when the rollout does not reach Promoted,
   or when a request to stable fails. Printed per step: stable's share of the answered requests vs
   its weight (100 − canary weight).
@@ -29,9 +31,12 @@ Succeeded; rollouts follow one another in one namespace, the servers keep their 
   analysis starts. Fails on a promotion, a rollback or a weight change while it is down, or when
   the rollout does not leave Holding at the same step once it is back, or does not then promote.
 * ``canary``: the canary's serving process SIGKILLed (its process group) 1–3 s into the second
-  step's analysis (50 %). Fails unless the rollout rolls back within the policy's bound:
-  pause + interval × (failureLimit + 1) + window + slack, see ``bound_s``; a request to stable
-  failing fails the run too. The canary server is started again for the next run.
+  step's analysis (50 %: after its first measurement, once the window lies in the step). Fails
+  unless the rollout rolls back within the policy's bound: interval × (failureLimit + 1) + slack,
+  see ``bound_s``; fails when the canary's live weight rises after the kill (issue 35: a dead
+  canary was moved to 100 % before the rollback), and when a request to stable fails. Counted per
+  run: the requests sent to the canary after the kill and how many of them failed, and the
+  weights it had after the kill. The canary server is started again for the next run.
 
 Last line: one JSON object, ``{"drills": {name: {"runs", "failures", "max_converge_s",
 "stable_lost", ...}}, ...}`` (goal: 0 failures, 0 stable requests lost in every row).
@@ -66,6 +71,7 @@ import git  # noqa: E402
 from bench.rollback_latency import create_namespace, drain, runtime_python, train_digits  # noqa: E402
 from devkit.cluster import Cluster  # noqa: E402
 from devkit.namespaces import delete_namespace  # noqa: E402
+from devkit.pods import ServerPod  # noqa: E402
 from devkit.prometheus import Prometheus  # noqa: E402
 from devkit.rollout import PacedTraffic  # noqa: E402
 from devkit.rollout_harness import Rollout  # noqa: E402
@@ -188,8 +194,11 @@ class Harness:
         self.r.finish_workflow(self.r.stable)
         _, _, _, self.policy, _ = self.r.controller()
         self.servers: dict[str, Server] = {}
+        #: role → the pod standing for its server, labelled with the version it serves now
+        self.pods: dict[str, ServerPod] = {}
         for role in ("stable", "canary"):
             self.start_server(role)
+        self.publish("stable", self.r.stable)
         self.traffic = PacedTraffic(self.servers["stable"].url, self.servers["canary"].url)
         self.live = Live(cluster, self.namespace, self.traffic)
         self.threads = [threading.Thread(target=self.traffic.run, args=(args.rate,), daemon=True),
@@ -211,6 +220,18 @@ class Harness:
         drain(s)
         self.servers[role] = s
         self.prom.set_targets([self.servers[k].url.removeprefix("http://") for k in self.servers])
+        if role in self.pods:
+            self.publish(role, self.pods[role].labels["forge.dev/model-version"])
+
+    def publish(self, role: str, version: str) -> None:
+        """(Re)create ``role``'s pod for ``version`` — a new version is new pods in a cluster —
+        its Ready condition following the role's server."""
+        old = self.pods.pop(role, None)
+        if old is not None:
+            old.stop()
+        server = self.servers[role]
+        self.pods[role] = ServerPod(self.cluster.kubeconfig, self.namespace, endpoint="digits", role=role, version=version,
+                                    url=server.url, alive=lambda: server.proc.poll() is None).start()
 
     def new_version(self) -> str:
         """Change the learning rate, apply: the new version is the canary at 0 %, its Workflow done."""
@@ -221,6 +242,7 @@ class Harness:
         self.repo.index.commit(f"learning rate 0.00{self.lr}")
         self.r.apply()
         *_, canary = self.r.controller()
+        self.publish("canary", canary)
         self.r.finish_workflow(canary)
         self.r.canary = canary
         return canary
@@ -230,6 +252,8 @@ class Harness:
         self.live.stop.set()
         for t in self.threads:
             t.join(timeout=10)
+        for pod in self.pods.values():
+            pod.stop()
         for s in self.servers.values():
             s.stop()
         try:
@@ -299,8 +323,8 @@ def drill_kill(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
                 break
             if entered.phase is not Phase.PROGRESSING and entered.phase is not Phase.HOLDING or entered.step != idx:
                 break  # promoted already (the last step can be quick)
-            # Steps 1-2: a 2 s pause + 3 measurements 2 s apart; step 3: the measurements alone.
-            delay = rng.uniform(0.0, 6.0 if step < 3 else 4.0)
+            # Each step: its 10 s window (longer than the 2 s pause), then 3 measurements 2 s apart.
+            delay = rng.uniform(0.0, 14.0)
             deadline = time.monotonic() + delay
             while time.monotonic() < deadline:
                 ctl.check()
@@ -429,6 +453,22 @@ def drill_prometheus(h: Harness, runs: int, ctl: ControllerProc, outage: float) 
 
 # -- drill 3: the canary's serving process killed --------------------------------------------------
 
+def canary_weight_rises(weights: list[tuple[float, str | None, int]], history: list[dict[str, Any]], canary: str,
+                        t_kill: float, wall_kill: float) -> tuple[int, list[int], list[str]]:
+    """The canary's live weight when it was killed, the weights the mesh follower saw it get after
+    (``weights``: (monotonic time, canary, weight) on change), and what says its weight rose after
+    the kill: a live weight above the one at the kill, or a step the controller entered after it
+    (``history``: the rollout state's, times on the wall clock) — the follower looks every 0.1 s
+    and could miss a short-lived weight, the state's history cannot."""
+    before = [w for t, c, w in weights if c == canary and t <= t_kill]
+    at_kill = before[-1] if before else 0
+    after = [w for t, c, w in weights if c == canary and t > t_kill]
+    rises = [f"live weight {w} % after the kill (it was {at_kill} %)" for w in after if w > at_kill]
+    rises += [f"entered after the kill: {h['reason']}" for h in history
+              if h.get("to") == "Progressing" and h.get("at", 0) > wall_kill and f"canary {canary} at" in h.get("reason", "")]
+    return at_kill, after, rises
+
+
 def bound_s(h: Harness) -> float:
     """The policy's bound on the rollback after the canary dies in a step's analysis: the failing
     measurements need interval × (failureLimit + 1) (the metric with the longest), plus the
@@ -447,12 +487,16 @@ def drill_canary(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
         ctl.start()
         problems: list[str] = []
         rollback_s = None
+        t_kill = wall_kill = None
         try:
             h.live.wait(lambda s: s.canary == canary and s.phase is Phase.PROGRESSING and s.step == 1, 90, "step 2")  # noqa: B023
-            time.sleep(2.0 + rng.uniform(1.0, 3.0))  # the pause, then into the analysis
+            # Step 2's analysis starts once its window lies in the step (it outlasts the 2 s pause):
+            # the kill lands 1–3 s after its first measurement.
+            window = max(duration_seconds(m.window) for m in h.policy.spec.metrics)
+            time.sleep(window + rng.uniform(1.0, 3.0))
             proc = h.servers["canary"].proc
             os.killpg(proc.pid, signal.SIGKILL)
-            t_kill = time.monotonic()
+            t_kill, wall_kill = time.monotonic(), time.time()
             final = h.live.wait(lambda s: s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 120, "the end of the rollout")
             t_final = next(t for t, s in h.live.states if s.phase is final.phase and s.canary == canary)
             zero = [t for t, c, w in h.live.weights if t > t_kill and w == 0]
@@ -472,9 +516,19 @@ def drill_canary(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
         if lost:
             problems.append(f"{lost} requests to stable failed")
         steps = entered_steps(final, canary) if final else []
+        after: dict[str, Any] = {}
+        if t_kill is not None and wall_kill is not None:
+            at_kill, weights, rises = canary_weight_rises(h.live.weights, final.history if final else [], canary, t_kill, wall_kill)
+            problems.extend(f"the dead canary's weight rose: {r}" for r in rises)
+            sent = h.traffic.count("canary", since=t_kill, until=t_end)
+            failed = h.traffic.count("canary", ok=False, since=t_kill, until=t_end)
+            after = {"weight_at_kill": at_kill, "weights_after_kill": weights, "canary_sent_after_kill": sent,
+                     "canary_failed_after_kill": failed, "canary_answered_after_kill": sent - failed}
+        else:
+            problems.append("the canary was never killed: no run")
         res = {"run": run, "rollback_s": round(rollback_s, 2) if rollback_s is not None else None, "bound_s": bound,
                "reason": final.reason if final else None, "steps_entered": steps, "stable_lost": lost,
-               "canary_failed_requests": h.traffic.count("canary", ok=False, since=t0, until=t_end),
+               "canary_failed_requests": h.traffic.count("canary", ok=False, since=t0, until=t_end), **after,
                "failed": bool(problems), "problems": problems}
         results.append(res)
         log(f"canary drill, run {run}: {final.phase.value if final else None} {res['rollback_s']} s after the kill "
@@ -483,6 +537,9 @@ def drill_canary(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
     worst = [r["rollback_s"] for r in results if r["rollback_s"] is not None]
     return {"runs": len(results), "failures": sum(r["failed"] for r in results), "bound_s": bound,
             "max_converge_s": max(worst) if worst else None, "stable_lost": sum(r["stable_lost"] for r in results),
+            "weight_rose_after_kill": sum(any("weight rose" in p for p in r["problems"]) for r in results),
+            "canary_sent_after_kill": sum(r.get("canary_sent_after_kill", 0) for r in results),
+            "canary_failed_after_kill": sum(r.get("canary_failed_after_kill", 0) for r in results),
             "samples": results}
 
 

@@ -19,6 +19,8 @@ What the tests and the benches both run (bench/, scripts/ and devkit/ depend on 
 * :mod:`devkit.digits` — the digits dataset and MLP configs they prepare, train and serve;
 * :mod:`devkit.rollout` — traffic split by the live weights; :mod:`devkit.rollout_harness` — the
   quick-start's rollout on the API server (apply, controller, a Workflow ended by hand).
+* :mod:`devkit.pods` — a Pod for a model server run as a process, Ready while it answers (the
+  kubelet's part where no node runs).
 
 Processes, ports, log tails, package installs and Prometheus's start-up are the local target's own
 layer (:mod:`reconciler.targets.local.processes`), shared, not repeated here. Library use::

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -100,6 +101,31 @@ def emit(event: str, **fields: Any) -> None:
     """One machine-readable JSON line on stdout (progress bars in the CLI read these)."""
     sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
     sys.stdout.flush()
+
+
+def hold_first_attempt(marker: Path, seconds: int) -> bool:
+    """Fault injection for retry drills (a Model's ``faultInjection.holdFirstAttemptSeconds``):
+    the first attempt of a step to get here creates ``marker``, says so — a ``{"event": "hold"}``
+    line on stdout and a warning — and waits ``seconds`` before it carries on.
+
+    Why: a drill that kills a running step (the end-to-end test deletes the training pod) must
+    hit a step that is still running. A sleep before the fault is a coin toss against a step that
+    takes seconds; a step that holds until it is killed is not. Any later attempt finds the marker
+    — it lives in the step's output folder, which the attempts share (the workspace volume) — and
+    does not wait, so the retry runs as usual. Created exclusively: of processes that get here
+    together, one holds. Returns whether this one held."""
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(marker, "x") as fh:
+            fh.write(f"held from {time.time():.3f} for {seconds} s\n")
+    except FileExistsError:
+        log.info("fault injection: %s exists (an earlier attempt held): not holding", marker)
+        return False
+    log.warning("fault injection: the first attempt holds for %d s before it runs (a drill: kill it now)", seconds)
+    emit("hold", seconds=seconds, marker=str(marker))
+    time.sleep(seconds)
+    log.warning("fault injection: held %d s and not killed; carrying on", seconds)
+    return True
 
 
 def run_step(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:

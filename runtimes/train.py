@@ -14,6 +14,8 @@ throughput (``throughput``: tokens/s, step times after warm-up, the warm-up — 
 included —, peak and activation memory; see :class:`StepMeter`). Progress goes to stdout as JSON lines:
 ``{"event": "progress", "step": 40, "total": 600, "epoch": 2, "loss": 0.31, "lr": 0.002}``,
 then ``{"event": "done", ...}``; ``{"event": "resume", "step": N}`` when it picks up a checkpoint.
+A Model with ``faultInjection.holdFirstAttemptSeconds`` (retry drills, never production) holds its
+first attempt before anything else, ``{"event": "hold", ...}`` first (runtimes._step.hold_first_attempt).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtimes._step import emit, in_workspace, parse_config, run_step, write_json
+from runtimes._step import emit, hold_first_attempt, in_workspace, parse_config, run_step, write_json
 from runtimes.errors import StepFailed
 from specs.model import Hyperparameters
 from specs.stepconfig import TrainConfig
@@ -244,8 +246,16 @@ class StepMeter:
         }
 
 
+#: Left in ``checkpoints/`` by an attempt held by ``faultInjection`` (see hold_first_attempt).
+HOLD_MARKER = "fault-injection-held"
+
+
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(TrainConfig, argv, "python -m runtimes train")
+    faults = config.spec.fault_injection
+    if faults is not None and faults.hold_first_attempt_seconds:
+        # A retry drill: before anything is read or written, so a killed attempt leaves nothing half-done.
+        hold_first_attempt(in_workspace(config.output) / "checkpoints" / HOLD_MARKER, faults.hold_first_attempt_seconds)
     from runtimes.learn import torch_env
 
     torch_env()

@@ -314,6 +314,19 @@ class Evaluation(SpecModel):
         return self
 
 
+class TrainingFaultInjection(SpecModel):
+    """Injected faults for retry drills (and Forge's end-to-end test): never set this in production."""
+
+    hold_first_attempt_seconds: int = Field(
+        default=0, ge=0, le=3600,
+        description="The train step's first attempt waits this long before it trains, after printing "
+        '`{"event": "hold"}`, so that a drill can kill it (delete its pod) while it certainly runs — Argo records '
+        "an Error and retries — instead of racing a step that may have finished already. The attempt leaves a "
+        "marker in its output folder (`checkpoints/fault-injection-held`); a later attempt finds it and does not "
+        "wait. Not killed, the attempt carries on after the wait. 0: no hold.",
+    )
+
+
 class ModelSpec(SpecModel):
     """A trainable model and the workflow that produces it: prepare → train → evaluate → compress → register."""
 
@@ -361,10 +374,15 @@ class ModelSpec(SpecModel):
         default=None, description="Attributions after evaluation (Captum); none skips the `explain` step."
     )
     retries: int = Field(default=2, ge=0, le=10, description="Retries of a failed step, with exponential backoff.")
+    fault_injection: TrainingFaultInjection | None = Field(
+        default=None, description="Injected faults for retry drills (the training's first attempt held, to be "
+        "killed): never set this in production.",
+    )
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data = _omit_default(_omit_default(handler(self), "compile", False), "deterministic", False)
+        data = _omit_default(_omit_default(data, "faultInjection", None), "fault_injection", None)
         return _omit_default(_omit_default(data, "privacy", None), "explanations", None)
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ from pathlib import Path
 import git
 import pytest
 
+from devkit.pods import ServerPod
 from devkit.rollout import Traffic
 from devkit.rollout_harness import Rollout
 from reconciler.rollout.controller import Phase, RolloutState
@@ -79,6 +80,11 @@ def serve(r: Rollout, server_factory, role: str, version: str, error_rate: float
 def start_traffic(r: Rollout, server_factory, canary_error_rate: float = 0.0) -> Traffic:  # noqa: F811
     stable = serve(r, server_factory, "stable", r.stable)
     canary = serve(r, server_factory, "canary", r.canary, canary_error_rate)
+    # Their pods, Ready while they answer (the kubelet's part: no node runs here): the controller
+    # raises the canary's weight only while its pods are Ready.
+    for role, version, server in (("stable", r.stable, stable), ("canary", r.canary, canary)):
+        ServerPod(r.kubeconfig, r.namespace, endpoint="digits", role=role, version=version, url=server.url,
+                  alive=lambda s=server: s.proc.poll() is None).start()
     r.prometheus.set_targets([stable.url.removeprefix("http://"), canary.url.removeprefix("http://")])
     traffic = Traffic(stable.url, canary.url)
     threading.Thread(target=traffic.run, daemon=True).start()

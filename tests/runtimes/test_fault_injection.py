@@ -1,0 +1,65 @@
+"""A Model's `faultInjection.holdFirstAttemptSeconds` (issue 35): the train step's first attempt
+holds, saying so, until it is killed; a retry finds the attempt's marker and trains as usual. This
+is what makes the end-to-end test's deleted training pod (tests/cluster/test_runtime_node.py,
+stage 3) hit a step that is certainly running, where a sleep before the delete raced the step."""
+
+from __future__ import annotations
+
+import copy
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from devkit.digits import DIGITS_MODEL, train_config
+from devkit.runtime_steps import Runner
+from runtimes._step import hold_first_attempt
+from tests.polling import holds_for
+from tests.runtimes.helpers import ROOT, events
+
+HOLD = 600  # far longer than the test takes to see the hold and kill the attempt
+
+
+def test_the_first_caller_holds_and_a_later_one_does_not(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    marker = tmp_path / "out" / "checkpoints" / "held"
+    assert hold_first_attempt(marker, 0) is True
+    assert marker.exists()
+    assert [e["event"] for e in events(capsys.readouterr().out)] == ["hold"]
+    started = time.monotonic()
+    assert hold_first_attempt(marker, HOLD) is False  # the marker is there: no wait, no event
+    assert time.monotonic() - started < 5 and events(capsys.readouterr().out) == []
+
+
+@pytest.mark.runtime
+def test_a_held_training_is_killed_while_it_holds_and_the_retry_trains(digits: Runner) -> None:
+    spec = copy.deepcopy(DIGITS_MODEL)
+    spec["hyperparameters"]["epochs"] = 2
+    spec["faultInjection"] = {"holdFirstAttemptSeconds": HOLD}
+    config = train_config("models/held", spec)
+    proc = subprocess.Popen(digits.command("train", config), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=digits.env(), cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, f"the step exited {proc.wait()} without a line"
+        first = json.loads(line)  # the hold comes before anything else
+        assert first["event"] == "hold" and first["seconds"] == HOLD, first
+        assert Path(first["marker"]) == digits.workspace / "models/held/checkpoints/fault-injection-held"
+        assert Path(first["marker"]).exists()
+        # held: the attempt neither ends nor writes anything while the drill gets to it
+        holds_for(lambda: proc.poll() is None and not (digits.workspace / "models/held/metrics.json").exists(), 2.0,
+                  "the held attempt waiting")
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the drill: what a deleted pod does to the step
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+    # the retry (the same config, as Argo's next attempt runs it) finds the marker and trains
+    retry = digits.run("train", config, timeout=600)
+    kinds = [e["event"] for e in events(retry.stdout)]
+    assert "hold" not in kinds and kinds[-1] == "done", kinds
+    metrics = digits.read("models/held/metrics.json")
+    assert metrics["resumedFromStep"] == 0 and metrics["steps"] > 0
