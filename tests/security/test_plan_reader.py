@@ -5,7 +5,6 @@ apply anything."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import yaml
@@ -13,7 +12,8 @@ import yaml
 from devkit.cluster import Cluster
 from devkit.rbac import apply as apply_rbac
 from devkit.rbac import install_forgectl_rbac
-from tests.security.helpers import BASE, Project
+from tests.polling import WaitTimeout, wait_until
+from tests.security.helpers import BASE, Project, Run
 
 ROOT = Path(__file__).resolve().parents[2]
 READER_FILE = ROOT / "docs" / "rbac" / "forgectl-plan-reader.yaml"
@@ -47,15 +47,22 @@ def test_pull_request_plan_with_the_read_only_role(kube_cluster: Cluster, namesp
     project.git_init()
     project.write("base.yaml", BASE.replace("namespace: team-a", f"namespace: {namespace}").replace(
         "{type: mlp}}", "{type: mlp}, hyperparameters: {epochs: 3}}"))
-    deadline = time.monotonic() + 15  # RBAC is served from an informer cache
-    while True:
+    last: list[list[str]] = []
+
+    def live_plan() -> tuple[Run, list[str]] | None:
         run = project.run("plan", "specs", "--base", "HEAD", "--env", "cluster", "-o", "json",
                           "--kubeconfig", str(kubeconfig))
         assert run.returncode == 0, run.output
         notes = json.loads(run.stdout)["notes"]
-        if any(n.startswith("live: ") for n in notes) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+        last[:] = [notes]
+        return (run, notes) if any(n.startswith("live: ") for n in notes) else None
+
+    # RBAC is served from an informer cache, so the new bindings take a moment; each try is a whole
+    # `forgectl plan` (seconds on a busy machine), so the deadline is generous: it only bounds a failure.
+    try:
+        run, notes = wait_until(live_plan, 120, "a pull-request plan with a live diff under the read-only role", interval=0.5)
+    except WaitTimeout as exc:
+        raise AssertionError(f"{exc}; the last plan's notes: {last}") from None
     assert any(n.startswith("live: ") and "read-only" in n for n in notes), notes
     data = json.loads(run.stdout)
     assert data["live"]["summary"]["create"] >= 1
