@@ -6,7 +6,8 @@
                                                B may be a bare version of A's model; `diff MODEL`: the last two)
     forgectl models report [--html FILE]       the leaderboard (terminal table, JSON, or a self-contained HTML file)
 
-Parsing and printing only: the records come from `reconciler.registry.records`, the ranking from
+Parsing and printing only: the records come from `reconciler.observe.models` (built by
+`reconciler.registry.records`, which also picks what `diff` compares), the ranking from
 `reconciler.registry.leaderboard`, the page from `reconciler.present.report`.
 """
 
@@ -60,7 +61,7 @@ BatchOpt = Annotated[int, typer.Option("--batch", help="Batch size whose latency
 def _records(specs: list[str] | None, env: str | None, flags: TargetFlags,
              model: str | None = None) -> tuple[str, list[dict[str, Any]]]:
     """The environment's name and its registry records (of ``model`` only, when given)."""
-    from reconciler.registry.records import collect
+    from reconciler.observe.models import collect
 
     _, environment = load_for(specs, None, env)
     target, _ = open_target_for(environment, flags)

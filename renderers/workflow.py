@@ -28,7 +28,7 @@ from renderers.labels import MODEL_VERSION, STEP, TRAINING_STAGE, digest, owner_
 from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, TRAINING_PRIORITY, placement, shm_volume
 from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.scheduling import Schedule, schedule_resources
-from renderers.stepargs import step_args
+from renderers.stepargs import decode_step_config, step_args
 from renderers.versions import model_version, step_key
 from specs import Environment, Model, SpecSet
 from specs.compression import Distill
@@ -326,6 +326,13 @@ def task_templates(workflow: Mapping[str, Any]) -> dict[str, tuple[dict[str, Any
         run = templates.get(inner[0]["template"], {}) if len(inner) == 1 and "memoize" in template else template
         found[task["name"]] = (template.get("memoize") or {}, run)
     return found
+
+
+def workflow_steps(workflow: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Step name → {"key": memoize key, "config": step config} of a rendered Workflow: what the
+    renderer wrote, read back (the plan's reasons, the registry's lineage)."""
+    return {name: {"key": memoize.get("key", ""), "config": decode_step_config(run["container"])}
+            for name, (memoize, run) in task_templates(workflow).items() if memoize and "container" in run}
 
 
 def _pytorchjob(step: Step, schedule: Schedule, model: Model, pod_spec: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from typing import Any
 
 from reconciler.plan.diff import value_diff
 from reconciler.plan.plan import Plan
-from reconciler.plan.reasons import ABSENT, spec_diff
 from reconciler.plan.risks import (
     FLAGS,
     UNSATISFIABLE,
@@ -31,6 +30,7 @@ from reconciler.plan.risks import (
     regression_risks,
     spec_risks,
 )
+from reconciler.specdiff import ABSENT, spec_diff
 from reconciler.targets.base import Target
 from renderers.cost import DataSize, capacity_problems, estimate
 from renderers.labels import MODEL_VERSION, NAME

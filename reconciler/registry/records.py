@@ -11,37 +11,30 @@ A record is built from two things the pipeline already leaves behind:
   `benchmark` step's accuracy, latency per batch size, throughput and memory; plus the evaluation.
 
 Where it is kept is the target's business: the local target stores each record in its SQLite
-state DB (`model_registry`, written when a workflow succeeds, backfilled from live Workflows
-otherwise); on a cluster the records are read from the Workflows themselves — the register step's
-`metrics` output parameter carries the per-variant summary (`status.nodes[…].outputs`). Which
-endpoints serve a version is never stored: it is read from the live SeldonDeployments (and the
-rollout states) when asked.
+state DB (:mod:`reconciler.targets.local.records`: written when a workflow succeeds, backfilled
+from live Workflows otherwise); on a cluster the records are read from the Workflows themselves
+(:mod:`reconciler.targets.kubernetes.records`: the register step's `metrics` output parameter
+carries the per-variant summary). Which endpoints serve a version is never stored: it is read from
+the live SeldonDeployments (and the rollout states) when asked (:mod:`reconciler.observe.models`).
 
-Everything here but `ingest_local` and `collect` is pure.
+Everything here is pure: the targets build their records with it, so it imports no target (nor
+anything above them) — a value module below the targets, as the rooms' rules say
+(docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from reconciler.diagnostics import ForgeError
-from reconciler.plan.reasons import spec_changes, workflow_steps
-from reconciler.targets.base import Target
+from reconciler.specdiff import spec_changes
 from renderers.labels import ENDPOINT, GIT_REVISION, MODEL_VERSION, NAME, ROLE, SPEC_DIGEST, VARIANT
+from renderers.workflow import workflow_steps
 
 #: Figures of a variant the leaderboard and `models show` use (from `variant_figures`).
 FIGURES = ("accuracy", "sizeBytes", "parameters", "p50Ms", "p99Ms", "throughput", "memoryBytes")
-
-
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def lineage(workflow: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,80 +134,6 @@ def build_record(workflow: Mapping[str, Any], registry: Mapping[str, Any], evalu
     }
 
 
-def registry_path(workflow: Mapping[str, Any]) -> str | None:
-    """Workspace path of the `registry.json` a Workflow's register step writes."""
-    register = workflow_steps(workflow).get("register", {}).get("config", {})
-    return f"{register['output'].rstrip('/')}/registry.json" if register.get("output") else None
-
-
-def ingest_local(db: Any, workspace: Path, workflow: Mapping[str, Any], environment: str, registered: float | None = None) -> dict[str, Any] | None:
-    """Record a finished Workflow's version in the local state DB (None when it registered nothing)."""
-    relative = registry_path(workflow)
-    if relative is None:
-        return None
-    registry = _read(workspace / relative)
-    if not isinstance(registry, dict):
-        return None
-    evaluate = workflow_steps(workflow).get("evaluate", {}).get("config", {})
-    evaluation = _read(workspace / evaluate["output"] / "metrics.json") if evaluate.get("output") else None
-    explain = workflow_steps(workflow).get("explain", {}).get("config", {})
-    explanations = _read(workspace / explain["output"] / "metrics.json") if explain.get("output") else None
-    when = registered if registered is not None else (workspace / relative).stat().st_mtime
-    record = build_record(workflow, registry, evaluation if isinstance(evaluation, dict) else None, when, environment,
-                          explanations if isinstance(explanations, dict) else None)
-    db.put_model_version(record["model"], record["version"], when, record)
-    return record
-
-
-def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> dict[str, Any] | None:
-    """A record from a cluster Workflow: the register node's `metrics` output parameter."""
-    nodes = (workflow.get("status") or {}).get("nodes") or {}
-    outputs: dict[str, Any] = {}  # the evaluate and explain steps' `metrics` output parameters
-    for node in nodes.values():
-        if node.get("templateName") in ("evaluate", "explain") and node.get("phase") == "Succeeded":
-            for param in (node.get("outputs") or {}).get("parameters") or []:
-                if param.get("name") == "metrics":
-                    try:
-                        outputs[node["templateName"]] = json.loads(param.get("value") or "{}")
-                    except ValueError:
-                        pass
-    for node in nodes.values():
-        if node.get("templateName") != "register" or node.get("phase") != "Succeeded":
-            continue
-        for param in (node.get("outputs") or {}).get("parameters") or []:
-            if param.get("name") != "metrics":
-                continue
-            try:
-                summary = json.loads(param.get("value") or "{}")
-            except ValueError:
-                return None
-            variants = {}
-            for name, figures in (summary.get("registry") or {}).items():
-                batches = {b: f for b, f in (figures.get("latency") or {}).items()}
-                bench = {"accuracy": figures.get("accuracy"), "batches": batches} if batches or figures.get("accuracy") is not None else {}
-                variants[name] = {"kind": figures.get("kind"), "sizeBytes": figures.get("sizeBytes"),
-                                  "parameters": figures.get("parameters"), "benchmark": bench}
-            finished = node.get("finishedAt") or ""
-            try:
-                when = time.mktime(time.strptime(finished, "%Y-%m-%dT%H:%M:%SZ"))
-            except ValueError:
-                when = 0.0
-            registry = {"model": summary.get("model"), "version": summary.get("version"), "variants": variants,
-                        "hardware": summary.get("hardware"), "artifacts": summary.get("artifacts")}
-            evaluation = outputs.get("evaluate")
-            explanations = outputs.get("explain")
-            return build_record(workflow, registry, evaluation if isinstance(evaluation, dict) else None, when, environment,
-                                explanations if isinstance(explanations, dict) else None)
-    return None
-
-
-def records_from_workflows(workflows: Iterable[Mapping[str, Any]], environment: str, model: str | None = None) -> list[dict[str, Any]]:
-    """The records a cluster's finished Workflows carry in their status (of one model, or all),
-    oldest first."""
-    records = [r for r in (_from_workflow_status(wf, environment) for wf in workflows) if r]
-    return sorted((r for r in records if model is None or r["model"] == model), key=lambda r: (r["registeredAt"], r["model"]))
-
-
 def serving(live: Iterable[Mapping[str, Any]], rollouts: Mapping[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Version → the endpoints serving it now (live SeldonDeployments: role, variant, traffic),
     then what the rollout states remember (after `forgectl down`, only those). Versions are
@@ -247,18 +166,6 @@ def attach_serving(records: list[dict[str, Any]], served: Mapping[str, list[dict
     for record in records:
         record["servedBy"] = list(served.get(record["version"], []))
     return records
-
-
-def collect(target: Target, model: str | None = None) -> list[dict[str, Any]]:
-    """Every registered version the target knows (of one model, or all; see
-    :meth:`Target.model_records`), oldest first, with `servedBy`."""
-    live = target.read_live()
-    records = target.model_records(live, model)
-    try:
-        rollouts = target.rollout_states(live)
-    except Exception:  # noqa: BLE001 - the registry is readable without rollout state
-        rollouts = {}
-    return attach_serving(records, serving(live, rollouts))
 
 
 def find(records: list[dict[str, Any]], ref: str) -> dict[str, Any]:

@@ -1,21 +1,24 @@
 """What each endpoint serves: read from the live SeldonDeployments, decided from the specs and the
 rollout states, and written through one function.
 
-Everything here is pure except :func:`apply_serving`, which writes only through the Target it is
-given. The plan path (``session.desired_state``) and the rollout backends both come here: the
-plan asks :func:`desired_serving` what each endpoint should serve, the controllers decide a new
+Everything here is pure except :func:`apply_serving`, which writes only through the
+:class:`ServingWriter` it is given (a target: the targets' rollout backends pass their own). The
+plan path (``session.desired_state``) and the rollout backends both come here: the plan asks
+:func:`desired_serving` what each endpoint should serve, the controllers decide a new
 :class:`ServingState` and hand it to :func:`apply_serving`, and both render the object with
 :func:`render_serving` — so a SeldonDeployment has one renderer and one way to the target.
+
+The targets import this room (their rollout backends move traffic through it), so it imports no
+target: :class:`ServingWriter` is the part of the Target protocol it needs, declared here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from reconciler.experiment.controller import serving_for
 from reconciler.rollout.controller import Phase, RolloutState
-from reconciler.targets.base import Target
 from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, VARIANT
 from renderers.seldon import ArmServing, ServingState, render_seldon
 from renderers.versions import model_version
@@ -87,7 +90,21 @@ def render_serving(specs: SpecSet, env: Environment, namespace: str, revision: s
     return render_seldon(specs, endpoint, with_namespace(env, namespace), namespace, revision, state)
 
 
-def apply_serving(target: Target, specs: SpecSet, env: Environment, revision: str | None, endpoint: Endpoint,
+class ServingWriter(Protocol):
+    """What :func:`apply_serving` needs of a target (every Target is one): the namespace it writes
+    to and its server-side apply."""
+
+    @property
+    def namespace(self) -> str:
+        """The namespace the target's objects live in."""
+        ...
+
+    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply ``obj``; the object as stored."""
+        ...
+
+
+def apply_serving(target: ServingWriter, specs: SpecSet, env: Environment, revision: str | None, endpoint: Endpoint,
                   state: ServingState) -> dict[str, Any]:
     """Make ``endpoint`` serve ``state``: render its SeldonDeployment and apply it through
     ``target`` (the rollout and experiment controllers' one way to move traffic); the object as

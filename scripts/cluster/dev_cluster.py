@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from devkit.cluster import Cluster, default_state_dir  # noqa: E402
 from devkit.common import ClusterError  # noqa: E402
 from devkit.gobuild import ensure_binaries  # noqa: E402
-from devkit.node import Node, NodeError  # noqa: E402
-from devkit.node import default_state_dir as node_state_dir  # noqa: E402
+from devkit.node.node import Node, NodeError  # noqa: E402
+from devkit.node.node import default_state_dir as node_state_dir  # noqa: E402
 from devkit.prometheus import Prometheus  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 import pytest
 
 from devkit.cluster import Cluster
-from devkit.node import Node
+from devkit.node.node import Node
 
 
 def shown(pytestconfig: pytest.Config) -> AbstractContextManager[object]:

@@ -24,8 +24,9 @@ import pytest
 from kubernetes import client
 
 from devkit.cluster import Cluster
-from devkit.node import Node, argo
+from devkit.node import argo
 from devkit.node import node as nodemod
+from devkit.node.node import Node
 from tests.cluster import nodekit
 from tests.polling import wait_until
 

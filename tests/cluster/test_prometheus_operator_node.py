@@ -21,8 +21,9 @@ import pytest
 from kubernetes import client
 
 from devkit.cluster import Cluster
-from devkit.node import Node, promop
+from devkit.node import promop
 from devkit.node.controllers import apply_docs
+from devkit.node.node import Node
 from tests.cluster import nodekit
 from tests.polling import wait_until
 

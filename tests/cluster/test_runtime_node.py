@@ -49,7 +49,8 @@ import pytest
 from kubernetes import client, dynamic
 
 from devkit.cluster import Cluster
-from devkit.node import Node, argo, promop, runtime_image, seldon
+from devkit.node import argo, promop, runtime_image, seldon
+from devkit.node.node import Node
 from devkit.rollout import BODY, Traffic
 from reconciler.targets.kubernetes.workflow_status import task_nodes
 from tests.cluster.nodekit import node_cluster

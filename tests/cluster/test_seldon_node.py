@@ -22,8 +22,9 @@ import pytest
 from kubernetes import client
 
 from devkit.cluster import Cluster
-from devkit.node import Node, seldon
+from devkit.node import seldon
 from devkit.node.controllers import HostController
+from devkit.node.node import Node
 from tests.cluster import nodekit
 from tests.polling import wait_until
 

@@ -232,7 +232,8 @@ RULES = [
     Rule("renderers-are-pure", "`render` is a pure function; `renderers` never do I/O and depend only on `specs`",
          ("renderers/**/*.py",), pure(ours_allowed=("specs", "renderers"))),
     Rule("diff-and-plan-are-pure", "`diff` is a pure function; a Plan is a plain data value",
-         ("reconciler/plan/diff.py", "reconciler/plan/plan.py", "reconciler/plan/reasons.py", "reconciler/resources.py"),
+         ("reconciler/plan/diff.py", "reconciler/plan/plan.py", "reconciler/plan/reasons.py", "reconciler/resources.py",
+          "reconciler/specdiff.py"),
          pure(ours_allowed=("specs", "renderers", "reconciler"),
               ours_forbidden=("reconciler.targets", "reconciler.plan.session", "reconciler.plan.apply", "reconciler.metrics.prometheus",
                               "reconciler.load.sources", "reconciler.load.loader", "reconciler.rollout.writeback", "reconciler.rollout.controller",
@@ -307,7 +308,7 @@ PLANTED: dict[str, tuple[dict[str, str], dict[str, str], list[str]]] = {
         ["reconciler/rollout/machine.py: imports time (I/O)",
          "reconciler/rollout/machine.py: imports reconciler.metrics.prometheus (not a pure layer)"]),
     "runtimes-never-import-reconciler": (
-        {"runtimes/bad.py": "from reconciler.registry.records import ingest_local\n"},
+        {"runtimes/bad.py": "from reconciler.registry.records import build_record\n"},
         {"runtimes/good.py": "import torch\nfrom specs.stepconfig import TrainConfig\nfrom runtimes import _step\n"},
         ["runtimes/bad.py: imports reconciler.registry.records"]),
     "control-plane-installs-light": (
@@ -327,11 +328,11 @@ PLANTED: dict[str, tuple[dict[str, str], dict[str, str], list[str]]] = {
          "reconciler/targets/local/thing.py": "from reconciler.targets.local.state import StateDB\n"},
         ["reconciler/bad.py: imports reconciler.targets"]),
     "callers-use-only-the-target-protocol": (
-        {"reconciler/registry/records.py": "def collect(target):\n    return target.db.model_versions()\n",
+        {"reconciler/observe/models.py": "def collect(target):\n    return target.db.model_versions()\n",
          "forgectl/cli.py": "def status(target):\n    print(target.workspace / 'registry')\n"},
         {"reconciler/observe/status.py": "def collect(target, live):\n    return target.run_details(live), target.model_records(live)\n",
          "reconciler/targets/local/target.py": "class LocalTarget:\n    def model_records(self):\n        return self.db.model_versions()\n"},
-        ["forgectl/cli.py: reads .workspace (a target's internals)", "reconciler/registry/records.py: reads .db (a target's internals)"]),
+        ["forgectl/cli.py: reads .workspace (a target's internals)", "reconciler/observe/models.py: reads .db (a target's internals)"]),
     "product-never-imports-dev-tooling": (
         {"reconciler/targets/local/bad.py": "from devkit.cluster import Cluster\n",
          "runtimes/bad.py": "def f():\n    from tests.polling import wait_until\n"},

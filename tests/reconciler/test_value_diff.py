@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from reconciler.plan.diff import INLINE_LIMIT, FieldChange, token_hunks, tokens, value_diff
-from reconciler.plan.reasons import spec_changes, spec_diff
+from reconciler.specdiff import spec_changes, spec_diff
 from specs.rollout import BUILTIN_TEMPLATES
 
 

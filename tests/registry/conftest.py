@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.registry.records import ingest_local
+from reconciler.targets.local.records import ingest_local
 from reconciler.targets.local.state import StateDB
 from tests.registry.sample import V1, V2, project, rendered, write_run
 

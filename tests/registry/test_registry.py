@@ -17,7 +17,9 @@ import pytest
 
 from reconciler.load.loader import load_or_raise
 from reconciler.registry.leaderboard import leaderboards, spec_metric
-from reconciler.registry.records import _from_workflow_status, diff, find, ingest_local, lineage
+from reconciler.registry.records import diff, find, lineage
+from reconciler.targets.kubernetes.records import _from_workflow_status
+from reconciler.targets.local.records import ingest_local
 from reconciler.targets.local.state import StateDB
 from renderers import RenderContext, render
 from tests.registry.sample import DIGITS_DIGEST, ROOT, V1, V2, cli, project, rendered, write_run

@@ -13,11 +13,11 @@ from pydantic import ValidationError
 
 from forgectl.models_cli import trust_lines
 from reconciler.load.loader import load_or_raise
-from reconciler.plan.reasons import workflow_steps
 from reconciler.registry.leaderboard import rows
 from reconciler.registry.records import build_record
 from renderers import RenderContext, render
 from renderers.hardware import export_reasons
+from renderers.workflow import workflow_steps
 from specs.model import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]

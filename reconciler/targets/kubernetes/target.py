@@ -36,11 +36,11 @@ from reconciler.errors import (
     TransientError,
     UnreachableError,
 )
-from reconciler.registry.records import records_from_workflows
 from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
 from reconciler.rollout.controller import RolloutState
 from reconciler.targets.base import RolloutBackend, RunDetails
 from reconciler.targets.kubernetes.kubeconfig import load_client_config
+from reconciler.targets.kubernetes.records import records_from_workflows
 from reconciler.targets.kubernetes.rollout import KubernetesRolloutBackend, rollout_state_of
 from reconciler.targets.kubernetes.workflow_status import steps_of
 from renderers.labels import ENDPOINT, MANAGER, owner_selector

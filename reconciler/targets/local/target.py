@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.errors import LockHeldError, TargetError, TargetNotAvailable
-from reconciler.registry.records import ingest_local
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
 from reconciler.targets.base import RolloutBackend, RunDetails
 from reconciler.targets.local.details import log_files, model_summaries
 from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
+from reconciler.targets.local.records import ingest_local
 from reconciler.targets.local.rollout import LocalRolloutBackend
 from reconciler.targets.local.state import StateDB
 from renderers.labels import ENDPOINT, MODEL_VERSION, NAME, STICKY
