@@ -22,7 +22,7 @@ from forgectl.experiment_cli import app as experiment_app
 from forgectl.experiment_cli import experiment_lines
 from forgectl.models_cli import app as models_app
 from forgectl.options import NO_OVERRIDES, EndpointArg, EnvOpt, PathsArg, RevOpt, SpecsOpt, TargetFlags, with_target_flags
-from forgectl.shell import err, load_for, one_endpoint, open_target_for, out, rollout_controllers, safe, target_options
+from forgectl.shell import err, load_for, one_endpoint, open_environment, out, rollout_controllers, safe, target_options
 from reconciler.diagnostics import ForgeError, SpecError, render_diagnostics
 from reconciler.load.loader import load
 from renderers.errors import RenderError
@@ -77,28 +77,23 @@ def schema(
     directory: Annotated[Path, typer.Option("--dir", help="Folder of the schema files.")] = SCHEMA_DIR,
 ) -> None:
     """Print, write or check the JSON Schema generated from the spec models."""
-    from specs.schemagen import dumps, schemas
+    from reconciler.load import schema as schema_files
 
-    generated = {name: dumps(s) for name, s in schemas().items()}
     if check:
-        stale = [n for n, text in generated.items() if not (directory / n).is_file() or (directory / n).read_text() != text]
-        extra = sorted(p.name for p in directory.glob("*.schema.json") if p.name not in generated)
-        if stale or extra:
-            for name in stale:
-                err.print(f"stale: {directory / name}")
-            for name in extra:
-                err.print(f"not generated from specs/: {directory / name}")
+        found = schema_files.check(directory)
+        if not found.current:
+            for path in found.stale:
+                err.print(f"stale: {path}")
+            for path in found.extra:
+                err.print(f"not generated from specs/: {path}")
             err.print("run `forgectl schema --write` and commit the result")
             raise typer.Exit(1)
-        out.print(f"[green]✓[/green] {len(generated)} schema files up to date")
+        out.print(f"[green]✓[/green] {found.generated} schema files up to date")
         return
     if write:
-        directory.mkdir(parents=True, exist_ok=True)
-        for name, text in generated.items():
-            (directory / name).write_text(text)
-        out.print(f"wrote {len(generated)} schema files to {directory}")
+        out.print(f"wrote {schema_files.write(directory)} schema files to {directory}")
         return
-    sys.stdout.write(generated["forge.schema.json"])
+    sys.stdout.write(schema_files.generated()[schema_files.ANY_DOCUMENT])
 
 
 @app.command()
@@ -167,9 +162,8 @@ def plan(
     if base is not None:
         shown = pull_request_plan(paths, base, head, env, target_options(flags))
     else:
-        result, environment = load_for(paths, rev, env)
-        target, ns = open_target_for(environment, flags)
-        shown = plan_json(live_plan(result, environment, target, ns, paths, rev), environment, target)
+        ctx = open_environment(paths, rev, env, flags)
+        shown = plan_json(live_plan(ctx.result, ctx.environment, ctx.target, ctx.namespace, paths, rev), ctx.environment, ctx.target)
         if save is not None:
             save.write_text(json.dumps(shown, indent=2) + "\n")
     _print_plan(shown, output, verbose=verbose)
@@ -195,9 +189,8 @@ def diff(
     """Show drift: live objects that differ from what the specs render (exit 2 when any)."""
     from reconciler.plan.session import make_plan
 
-    result, environment = load_for(paths, None, env)
-    target, ns = open_target_for(environment, flags)
-    the_plan, _ = make_plan(result.specs, environment, target, ns, None)
+    ctx = open_environment(paths, None, env, flags)
+    the_plan, _ = make_plan(ctx.result.specs, ctx.environment, ctx.target, ctx.namespace, None)
     _print_plan(the_plan.to_json(), output)
     raise typer.Exit(2 if the_plan.has_changes else 0)
 
@@ -218,23 +211,23 @@ def apply(
     from reconciler.plan.session import ensure_fresh
 
     saved = saved_plan(paths)
-    if saved is not None:
-        # The plan holds the objects; the specs are read only for the environment's settings.
-        result, environment = load_for(specs_dir or ["."], None, env or saved.environment)
-    else:
-        result, environment = load_for(paths, rev, env)
+    # With a saved plan, the plan holds the objects; the specs are read only for the environment's settings.
+    ctx = (open_environment(specs_dir or ["."], None, env or saved.environment, flags) if saved is not None
+           else open_environment(paths, rev, env, flags))
+    target = ctx.target
     from forgectl.progress import StepProgress
 
-    bars = StepProgress(err) if output is PlanOutput.text and environment.spec.target == "local" else None
-    target, ns = open_target_for(environment, flags, bars)
+    bars = StepProgress(err) if output is PlanOutput.text else None
+    if bars is not None and not target.follow_steps(bars):
+        bars = None  # the steps run elsewhere (a cluster's Argo): nothing to draw
     started = time.monotonic()
     with target.lock():
         if saved is not None:
             ensure_fresh(saved, target)
             the_plan = saved
         else:
-            the_plan = live_plan(result, environment, target, ns, paths, rev)
-        shown = plan_json(the_plan, environment, target)
+            the_plan = live_plan(ctx.result, ctx.environment, target, ctx.namespace, paths, rev)
+        shown = plan_json(the_plan, ctx.environment, target)
         if output is PlanOutput.text:
             _print_plan(shown, output)
         ensure_runnable(the_plan)
@@ -388,12 +381,9 @@ def doctor(
     StorageClass, GPU resources); exit 1 when something is missing."""
     from reconciler.plan.prerequisites import check_environment
 
-    result, environment = load_for(paths, None, env)
-    if environment.spec.target != "kubernetes":
-        raise ForgeError(f"environment {environment.name!r} runs on the local target: there is no cluster to check "
-                         "(`forgectl doctor --env <a kubernetes environment>`)")
-    target, _ = open_target_for(environment, flags)
-    findings = check_environment(result.specs, environment, target)
+    ctx = open_environment(paths, None, env, flags)
+    environment = ctx.environment
+    findings = check_environment(ctx.result.specs, environment, ctx.target)  # a target without a cluster refuses
     if output is PlanOutput.json:
         print(json.dumps({"environment": environment.name, "findings": [f.to_json() for f in findings]}, indent=2))
     else:
@@ -420,9 +410,8 @@ def status(
     """Workflows and their steps, model versions and metrics, endpoints, traffic and rollouts."""
     from reconciler.observe.status import collect, render_text
 
-    result, environment = load_for(paths, None, env)
-    target, _ = open_target_for(environment, flags)
-    data = collect(result.specs, environment, target)
+    ctx = open_environment(paths, None, env, flags)
+    data = collect(ctx.result.specs, ctx.environment, ctx.target)
     if output is PlanOutput.json:
         print(json.dumps(data, indent=2, default=str))
     else:
@@ -437,9 +426,7 @@ def logs(
     tail: Annotated[int, typer.Option("--tail", help="Lines from the end (0: all).")] = 50,
 ) -> None:
     """Logs of a local workflow step or model server."""
-    result, environment = load_for(paths, None, env)
-    target, _ = open_target_for(environment)
-    files = target.log_files(name)  # a cluster target says where its logs are instead
+    files = open_environment(paths, None, env).target.log_files(name)  # a cluster target says where its logs are instead
     if not files:
         raise ForgeError(f"no logs for {name!r} (try a step name such as `train`, a workflow name, or an endpoint)")
     for path in files:
@@ -459,18 +446,17 @@ def down(
 ) -> None:
     """Stop everything Forge started: a local environment's servers, router, Prometheus and steps;
     in a cluster, delete every object Forge owns there (shown first, then confirmed)."""
-    result, environment = load_for(paths, None, env)
-    target, _ = open_target_for(environment, flags)
-    if environment.spec.target == "local":
-        with target.lock():
-            stopped = target.down()
-        out.print(f"stopped {len(stopped)} process(es)" + "".join(f"\n  {s}" for s in stopped))
-        return
     from reconciler.plan.live import teardown_plan
 
+    ctx = open_environment(paths, None, env, flags)
+    target = ctx.target
     started = time.monotonic()
     with target.lock():
-        the_plan = teardown_plan(environment, target)
+        stopped = target.down()  # what ran on this machine; None where nothing does (a cluster)
+        if stopped is not None:
+            out.print(f"stopped {len(stopped)} process(es)" + "".join(f"\n  {s}" for s in stopped))
+            return
+        the_plan = teardown_plan(ctx.environment, target)
         shown = the_plan.to_json()
         if output is PlanOutput.text:
             _print_plan(shown, output)
@@ -491,14 +477,12 @@ def load_traffic(
     from reconciler.targets.local.load import generate
     from specs import Endpoint
 
-    result, environment = load_for(paths, None, env)
-    if environment.spec.target != "local":
-        raise ForgeError("`load` drives a local endpoint; in a cluster, use your own load tool against the Seldon service")
+    ctx = open_environment(paths, None, env)
+    result = ctx.result
     spec = result.specs.get(Endpoint, endpoint)
     if spec is None:
         raise ForgeError(f"no Endpoint {endpoint!r} in the specs")
-    target, _ = open_target_for(environment)
-    url = target.endpoint_url(endpoint)
+    url = ctx.target.endpoint_url(endpoint)  # a cluster's endpoints are not on this machine: it says so
     if not url:
         raise ForgeError(f"endpoint {endpoint!r} is not being served; run `forgectl apply` first")
     import signal

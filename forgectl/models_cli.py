@@ -26,7 +26,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from forgectl.options import NO_OVERRIDES, SpecsOpt, TargetFlags, with_target_flags
-from forgectl.shell import load_for, open_target_for, out
+from forgectl.shell import open_environment, out
 
 
 class _ListByDefault(TyperGroup):
@@ -63,9 +63,8 @@ def _records(specs: list[str] | None, env: str | None, flags: TargetFlags,
     """The environment's name and its registry records (of ``model`` only, when given)."""
     from reconciler.observe.models import collect
 
-    _, environment = load_for(specs, None, env)
-    target, _ = open_target_for(environment, flags)
-    return environment.name, collect(target, model)
+    ctx = open_environment(specs, None, env, flags)
+    return ctx.environment.name, collect(ctx.target, model)
 
 
 def _console() -> Any:
@@ -244,23 +243,12 @@ def diff(
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """What changed between two versions: the specs, the evaluation, and each variant's figures."""
-    from reconciler.diagnostics import ForgeError
     from reconciler.present.report import fmt_bytes, fmt_metric, fmt_ms
     from reconciler.registry.records import diff as diff_records
-    from reconciler.registry.records import find
+    from reconciler.registry.records import pair
 
-    model = a.partition("@")[0]
     _, records = _records(specs, env, flags)
-    if b is None and "@" not in a:
-        mine = [r for r in records if r["model"] == model]
-        if len(mine) < 2:
-            raise ForgeError(f"model {model!r} has {len(mine)} registered version(s); `models diff` needs two")
-        ra, rb = mine[-2], mine[-1]
-    else:
-        if b is None:
-            raise ForgeError("`models diff A B`: name two versions (MODEL@VERSION), or one model for its last two")
-        ra = find(records, a)
-        rb = find(records, b if "@" in b else f"{model}@{b}")
+    ra, rb = pair(records, a, b)
     result = diff_records(ra, rb)
     if output is Output.json:
         print(json.dumps(result, indent=2, default=str))

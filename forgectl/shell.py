@@ -1,7 +1,8 @@
 """What every `forgectl` command group shares: the two consoles, printing user text safely, and
-the few calls that turn command-line values into library objects (the specs with their
-Environment, the target, the rollout controllers). `models_cli` and `experiment_cli` import this
-module, never `forgectl.cli`, so `forgectl.cli` can add their command groups without a cycle.
+the few calls that turn command-line values into library objects: the specs with their
+Environment and its target (:func:`open_environment`, every command's prologue), the rollout
+controllers. `models_cli` and `experiment_cli` import this module, never `forgectl.cli`, so
+`forgectl.cli` can add their command groups without a cycle.
 
 Library imports stay inside the functions: a command pays only for what it uses (`validate` and
 `plan --base` never load a target).
@@ -9,7 +10,8 @@ Library imports stay inside the functions: a command pays only for what it uses 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -44,35 +46,47 @@ def load_for(paths: list[str] | None, rev: str | None, env_name: str | None) -> 
     return load_environment(paths, rev, env_name)
 
 
-def target_options(flags: TargetFlags, progress: Any = None) -> TargetOptions:
-    """The library's target options from the command line's target flags. ``progress``: the local
-    target's callback for workflow step events (`apply`'s bars)."""
+def target_options(flags: TargetFlags) -> TargetOptions:
+    """The library's target options from the command line's target flags."""
     from reconciler.plan.session import TargetOptions
 
-    return TargetOptions(flags.kubeconfig, flags.context, flags.namespace, progress)
+    return TargetOptions(flags.kubeconfig, flags.context, flags.namespace)
 
 
-def open_target_for(environment: Environment, flags: TargetFlags = NO_OVERRIDES, progress: Any = None) -> tuple[Target, str]:
-    """The environment's target with the command line's overrides, and its namespace."""
+@dataclass(frozen=True)
+class Opened:
+    """What most commands start from: the specs, their environment, and its target (with the
+    command line's overrides) and namespace."""
+
+    result: LoadResult
+    environment: Environment
+    target: Target
+    namespace: str
+
+
+def open_environment(paths: list[str] | None, rev: str | None, env_name: str | None,
+                     flags: TargetFlags = NO_OVERRIDES) -> Opened:
+    """Load the specs under ``paths`` (at ``rev``), pick the environment ``env_name`` names and
+    open its target with the command line's overrides (see :class:`Opened`)."""
     from reconciler.plan.session import namespace_of, open_target
 
-    options = target_options(flags, progress)
-    return open_target(environment, options), namespace_of(environment, options)
+    result, environment = load_for(paths, rev, env_name)
+    options = target_options(flags)
+    return Opened(result, environment, open_target(environment, options), namespace_of(environment, options))
 
 
 def rollout_controllers(paths: list[str] | None, env_name: str | None,
                         flags: TargetFlags) -> tuple[LoadResult, Environment, Controllers]:
     """Specs, environment, and the rollout and experiment controllers on the target's rollout
-    backend, measuring with the Prometheus of ``--prometheus-url``, else the Environment's, else the
-    one the target runs."""
-    from reconciler.controller.watch import controllers_for
+    backend, measuring with the Prometheus that :func:`reconciler.controller.watch.prometheus_for`
+    chooses (``--prometheus-url`` first)."""
+    from reconciler.controller.watch import controllers_for, prometheus_for
     from reconciler.load.sources import revision_of
 
-    result, environment = load_for(paths, None, env_name)
-    target, namespace = open_target_for(environment, flags)
-    backend = target.rollout_backend(result.specs, environment, revision_of(paths or ["."], None))
-    url = flags.prometheus_url or environment.spec.prometheus.url or target.prometheus_url()
-    return result, environment, controllers_for(result, environment, backend, url, namespace)
+    ctx = open_environment(paths, None, env_name, flags)
+    backend = ctx.target.rollout_backend(ctx.result.specs, ctx.environment, revision_of(paths or ["."], None))
+    url = prometheus_for(ctx.environment, ctx.target, flags.prometheus_url)
+    return ctx.result, ctx.environment, controllers_for(ctx.result, ctx.environment, backend, url, ctx.namespace)
 
 
 def one_endpoint(paths: list[str] | None, env_name: str | None, flags: TargetFlags,

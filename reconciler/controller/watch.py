@@ -22,7 +22,7 @@ from reconciler.metrics.prometheus import Prometheus
 from reconciler.rollout.controller import Controller, RolloutState
 from reconciler.rollout.steering import AT_REST, FAILED
 from reconciler.rollout.writeback import rollback_hook
-from reconciler.targets.base import RolloutBackend
+from reconciler.targets.base import RolloutBackend, Target
 from specs import Environment, duration_seconds
 
 #: Exit codes of `forgectl reconcile`: done (or every rollout settled well); with
@@ -40,11 +40,19 @@ class Controllers:
     experiments: ExperimentController
 
 
+def prometheus_for(environment: Environment, target: Target, override: str | None = None) -> str | None:
+    """The Prometheus the rollout gates measure with: ``override`` (`--prometheus-url`, for an
+    in-cluster address forgectl cannot reach from where it runs), else the Environment's
+    `prometheus.url`, else the one the target runs itself (the local target's; started on first
+    use), else None (every measurement inconclusive)."""
+    return override or environment.spec.prometheus.url or target.prometheus_url()
+
+
 def controllers_for(result: LoadResult, environment: Environment, backend: RolloutBackend, prometheus_url: str | None,
                     namespace: str) -> Controllers:
     """The rollout controller (with the write-back policy as its rollback hook) and the experiment
-    controller of ``environment``, both measuring with the Prometheus at ``prometheus_url`` (the
-    Environment's, else the one its target runs; None: none, every measurement inconclusive)."""
+    controller of ``environment``, both measuring with the Prometheus at ``prometheus_url``
+    (:func:`prometheus_for` chooses it; None: none, every measurement inconclusive)."""
     prometheus = (Prometheus(prometheus_url, timeout=duration_seconds(environment.spec.prometheus.timeout))
                   if prometheus_url else None)
     rollouts = Controller(backend, prometheus, namespace, on_rollback=rollback_hook(result, environment, backend))

@@ -29,13 +29,15 @@ def live_plan(result: LoadResult, environment: Environment, target: Target, name
 
 
 def plan_json(plan: Plan, environment: Environment, target: Target) -> dict[str, Any]:
-    """The plan as shown and saved: its JSON, and for a cluster a note for each prerequisite the
-    rendered objects need and the cluster lacks (checked read-only). The objects are the plan's own
-    desired ones: rendering the specs a second time for this was a fifth of a 10,000-endpoint plan."""
+    """The plan as shown and saved: its JSON, and where the target has a cluster
+    (:meth:`Target.cluster_api`) a note for each prerequisite the rendered objects need and the
+    cluster lacks (checked read-only). The objects are the plan's own desired ones: rendering the
+    specs a second time for this was a fifth of a 10,000-endpoint plan."""
     data = plan.to_json()
-    if environment.spec.target == "kubernetes":
+    api = target.cluster_api()
+    if api is not None:
         desired = [c.after for c in plan.changes if c.after is not None]
-        data["notes"] = [*data.get("notes", []), *missing_notes(check(target, cluster_requirements(desired)))]
+        data["notes"] = [*data.get("notes", []), *missing_notes(check(api, cluster_requirements(desired)))]
     return data
 
 

@@ -10,10 +10,11 @@ Only reads: discovery, and GETs of cluster-scoped objects granted by the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from reconciler.errors import ForbiddenError, TargetError
+from reconciler.errors import ForbiddenError, TargetError, TargetNotAvailable
+from reconciler.targets.base import ClusterAPI, Target
 from renderers.prerequisites import Requirement
+from specs import Environment, SpecSet
 
 DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 
@@ -31,33 +32,33 @@ class Finding:
         return {**self.requirement.to_json(), "status": self.status, "detail": self.detail}
 
 
-def _crd(target: Any, req: Requirement) -> Finding:
+def _crd(api: ClusterAPI, req: Requirement) -> Finding:
     plural = req.name.split(".", 1)[0]
-    found = target.read_path(req.api_path, what=f"API {req.api_path}")
+    found = api.read_path(req.api_path, what=f"API {req.api_path}")
     served = {r.get("name") for r in (found or {}).get("resources", [])}
     if plural in served:
         return Finding(req, "ok", f"{req.api_path} serves {plural}")
     return Finding(req, "missing", f"{req.api_path} does not serve {plural}: install the CRD and its controller")
 
 
-def _named(target: Any, req: Requirement, path: str) -> Finding:
-    if target.read_path(path, what=f"{req.kind} {req.name}") is None:
+def _named(api: ClusterAPI, req: Requirement, path: str) -> Finding:
+    if api.read_path(path, what=f"{req.kind} {req.name}") is None:
         return Finding(req, "missing", f"no {req.kind} {req.name!r} in the cluster")
     return Finding(req, "ok", "present")
 
 
-def _storage_class(target: Any, req: Requirement) -> Finding:
+def _storage_class(api: ClusterAPI, req: Requirement) -> Finding:
     if req.name != "(default)":
-        return _named(target, req, f"/apis/storage.k8s.io/v1/storageclasses/{req.name}")
-    classes = (target.read_path("/apis/storage.k8s.io/v1/storageclasses", what="StorageClasses") or {}).get("items", [])
+        return _named(api, req, f"/apis/storage.k8s.io/v1/storageclasses/{req.name}")
+    classes = (api.read_path("/apis/storage.k8s.io/v1/storageclasses", what="StorageClasses") or {}).get("items", [])
     default = [c["metadata"]["name"] for c in classes if (c["metadata"].get("annotations") or {}).get(DEFAULT_CLASS) == "true"]
     if default:
         return Finding(req, "ok", f"default class {default[0]!r}")
     return Finding(req, "missing", "no default StorageClass: mark one default or set `spec.kubernetes.workspace.storageClassName`")
 
 
-def _extended_resource(target: Any, req: Requirement) -> Finding:
-    nodes = (target.read_path("/api/v1/nodes", what="Nodes") or {}).get("items", [])
+def _extended_resource(api: ClusterAPI, req: Requirement) -> Finding:
+    nodes = (api.read_path("/api/v1/nodes", what="Nodes") or {}).get("items", [])
     having = [n["metadata"]["name"] for n in nodes if req.name in (n.get("status", {}).get("allocatable") or {})]
     if having:
         return Finding(req, "ok", f"{len(having)} node(s) advertise it")
@@ -70,30 +71,30 @@ TRAFFIC_SPLITTERS = (("/apis/networking.istio.io/v1alpha3", "virtualservices", "
                      ("/apis/getambassador.io/v2", "mappings", "Ambassador"))
 
 
-def _traffic_splitter(target: Any, req: Requirement) -> Finding:
+def _traffic_splitter(api: ClusterAPI, req: Requirement) -> Finding:
     for path, plural, name in TRAFFIC_SPLITTERS:
-        found = target.read_path(path, what=f"API {path}")
+        found = api.read_path(path, what=f"API {path}")
         if plural in {r.get("name") for r in (found or {}).get("resources", [])}:
             return Finding(req, "ok", f"{name} is installed ({path}); the Seldon operator must have it enabled")
     return Finding(req, "missing", "neither Istio's VirtualService nor Ambassador's Mapping API is served: "
                                    "canary weights would not be applied")
 
 
-def check(target: Any, requirements: list[Requirement]) -> list[Finding]:
-    """Check each requirement against a KubernetesTarget (read-only)."""
+def check(api: ClusterAPI, requirements: list[Requirement]) -> list[Finding]:
+    """Check each requirement against a cluster's API (read-only)."""
     findings = []
     for req in requirements:
         try:
             if req.kind == "CustomResourceDefinition":
-                findings.append(_crd(target, req))
+                findings.append(_crd(api, req))
             elif req.kind == "PriorityClass":
-                findings.append(_named(target, req, f"/apis/scheduling.k8s.io/v1/priorityclasses/{req.name}"))
+                findings.append(_named(api, req, f"/apis/scheduling.k8s.io/v1/priorityclasses/{req.name}"))
             elif req.kind == "StorageClass":
-                findings.append(_storage_class(target, req))
+                findings.append(_storage_class(api, req))
             elif req.kind == "ExtendedResource":
-                findings.append(_extended_resource(target, req))
+                findings.append(_extended_resource(api, req))
             elif req.kind == "TrafficSplitter":
-                findings.append(_traffic_splitter(target, req))
+                findings.append(_traffic_splitter(api, req))
             else:
                 findings.append(Finding(req, "manual", "not visible through the API: see docs/cluster-prerequisites.md"))
         except ForbiddenError as exc:
@@ -109,9 +110,14 @@ def missing_notes(findings: list[Finding]) -> list[str]:
             for f in findings if f.status == "missing"]
 
 
-def check_environment(specs: Any, env: Any, target: Any) -> list[Finding]:
-    """Render ``specs`` for ``env`` and check what the rendered objects need of the cluster."""
+def check_environment(specs: SpecSet, env: Environment, target: Target) -> list[Finding]:
+    """Render ``specs`` for ``env`` and check what the rendered objects need of ``target``'s
+    cluster; :class:`TargetNotAvailable` when the target has none (the local target)."""
     from renderers import RenderContext, render
     from renderers.prerequisites import cluster_requirements
 
-    return check(target, cluster_requirements(render(specs, RenderContext(env)).manifests))
+    api = target.cluster_api()
+    if api is None:
+        raise TargetNotAvailable(f"environment {env.name!r} runs on the {target.name} target: there is no cluster to check "
+                                 "(`forgectl doctor --env <a kubernetes environment>`)")
+    return check(api, cluster_requirements(render(specs, RenderContext(env)).manifests))

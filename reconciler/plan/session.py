@@ -32,7 +32,6 @@ class TargetOptions:
     kubeconfig: str | None = None
     context: str | None = None
     namespace: str | None = None
-    progress: Any = None  # local target: a callback for workflow step events
     #: Pull-request mode: the checkout under review. Credentials are then read only from the
     #: runner (never a kubeconfig an Environment names, nor one inside this folder).
     untrusted_root: Path | None = None
@@ -62,7 +61,7 @@ def open_target(env: Environment, options: TargetOptions = TargetOptions()) -> T
             untrusted_root=options.untrusted_root,
         )
     from reconciler.targets.local.target import LocalTarget
-    return LocalTarget(env, namespace_of(env, options), progress=options.progress)
+    return LocalTarget(env, namespace_of(env, options))
 
 
 def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: str | None,

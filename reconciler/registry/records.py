@@ -185,6 +185,21 @@ def find(records: list[dict[str, Any]], ref: str) -> dict[str, Any]:
     return hits[0]
 
 
+def pair(records: list[dict[str, Any]], a: str, b: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two records `forgectl models diff A [B]` compares: ``a`` and ``b`` as :func:`find` reads
+    them (``b`` may be a bare version of ``a``'s model); a bare model ``a`` alone: its last two
+    versions. :class:`ForgeError` when they do not name two."""
+    model = a.partition("@")[0]
+    if b is None and "@" not in a:
+        mine = [r for r in records if r["model"] == model]
+        if len(mine) < 2:
+            raise ForgeError(f"model {model!r} has {len(mine)} registered version(s); `models diff` needs two")
+        return mine[-2], mine[-1]
+    if b is None:
+        raise ForgeError("`models diff A B`: name two versions (MODEL@VERSION), or one model for its last two")
+    return find(records, a), find(records, b if "@" in b else f"{model}@{b}")
+
+
 def _change(a: Any, b: Any, relative: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"from": a, "to": b}
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):

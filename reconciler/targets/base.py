@@ -5,14 +5,17 @@ cluster) and `local` (this machine) — and the planner, the applier, the rollou
 Everything a target does is declared here: read what is live, apply and delete (prune), hold the
 environment's lock, what it records of its runs (status), logs, the address of an endpoint, the
 rollout state (read through ``rollout_states``, read and written through ``rollout_backend``), its
-own metrics source, and teardown. A capability a target does not have is answered, not left out:
-an empty record, None, or a :class:`~reconciler.errors.TargetNotAvailable` that says what to use
-instead, so a caller never asks which target it holds.
+own metrics source, the steps it runs here (``follow_steps``), the cluster API it reads for the
+prerequisite checks (``cluster_api``), and teardown. A capability a target does not have is
+answered, not left out: an empty record, False, None, or a
+:class:`~reconciler.errors.TargetNotAvailable` that says what to use instead, so a caller never
+asks which target it holds (and `forgectl` never branches on the Environment's `target`: a layer
+rule, tests/foundation/test_layers.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +82,20 @@ class RolloutBackend(Backend, Protocol):
         ...
 
 
+class ClusterAPI(Protocol):
+    """Read-only access to a cluster's API beyond the objects Forge owns: discovery and
+    cluster-scoped objects (what `forgectl doctor` and the plan's prerequisite notes check)."""
+
+    def read_path(self, path: str, *, what: str) -> Any | None:
+        """GET an API path; None on 404. A 403 raises :class:`~reconciler.errors.ForbiddenError`,
+        so a caller can tell "absent" from "not allowed" (``what`` names it in errors)."""
+        ...
+
+
+#: A callback for the events of the workflow steps a target runs (`{"event": "step", …}`).
+StepEvents = Callable[[dict[str, Any]], None]
+
+
 class Target(Protocol):
     """Everything a target does (see module docstring)."""
 
@@ -136,8 +153,21 @@ class Target(Protocol):
         ...
 
     def endpoint_url(self, endpoint: str) -> str | None:
-        """The address clients reach ``endpoint`` at from this machine, or None when it is not
-        served (or the target does not know it)."""
+        """The address clients reach ``endpoint`` at from this machine (what `forgectl load`
+        sends to), or None while it is not served; raises
+        :class:`~reconciler.errors.TargetNotAvailable` where clients reach it some other way
+        (a cluster's ingress), saying what to use instead."""
+        ...
+
+    def follow_steps(self, events: StepEvents) -> bool:
+        """Send the events of the workflow steps the target runs on this machine to ``events``
+        (`apply`'s progress bars); False where the steps run elsewhere (a cluster's Argo), and
+        ``events`` is never called."""
+        ...
+
+    def cluster_api(self) -> ClusterAPI | None:
+        """The cluster's API for read-only prerequisite checks, or None where there is no
+        cluster (the local target)."""
         ...
 
     def log_files(self, name: str) -> list[Path]:
@@ -145,8 +175,9 @@ class Target(Protocol):
         raises :class:`~reconciler.errors.TargetNotAvailable` where logs live elsewhere."""
         ...
 
-    def down(self) -> list[str]:
-        """Stop every process the target started for the environment and forget what they
-        served; the stopped processes, named. Raises
-        :class:`~reconciler.errors.TargetNotAvailable` where nothing runs on this machine."""
+    def down(self) -> list[str] | None:
+        """Stop every process the target started for the environment on this machine and forget
+        what they served; the stopped processes, named. None where nothing runs on this machine:
+        there `forgectl down` deletes what Forge owns instead, as a plan shown and confirmed first
+        (:func:`reconciler.plan.live.teardown_plan`)."""
         ...

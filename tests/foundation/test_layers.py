@@ -44,6 +44,19 @@ CLI_FORBIDDEN = ("subprocess", "socket", "sqlite3", "http", "urllib", "urllib3",
                  "reconciler.targets")
 
 
+#: Of reconciler, what the targets may import (everything else of it drives the targets, or is
+#: above them): each with its reason. The folder check (test_import_cycles.py) keeps these rooms
+#: from importing a target back.
+TARGETS_MAY_IMPORT = (
+    "reconciler.targets",            # themselves: the protocol (base.py) and each target's own modules
+    "reconciler.errors", "reconciler.diagnostics", "reconciler.resources", "reconciler.heap",  # the ground floor
+    "reconciler.load",               # specs and sources (a Workflow's dataset paths, the git revision)
+    "reconciler.metrics",            # the Prometheus client and the analysis of a measurement
+    "reconciler.rollout",            # the rollout state and the controller's Backend protocol they implement
+    "reconciler.traffic",            # what an endpoint serves, and its one writer (the rollout backends move traffic through it)
+    "reconciler.registry.records",   # the pure record builders (each target keeps or reads its records itself)
+)
+
 #: Inside what CLI_FORBIDDEN names, what the CLI may import, each with its reason.
 CLI_ALLOWED = (
     "reconciler.targets.base",        # the Target protocol itself: the seam the CLI talks through
@@ -62,6 +75,9 @@ class Facts:
     attribute_calls: frozenset[str]  # `x.execute(...)` gives `execute`
     random_calls: frozenset[str]   # `random.<name>(...)`: the module's shared, unseeded generator
     attributes: frozenset[str]     # every attribute name read or called (`target.db` gives `db`)
+    #: Comparisons (and `match` subjects) that tell the targets apart: `….spec.target` compared,
+    #: or a target's name (`"local"`, `"kubernetes"`) compared with anything; with their line.
+    target_branches: frozenset[str] = frozenset()
 
 
 def _module_name(rel: Path) -> str:
@@ -79,9 +95,12 @@ def read_facts(root: Path, path: Path) -> Facts:
     attribute_calls: set[str] = set()
     random_calls: set[str] = set()
     attributes: set[str] = set()
+    target_branches: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             attributes.add(node.attr)
+        if isinstance(node, (ast.Compare, ast.Match)):
+            target_branches |= {f"{what} (line {node.lineno})" for what in _tells_targets_apart(node)}
         if isinstance(node, ast.Import):
             imports |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -102,7 +121,24 @@ def read_facts(root: Path, path: Path) -> Facts:
                 if isinstance(func.value, ast.Name) and func.value.id == "random":
                     random_calls.add(func.attr)
     return Facts(rel.as_posix(), frozenset(imports), frozenset(calls), frozenset(attribute_calls), frozenset(random_calls),
-                 frozenset(attributes))
+                 frozenset(attributes), frozenset(target_branches))
+
+
+#: The targets' names (`Environment.spec.target`, `Target.name`).
+TARGET_NAMES = ("local", "kubernetes")
+
+
+def _tells_targets_apart(node: ast.Compare | ast.Match) -> list[str]:
+    """What in a comparison or `match` branches on which target it is (see Facts.target_branches)."""
+    operands = [node.left, *node.comparators] if isinstance(node, ast.Compare) else [node.subject]
+    found = []
+    for operand in operands:
+        if isinstance(operand, ast.Attribute) and operand.attr == "target" and \
+                isinstance(operand.value, ast.Attribute) and operand.value.attr == "spec":
+            found.append(f"compares {ast.unparse(operand)}")
+        elif isinstance(operand, ast.Constant) and operand.value in TARGET_NAMES:
+            found.append(f"compares with {operand.value!r}")
+    return found
 
 
 def _under(name: str, prefixes: Iterable[str]) -> bool:
@@ -220,6 +256,12 @@ def no_target_internals(facts: Facts) -> list[str]:
     return [f"reads .{name} (a target's internals)" for name in sorted(facts.attributes & TARGET_INTERNALS)]
 
 
+def no_target_branch(facts: Facts) -> list[str]:
+    """What differs by target is the target's own answer (a capability on the Target protocol),
+    never a branch on which target the Environment names."""
+    return [f"{what}: ask the Target (a capability in reconciler/targets/base.py)" for what in sorted(facts.target_branches)]
+
+
 #: Attribute names that are a target's internals, not its protocol.
 TARGET_INTERNALS = frozenset({"db", "workspace"})
 STATE_DB = "reconciler/targets/local/state.py"
@@ -249,6 +291,13 @@ RULES = [
          tuple(f"{p}/**/*.py" for p in CONTROL_PLANE), installs_light),
     Rule("cli-parses-and-prints", "the CLI parses arguments, calls `reconciler`, prints; targets only through the Target seam",
          ("forgectl/**/*.py",), forbid_imports(CLI_FORBIDDEN, allow=CLI_ALLOWED)),
+    Rule("cli-never-branches-on-the-target",
+         "what differs by target is a target capability (reconciler/targets/base.py), not a CLI branch on `spec.target`",
+         ("forgectl/**/*.py",), no_target_branch),
+    Rule("targets-are-the-bottom-adapters",
+         "a target imports only the value rooms below it (rollout, traffic, registry.records, load, metrics, the ground floor), "
+         "never a room that drives it (plan, observe, controller, present, experiment) nor the CLI",
+         ("reconciler/targets/**/*.py",), forbid_imports(("reconciler", "forgectl"), allow=TARGETS_MAY_IMPORT)),
     Rule("planner-sees-only-the-target-protocol",
          "the planner, applier and status see only the Target interface (reconciler/targets/base.py)",
          ("reconciler/**/*.py",), forbid_imports(("reconciler.targets",), allow=("reconciler.targets.base",)),
@@ -321,6 +370,27 @@ PLANTED: dict[str, tuple[dict[str, str], dict[str, str], list[str]]] = {
         {"forgectl/good.py": "import json\nimport typer\nfrom reconciler.plan.session import open_target\nfrom reconciler.targets.base import Target\n",
          "forgectl/load.py": "def load():\n    from reconciler.targets.local.load import generate\n"},
         ["forgectl/bad.py: imports reconciler.targets.local.target", "forgectl/bad.py: imports subprocess"]),
+    "cli-never-branches-on-the-target": (
+        {"forgectl/bad.py": "def apply(environment, target):\n    if environment.spec.target == 'local':\n        pass\n"
+                            "    bars = None if target.name != \"kubernetes\" else 1\n"
+                            "    match environment.spec.target:\n        case _:\n            pass\n"},
+        {"forgectl/good.py": "def down(target, env):\n    stopped = target.down()\n    if stopped is not None:\n        return stopped\n"
+                             "    name = env or 'local'\n    return target.name, name, env.spec.target\n"},
+        ["forgectl/bad.py: compares environment.spec.target (line 2): ask the Target (a capability in reconciler/targets/base.py)",
+         "forgectl/bad.py: compares environment.spec.target (line 5): ask the Target (a capability in reconciler/targets/base.py)",
+         "forgectl/bad.py: compares with 'kubernetes' (line 4): ask the Target (a capability in reconciler/targets/base.py)",
+         "forgectl/bad.py: compares with 'local' (line 2): ask the Target (a capability in reconciler/targets/base.py)"]),
+    "targets-are-the-bottom-adapters": (
+        {"reconciler/targets/local/bad.py": "from reconciler.registry.leaderboard import rows\n\ndef f():\n"
+                                            "    from reconciler.plan.session import open_target  # lazy still counts\n",
+         "reconciler/targets/kubernetes/bad.py": "from reconciler.observe import status\nfrom forgectl.shell import out\n"},
+        {"reconciler/targets/kubernetes/good.py": "from reconciler.errors import TargetError\nfrom reconciler.registry.records import build_record\n"
+                                                  "from reconciler.rollout.controller import RolloutState\nfrom reconciler.traffic.serving import apply_serving\n"
+                                                  "from reconciler.targets.base import Target\nfrom renderers.labels import NAME\n",
+         "reconciler/plan/session.py": "from reconciler.targets.local.target import LocalTarget\n"},
+        ["reconciler/targets/kubernetes/bad.py: imports forgectl.shell", "reconciler/targets/kubernetes/bad.py: imports reconciler.observe",
+         "reconciler/targets/local/bad.py: imports reconciler.plan.session",
+         "reconciler/targets/local/bad.py: imports reconciler.registry.leaderboard"]),
     "planner-sees-only-the-target-protocol": (
         {"reconciler/bad.py": "from reconciler.targets import local\n"},
         {"reconciler/good.py": "from reconciler.targets.base import Target\n",

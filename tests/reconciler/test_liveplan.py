@@ -46,9 +46,12 @@ def test_ensure_runnable_refuses_a_blocked_plan_naming_the_first_blocker() -> No
 def test_plan_json_adds_prerequisite_notes_only_for_a_cluster(tmp_path: Path) -> None:
     from reconciler.plan.live import plan_json
     from reconciler.plan.plan import Plan
+    from reconciler.targets.local.target import LocalTarget
 
     result = copied_example(tmp_path)
     local = result.specs.environment("local")
     plan = Plan("local", "local", (), notes=("a note",))
-    # the local target is never asked: there is no cluster to check
-    assert plan_json(plan, local, None) == plan.to_json()
+    # the local target has no cluster to check (Target.cluster_api is None): the notes stay the plan's
+    target = LocalTarget(local, "forge-local", repo_root=tmp_path)
+    assert target.cluster_api() is None
+    assert plan_json(plan, local, target) == plan.to_json()

@@ -38,7 +38,7 @@ from reconciler.errors import (
 )
 from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
 from reconciler.rollout.controller import RolloutState
-from reconciler.targets.base import RolloutBackend, RunDetails
+from reconciler.targets.base import ClusterAPI, RolloutBackend, RunDetails, StepEvents
 from reconciler.targets.kubernetes.kubeconfig import load_client_config
 from reconciler.targets.kubernetes.records import records_from_workflows
 from reconciler.targets.kubernetes.rollout import KubernetesRolloutBackend, rollout_state_of
@@ -371,15 +371,23 @@ class KubernetesTarget:
         return RunDetails(steps={o["metadata"]["name"]: steps_of(o) for o in live if o.get("kind") == "Workflow"})
 
     def endpoint_url(self, endpoint: str) -> str | None:
-        """Unknown here: clients reach an endpoint through the cluster's Seldon ingress."""
-        return None
+        """Not on this machine: clients reach an endpoint through the cluster's Seldon ingress."""
+        raise TargetNotAvailable(f"endpoint {endpoint!r} is served in the cluster, not on this machine: `load` drives a "
+                                 "local endpoint; in a cluster, use your own load tool against the Seldon service")
+
+    def follow_steps(self, events: StepEvents) -> bool:
+        """Argo runs the steps in the cluster (`argo watch` follows them): no events here."""
+        return False
+
+    def cluster_api(self) -> ClusterAPI:
+        """This target: :meth:`read_path` reads any API path."""
+        return self
 
     def log_files(self, name: str) -> list[Path]:
         """Logs of a cluster live in the cluster."""
         raise TargetNotAvailable("in a cluster, use `kubectl logs` (or `argo logs`) for steps and servers")
 
-    def down(self) -> list[str]:
-        """Nothing runs on this machine for a cluster environment (`forgectl down` deletes what
-        Forge owns there instead: :func:`reconciler.plan.live.teardown_plan`)."""
-        raise TargetNotAvailable("nothing runs on this machine for a cluster environment; "
-                                 "`forgectl down` deletes what Forge owns in the cluster")
+    def down(self) -> list[str] | None:
+        """None: nothing runs on this machine for a cluster environment (`forgectl down` deletes
+        what Forge owns there instead: :func:`reconciler.plan.live.teardown_plan`)."""
+        return None

@@ -29,7 +29,7 @@ from typing import Any
 from reconciler.errors import LockHeldError, TargetError, TargetNotAvailable
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
-from reconciler.targets.base import RolloutBackend, RunDetails
+from reconciler.targets.base import ClusterAPI, RolloutBackend, RunDetails, StepEvents
 from reconciler.targets.local.details import log_files, model_summaries
 from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
@@ -68,8 +68,7 @@ class LocalTarget:
     #: One write at a time: its state is one SQLite database and the processes it supervises.
     apply_parallelism = 1
 
-    def __init__(self, env: Environment, namespace: str, *, repo_root: Path | None = None,
-                 progress: Progress | None = None) -> None:
+    def __init__(self, env: Environment, namespace: str, *, repo_root: Path | None = None) -> None:
         self.environment = env.name
         self.namespace = namespace
         # Everything this target reads or writes stays inside the Environment's `root` (relative
@@ -84,7 +83,7 @@ class LocalTarget:
         self.db = StateDB(self.state_dir / "state.db")
         self.max_parallel = env.spec.local.max_parallel_steps
         self.scrape_interval = env.spec.local.scrape_interval
-        self.progress = progress
+        self.progress: Progress | None = None  # see follow_steps
         self._python: str | None = None
         self._serving: Any = None
         self._prometheus: Any = None
@@ -283,3 +282,11 @@ class LocalTarget:
         """Log files under `.forge/<env>/logs` (see :func:`details.log_files`)."""
         return log_files(self.state_dir, name)
 
+    def follow_steps(self, events: StepEvents) -> bool:
+        """The executor reports each step it runs here to ``events`` (from the next workflow on)."""
+        self.progress = events
+        return True
+
+    def cluster_api(self) -> ClusterAPI | None:
+        """None: there is no cluster here."""
+        return None
