@@ -5,8 +5,9 @@
     │   ├── ForbiddenError            RBAC said no (403): names verb, resource, namespace
     │   ├── ConflictError             409: the object changed under us
     │   ├── InvalidObjectError        422: the API server rejected the object (names the fields)
-    │   └── TransientError            worth retrying: connection reset, 429, 500/502/503/504
-    │       └── UnreachableError      still failing after the retries: names the URL
+    │   ├── TransientError            worth retrying: connection reset, 429, 500/502/503/504
+    │   │   └── UnreachableError      still failing after the retries: names the URL
+    │   └── LeaseLost                 the environment's Lease is no longer ours: nothing more is written
     ├── StalePlanError                a saved plan's live state moved since it was made
     ├── LockHeldError                 another apply holds the environment's lease
     ├── ApplyFailed                   an apply stopped part-way: carries what was and wasn't done
@@ -57,6 +58,12 @@ class TransientError(TargetError):
 
 class UnreachableError(TransientError):
     """The API server could not be reached, even after retries."""
+
+
+class LeaseLost(TargetError):
+    """The environment's Lease is no longer held by this writer (taken over, deleted, or not
+    renewed before its fencing deadline): the write was not sent, and the apply stops. Never
+    retried: another holder may be writing now."""
 
 
 class StalePlanError(ForgeError):

@@ -3,20 +3,28 @@ wave written concurrently (bounded), returning a typed change set.
 
 A failure part-way raises :class:`ApplyFailed` carrying what was applied and what was not; a rerun
 plans again from the live state and converges.
+
+Each write carries what the plan read, for the target to enforce as it stores it: an update the
+`resourceVersion` it was planned against, a create that the object must not exist
+(:class:`~reconciler.targets.base.Precondition`) — a write based on a read that went stale is
+refused (:class:`~reconciler.errors.ConflictError`). A lost environment Lease
+(:class:`~reconciler.errors.LeaseLost`: the target checks it before each write) stops the apply at
+once: nothing more is attempted, not even the rest of the wave, and it is raised as such.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from reconciler.errors import ApplyFailed, TargetError
+from reconciler.errors import ApplyFailed, LeaseLost, TargetError
 from reconciler.plan.plan import Action, Change, Plan
 from reconciler.resources import ObjectRef
-from reconciler.targets.base import Target
+from reconciler.targets.base import Precondition, Target
 from renderers.bundle import sort_key
 
 
@@ -82,16 +90,38 @@ def waves(changes: Sequence[Change]) -> list[list[int]]:
     return out
 
 
-def _attempt(change: Change, target: Target) -> TargetError | None:
+class _NotAttempted:
+    """What :func:`_attempt` returns for a change it did not write (the Lease was lost)."""
+
+
+NOT_ATTEMPTED = _NotAttempted()
+
+
+def precondition_of(change: Change) -> Precondition | None:
+    """What the plan read of the object, for the target to enforce: absent for a create, the
+    resourceVersion it was compared with for an update."""
+    if change.action is Action.CREATE:
+        return Precondition(absent=True)
+    if change.action is Action.UPDATE and change.live_version:
+        return Precondition(resource_version=change.live_version)
+    return None
+
+
+def _attempt(change: Change, target: Target, lost: threading.Event) -> TargetError | _NotAttempted | None:
     """Write one change; the target's error, if any, is returned (not raised) so that the rest
-    of its wave still finishes."""
+    of its wave still finishes — unless the Lease is lost (``lost``): then nothing more is written."""
+    if lost.is_set():
+        return NOT_ATTEMPTED
     try:
         if change.action is Action.DELETE:
             uid = (change.before or {}).get("metadata", {}).get("uid")
             target.delete(change.ref, uid=uid)
         else:
             assert change.after is not None
-            target.apply(change.after)
+            target.apply(change.after, precondition=precondition_of(change))
+    except LeaseLost as exc:
+        lost.set()
+        return exc
     except TargetError as exc:
         return exc
     return None
@@ -104,24 +134,28 @@ def apply_plan(plan: Plan, target: Target, *, progress: Callable[[Change, Outcom
 
     Every object's outcome is recorded in the plan's order. When objects of a wave fail, the rest
     of that wave still finishes (its writes are independent), later waves are not attempted, and
-    :class:`ApplyFailed` names every failed object with its error.
+    :class:`ApplyFailed` names every failed object with its error. A lost Lease stops it at once
+    and is raised as :class:`LeaseLost`, saying what was written before.
     """
     width = max(1, parallelism or target.apply_parallelism)
     changes = plan.changes
     outcomes: dict[int, ChangeSetEntry] = {}
     errors: dict[int, TargetError] = {}
+    lost = threading.Event()
     pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="forge-apply") if width > 1 else None
     try:
         for wave in waves(changes):
             if errors:
                 break
             if pool is None or len(wave) == 1:
-                results = [(i, _attempt(changes[i], target)) for i in wave]
+                results = [(i, _attempt(changes[i], target, lost)) for i in wave]
             else:
-                futures = {pool.submit(_attempt, changes[i], target): i for i in wave}
+                futures = {pool.submit(_attempt, changes[i], target, lost): i for i in wave}
                 results = [(futures[f], f.result()) for f in as_completed(futures)]
             for index, error in results:  # reported from this thread, as each object finishes
                 change = changes[index]
+                if isinstance(error, _NotAttempted):
+                    continue
                 if error is not None:
                     outcomes[index] = ChangeSetEntry(change.ref, Outcome.FAILED, str(error))
                     errors[index] = error
@@ -139,10 +173,14 @@ def apply_plan(plan: Plan, target: Target, *, progress: Callable[[Change, Outcom
         if entry is None:
             entry = ChangeSetEntry(change.ref, Outcome.UNCHANGED if change.action is Action.NOOP else Outcome.NOT_ATTEMPTED)
         changeset.entries.append(entry)
+    done = changeset.count(Outcome.CREATED) + changeset.count(Outcome.CONFIGURED) + changeset.count(Outcome.DELETED)
+    lease = next((e for e in errors.values() if isinstance(e, LeaseLost)), None)
+    if lease is not None:
+        raise LeaseLost(f"{lease}\n  {done} change(s) were applied before, {changeset.count(Outcome.NOT_ATTEMPTED)} not "
+                        f"attempted, nothing written after the Lease was lost", status=lease.status, ref=lease.ref) from lease
     if errors:
         failed = sorted(errors)
         first = changes[failed[0]]
-        done = changeset.count(Outcome.CREATED) + changeset.count(Outcome.CONFIGURED) + changeset.count(Outcome.DELETED)
         others = "".join(f"\n  also failed: {changes[i].ref}: {outcomes[i].error}" for i in failed[1:])
         raise ApplyFailed(
             f"apply stopped at {first.ref}: {outcomes[failed[0]].error}{others}\n  {done} change(s) were applied, "

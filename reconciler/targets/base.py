@@ -96,6 +96,39 @@ class ClusterAPI(Protocol):
 StepEvents = Callable[[dict[str, Any]], None]
 
 
+@dataclass(frozen=True)
+class Precondition:
+    """What a write requires of the object's live state, enforced where the object is stored (by
+    the API server for a cluster), so a write based on what was read cannot land on something that
+    changed since: ``absent`` — create only, refused when the object exists; ``resource_version``
+    — the version that was read, refused once the object moved on (HTTP 409,
+    :class:`~reconciler.errors.ConflictError`)."""
+
+    absent: bool = False
+    resource_version: str | None = None
+
+
+class Fence(Protocol):
+    """The environment's lock as its holder sees it while writing: whether it is still held and
+    until when it surely is. Every write of a target that holds its lock checks it just before it
+    is sent; the :class:`Precondition` of the write covers the moment between check and arrival."""
+
+    @property
+    def held(self) -> bool:
+        """Whether the lock is still this writer's."""
+        ...
+
+    @property
+    def deadline(self) -> float | None:
+        """The ``time.monotonic()`` after which nothing may be sent under this lock, or None where
+        it cannot expire while the process lives."""
+        ...
+
+    def check(self, what: str) -> None:
+        """Raise :class:`~reconciler.errors.LeaseLost` (naming ``what`` was not sent) unless held."""
+        ...
+
+
 class Target(Protocol):
     """Everything a target does (see module docstring)."""
 
@@ -112,17 +145,21 @@ class Target(Protocol):
         """Every live object Forge owns in this environment (one LIST per kind)."""
         ...
 
-    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
-        """Server-side apply ``obj`` (field manager `forgectl`); return the object as stored."""
+    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False,
+              precondition: Precondition | None = None) -> dict[str, Any]:
+        """Server-side apply ``obj`` (field manager `forgectl`); return the object as stored. A
+        write that ``precondition`` refuses raises :class:`~reconciler.errors.ConflictError`;
+        one sent while this target's lock is lost raises :class:`~reconciler.errors.LeaseLost`."""
         ...
 
     def delete(self, ref: ObjectRef, *, uid: str | None = None) -> None:
         """Delete one object (only if its uid still matches, when given)."""
         ...
 
-    def lock(self, holder: str | None = None) -> AbstractContextManager[None]:
+    def lock(self, holder: str | None = None) -> AbstractContextManager[Fence]:
         """Hold the environment's lock for the duration of an apply (``holder`` defaults to
-        user@host:pid); a second holder is refused with :class:`~reconciler.errors.LockHeldError`."""
+        user@host:pid); a second holder is refused with :class:`~reconciler.errors.LockHeldError`.
+        While held, every write of the target is fenced by it (:class:`Fence`)."""
         ...
 
     def rollout_states(self, live: list[dict[str, Any]]) -> dict[str, RolloutState]:

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from reconciler.errors import ApplyFailed, ConflictError
+from reconciler.errors import ApplyFailed, ConflictError, LeaseLost
 from reconciler.plan.apply import Outcome, apply_plan, waves
 from reconciler.plan.plan import Action, Change, Plan
 from reconciler.resources import ObjectRef
+from reconciler.targets.base import Precondition
 
 
 def obj(kind: str, name: str, api: str = "v1") -> dict[str, Any]:
@@ -43,9 +44,15 @@ class FakeTarget:
 
     name = "fake"
 
-    def __init__(self, parallelism: int, fail: frozenset[str] = frozenset(), meet: tuple[str, int] | None = None) -> None:
+    def __init__(self, parallelism: int, fail: frozenset[str] = frozenset(), meet: tuple[str, int] | None = None,
+                 lose_lease_after: int | None = None) -> None:
         self.apply_parallelism = parallelism
         self.fail = fail
+        #: After this many writes the Lease is lost: every later write is refused before it is sent,
+        #: as the kubernetes target's fence refuses it.
+        self.lose_lease_after = lose_lease_after
+        self.asked: list[str] = []
+        self.preconditions: dict[str, Precondition | None] = {}
         self.meet_prefix, parties = meet or ("", 0)
         self.barrier = threading.Barrier(parties, timeout=MEET_TIMEOUT) if parties else None
         self.written: list[str] = []
@@ -67,8 +74,14 @@ class FakeTarget:
             with self._lock:
                 self.in_flight -= 1
 
-    def apply(self, o: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
-        self._write(o["metadata"]["name"])
+    def apply(self, o: dict[str, Any], *, dry_run: bool = False, precondition: Precondition | None = None) -> dict[str, Any]:
+        name = o["metadata"]["name"]
+        with self._lock:
+            self.asked.append(name)
+            self.preconditions[name] = precondition
+            if self.lose_lease_after is not None and len(self.written) >= self.lose_lease_after:
+                raise LeaseLost(f"patch {name}: not sent: the Lease is no longer held by alice (taken over by bob)")
+        self._write(name)
         return o
 
     def delete(self, ref: ObjectRef, *, uid: str | None = None) -> None:

@@ -3,7 +3,12 @@
 * reads what Forge owns with one LIST per kind and a label selector — never a GET per object;
 * writes with server-side apply (field manager `forgectl`, forced, so drift made by hand is
   taken back), and server-side dry runs to settle apparent differences;
-* guards each apply with a `coordination.k8s.io` Lease per environment;
+* guards each apply with a `coordination.k8s.io` Lease per environment, and fences every write by it:
+  while the Lease is held, each request is checked against its fencing deadline before it is sent
+  (:mod:`.lease`; a lost Lease raises :class:`~reconciler.errors.LeaseLost`), and the writes an apply
+  makes carry the preconditions its plan read — the `resourceVersion` of an update, create-only
+  for an object the plan saw absent — so the API server refuses one that a check let through just
+  before a pause (HTTP 409);
 * retries transient failures (connection errors, 429, 5xx) with backoff, decided by error type.
 """
 
@@ -30,6 +35,7 @@ from reconciler.errors import (
     ConflictError,
     ForbiddenError,
     InvalidObjectError,
+    LeaseLost,
     LockHeldError,
     TargetError,
     TargetNotAvailable,
@@ -38,8 +44,9 @@ from reconciler.errors import (
 )
 from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
 from reconciler.rollout.controller import RolloutState
-from reconciler.targets.base import ClusterAPI, RolloutBackend, RunDetails, StepEvents
+from reconciler.targets.base import ClusterAPI, Precondition, RolloutBackend, RunDetails, StepEvents
 from reconciler.targets.kubernetes.kubeconfig import load_client_config
+from reconciler.targets.kubernetes.lease import LeaseFence
 from reconciler.targets.kubernetes.records import records_from_workflows
 from reconciler.targets.kubernetes.rollout import KubernetesRolloutBackend, rollout_state_of
 from reconciler.targets.kubernetes.workflow_status import steps_of
@@ -55,6 +62,9 @@ TRANSIENT_REASONS = frozenset({"ServerTimeout", "Timeout", "TooManyRequests"})
 #: LEASE_SECONDS (client-go's leader election uses 15 s / 10 s; an apply is not that critical).
 LEASE_SECONDS = 30
 LEASE_RENEW_SECONDS = 10
+#: A holder stops writing this long before its Lease would expire as the server last confirmed it:
+#: room for clock skew between holders and for a request in flight (:mod:`.lease`).
+LEASE_MARGIN_SECONDS = 5.0
 #: Server-side applies in flight at once within one wave of an apply (reconciler/plan/apply.py):
 #: enough to hide round trips over thousands of objects, well under the API server's default
 #: max-requests-inflight (400) and the client's connection pool.
@@ -104,14 +114,21 @@ class KubernetesTarget:
         cfg.retries = False  # retries are ours, by error type
         self.server = cfg.host
         self.api = k8s.ApiClient(cfg)
+        #: The fence of the Lease this target holds (inside :meth:`lock`), checked before each write.
+        self._fence: LeaseFence | None = None
 
     # -- transport --------------------------------------------------------------------------
     def _call(self, method: str, path: str, *, verb: str, ref: str, namespace: str | None,
               query: list[tuple[str, str]] | None = None, body: Any = None,
-              content_type: str = "application/json") -> Any:
-        """One API request with bounded retries of transient failures; errors become typed."""
+              content_type: str = "application/json", fenced: bool = False) -> Any:
+        """One API request with bounded retries of transient failures; errors become typed. A
+        ``fenced`` one (a write) is checked against the held Lease before every attempt: after a
+        lost Lease nothing is sent (:class:`~reconciler.errors.LeaseLost`)."""
         attempt = 0
         while True:
+            fence = self._fence
+            if fenced and fence is not None:
+                fence.check(f"{verb} {ref}")
             try:
                 method_, url, headers, data, post = self.api.param_serialize(
                     method, path, query_params=query or [],
@@ -202,29 +219,82 @@ class KubernetesTarget:
         with ThreadPoolExecutor(max_workers=len(OWNED)) as pool:
             return [obj for items in pool.map(one, OWNED) for obj in items]
 
-    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
-        """Server-side apply with field manager `forgectl`, forced: Forge owns what it renders."""
+    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False,
+              precondition: Precondition | None = None) -> dict[str, Any]:
+        """Server-side apply with field manager `forgectl`, forced: Forge owns what it renders.
+
+        ``precondition`` (what the plan read): ``resource_version`` is sent as the object's
+        `metadata.resourceVersion`, which the API server enforces on an apply (409 once the object
+        moved on); ``absent`` creates only (POST: 409 when it exists), then marks the fields the
+        create set as applied by `forgectl` (:meth:`_owned_as_applied`), as a server-side apply
+        would have. Either refusal raises :class:`ConflictError`; nothing was written."""
         ref = ObjectRef.of(obj)
-        resource = ref.resource
+        if precondition is not None and precondition.absent and not dry_run:
+            return self._create_only(ref, obj)
+        version = precondition.resource_version if precondition is not None else None
+        body = dict(obj)
+        if version:
+            body["metadata"] = {**(body.get("metadata") or {}), "resourceVersion": version}
         query = [("fieldManager", MANAGER), ("force", "true")]
         if dry_run:
             query.append(("dryRun", "All"))
-        return self._call(
-            "PATCH", resource.path(ref.namespace, ref.name), verb="patch", ref=str(ref),
-            namespace=ref.namespace or None, query=query, body=json.dumps(obj),
-            content_type="application/apply-patch+yaml",
-        )
+        try:
+            return self._call(
+                "PATCH", ref.resource.path(ref.namespace, ref.name), verb="patch", ref=str(ref),
+                namespace=ref.namespace or None, query=query, body=json.dumps(body),
+                content_type="application/apply-patch+yaml", fenced=not dry_run,
+            )
+        except ConflictError as exc:
+            if not version:
+                raise
+            raise ConflictError(f"{ref}: changed since the plan read it (resourceVersion {version} is not the current "
+                                f"one): not written; plan again", status=409, ref=ref) from exc
+
+    def _create_only(self, ref: ObjectRef, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """POST ``obj`` (refused with 409 when it exists), as `forgectl`'s own."""
+        try:
+            created = self._call("POST", ref.resource.path(ref.namespace), verb="create", ref=str(ref),
+                                 namespace=ref.namespace or None, query=[("fieldManager", MANAGER)], body=dict(obj),
+                                 fenced=True)
+        except ConflictError as exc:
+            raise ConflictError(f"{ref}: exists, though the plan saw none (created since it read the cluster): not "
+                                "written; plan again", status=409, ref=ref) from exc
+        return self._owned_as_applied(ref, created)
+
+    def _owned_as_applied(self, ref: ObjectRef, created: dict[str, Any]) -> dict[str, Any]:
+        """A create records its fields under `forgectl` with operation `Update`; server-side apply
+        would have recorded them as `Apply`, and only fields owned by `Apply` are removed when a
+        later apply leaves them out. So the entry's operation is rewritten to `Apply` (a JSON patch
+        that tests the resourceVersion the create returned): the object is then as an apply would
+        have made it. Changed meanwhile, or the patch refused, it is left as created."""
+        fields = (created.get("metadata") or {}).get("managedFields") or []
+        index = next((i for i, f in enumerate(fields) if f.get("manager") == MANAGER and f.get("operation") == "Update"), None)
+        version = (created.get("metadata") or {}).get("resourceVersion")
+        if index is None or not version:
+            return created
+        patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": version},
+                 {"op": "replace", "path": f"/metadata/managedFields/{index}/operation", "value": "Apply"}]
+        try:
+            stored: dict[str, Any] = self._call(
+                "PATCH", ref.resource.path(ref.namespace, ref.name), verb="patch", ref=str(ref),
+                namespace=ref.namespace or None, query=[("fieldManager", MANAGER)], body=patch,
+                content_type="application/json-patch+json", fenced=True)
+        except LeaseLost:
+            raise
+        except TargetError:  # changed meanwhile (409), or the patch refused: the object stays as created
+            return created
+        return stored
 
     def create(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST one object into this namespace (events, leases)."""
+        """POST one object into this namespace (events)."""
         return self._call("POST", resource.path(self.namespace), verb="create", ref=resource.plural,
-                          namespace=self.namespace, body=dict(body))
+                          namespace=self.namespace, body=dict(body), fenced=True)
 
     def merge_patch(self, ref: ObjectRef, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
         """A JSON merge patch under field manager ``manager`` (the rollout state annotation)."""
         return self._call("PATCH", ref.resource.path(ref.namespace, ref.name), verb="patch", ref=str(ref),
                           namespace=ref.namespace or None, query=[("fieldManager", manager)], body=dict(body),
-                          content_type="application/merge-patch+json")
+                          content_type="application/merge-patch+json", fenced=True)
 
     def delete(self, ref: ObjectRef, *, uid: str | None = None) -> None:
         """Delete one object, only while its uid matches (so a re-created object is never hit)."""
@@ -233,7 +303,7 @@ class KubernetesTarget:
             body["preconditions"] = {"uid": uid}
         try:
             self._call("DELETE", ref.resource.path(ref.namespace, ref.name), verb="delete", ref=str(ref),
-                       namespace=ref.namespace or None, body=body)
+                       namespace=ref.namespace or None, body=body, fenced=True)
         except TargetError as exc:
             if exc.status != 404:
                 raise
@@ -266,9 +336,11 @@ class KubernetesTarget:
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}})
 
     @contextmanager
-    def lock(self, holder: str | None = None) -> Iterator[None]:
+    def lock(self, holder: str | None = None) -> Iterator[LeaseFence]:
         """Hold the Lease `forgectl-<environment>` while applying. A live lease held by someone
-        else refuses the apply, naming the holder and since when; an expired one is taken over."""
+        else refuses the apply, naming the holder and since when; an expired one is taken over.
+        While it is held, every write of this target is fenced by it (:mod:`.lease`); the fence
+        is what the block is given."""
         holder = holder or f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
         name = f"forgectl-{self.environment}"
         ref = f"Lease {self.namespace}/{name}"
@@ -278,48 +350,75 @@ class KubernetesTarget:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": name, "namespace": self.namespace, "labels": {"app.kubernetes.io/managed-by": MANAGER}},
                 "spec": spec}
+        fence = LeaseFence(ref, holder, LEASE_MARGIN_SECONDS)
+        sent = time.monotonic()
         try:
-            self._call("POST", self._lease_path(), verb="create", ref=ref, namespace=self.namespace, body=body)
+            stored = self._call("POST", self._lease_path(), verb="create", ref=ref, namespace=self.namespace, body=body)
         except TargetError as exc:
             if exc.status == 404:  # the namespace does not exist yet
                 self._ensure_namespace()
-                self._call("POST", self._lease_path(), verb="create", ref=ref, namespace=self.namespace, body=body)
+                sent = time.monotonic()
+                stored = self._call("POST", self._lease_path(), verb="create", ref=ref, namespace=self.namespace, body=body)
             elif exc.status == 409:
-                self._take_over(name, ref, body)
+                stored, sent = self._take_over(name, ref, body)
             else:
                 raise
+        fence.confirmed(stored, sent)
         stop = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(name, ref, holder, stop), name="forge-lease", daemon=True)
+        renewer = threading.Thread(target=self._renew, args=(name, ref, fence, stop), name="forge-lease", daemon=True)
+        self._fence = fence
         renewer.start()
         try:
-            yield
+            yield fence
         finally:
             stop.set()
             renewer.join()
-            try:
-                current = self._call("GET", self._lease_path(name), verb="get", ref=ref, namespace=self.namespace)
-                if current and current.get("spec", {}).get("holderIdentity") == holder:
+            self._fence = None
+            if fence.held:  # only a Lease surely still ours is released (at the version we stored)
+                try:
                     self._call("DELETE", self._lease_path(name), verb="delete", ref=ref, namespace=self.namespace,
-                               body={"preconditions": {"resourceVersion": current["metadata"]["resourceVersion"]}})
-            except TargetError:
-                pass  # the lease expires by itself
+                               body={"preconditions": {"resourceVersion": fence.stored["metadata"]["resourceVersion"]}})
+                except TargetError:
+                    pass  # the lease expires by itself
 
-    def _renew(self, name: str, ref: str, holder: str, stop: threading.Event) -> None:
-        """Move the held Lease's renewTime forward every LEASE_RENEW_SECONDS until ``stop``.
-        A failed renewal is tried again at the next tick: the Lease stays ours for LEASE_SECONDS
-        after the last one that worked, and an apply that outlives it is the API server's to
-        refuse (nothing else writes while the Lease is live)."""
+    def _renew(self, name: str, ref: str, fence: LeaseFence, stop: threading.Event) -> None:
+        """Move the held Lease's renewTime forward every LEASE_RENEW_SECONDS until ``stop``, each
+        renewal a PUT at the resourceVersion last stored (so it fails once anyone else wrote the
+        Lease), each success moving the fence's deadline. The Lease is lost — for good — when it is
+        found deleted or with another holder, or when the renewer wakes past the deadline (the
+        process was paused): it is not renewed then, whoever may have taken it meanwhile. A failed
+        renewal is tried again at the next tick; the deadline alone decides until then."""
         while not stop.wait(LEASE_RENEW_SECONDS):
+            if not fence.held:
+                return
+            body = json.loads(json.dumps(fence.stored))
+            body["spec"]["renewTime"] = _micro(_now())
+            sent = time.monotonic()
             try:
-                current = self._call("GET", self._lease_path(name), verb="get", ref=ref, namespace=self.namespace)
-                if current.get("spec", {}).get("holderIdentity") != holder:
-                    return  # taken over after it expired: not ours to renew any more
-                current["spec"]["renewTime"] = _micro(_now())
-                self._call("PUT", self._lease_path(name), verb="update", ref=ref, namespace=self.namespace, body=current)
-            except TargetError:
+                stored = self._call("PUT", self._lease_path(name), verb="update", ref=ref, namespace=self.namespace, body=body)
+            except ConflictError:
+                try:
+                    current = self._call("GET", self._lease_path(name), verb="get", ref=ref, namespace=self.namespace)
+                except TargetError as exc:
+                    if exc.status == 404:
+                        fence.lose("the Lease was deleted")
+                        return
+                    continue
+                other = (current.get("spec") or {}).get("holderIdentity")
+                if other != fence.holder:
+                    fence.lose(f"taken over by {other}")
+                    return
+                fence.seen(current)
                 continue
+            except TargetError as exc:
+                if exc.status == 404:
+                    fence.lose("the Lease was deleted")
+                    return
+                continue
+            fence.confirmed(stored, sent)
 
-    def _take_over(self, name: str, ref: str, body: dict[str, Any]) -> None:
+    def _take_over(self, name: str, ref: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """Take over an expired Lease (the Lease as stored, and when the request was sent)."""
         current = self._call("GET", self._lease_path(name), verb="get", ref=ref, namespace=self.namespace)
         spec = current.get("spec", {})
         renewed = spec.get("renewTime") or spec.get("acquireTime")
@@ -332,10 +431,12 @@ class KubernetesTarget:
                 "wait for that apply to finish, or delete the Lease if its holder is gone"
             )
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        sent = time.monotonic()
         try:  # optimistic concurrency: only one taker wins
-            self._call("PUT", self._lease_path(name), verb="update", ref=ref, namespace=self.namespace, body=body)
+            stored = self._call("PUT", self._lease_path(name), verb="update", ref=ref, namespace=self.namespace, body=body)
         except ConflictError as exc:
             raise LockHeldError(f"environment {self.environment!r}: another apply took the expired lock first") from exc
+        return stored, sent
 
 
     # -- rollouts -----------------------------------------------------------------------------

@@ -26,10 +26,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from reconciler.errors import LockHeldError, TargetError, TargetNotAvailable
+from reconciler.errors import ConflictError, LockHeldError, TargetError, TargetNotAvailable
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
-from reconciler.targets.base import ClusterAPI, RolloutBackend, RunDetails, StepEvents
+from reconciler.targets.base import ClusterAPI, Precondition, RolloutBackend, RunDetails, StepEvents
 from reconciler.targets.local.details import log_files, model_summaries
 from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
@@ -59,6 +59,20 @@ def runtime_python(kind: str = "main") -> str:
     if proc.returncode != 0:
         raise TargetNotAvailable(f"cannot set up the runtime environment ({script} {kind}):\n{proc.stderr[-2000:]}")
     return proc.stdout.strip().splitlines()[-1]
+
+
+class HeldByProcess:
+    """The local lock's fence (:class:`~reconciler.targets.base.Fence`). The lock is an `flock` on
+    `.forge/<env>/lock` held through this process's open file: the kernel keeps it for as long as
+    the file is open — a paused process still holds it, and nobody can take it meanwhile — and frees
+    it only when the file is closed or the process ends. So it cannot be lost while the process
+    lives: always held, no deadline, nothing to check before a write."""
+
+    held = True
+    deadline = None
+
+    def check(self, what: str) -> None:
+        """Nothing to check (see the class docstring)."""
 
 
 class LocalTarget:
@@ -122,13 +136,25 @@ class LocalTarget:
         """Every manifest the local target holds for this environment."""
         return self.db.objects()
 
-    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
-        """Make one object live (see module docstring); unchanged objects are not touched."""
+    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False,
+              precondition: Precondition | None = None) -> dict[str, Any]:
+        """Make one object live (see module docstring); unchanged objects are not touched. A
+        ``precondition`` is checked against the state DB first, as the API server would: an
+        object that exists though it should not, or whose resourceVersion moved, is refused
+        (:class:`ConflictError`)."""
         obj = dict(obj)
         ref = ObjectRef.of(obj)
         if dry_run:
             current = self.db.get(ref) or {}
             return {**obj, "metadata": {**obj["metadata"], **{k: v for k, v in current.get("metadata", {}).items() if k in ("uid", "resourceVersion")}}}
+        if precondition is not None:
+            stored = self.db.get(ref)
+            if precondition.absent and stored is not None:
+                raise ConflictError(f"{ref}: exists, though the plan saw none: not written; plan again", status=409, ref=ref)
+            have = (stored or {}).get("metadata", {}).get("resourceVersion")
+            if precondition.resource_version and have != precondition.resource_version:
+                raise ConflictError(f"{ref}: changed since the plan read it (resourceVersion {precondition.resource_version}, "
+                                    f"now {have}): not written; plan again", status=409, ref=ref)
         if ref.kind == "PersistentVolumeClaim":
             self.workspace.mkdir(parents=True, exist_ok=True)
         elif ref.kind == "Workflow":
@@ -201,8 +227,10 @@ class LocalTarget:
 
     # -- locking and teardown -----------------------------------------------------------------------
     @contextmanager
-    def lock(self, holder: str | None = None) -> Iterator[None]:
-        """An exclusive lock on `.forge/<env>/lock`; a second apply is refused naming the holder."""
+    def lock(self, holder: str | None = None) -> Iterator[HeldByProcess]:
+        """An exclusive lock on `.forge/<env>/lock`; a second apply is refused naming the holder.
+        Held by this process's open file, it cannot be lost while the process lives
+        (:class:`HeldByProcess`)."""
         holder = holder or f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
         path = self.state_dir / "lock"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -217,7 +245,7 @@ class LocalTarget:
                                     f"since {data.get('since', '?')} ({path})") from None
             os.ftruncate(fd, 0)
             os.write(fd, json.dumps({"holder": holder, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode())
-            yield
+            yield HeldByProcess()
         finally:
             os.close(fd)  # closing releases the flock; a killed holder releases it too
 
