@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -116,6 +116,8 @@ class KubernetesTarget:
         self.api = k8s.ApiClient(cfg)
         #: The fence of the Lease this target holds (inside :meth:`lock`), checked before each write.
         self._fence: LeaseFence | None = None
+        #: The monotonic clock its fencing deadlines are measured on (a paused process sees it jump).
+        self.clock: Callable[[], float] = time.monotonic
 
     # -- transport --------------------------------------------------------------------------
     def _call(self, method: str, path: str, *, verb: str, ref: str, namespace: str | None,
@@ -350,14 +352,14 @@ class KubernetesTarget:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": name, "namespace": self.namespace, "labels": {"app.kubernetes.io/managed-by": MANAGER}},
                 "spec": spec}
-        fence = LeaseFence(ref, holder, LEASE_MARGIN_SECONDS)
-        sent = time.monotonic()
+        fence = LeaseFence(ref, holder, LEASE_MARGIN_SECONDS, self.clock)
+        sent = self.clock()
         try:
             stored = self._call("POST", self._lease_path(), verb="create", ref=ref, namespace=self.namespace, body=body)
         except TargetError as exc:
             if exc.status == 404:  # the namespace does not exist yet
                 self._ensure_namespace()
-                sent = time.monotonic()
+                sent = self.clock()
                 stored = self._call("POST", self._lease_path(), verb="create", ref=ref, namespace=self.namespace, body=body)
             elif exc.status == 409:
                 stored, sent = self._take_over(name, ref, body)
@@ -393,7 +395,7 @@ class KubernetesTarget:
                 return
             body = json.loads(json.dumps(fence.stored))
             body["spec"]["renewTime"] = _micro(_now())
-            sent = time.monotonic()
+            sent = self.clock()
             try:
                 stored = self._call("PUT", self._lease_path(name), verb="update", ref=ref, namespace=self.namespace, body=body)
             except ConflictError:
@@ -431,7 +433,7 @@ class KubernetesTarget:
                 "wait for that apply to finish, or delete the Lease if its holder is gone"
             )
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        sent = time.monotonic()
+        sent = self.clock()
         try:  # optimistic concurrency: only one taker wins
             stored = self._call("PUT", self._lease_path(name), verb="update", ref=ref, namespace=self.namespace, body=body)
         except ConflictError as exc:
