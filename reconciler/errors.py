@@ -16,15 +16,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from reconciler.changeset import ChangeSet
 from reconciler.diagnostics import ForgeError
+from reconciler.resources import ObjectRef
 
 
 class TargetError(ForgeError):
-    """An operation on the target failed."""
+    """An operation on the target failed; ``ref``: the object it was about, when it was about one."""
 
-    def __init__(self, message: str, *, status: int | None = None, ref: Any = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, ref: ObjectRef | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.ref = ref
@@ -81,6 +81,6 @@ class TargetNotAvailable(ForgeError):
 class ApplyFailed(ForgeError):
     """An apply stopped part-way; ``changeset`` says what was applied and what was not."""
 
-    def __init__(self, message: str, changeset: Any) -> None:
+    def __init__(self, message: str, changeset: ChangeSet) -> None:
         super().__init__(message)
         self.changeset = changeset

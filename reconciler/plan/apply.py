@@ -17,54 +17,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
+from reconciler.changeset import ChangeSet, ChangeSetEntry, Outcome
 from reconciler.errors import ApplyFailed, LeaseLost, TargetError
 from reconciler.plan.plan import Action, Change, Plan
-from reconciler.resources import ObjectRef
 from reconciler.targets.base import Precondition, Target
 from renderers.bundle import sort_key
-
-
-class Outcome(str, Enum):
-    """What happened to one object."""
-
-    CREATED = "created"
-    CONFIGURED = "configured"
-    UNCHANGED = "unchanged"
-    DELETED = "deleted"
-    FAILED = "failed"
-    NOT_ATTEMPTED = "not attempted"
-
-
-@dataclass
-class ChangeSetEntry:
-    """One object's outcome."""
-
-    ref: ObjectRef
-    outcome: Outcome
-    error: str = ""
-
-
-@dataclass
-class ChangeSet:
-    """Every object's outcome, in the order they were handled."""
-
-    entries: list[ChangeSetEntry] = field(default_factory=list)
-
-    def count(self, outcome: Outcome) -> int:
-        """How many objects had ``outcome``."""
-        return sum(e.outcome is outcome for e in self.entries)
-
-    def to_json(self) -> dict[str, Any]:
-        """A plain dict for `--output json`."""
-        return {
-            "summary": {o.value: self.count(o) for o in Outcome},
-            "entries": [{"ref": e.ref.to_json(), "outcome": e.outcome.value, "error": e.error} for e in self.entries],
-        }
-
 
 _OUTCOME = {Action.CREATE: Outcome.CREATED, Action.UPDATE: Outcome.CONFIGURED, Action.DELETE: Outcome.DELETED}
 
