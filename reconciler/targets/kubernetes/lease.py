@@ -70,9 +70,11 @@ class LeaseFence:
 
     @property
     def lost(self) -> str | None:
-        """Why the Lease was lost, or None while it is held."""
+        """Why the Lease is not held (lost, or not taken yet), or None while it is."""
         self._expire()
         with self._guard:
+            if self._lost is None and self._deadline == -math.inf:
+                return "not taken yet"
             return self._lost
 
     @property
@@ -84,13 +86,13 @@ class LeaseFence:
         """Raise :class:`LeaseLost` (``what`` was not sent) unless the Lease is held now."""
         why = self.lost
         if why is not None:
-            raise LeaseLost(f"{what}: not sent: the Lease {self.ref} is no longer held by {self.holder} ({why}); "
+            raise LeaseLost(f"{what}: not sent: the environment's {self.ref} is no longer held by {self.holder} ({why}); "
                             "the apply stops here — another apply may hold the environment now. Plan again and apply.")
 
     def _expire(self) -> None:
         now = self.clock()
         with self._guard:
-            if self._lost is None and now >= self._deadline:
+            if self._lost is None and self._deadline > -math.inf and now >= self._deadline:
                 late = now - self._deadline
                 self._lost = (f"not renewed in time: its fencing deadline (renewTime + leaseDurationSeconds as the API "
                               f"server last confirmed them, less {self.margin:g} s) passed {late:.1f} s ago")
