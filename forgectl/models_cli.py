@@ -17,7 +17,7 @@ import json
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import JustifyMethod
@@ -27,6 +27,10 @@ from typer.core import TyperGroup
 
 from forgectl.options import NO_OVERRIDES, SpecsOpt, TargetFlags, with_target_flags
 from forgectl.shell import open_environment, out
+
+if TYPE_CHECKING:
+    from reconciler.registry.leaderboard import Board
+    from reconciler.registry.records import Delta, Record
 
 
 class _ListByDefault(TyperGroup):
@@ -59,7 +63,7 @@ BatchOpt = Annotated[int, typer.Option("--batch", help="Batch size whose latency
 
 
 def _records(specs: list[str] | None, env: str | None, flags: TargetFlags,
-             model: str | None = None) -> tuple[str, list[dict[str, Any]]]:
+             model: str | None = None) -> tuple[str, list[Record]]:
     """The environment's name and its registry records (of ``model`` only, when given)."""
     from reconciler.observe.models import collect
 
@@ -79,50 +83,50 @@ def _num(value: Any) -> Any:
     return f"{value:.4g}" if isinstance(value, float) else value
 
 
-def _served(record: dict[str, Any]) -> str:
+def _served(record: Record) -> str:
     parts = []
-    for s in record.get("servedBy") or []:
-        if s.get("live"):
-            parts.append(f"{s['endpoint']} {s['role']} {s.get('variant') or ''} {s.get('traffic')} %".replace("  ", " "))
+    for s in record.served_by or ():
+        if s.live:
+            parts.append(f"{s.endpoint} {s.role} {s.variant or ''} {s.traffic} %".replace("  ", " "))
         else:
-            parts.append(f"{s['endpoint']} {s['role']} (last rollout {s.get('rollout') or '?'}, not live)")
+            parts.append(f"{s.endpoint} {s.role} (last rollout {s.rollout or '?'}, not live)")
     return ", ".join(parts) or "—"
 
 
-def _parents(record: dict[str, Any]) -> str:
-    return ", ".join(f"{p['model']}@{(p.get('version') or '?')[:12]} ({p.get('relation')})"
-                     for p in (record.get("lineage") or {}).get("parents") or []) or "—"
+def _parents(record: Record) -> str:
+    return ", ".join(f"{p.model}@{(p.version or '?')[:12]} ({p.relation})" for p in record.lineage.parents) or "—"
 
 
-def versions_table(records: list[dict[str, Any]]) -> Table:
+def versions_table(records: list[Record]) -> Table:
     table = Table(title="Model versions", title_justify="left", show_lines=False)
     for col in ("model", "version", "registered", "git revision", "dataset (digest)", "spec digest", "workflow", "parents", "served by"):
         table.add_column(col, overflow="fold")
     for r in records:
-        line = r.get("lineage") or {}
-        table.add_row(_e(r["model"]), _e(r["version"]), _e(r.get("registeredAt")), _e(line.get("gitRevision") or "—"),
-                      _e(f"{line.get('dataset')} {(line.get('datasetDigest') or '')[:19]}…"), _e((line.get("specDigest") or "")[:12]),
-                      _e(line.get("workflow")), _e(_parents(r)), _e(_served(r)))
+        line = r.lineage
+        table.add_row(_e(r.model), _e(r.version), _e(r.registered_at), _e(line.git_revision or "—"),
+                      _e(f"{line.dataset} {(line.dataset_digest or '')[:19]}…"), _e((line.spec_digest or "")[:12]),
+                      _e(line.workflow), _e(_parents(r)), _e(_served(r)))
     return table
 
 
-def board_table(board: dict[str, Any]) -> Table:
+def board_table(board: Board) -> Table:
     from reconciler.present.report import fmt_bytes, fmt_metric, fmt_ms
 
-    metric = board["metric"]
-    better = "higher is better" if board["goal"] == "maximize" else "lower is better"
-    table = Table(title=f"Leaderboard: {board['group']} — {metric} ({better}); latency at batch {board['batch']}; "
+    metric = board.metric
+    better = "higher is better" if board.goal == "maximize" else "lower is better"
+    table = Table(title=f"Leaderboard: {board.group} — {metric} ({better}); latency at batch {board.batch}; "
                         "★ Pareto front (metric, size, p50)", title_justify="left")
     for col, justify in (("#", "right"), ("", "center"), ("model", "left"), ("version", "left"), ("variant", "left"),
                          ("runtime", "left"), (metric, "right"), ("size", "right"), ("params", "right"), ("p50", "right"),
                          ("p99", "right"), ("rows/s", "right"), ("memory", "right")):
         table.add_column(_e(col), justify=cast(JustifyMethod, justify), overflow="fold")
-    for r in board["rows"]:
-        table.add_row(str(r["rank"]), "[yellow]★[/yellow]" if r.get("pareto") else "", _e(r["model"]), _e(r["version"][:8]),
-                      _e(r["variant"]), _e(f"{r['runtime']} {r['kind']}"), fmt_metric(metric, r["metric"]),
-                      fmt_bytes(r["sizeBytes"]), "—" if r["parameters"] is None else f"{r['parameters']:,}",
-                      fmt_ms(r["p50Ms"]), fmt_ms(r["p99Ms"]), "—" if r["throughput"] is None else f"{r['throughput']:,.0f}",
-                      fmt_bytes(r["memoryBytes"]))
+    for r in board.rows:
+        f = r.figures
+        table.add_row(str(r.rank), "[yellow]★[/yellow]" if r.pareto else "", _e(r.model), _e(r.version[:8]),
+                      _e(r.variant), _e(f"{f.runtime} {f.kind}"), fmt_metric(metric, r.metric),
+                      fmt_bytes(f.size_bytes), "—" if f.parameters is None else f"{f.parameters:,}",
+                      fmt_ms(f.p50_ms), fmt_ms(f.p99_ms), "—" if f.throughput is None else f"{f.throughput:,.0f}",
+                      fmt_bytes(f.memory_bytes))
     return table
 
 
@@ -139,7 +143,8 @@ def list_models(
     environment, records = _records(specs, env, flags, model)
     boards = leaderboards(records, by.value, batch)
     if output is Output.json:
-        print(json.dumps({"environment": environment, "versions": records, "leaderboards": boards}, indent=2, default=str))
+        print(json.dumps({"environment": environment, "versions": [r.to_json() for r in records],
+                          "leaderboards": [b.to_json() for b in boards]}, indent=2, default=str))
         return
     console = _console()
     if not records:
@@ -149,7 +154,7 @@ def list_models(
     console.print(versions_table(records))
     for board in boards:
         console.print(board_table(board))
-        for note in board["notes"]:
+        for note in board.notes:
             console.print(f"[yellow]note:[/yellow] {_e(note)}")
 
 
@@ -167,61 +172,60 @@ def show(
     _, records = _records(specs, env, flags)
     record = find(records, ref)
     if output is Output.json:
-        print(json.dumps(record, indent=2, default=str))
+        print(json.dumps(record.to_json(), indent=2, default=str))
         return
     console = _console()
-    line = record.get("lineage") or {}
-    console.print(f"[bold]{_e(record['model'])}@{_e(record['version'])}[/bold]  registered {_e(record.get('registeredAt'))} "
-                  f"in {_e(record.get('environment'))}")
-    for label, value in (("workflow", line.get("workflow")), ("git revision", line.get("gitRevision")),
-                         ("spec digest", line.get("specDigest")),
-                         ("dataset", f"{line.get('dataset')} version {line.get('datasetVersion')} {line.get('datasetDigest')}"),
+    lineage = record.lineage
+    console.print(f"[bold]{_e(record.model)}@{_e(record.version)}[/bold]  registered {_e(record.registered_at)} "
+                  f"in {_e(record.environment)}")
+    for label, value in (("workflow", lineage.workflow), ("git revision", lineage.git_revision),
+                         ("spec digest", lineage.spec_digest),
+                         ("dataset", f"{lineage.dataset} version {lineage.dataset_version} {lineage.dataset_digest}"),
                          ("parents", _parents(record)), ("served by", _served(record))):
         console.print(f"  {label:<13} {_e(value or '—')}")
-    evaluation = record.get("evaluation") or {}
+    evaluation = record.evaluation
     if evaluation:
         console.print("  evaluation    " + _e(", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(evaluation.items()))))
     for line in trust_lines(record):
         console.print("  " + _e(line))
-    hw = record.get("hardware") or {}
+    hw = record.hardware or {}
     if hw:
         console.print(f"  measured on   {_e(hw.get('cpu'))} ({_e(hw.get('machine'))}, {_e(hw.get('cores'))} cores, "
                       f"{_e(hw.get('threads'))} thread(s)); built for {_e(hw.get('hardwareTarget'))}"
                       + (f" — {_e(hw['note'])}" if hw.get("note") else ""))
-    batches = sorted({b for v in record["variants"].values() for b in ((v.get("figures") or {}).get("batches") or {})}, key=int)
+    batches = sorted({b for v in record.variants.values() for b in v.figures.batches}, key=int)
     table = Table(title="Variants", title_justify="left")
     for col in ("variant", "runtime", "accuracy", "size", "params", "memory", *[f"batch {b} p50 / p99 / rows/s" for b in batches]):
         table.add_column(_e(col), overflow="fold")
-    for name, entry in record["variants"].items():
-        f = entry.get("figures") or {}
-        cells = [f"{fmt_ms(p.get('p50Ms'))} / {fmt_ms(p.get('p99Ms'))} / {p.get('throughput', 0):,.0f}"
-                 if (p := (f.get("batches") or {}).get(b)) else "—" for b in batches]
-        accuracy = "—" if f.get("accuracy") is None else f"{100 * f['accuracy']:.2f} %"
-        table.add_row(_e(name), _e(f"{f.get('runtime')} {f.get('kind')}"), accuracy, fmt_bytes(f.get("sizeBytes")),
-                      "—" if f.get("parameters") is None else f"{f['parameters']:,}", fmt_bytes(f.get("memoryBytes")), *cells)
+    for name, variant in record.variants.items():
+        f = variant.figures
+        cells = [f"{fmt_ms(p.p50_ms)} / {fmt_ms(p.p99_ms)} / {p.throughput or 0:,.0f}" if (p := f.at(b)) else "—" for b in batches]
+        accuracy = "—" if f.accuracy is None else f"{100 * f.accuracy:.2f} %"
+        table.add_row(_e(name), _e(f"{f.runtime} {f.kind}"), accuracy, fmt_bytes(f.size_bytes),
+                      "—" if f.parameters is None else f"{f.parameters:,}", fmt_bytes(f.memory_bytes), *cells)
     console.print(table)
-    for name, report in (record.get("artifacts") or {}).items():
+    for name, report in record.artifacts.items():
         state = "[green]built[/green]" if report.get("built") else "[yellow]not built[/yellow]"
         console.print(f"  artifact {_e(name)}: {state}" + (f" — {_e(report.get('reason'))}" if report.get("reason") else
                                                            f" ({fmt_bytes(report.get('sizeBytes'))})"))
 
 
-def trust_lines(record: dict[str, Any]) -> list[str]:
+def trust_lines(record: Record) -> list[str]:
     """`models show` lines for the privacy budget, robustness and explanations of a version."""
     lines = []
-    privacy = record.get("privacy") or {}
+    privacy = record.privacy or {}
     if privacy:
         lines.append(f"{'privacy':<13} DP-SGD ε {privacy.get('epsilonSpent', float('nan')):.4g} spent of "
                      f"{privacy.get('epsilonTarget', float('nan')):g} at δ {privacy.get('delta', float('nan')):g} "
                      f"({privacy.get('accountant')} accountant; noise σ {privacy.get('noiseMultiplier', float('nan')):.4g}, "
                      f"clip {privacy.get('maxGradNorm', float('nan')):g}, {privacy.get('steps')} steps) — covers `base` only")
-    robust = record.get("robustness") or {}
+    robust = record.robustness or {}
     if robust:
         parts = [f"{a.upper()} {100 * robust[f'{a}Accuracy']:.2f} %" for a in robust.get("attacks", [])
                  if isinstance(robust.get(f"{a}Accuracy"), (int, float))]
         lines.append(f"{'robustness':<13} L∞ ε {robust.get('epsilon'):g}: " + ", ".join(parts)
                      + f" (clean {100 * robust.get('cleanAccuracy', float('nan')):.2f} %, {robust.get('rows')} test rows)")
-    explained = record.get("explanations") or {}
+    explained = record.explanations or {}
     if explained:
         agreement = ", ".join(f"{m} {v:.3g}" for m, v in (explained.get("agreement") or {}).items())
         verdict = "passed" if explained.get("sanityPassed") else "FAILED"
@@ -251,40 +255,41 @@ def diff(
     ra, rb = pair(records, a, b)
     result = diff_records(ra, rb)
     if output is Output.json:
-        print(json.dumps(result, indent=2, default=str))
+        print(json.dumps(result.to_json(), indent=2, default=str))
         return
     console = _console()
-    console.print(f"[bold]{_e(ra['model'])}@{_e(ra['version'][:12])} → {_e(rb['model'])}@{_e(rb['version'][:12])}[/bold]")
+    console.print(f"[bold]{_e(ra.model)}@{_e(ra.version[:12])} → {_e(rb.model)}@{_e(rb.version[:12])}[/bold]")
     console.print("[bold]Specs[/bold]")
-    for line in result["specChanges"] or ["no spec change (same inputs: a runtime or rendering change)"]:
+    for line in result.spec_changes or ("no spec change (same inputs: a runtime or rendering change)",):
         console.print(f"  {_e(line)}")
-    if result["evaluation"]:
+    if result.evaluation:
         console.print("[bold]Evaluation[/bold]")
-        for key, change in result["evaluation"].items():
-            if change.get("from") != change.get("to"):
-                delta = f" ({change['delta']:+.4g})" if "delta" in change else ""
-                console.print(f"  {_e(key)}: {_e(_num(change.get('from')))} → {_e(_num(change.get('to')))}{delta}")
+        for key, change in result.evaluation.items():
+            if change.a != change.b:
+                delta = f" ({change.delta:+.4g})" if change.delta is not None else ""
+                console.print(f"  {_e(key)}: {_e(_num(change.a))} → {_e(_num(change.b))}{delta}")
     table = Table(title="Variants (A → B)", title_justify="left")
     for col in ("variant", "accuracy", "size", "p50 (batch 1)", "p99 (batch 1)", "rows/s"):
         table.add_column(col, overflow="fold")
 
-    def cell(change: dict[str, Any] | None, fmt: Any, points: bool = False) -> str:
-        if not change:
+    def cell(change: Delta | None, fmt: Any, points: bool = False) -> str:
+        if change is None:
             return "—"
-        text = f"{fmt(change.get('from'))} → {fmt(change.get('to'))}"
-        if points and "delta" in change:
-            return text + f" ({100 * change['delta']:+.2f} pt)"
-        if "ratio" in change:
-            return text + f" ({100 * (change['ratio'] - 1):+.0f} %)"
+        text = f"{fmt(change.a)} → {fmt(change.b)}"
+        if points and change.delta is not None:
+            return text + f" ({100 * change.delta:+.2f} pt)"
+        if change.ratio is not None:
+            return text + f" ({100 * (change.ratio - 1):+.0f} %)"
         return text
 
-    for name, changes in result["variants"].items():
-        if "only" in changes:
-            table.add_row(_e(name), f"only in {'A' if changes['only'] == 'a' else 'B'}", "", "", "", "")
+    for name, changes in result.variants.items():
+        if changes.only:
+            table.add_row(_e(name), f"only in {'A' if changes.only == 'a' else 'B'}", "", "", "", "")
             continue
-        table.add_row(_e(name), cell(changes.get("accuracy"), lambda v: fmt_metric("accuracy", v), points=True),
-                      cell(changes.get("sizeBytes"), fmt_bytes), cell(changes.get("p50Ms"), fmt_ms), cell(changes.get("p99Ms"), fmt_ms),
-                      cell(changes.get("throughput"), lambda v: "—" if v is None else f"{v:,.0f}"))
+        figures = changes.figures
+        table.add_row(_e(name), cell(figures.get("accuracy"), lambda v: fmt_metric("accuracy", v), points=True),
+                      cell(figures.get("sizeBytes"), fmt_bytes), cell(figures.get("p50Ms"), fmt_ms), cell(figures.get("p99Ms"), fmt_ms),
+                      cell(figures.get("throughput"), lambda v: "—" if v is None else f"{v:,.0f}"))
     console.print(table)
 
 
@@ -307,10 +312,10 @@ def report(
                            generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
         html_file.write_text(page)
         _console().print(f"wrote {_e(html_file)} ({len(page.encode()) / 1024:.0f} KiB, {len(records)} version(s), "
-                         f"{sum(len(b['rows']) for b in boards)} row(s)); it needs no network to open")
+                         f"{sum(len(b.rows) for b in boards)} row(s)); it needs no network to open")
         return
     if output is Output.json:
-        print(json.dumps({"environment": environment, "leaderboards": boards}, indent=2, default=str))
+        print(json.dumps({"environment": environment, "leaderboards": [b.to_json() for b in boards]}, indent=2, default=str))
         return
     for board in boards:
         _console().print(board_table(board))

@@ -3,13 +3,11 @@ with the endpoints that serve it — read through the Target protocol alone."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from reconciler.registry.records import attach_serving, serving
+from reconciler.registry.records import Record, attach_serving, serving
 from reconciler.targets.base import Target
 
 
-def collect(target: Target, model: str | None = None) -> list[dict[str, Any]]:
+def collect(target: Target, model: str | None = None) -> list[Record]:
     """Every registered version the target knows (of one model, or all; see
     :meth:`Target.model_records`), oldest first, with `servedBy`."""
     live = target.read_live()

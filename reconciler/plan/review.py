@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from reconciler.load.loader import LoadResult
 from reconciler.plan.diff import value_diff
 from reconciler.plan.plan import Plan
 from reconciler.plan.risks import (
@@ -30,6 +31,7 @@ from reconciler.plan.risks import (
     regression_risks,
     spec_risks,
 )
+from reconciler.registry.records import Record
 from reconciler.specdiff import ABSENT, spec_diff
 from reconciler.targets.base import Target
 from renderers.cost import DataSize, capacity_problems, estimate
@@ -84,7 +86,7 @@ def measure_data(specs: SpecSet, env: Environment, rev: str | None, start: str =
     return sizes
 
 
-def _spec_changes(base: Any, head: Any) -> list[dict[str, Any]]:
+def _spec_changes(base: LoadResult, head: LoadResult) -> list[dict[str, Any]]:
     """Spec-level changes of every document, located in the head (or the base, for what is gone)."""
     out: list[dict[str, Any]] = []
     old_docs = {(d.kind, d.name): d for d in base.specs}
@@ -134,8 +136,8 @@ def _order(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(unique, key=lambda f: (rank.get(f.flag, len(rank)), f.file, f.line, f.message))
 
 
-def annotate(plan: Plan, head: Any, env: Environment, *, base: Any = None, base_env: Environment | None = None,
-             sizes: Mapping[str, DataSize] | None = None, records: Iterable[Mapping[str, Any]] | None = None,
+def annotate(plan: Plan, head: LoadResult, env: Environment, *, base: LoadResult | None = None, base_env: Environment | None = None,
+             sizes: Mapping[str, DataSize] | None = None, records: Iterable[Record] | None = None,
              everything: bool = False, base_sizes: Mapping[str, DataSize] | None = None) -> Plan:
     """``plan`` with its review filled in. ``head`` and ``base`` are loader results (specs with
     their source positions); ``base`` only in pull-request mode. The cost covers the Models whose
@@ -209,7 +211,7 @@ def _compare_cost(cost: dict[str, Any], before: Any) -> None:
             entry["line"] += f" (before this change: {old.gpus} × {old.accelerator})"
 
 
-def blocked_plan(environment: str, target: str, head: Any, env: Environment, *, base: Any = None,
+def blocked_plan(environment: str, target: str, head: LoadResult, env: Environment, *, base: LoadResult | None = None,
                  base_env: Environment | None = None, sizes: Mapping[str, DataSize] | None = None,
                  revision: str | None = None, base_sizes: Mapping[str, DataSize] | None = None) -> Plan | None:
     """A plan with no changes and the blockers, when a Model cannot be scheduled at all (so nothing
@@ -262,7 +264,7 @@ def _versions(obj: Mapping[str, Any]) -> list[str]:
     return sorted(p.get("labels", {}).get(MODEL_VERSION, "") for p in obj.get("spec", {}).get("predictors", []))
 
 
-def registry_records(plan: Plan, target: Target) -> list[dict[str, Any]]:
+def registry_records(plan: Plan, target: Target) -> list[Record]:
     """The registry's records, read only when the plan moves an endpoint to another version (the
     one risk they inform); [] when the target has none or cannot say."""
     moving = False
@@ -281,7 +283,7 @@ def registry_records(plan: Plan, target: Target) -> list[dict[str, Any]]:
         return []
 
 
-def reviewed_live_plan(result: Any, environment: Environment, target: Any, namespace: str, revision: str | None, *,
+def reviewed_live_plan(result: LoadResult, environment: Environment, target: Target, namespace: str, revision: str | None, *,
                        rev: str | None = None, start: str = ".") -> Plan:
     """The plan against the target's live state, reviewed; a blocked plan (no changes) when a Model
     cannot be scheduled at all."""
@@ -295,7 +297,7 @@ def reviewed_live_plan(result: Any, environment: Environment, target: Any, names
     return annotate(plan, result, environment, sizes=sizes, records=registry_records(plan, target))
 
 
-def reviewed_git_plan(old: Any, old_env: Environment, new: Any, new_env: Environment, *, base: str,
+def reviewed_git_plan(old: LoadResult, old_env: Environment, new: LoadResult, new_env: Environment, *, base: str,
                       head: str | None, revision: str | None, start: str = ".") -> Plan:
     """Pull-request mode: the manifests rendered at ``base`` against those at ``head`` (the working
     tree when None), no cluster involved, reviewed against the base's specs."""
@@ -319,7 +321,7 @@ def reviewed_git_plan(old: Any, old_env: Environment, new: Any, new_env: Environ
     return annotate(plan, new, new_env, base=old, base_env=old_env, sizes=sizes, base_sizes=base_sizes)
 
 
-def live_risks(live: Plan, head: Any, base: Any, records: Iterable[Mapping[str, Any]] | None = None) -> list[Finding]:
+def live_risks(live: Plan, head: LoadResult, base: LoadResult | None, records: Iterable[Record] | None = None) -> list[Finding]:
     """Pull-request mode with a live diff: the risks only the live state shows — a prune of a
     deployment that serves traffic now, a version about to take traffic that scored worse offline
     than the one serving (when the cluster's registry knows both) — located in the specs."""

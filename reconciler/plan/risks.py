@@ -23,6 +23,7 @@ from specs import Compression, Endpoint, Environment, Model, RolloutPolicy, Spec
 if TYPE_CHECKING:
     from reconciler.load.yamlsource import RawDocument
     from reconciler.plan.change import Change
+    from reconciler.registry.records import Record
 
 #: A canary step may move at most this many points of traffic at once before `traffic-jump`
 #: flags it (the first step counts from 0 %).
@@ -359,10 +360,11 @@ def prune_risks(changes: Iterable[Change]) -> list[Finding]:
     return out
 
 
-def metric_risks(changes: Iterable[Change], records: Iterable[Mapping[str, Any]]) -> list[Finding]:
+def metric_risks(changes: Iterable[Change], records: Iterable[Record]) -> list[Finding]:
     """A version about to take traffic (an endpoint's new canary or stable) whose offline metrics
     the registry knows to be worse than those of the version serving now."""
-    by_version = {(r.get("model"), r.get("version")): r for r in records}
+    records = list(records)
+    by_version = {(r.model, r.version): r for r in records}
     out = []
     for change in changes:
         if change.ref.kind != "SeldonDeployment" or change.after is None or change.action.value not in ("create", "update"):
@@ -375,24 +377,23 @@ def metric_risks(changes: Iterable[Change], records: Iterable[Mapping[str, Any]]
         serving = (live_roles.get("stable") if change.before else None)
         if not incoming or not serving or incoming.get(MODEL_VERSION) == serving.get(MODEL_VERSION):
             continue
-        model = next((r.get("model") for r in records if r.get("version") == incoming.get(MODEL_VERSION)), None)
-        new = by_version.get((model, incoming.get(MODEL_VERSION)))
-        old = by_version.get((model, serving.get(MODEL_VERSION)))
+        model = next((r.model for r in records if r.version == incoming.get(MODEL_VERSION)), "")
+        new = by_version.get((model, incoming.get(MODEL_VERSION, "")))
+        old = by_version.get((model, serving.get(MODEL_VERSION, "")))
         if new is None or old is None:
             continue
         worse = []
-        for metric in sorted(set(new.get("evaluation") or {}) & set(old.get("evaluation") or {})):
-            a, b = old["evaluation"][metric], new["evaluation"][metric]
+        for metric in sorted(set(new.evaluation) & set(old.evaluation)):
+            a, b = old.evaluation[metric], new.evaluation[metric]
             if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or isinstance(a, bool):
                 continue
             if metric in HIGHER_IS_BETTER and b < a or metric in LOWER_IS_BETTER and b > a:
                 worse.append(f"{metric} {a:.4g} → {b:.4g}")
         variant = incoming.get(VARIANT)
-        fa = ((old.get("variants") or {}).get(variant) or {}).get("figures") or {}
-        fb = ((new.get("variants") or {}).get(variant) or {}).get("figures") or {}
-        if variant != "base" and isinstance(fa.get("accuracy"), (int, float)) and isinstance(fb.get("accuracy"), (int, float)):
-            if fb["accuracy"] < fa["accuracy"]:
-                worse.append(f"variant `{variant}` accuracy {fa['accuracy']:.4g} → {fb['accuracy']:.4g}")
+        va, vb = old.variants.get(variant or ""), new.variants.get(variant or "")
+        fa, fb = (va.figures.accuracy if va else None), (vb.figures.accuracy if vb else None)
+        if variant != "base" and isinstance(fa, (int, float)) and isinstance(fb, (int, float)) and fb < fa:
+            worse.append(f"variant `{variant}` accuracy {fa:.4g} → {fb:.4g}")
         if worse:
             out.append(Finding("offline-metrics-fell", f"version {incoming.get(MODEL_VERSION)} of model `{model}` scored worse "
                                f"offline than version {serving.get(MODEL_VERSION)}, which serves now: {'; '.join(worse)}",
@@ -413,16 +414,21 @@ def _incoming_and_serving(change: Change) -> tuple[dict[str, Any], dict[str, Any
     return incoming, serving
 
 
-def regression_risks(changes: Iterable[Change], records: Iterable[Mapping[str, Any]], specs: Any,
-                     env: Any) -> tuple[list[Finding], list[str]]:
+def regression_risks(changes: Iterable[Change], records: Iterable[Record], specs: SpecSet,
+                     env: Environment) -> tuple[list[Finding], list[str]]:
     """The rollout policies' regression gates, judged now with what the registry knows: a flag for
     each the controller will refuse, and a note with the numbers for each it can judge or skip
     (the same function the controller runs: reconciler/rollout/regression.py)."""
     from reconciler.rollout.regression import regression_gate
     from specs import Endpoint
 
-    records = list(records)
-    by_version = {(r.get("model"), r.get("version")): r for r in records}
+    by_version = {(r.model, r.version): r for r in records}
+
+    def record_json(model: str, version: str | None) -> dict[str, Any] | None:
+        # The gate reads a record's JSON form (the rollout controller hands it the same).
+        found = by_version.get((model, version or ""))
+        return found.to_json() if found is not None else None
+
     risks: list[Finding] = []
     notes: list[str] = []
     for change in changes:
@@ -437,8 +443,8 @@ def regression_risks(changes: Iterable[Change], records: Iterable[Mapping[str, A
         if endpoint is None or gate is None:
             continue
         model = endpoint.spec.model_ref
-        result = regression_gate(gate, by_version.get((model, incoming.get(MODEL_VERSION))),
-                                 by_version.get((model, serving.get(MODEL_VERSION))), endpoint.spec.variant)
+        result = regression_gate(gate, record_json(model, incoming.get(MODEL_VERSION)),
+                                 record_json(model, serving.get(MODEL_VERSION)), endpoint.spec.variant)
         notes.append(f"endpoint `{name}`: {result.detail}")
         if result.passed is False:
             risks.append(Finding("regression-gate-refused", f"endpoint `{name}`: {result.detail}", "Endpoint", name,

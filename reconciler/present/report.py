@@ -19,6 +19,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from reconciler.registry.leaderboard import Board, Row
+from reconciler.registry.records import JSONObject, Record
+
 #: Okabe–Ito: distinguishable with the common colour-vision deficiencies.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -168,65 +171,67 @@ def _short(version: str) -> str:
     return version[:8]
 
 
-def _board_html(index: int, board: Mapping[str, Any], colors: Mapping[str, str], hardware: Mapping[str, Any] | None) -> str:
-    metric, goal = board["metric"], board["goal"]
-    rows = board["rows"]
+def _board_html(index: int, board: Board, colors: Mapping[str, str], hardware: JSONObject | None) -> str:
+    metric, goal = board.metric, board.goal
+    rows = board.rows
 
-    def point(row: Mapping[str, Any], x_key: str) -> dict[str, Any]:
-        tip = (f"{row['model']} {row['version']} · {row['variant']} ({row['runtime']}, {row['kind']})\n"
-               f"{metric} {fmt_metric(metric, row['metric'])} · size {fmt_bytes(row['sizeBytes'])} · "
-               f"p50 {fmt_ms(row['p50Ms'])} · p99 {fmt_ms(row['p99Ms'])}" + ("\nPareto front" if row.get("pareto") else ""))
-        return {"x": row.get(x_key), "y": row["metric"], "color": colors.get(row["version"], "#777"),
-                "shape": "diamond" if row.get("runtime") == "onnxruntime" else "circle", "front": bool(row.get("pareto")),
-                "label": f"{row['variant']}·{_short(row['version'])[:4]}" if len(colors) > 1 else row["variant"], "tip": tip}
+    def point(row: Row, x: float | None) -> dict[str, Any]:
+        f = row.figures
+        tip = (f"{row.model} {row.version} · {row.variant} ({f.runtime}, {f.kind})\n"
+               f"{metric} {fmt_metric(metric, row.metric)} · size {fmt_bytes(f.size_bytes)} · "
+               f"p50 {fmt_ms(f.p50_ms)} · p99 {fmt_ms(f.p99_ms)}" + ("\nPareto front" if row.pareto else ""))
+        return {"x": x, "y": row.metric, "color": colors.get(row.version, "#777"),
+                "shape": "diamond" if f.runtime == "onnxruntime" else "circle", "front": bool(row.pareto),
+                "label": f"{row.variant}·{_short(row.version)[:4]}" if len(colors) > 1 else row.variant, "tip": tip}
 
     y_fmt = (lambda v: f"{100 * v:.1f} %") if metric == "accuracy" else (lambda v: f"{v:.3g}")
     better = "higher is better" if goal == "maximize" else "lower is better"
     where = ""
     if hardware:
         where = f" on {_esc(hardware.get('cpu') or hardware.get('machine'))} ({_esc(hardware.get('machine'))}, {_esc(hardware.get('threads'))} thread(s))"
-    plots = (scatter([point(r, "p50Ms") for r in rows], x_label=f"latency p50 at batch {board['batch']} (log scale)",
+    plots = (scatter([point(r, r.figures.p50_ms) for r in rows], x_label=f"latency p50 at batch {board.batch} (log scale)",
                      y_label=metric, x_fmt=fmt_ms, y_fmt=y_fmt, title=f"{metric} vs latency"),
-             scatter([point(r, "sizeBytes") for r in rows], x_label="size of the weights file (log scale)", y_label=metric,
+             scatter([point(r, r.figures.size_bytes) for r in rows], x_label="size of the weights file (log scale)", y_label=metric,
                      x_fmt=fmt_bytes, y_fmt=y_fmt, title=f"{metric} vs size", binary_x=True))
     legend = " ".join(f'<span class="swatch" style="background:{c}"></span><code>{_esc(v)}</code>' for v, c in colors.items()
-                      if any(r["version"] == v for r in rows))
+                      if any(r.version == v for r in rows))
     head = ("<tr><th>#</th><th>front</th><th class=l>model</th><th class=l>version</th><th class=l>variant</th>"
             f"<th class=l>runtime</th><th>{_esc(metric)}</th><th>size</th><th>parameters</th><th>p50</th><th>p99</th>"
             "<th>throughput</th><th>memory</th></tr>")
     body = []
     for r in rows:
-        star = '<span class="star" title="on the Pareto front">★</span>' if r.get("pareto") else ""
-        params = "—" if r["parameters"] is None else f"{r['parameters']:,}"
-        throughput = "—" if r["throughput"] is None else f"{r['throughput']:,.0f}/s"
+        f = r.figures
+        star = '<span class="star" title="on the Pareto front">★</span>' if r.pareto else ""
+        params = "—" if f.parameters is None else f"{f.parameters:,}"
+        throughput = "—" if f.throughput is None else f"{f.throughput:,.0f}/s"
         body.append(
-            f'<tr class="{"front" if r.get("pareto") else ""}"><td>{r["rank"]}</td><td>{star}</td><td class=l>{_esc(r["model"])}</td>'
-            f'<td class=l><span class="swatch" style="background:{colors.get(r["version"], "#777")}"></span><code>{_esc(_short(r["version"]))}</code></td>'
-            f'<td class=l>{_esc(r["variant"])}</td><td class=l>{_esc(r["runtime"])} <small>{_esc(r["kind"])}</small></td>'
-            f'<td>{fmt_metric(metric, r["metric"])}</td><td>{fmt_bytes(r["sizeBytes"])}</td>'
-            f'<td>{params}</td><td>{fmt_ms(r["p50Ms"])}</td><td>{fmt_ms(r["p99Ms"])}</td>'
-            f'<td>{throughput}</td><td>{fmt_bytes(r["memoryBytes"])}</td></tr>')
-    notes = "".join(f'<p class="note">{_esc(n)}</p>' for n in board.get("notes", []))
-    return (f'<section class="board" id="board-{index}"><h2>{_esc(board["group"])} — ranked on {_esc(metric)} ({better})</h2>'
-            f'<p class="hint">Latency and throughput at batch {board["batch"]}, measured by the benchmark step{where}. '
+            f'<tr class="{"front" if r.pareto else ""}"><td>{r.rank}</td><td>{star}</td><td class=l>{_esc(r.model)}</td>'
+            f'<td class=l><span class="swatch" style="background:{colors.get(r.version, "#777")}"></span><code>{_esc(_short(r.version))}</code></td>'
+            f'<td class=l>{_esc(r.variant)}</td><td class=l>{_esc(f.runtime)} <small>{_esc(f.kind)}</small></td>'
+            f'<td>{fmt_metric(metric, r.metric)}</td><td>{fmt_bytes(f.size_bytes)}</td>'
+            f'<td>{params}</td><td>{fmt_ms(f.p50_ms)}</td><td>{fmt_ms(f.p99_ms)}</td>'
+            f'<td>{throughput}</td><td>{fmt_bytes(f.memory_bytes)}</td></tr>')
+    notes = "".join(f'<p class="note">{_esc(n)}</p>' for n in board.notes)
+    return (f'<section class="board" id="board-{index}"><h2>{_esc(board.group)} — ranked on {_esc(metric)} ({better})</h2>'
+            f'<p class="hint">Latency and throughput at batch {board.batch}, measured by the benchmark step{where}. '
             f'★ / black ring: the Pareto front of {_esc(metric)}, size and p50 latency. ● PyTorch ◆ ONNX Runtime. {legend}</p>{notes}'
             f'<div class="plots"><figure>{plots[0]}</figure><figure>{plots[1]}</figure></div>'
             f'<table class="leaderboard"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></section>')
 
 
-def _lineage_html(records: Iterable[Mapping[str, Any]], colors: Mapping[str, str]) -> str:
+def _lineage_html(records: Iterable[Record], colors: Mapping[str, str]) -> str:
     rows = []
     for r in records:
-        line = r.get("lineage") or {}
-        parents = ", ".join(f"{p['model']}@{_short(p.get('version') or '?')} ({p.get('relation')})" for p in line.get("parents") or []) or "—"
-        served = ", ".join(f"{s['endpoint']} {s['role']}" + (f" {s.get('traffic')} %" if s.get("live") else f" ({s.get('rollout') or 'not live'})")
-                           for s in r.get("servedBy") or []) or "—"
+        line = r.lineage
+        parents = ", ".join(f"{p.model}@{_short(p.version or '?')} ({p.relation})" for p in line.parents) or "—"
+        served = ", ".join(f"{s.endpoint} {s.role}" + (f" {s.traffic} %" if s.live else f" ({s.rollout or 'not live'})")
+                           for s in r.served_by or ()) or "—"
         rows.append(
-            f'<tr><td class=l>{_esc(r["model"])}</td><td class=l><span class="swatch" style="background:{colors.get(r["version"], "#777")}"></span>'
-            f'<code>{_esc(r["version"])}</code></td><td class=l>{_esc(r.get("registeredAt"))}</td>'
-            f'<td class=l><code>{_esc(line.get("gitRevision") or "—")}</code></td>'
-            f'<td class=l>{_esc(line.get("dataset"))} <code>{_esc((line.get("datasetDigest") or "")[:19])}…</code></td>'
-            f'<td class=l><code>{_esc((line.get("specDigest") or "")[:12])}</code></td><td class=l><code>{_esc(line.get("workflow"))}</code></td>'
+            f'<tr><td class=l>{_esc(r.model)}</td><td class=l><span class="swatch" style="background:{colors.get(r.version, "#777")}"></span>'
+            f'<code>{_esc(r.version)}</code></td><td class=l>{_esc(r.registered_at)}</td>'
+            f'<td class=l><code>{_esc(line.git_revision or "—")}</code></td>'
+            f'<td class=l>{_esc(line.dataset)} <code>{_esc((line.dataset_digest or "")[:19])}…</code></td>'
+            f'<td class=l><code>{_esc((line.spec_digest or "")[:12])}</code></td><td class=l><code>{_esc(line.workflow)}</code></td>'
             f'<td class=l>{_esc(parents)}</td><td class=l>{_esc(served)}</td></tr>')
     head = ("<tr><th class=l>model</th><th class=l>version</th><th class=l>registered</th><th class=l>git revision</th>"
             "<th class=l>dataset (digest)</th><th class=l>spec digest</th><th class=l>workflow</th><th class=l>parents</th>"
@@ -234,10 +239,10 @@ def _lineage_html(records: Iterable[Mapping[str, Any]], colors: Mapping[str, str
     return f'<section id="lineage"><h2>Versions and lineage</h2><table class="lineage"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></section>'
 
 
-def html_report(boards: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]], *, environment: str, generated: str) -> str:
+def html_report(boards: Sequence[Board], records: Sequence[Record], *, environment: str, generated: str) -> str:
     """The whole page."""
-    colors = {r["version"]: PALETTE[i % len(PALETTE)] for i, r in enumerate(records)}
-    hardware = next((r.get("hardware") for r in reversed(records) if r.get("hardware")), None)
+    colors = {r.version: PALETTE[i % len(PALETTE)] for i, r in enumerate(records)}
+    hardware = next((r.hardware for r in reversed(records) if r.hardware), None)
     sections = "".join(_board_html(i, b, colors, hardware) for i, b in enumerate(boards)) or "<p>No registered model versions yet.</p>"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'

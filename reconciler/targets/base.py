@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from reconciler.registry.records import Record
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import Backend, RolloutState
 from specs import Environment, SpecSet
@@ -178,7 +179,7 @@ class Target(Protocol):
         ...
 
     def model_records(self, live: list[dict[str, Any]], model: str | None = None, *,
-                      backfill: bool = True) -> list[dict[str, Any]]:
+                      backfill: bool = True) -> list[Record]:
         """The registered model versions the target knows (of one model, or all), oldest first,
         as :func:`reconciler.registry.records.build_record` makes them (without `servedBy`). A target with
         a registry of its own records a version whose Workflow in ``live`` succeeded before it was

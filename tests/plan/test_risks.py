@@ -5,6 +5,7 @@ offline metrics; prunes of objects serving traffic; the Markdown of a plan cappe
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from reconciler.load.loader import load_files
 from reconciler.load.sources import SourceFile
@@ -12,6 +13,7 @@ from reconciler.plan.plan import Action, Change, Plan, build_plan
 from reconciler.plan.review import annotate, exit_code, parse_fail_on
 from reconciler.plan.risks import FLAGS, metric_risks
 from reconciler.present.views import markdown
+from reconciler.registry.records import Record
 from reconciler.resources import ObjectRef
 from renderers import RenderContext, render
 
@@ -223,19 +225,24 @@ def _seldon(stable: str, canary: str | None = None) -> dict:
             "spec": {"predictors": predictors}}
 
 
+def _records(*data: dict) -> list[Record]:
+    """Registry records of only the parts a test names (as a stored record reads back)."""
+    return [Record.from_json(d) for d in data]
+
+
 def test_offline_metrics_fell_against_the_serving_version() -> None:
-    records = [
+    records = _records(
         {"model": "m", "version": "aaa", "evaluation": {"accuracy": 0.97, "loss": 0.10, "passed": True},
          "variants": {"int8": {"figures": {"accuracy": 0.965}}}},
         {"model": "m", "version": "bbb", "evaluation": {"accuracy": 0.96, "loss": 0.09, "passed": True},
          "variants": {"int8": {"figures": {"accuracy": 0.95}}}},
-    ]
+    )
     change = Change(ObjectRef("SeldonDeployment", "ns", "web"), Action.UPDATE, _seldon("aaa"), _seldon("aaa", "bbb"))
     [risk] = metric_risks([change], records)
     assert risk.flag == "offline-metrics-fell" and (risk.kind, risk.name) == ("Endpoint", "web")
     assert risk.message == ("version bbb of model `m` scored worse offline than version aaa, which serves now: "
                             "accuracy 0.97 → 0.96; variant `int8` accuracy 0.965 → 0.95")
-    better = [records[0], {**records[1], "evaluation": {"accuracy": 0.98}, "variants": {}}]
+    better = [records[0], replace(records[1], evaluation={"accuracy": 0.98}, variants={})]
     assert metric_risks([change], better) == []
     assert metric_risks([change], records[:1]) == []  # the new version unknown: no claim
 
@@ -290,10 +297,10 @@ def test_regression_gate_is_judged_in_the_plan_with_the_numbers() -> None:
                         "  onPrometheusUnreachable: rollback\n  regressionGate: {metric: accuracy, maxDrop: 0.005}\n", 1)
     specs = loaded(text).specs
     env = specs.environment(None)
-    records = [
+    records = _records(
         {"model": "m", "version": "aaa", "lineage": {"datasetDigest": "sha256:d"}, "evaluation": {"accuracy": 0.97}},
         {"model": "m", "version": "bbb", "lineage": {"datasetDigest": "sha256:d"}, "evaluation": {"accuracy": 0.95}},
-    ]
+    )
     sd_before, sd_after = _seldon("aaa"), _seldon("aaa", "bbb")
     for sd in (sd_before, sd_after):
         for p in sd["spec"]["predictors"]:
@@ -303,7 +310,7 @@ def test_regression_gate_is_judged_in_the_plan_with_the_numbers() -> None:
     assert risk.flag == "regression-gate-refused" and (risk.kind, risk.name) == ("Endpoint", "web")
     assert note == ("endpoint `web`: regression gate refused: accuracy on the held-out split: candidate bbb 0.9500, "
                     "live aaa 0.9700 (-0.0200; largest drop allowed 0.005)")
-    better = [records[0], {**records[1], "evaluation": {"accuracy": 0.968}}]
+    better = [records[0], replace(records[1], evaluation={"accuracy": 0.968})]
     risks, [note] = regression_risks([change], better, specs, env)
     assert risks == [] and note.startswith("endpoint `web`: regression gate passed: accuracy on the held-out split: candidate bbb 0.9680")
     risks, [note] = regression_risks([change], records[:1], specs, env)

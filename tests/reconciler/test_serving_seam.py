@@ -106,17 +106,18 @@ def test_a_plan_reads_the_local_registry_through_the_target(quickstart, tmp_path
     from reconciler.plan.change import Action, Change
     from reconciler.plan.plan import Plan
     from reconciler.plan.review import registry_records
+    from reconciler.registry.records import Record
     from reconciler.resources import ObjectRef
     from reconciler.targets.local.target import LocalTarget
     specs, env, endpoint, _ = quickstart
     target = LocalTarget(env, "forge-local", repo_root=tmp_path)
-    target.db.put_model_version("digits-mlp", "v1", 1.0, {"model": "digits-mlp", "version": "v1"})
-    target.db.put_model_version("digits-mlp", "v2", 2.0, {"model": "digits-mlp", "version": "v2"})
+    target.db.put_model_version(1.0, Record.from_json({"model": "digits-mlp", "version": "v1"}))
+    target.db.put_model_version(2.0, Record.from_json({"model": "digits-mlp", "version": "v2"}))
     before = render_serving(specs, env, "forge-local", None, endpoint, ServingState("v1"))
     ref = ObjectRef.of(before)
     moving = render_serving(specs, env, "forge-local", None, endpoint, ServingState("v1", "v2", 0))
     plan = Plan("local", "local", (Change(ref, Action.UPDATE, before, moving),))
-    assert [r["version"] for r in registry_records(plan, target)] == ["v1", "v2"]
+    assert [r.version for r in registry_records(plan, target)] == ["v1", "v2"]
     same = Plan("local", "local", (Change(ref, Action.UPDATE, before, before),))
     assert registry_records(same, target) == []
     # nothing live, nothing backfilled; the details of an idle target are empty

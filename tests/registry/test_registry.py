@@ -17,7 +17,7 @@ import pytest
 
 from reconciler.load.loader import load_or_raise
 from reconciler.registry.leaderboard import leaderboards, spec_metric
-from reconciler.registry.records import diff, find, lineage
+from reconciler.registry.records import Parent, diff, find, lineage
 from reconciler.targets.kubernetes.records import _from_workflow_status
 from reconciler.targets.local.records import ingest_local
 from reconciler.targets.local.state import StateDB
@@ -42,15 +42,15 @@ def two_versions(tmp_path: Path) -> dict[str, Any]:
 def test_lineage_comes_from_the_rendered_workflow(tmp_path: Path) -> None:
     wf, _, _ = rendered(project(tmp_path), "abcdef123456")
     line = lineage(wf)
-    assert line["model"] == "digits-mlp" and line["version"] == wf["metadata"]["labels"]["forge.dev/model-version"]
-    assert line["workflow"] == wf["metadata"]["name"]
-    assert line["dataset"] == "digits" and line["datasetDigest"] == DIGITS_DIGEST
-    assert line["gitRevision"] == line["gitCommit"] == "abcdef123456" and not line["uncommitted"]
-    assert line["specDigest"] == wf["metadata"]["annotations"]["forge.dev/spec-digest"]
-    assert line["spec"]["hyperparameters"]["learningRate"] == 0.002
-    assert set(line["compression"]) == {"pruned", "int8"} and line["parents"] == []
-    assert line["exports"]["export-base"]["int8"]["calibrationSamples"] == 256  # x86 target: ORT INT8
-    assert "benchmark" in line["steps"]
+    assert line.model == "digits-mlp" and line.version == wf["metadata"]["labels"]["forge.dev/model-version"]
+    assert line.workflow == wf["metadata"]["name"]
+    assert line.dataset == "digits" and line.dataset_digest == DIGITS_DIGEST
+    assert line.git_revision == line.git_commit == "abcdef123456" and not line.uncommitted
+    assert line.spec_digest == wf["metadata"]["annotations"]["forge.dev/spec-digest"]
+    assert line.spec["hyperparameters"]["learningRate"] == 0.002
+    assert set(line.compression) == {"pruned", "int8"} and line.parents == ()
+    assert line.exports["export-base"]["int8"]["calibrationSamples"] == 256  # x86 target: ORT INT8
+    assert "benchmark" in line.steps
 
 
 def test_a_distilled_student_names_its_teacher_and_version() -> None:
@@ -58,46 +58,45 @@ def test_a_distilled_student_names_its_teacher_and_version() -> None:
     env = result.specs.environment(None)
     out = render(result.specs, RenderContext(env))
     line = lineage(out.workflows["vision-student"].manifest)
-    assert line["parents"] == [{"model": "vision-teacher", "version": out.versions["vision-teacher"],
-                                "relation": "distillation teacher", "variant": "pruned-distilled"}]
+    assert line.parents == (Parent("vision-teacher", out.versions["vision-teacher"], "distillation teacher", "pruned-distilled"),)
     # the Jetson target gets a TensorRT engine step (not buildable locally) and no ONNX Runtime INT8
-    engine = line["exports"]["build-engine-pruned-distilled"]
+    engine = line.exports["build-engine-pruned-distilled"]
     assert engine["hardwareTarget"] == "jetson-orin" and engine["required"] is False
-    assert "int8" not in line["exports"]["export-pruned-distilled"]
+    assert "int8" not in line.exports["export-pruned-distilled"]
 
 
 def test_records_are_stored_in_the_state_db(two_versions: dict[str, Any]) -> None:
     db: StateDB = two_versions["db"]
     stored = db.model_versions("digits-mlp")
-    assert [r["version"] for r in stored] == [r["version"] for r in two_versions["records"]]
+    assert stored == two_versions["records"]  # read back as they were built: the record round-trips its JSON
     r1 = stored[0]
-    assert r1["registeredAt"] == "1970-01-01T00:16:40Z"
-    assert r1["evaluation"] == {"accuracy": 0.9638, "f1": 0.9628, "passed": True}
-    fig = r1["variants"]["base-onnx-int8"]["figures"]
-    assert fig["runtime"] == "onnxruntime" and fig["accuracyFrom"] == "benchmark" and fig["p50Ms"] == 0.012
-    assert stored[1]["lineage"]["uncommitted"] and stored[1]["lineage"]["gitCommit"] == "2222222bbbbb"
+    assert r1.registered_at == "1970-01-01T00:16:40Z"
+    assert r1.evaluation == {"accuracy": 0.9638, "f1": 0.9628, "passed": True}
+    fig = r1.variants["base-onnx-int8"].figures
+    assert fig.runtime == "onnxruntime" and fig.accuracy_from == "benchmark" and fig.p50_ms == 0.012
+    assert stored[1].lineage.uncommitted and stored[1].lineage.git_commit == "2222222bbbbb"
 
 
 def test_leaderboard_ranks_and_marks_the_pareto_front(two_versions: dict[str, Any]) -> None:
     [board] = leaderboards(two_versions["records"])
-    assert board["group"] == "dataset digits" and (board["metric"], board["goal"]) == ("accuracy", "maximize")
-    rows = board["rows"]
-    assert len(rows) == 10 and [r["rank"] for r in rows] == list(range(1, 11))
-    v1, v2 = (r["version"] for r in two_versions["records"])
+    assert board.group == "dataset digits" and (board.metric, board.goal) == ("accuracy", "maximize")
+    rows = board.rows
+    assert len(rows) == 10 and [r.rank for r in rows] == list(range(1, 11))
+    v1, v2 = (r.version for r in two_versions["records"])
     # v2 is better on accuracy at equal size and latency: every v1 row is dominated
-    assert {r["variant"] for r in rows if r["pareto"]} == {"pruned", "int8", "base-onnx", "base-onnx-int8"}
-    assert all(r["version"] == v2 for r in rows if r["pareto"])
-    assert rows[0]["version"] == v2 and rows[0]["variant"] == "int8"  # the highest accuracy
+    assert {r.variant for r in rows if r.pareto} == {"pruned", "int8", "base-onnx", "base-onnx-int8"}
+    assert all(r.version == v2 for r in rows if r.pareto)
+    assert rows[0].version == v2 and rows[0].variant == "int8"  # the highest accuracy
     # ties on accuracy are broken by latency: ONNX (0.010) before ONNX INT8 (0.012) before PyTorch (0.037)
-    tied = [r["variant"] for r in rows if r["version"] == v1 and r["metric"] == 0.9638]
+    tied = [r.variant for r in rows if r.version == v1 and r.metric == 0.9638]
     assert tied == ["base-onnx", "base-onnx-int8", "base"]
     # within one version alone, base is dominated by base-onnx-int8 (same accuracy, smaller, faster)
     [only] = leaderboards(two_versions["records"][:1])
-    assert {r["variant"]: r["pareto"] for r in only["rows"]} == {
+    assert {r.variant: r.pareto for r in only.rows} == {
         "int8": True, "base-onnx": True, "base-onnx-int8": True, "base": False, "pruned": True}
     # latency at another batch size
     [b64] = leaderboards(two_versions["records"], batch=64)
-    assert next(r for r in b64["rows"] if r["variant"] == "base")["p50Ms"] == pytest.approx(0.148)
+    assert next(r for r in b64.rows if r.variant == "base").figures.p50_ms == pytest.approx(0.148)
 
 
 def test_the_metric_is_the_one_the_spec_names() -> None:
@@ -109,12 +108,13 @@ def test_the_metric_is_the_one_the_spec_names() -> None:
 def test_diff_shows_the_spec_change_and_its_effect(two_versions: dict[str, Any]) -> None:
     r1, r2 = two_versions["records"]
     d = diff(r1, r2)
-    assert "model spec: `hyperparameters.learningRate` 0.002 → 0.003" in d["specChanges"]
-    assert "git revision 1111111aaaaa → 2222222bbbbb-dirty" in d["specChanges"]
-    assert d["evaluation"]["accuracy"]["delta"] == pytest.approx(0.01)
-    assert d["variants"]["int8"]["accuracy"]["delta"] == pytest.approx(0.01)
-    assert d["variants"]["int8"]["sizeBytes"]["ratio"] == 1.0
-    assert find(two_versions["records"], f"digits-mlp@{r2['version'][:6]}") is r2
+    assert "model spec: `hyperparameters.learningRate` 0.002 → 0.003" in d.spec_changes
+    assert "git revision 1111111aaaaa → 2222222bbbbb-dirty" in d.spec_changes
+    assert d.evaluation["accuracy"].delta == pytest.approx(0.01)
+    assert d.variants["int8"].figures["accuracy"].delta == pytest.approx(0.01)
+    assert d.variants["int8"].figures["sizeBytes"].ratio == 1.0
+    assert d.to_json()["variants"]["int8"]["sizeBytes"] == {"from": 57_553, "to": 57_553, "delta": 0, "ratio": 1.0}
+    assert find(two_versions["records"], f"digits-mlp@{r2.version[:6]}") is r2
     assert find(two_versions["records"], "digits-mlp") is r2
 
 
@@ -133,10 +133,10 @@ def test_cluster_records_come_from_the_register_nodes_output() -> None:
         "n2": {"templateName": "register", "phase": "Succeeded", "finishedAt": "2026-01-02T03:04:05Z",
                "outputs": {"parameters": [{"name": "metrics", "value": json.dumps(summary)}]}}}}}
     record = _from_workflow_status(wf, "cluster")
-    assert record is not None and record["version"] == version
-    assert record["variants"]["base"]["figures"]["p50Ms"] == 0.04
-    assert record["variants"]["int8"]["figures"]["accuracy"] == 0.965
-    assert record["lineage"]["gitRevision"] == "c0ffee"
+    assert record is not None and record.version == version
+    assert record.variants["base"].figures.p50_ms == 0.04
+    assert record.variants["int8"].figures.accuracy == 0.965
+    assert record.lineage.git_revision == "c0ffee"
     shutil.rmtree(Path("/tmp") / "forge-registry-test", ignore_errors=True)
 
 

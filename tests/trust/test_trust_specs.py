@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from forgectl.models_cli import trust_lines
 from reconciler.load.loader import load_or_raise
 from reconciler.registry.leaderboard import rows
-from reconciler.registry.records import build_record
+from reconciler.registry.records import Record, build_record
 from renderers import RenderContext, render
 from renderers.hardware import export_reasons
 from renderers.workflow import workflow_steps
@@ -113,7 +113,7 @@ EXPLAINED = {"methods": ["integratedGradients", "saliency"], "primary": "integra
              "maps": 40, "folder": "models/digits-private/v/explain"}
 
 
-def _record() -> dict[str, Any]:
+def _record() -> Record:
     evaluation = {"accuracy": 0.85, "epsilon": 3.99, "fgsmAccuracy": 0.58, "pgdAccuracy": 0.56, "passed": True,
                   "privacy": PRIVACY, "robustness": ROBUST}
     registry = {"model": "digits-private", "version": "v1", "variants": {"base": {"kind": "state_dict", "sizeBytes": 1000,
@@ -123,10 +123,10 @@ def _record() -> dict[str, Any]:
 
 def test_the_registry_records_privacy_robustness_and_explanations() -> None:
     record = _record()
-    assert record["privacy"] == PRIVACY and record["robustness"] == ROBUST and record["explanations"] == EXPLAINED
-    assert record["evaluation"]["epsilon"] == 3.99 and record["evaluation"]["pgdAccuracy"] == 0.56
+    assert record.privacy == PRIVACY and record.robustness == ROBUST and record.explanations == EXPLAINED
+    assert record.evaluation["epsilon"] == 3.99 and record.evaluation["pgdAccuracy"] == 0.56
     plain = build_record(_trust_workflow(), {"variants": {}}, {"accuracy": 0.9}, 0.0, "local")
-    assert not {"privacy", "robustness", "explanations"} & set(plain)
+    assert not {"privacy", "robustness", "explanations"} & set(plain.to_json())
 
 
 def test_models_show_and_the_leaderboard_use_them() -> None:
@@ -135,8 +135,8 @@ def test_models_show_and_the_leaderboard_use_them() -> None:
     assert lines[0].startswith("privacy       DP-SGD ε 3.99 spent of 4 at δ 1e-05 (rdp accountant")
     assert lines[1].startswith("robustness    L∞ ε 1: FGSM 58.00 %, PGD 56.00 % (clean 85.00 %")
     assert "rank correlation 0.36 (passed, < 0.5)" in lines[2] and "40 PNG maps in models/digits-private/v/explain" in lines[2]
-    assert [r["metric"] for r in rows([record], "pgdAccuracy")] == [0.56]
-    assert [r["metric"] for r in rows([record], "accuracy")] == [0.86]
+    assert [r.metric for r in rows([record], "pgdAccuracy")] == [0.56]
+    assert [r.metric for r in rows([record], "accuracy")] == [0.86]
 
 
 def test_auto_labeling_is_omitted_unset_and_stays_inside_the_root() -> None:

@@ -10,10 +10,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from reconciler.registry.records import build_record
+from reconciler.registry.records import Record, build_record
 
 
-def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> dict[str, Any] | None:
+def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> Record | None:
     """A record from a cluster Workflow: the register node's `metrics` output parameter."""
     nodes = (workflow.get("status") or {}).get("nodes") or {}
     outputs: dict[str, Any] = {}  # the evaluate and explain steps' `metrics` output parameters
@@ -55,8 +55,8 @@ def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> dict
     return None
 
 
-def records_from_workflows(workflows: Iterable[Mapping[str, Any]], environment: str, model: str | None = None) -> list[dict[str, Any]]:
+def records_from_workflows(workflows: Iterable[Mapping[str, Any]], environment: str, model: str | None = None) -> list[Record]:
     """The records a cluster's finished Workflows carry in their status (of one model, or all),
     oldest first."""
     records = [r for r in (_from_workflow_status(wf, environment) for wf in workflows) if r]
-    return sorted((r for r in records if model is None or r["model"] == model), key=lambda r: (r["registeredAt"], r["model"]))
+    return sorted((r for r in records if model is None or r.model == model), key=lambda r: (r.registered_at, r.model))

@@ -42,6 +42,7 @@ from reconciler.errors import (
     TransientError,
     UnreachableError,
 )
+from reconciler.registry.records import Record
 from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
 from reconciler.rollout.controller import RolloutState
 from reconciler.targets.base import ClusterAPI, Precondition, RolloutBackend, RunDetails, StepEvents
@@ -462,7 +463,7 @@ class KubernetesTarget:
         return None
 
     def model_records(self, live: list[dict[str, Any]], model: str | None = None, *,
-                      backfill: bool = True) -> list[dict[str, Any]]:
+                      backfill: bool = True) -> list[Record]:
         """Records from the `metrics` outputs in the live Workflows' status (Argo keeps them; there
         is nothing to backfill)."""
         return records_from_workflows([o for o in live if o.get("kind") == "Workflow"], self.environment, model)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from reconciler.registry.records import build_record
+from reconciler.registry.records import Record, build_record
 from reconciler.targets.local.state import StateDB
 from renderers.workflow import workflow_steps
 
@@ -30,7 +30,7 @@ def registry_path(workflow: Mapping[str, Any]) -> str | None:
     return f"{register['output'].rstrip('/')}/registry.json" if register.get("output") else None
 
 
-def ingest_local(db: StateDB, workspace: Path, workflow: Mapping[str, Any], environment: str, registered: float | None = None) -> dict[str, Any] | None:
+def ingest_local(db: StateDB, workspace: Path, workflow: Mapping[str, Any], environment: str, registered: float | None = None) -> Record | None:
     """Record a finished Workflow's version in the local state DB (None when it registered nothing)."""
     relative = registry_path(workflow)
     if relative is None:
@@ -45,5 +45,5 @@ def ingest_local(db: StateDB, workspace: Path, workflow: Mapping[str, Any], envi
     when = registered if registered is not None else (workspace / relative).stat().st_mtime
     record = build_record(workflow, registry, evaluation if isinstance(evaluation, dict) else None, when, environment,
                           explanations if isinstance(explanations, dict) else None)
-    db.put_model_version(record["model"], record["version"], when, record)
+    db.put_model_version(when, record)
     return record

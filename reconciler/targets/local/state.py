@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reconciler.registry.records import Record
 from reconciler.resources import ObjectRef
 from reconciler.targets.base import StepRun, WorkflowRun
 from reconciler.targets.local.processes import ProcessRecord
@@ -216,16 +217,16 @@ class StateDB:
         return CachedStep(row[0]) if row else None
 
     # -- model registry (reconciler/registry/records.py) ----------------------------------------------------
-    def put_model_version(self, model: str, version: str, registered: float, record: dict[str, Any]) -> None:
+    def put_model_version(self, registered: float, record: Record) -> None:
         """Record (or replace) one registered model version with its lineage and measurements."""
         with self.tx() as db:
             db.execute("INSERT OR REPLACE INTO model_registry VALUES (?, ?, ?, ?)",
-                       (model, version, registered, json.dumps(record, sort_keys=True)))
+                       (record.model, record.version, registered, json.dumps(record.to_json(), sort_keys=True)))
 
-    def model_versions(self, model: str | None = None) -> list[dict[str, Any]]:
+    def model_versions(self, model: str | None = None) -> list[Record]:
         """Registered versions (of one model, or all), oldest first."""
         query = "SELECT record FROM model_registry" + (" WHERE model = ?" if model else "") + " ORDER BY registered, model, version"
-        return [json.loads(r) for (r,) in self.db.execute(query, (model,) if model else ())]
+        return [Record.from_json(json.loads(r)) for (r,) in self.db.execute(query, (model,) if model else ())]
 
     def has_model_version(self, model: str, version: str) -> bool:
         """Whether a version is recorded."""

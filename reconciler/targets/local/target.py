@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.errors import ConflictError, LockHeldError, TargetError, TargetNotAvailable
+from reconciler.registry.records import Record
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
 from reconciler.targets.base import ClusterAPI, Precondition, RolloutBackend, RunDetails, StepEvents
@@ -279,7 +280,7 @@ class LocalTarget:
         return router.shadow_stats() if router.running() else None
 
     def model_records(self, live: list[dict[str, Any]], model: str | None = None, *,
-                      backfill: bool = True) -> list[dict[str, Any]]:
+                      backfill: bool = True) -> list[Record]:
         """The state DB's registry; with ``backfill``, a succeeded Workflow it has no record of
         (a run made before the registry existed) is recorded first."""
         if backfill:
