@@ -37,6 +37,7 @@ from typing import Any
 
 from runtimes._step import in_workspace, parse_config, read_json, run_step, write_json
 from runtimes.errors import StepFailed
+from specs.compression import Benchmark
 from specs.stepconfig import BenchmarkConfig
 
 log = logging.getLogger("forge.benchmark")
@@ -182,7 +183,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from runtimes.data import load_prepared
-    from runtimes.learn import measure, split_tensors
 
     settings = config.settings
     threads = settings.threads
@@ -194,7 +194,25 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         raise StepFailed(f"benchmark: no bundle for variant(s) {', '.join(missing)}")
 
-    largest = max(settings.batch_sizes)
+    memory = _probe_memory(folders, prepared, threads, max(settings.batch_sizes))
+    loaded, results, xs = _load_and_measure(folders, prepared, threads, memory)
+    _time_batches(settings, loaded, xs, results)
+    doc = {"model": config.model, "version": config.version, "hardware": hardware(threads, config.hardware_target),
+           "settings": settings.model_dump(mode="json", by_alias=True), "rounds": ROUNDS,
+           "measuredAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "variants": results}
+    out = in_workspace(config.output)
+    write_json(out / "benchmark.json", doc)
+    first = str(settings.batch_sizes[0])
+    write_json(out / "metrics.json", {name: {"accuracy": r.get("accuracy"), "p50Ms": r["batches"][first]["p50Ms"],
+                                             "p99Ms": r["batches"][first]["p99Ms"]} for name, r in results.items()})
+    return 0
+
+
+def _probe_memory(folders: dict[str, Path], prepared: Any, threads: int, largest: int) -> dict[str, dict[str, Any]]:
+    """Each variant's memory at the largest batch, probed one at a time in a child process
+    before this process loads any model (so no variant's figure holds another's weights)."""
+    from runtimes.learn import split_tensors
+
     if any(read_json(f / "model.json").get("kind") in ONNX_KINDS for f in folders.values()):
         import onnxruntime  # noqa: F401 - before the probes fork: a runtime's import is not a variant's memory
     memory = {}
@@ -203,8 +221,21 @@ def main(argv: list[str] | None = None) -> int:
         x, _ = split_tensors(prepared.split("test"), prepared.meta, info.get("architecture", {}).get("contextLength"))
         memory[name] = probe(folder, threads, _batch(x, largest))
     log.info("memory: %s", ", ".join(f"{n} {m.get('memoryBytes', 0) / 2**20:.1f} MiB" for n, m in memory.items()))
+    return memory
 
-    loaded: dict[str, tuple[Callable[[Any], Any], dict[str, Any], str]] = {}
+
+#: Each variant loaded as it is served: (its callable, its model.json, its runtime).
+_Loaded = dict[str, tuple[Callable[[Any], Any], dict[str, Any], str]]
+
+
+def _load_and_measure(folders: dict[str, Path], prepared: Any, threads: int,
+                      memory: dict[str, dict[str, Any]]) -> tuple[_Loaded, dict[str, dict[str, Any]], dict[str, Any]]:
+    """Load every variant as it is served and measure its accuracy on the test split:
+    (the loaded callables with their model.json and runtime, each variant's result so far —
+    size, parameters, metrics, memory —, each variant's test inputs)."""
+    from runtimes.learn import measure, split_tensors
+
+    loaded: _Loaded = {}
     results: dict[str, dict[str, Any]] = {}
     xs: dict[str, Any] = {}
     for name, folder in folders.items():
@@ -220,6 +251,14 @@ def main(argv: list[str] | None = None) -> int:
                          **{k: v for k, v in memory[name].items() if k in ("memoryBytes", "peakRssBytes", "error")},
                          "batches": {}}
         log.info("%s (%s, %s): accuracy %s", name, runtime, info["kind"], metrics.get("accuracy"))
+    return loaded, results, xs
+
+
+def _time_batches(settings: Benchmark, loaded: _Loaded, xs: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
+    """Latency and throughput at each batch size into ``results[name]["batches"]``: after a
+    warm-up, ``ROUNDS`` rounds that alternate the variants (each for its share of
+    ``settings.seconds``, at least 3 calls), so load from elsewhere falls on all of them alike."""
+    import torch
 
     per_round = settings.seconds / ROUNDS
     with torch.inference_mode():
@@ -247,15 +286,6 @@ def main(argv: list[str] | None = None) -> int:
                     "calls": len(samples)}
             log.info("batch %d: %s", size, ", ".join(f"{n} p50 {results[n]['batches'][str(size)]['p50Ms']:.3f} ms"
                                                       for n in sorted(results)))
-    doc = {"model": config.model, "version": config.version, "hardware": hardware(threads, config.hardware_target),
-           "settings": settings.model_dump(mode="json", by_alias=True), "rounds": ROUNDS,
-           "measuredAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "variants": results}
-    out = in_workspace(config.output)
-    write_json(out / "benchmark.json", doc)
-    first = str(settings.batch_sizes[0])
-    write_json(out / "metrics.json", {name: {"accuracy": r.get("accuracy"), "p50Ms": r["batches"][first]["p50Ms"],
-                                             "p99Ms": r["batches"][first]["p99Ms"]} for name, r in results.items()})
-    return 0
 
 
 def run(argv: list[str] | None = None) -> int:

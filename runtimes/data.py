@@ -176,7 +176,38 @@ def prepare(spec: DatasetSpec, output: Path, verify_digest: bool = True) -> dict
     if raw.text is not None:
         return _prepare_text(spec, raw, output)
 
-    frame = _label(raw.frame, spec)
+    frame, standardize, clips = _clean(_label(raw.frame, spec), spec)
+    features = _features(frame, spec)
+    x = frame[features].to_numpy(dtype=np.float32)
+    task, y, classes = _targets(frame[LABEL], list(spec.labeling.classes) or list(raw.classes))
+    if len(x) < 3:
+        raise StepFailed(f"only {len(x)} rows left after cleaning")
+
+    parts = _split(len(x), spec, rng)
+    x, transform = _transform(x, parts["train"], features, clips, standardize)
+    for name, idx in parts.items():
+        _save_npz(output / f"{name}.npz", x=x[idx].astype(np.float32), y=y[idx])
+    meta = {
+        "task": task,
+        "inputKind": "features",
+        "numFeatures": int(x.shape[1]),
+        "imageShape": list(raw.image_shape) if raw.image_shape else None,
+        "classes": classes if task == "classification" else [],
+        "numClasses": len(classes) if task == "classification" else 1,
+        "features": [str(f) for f in features],
+        "transform": transform,
+        "digest": raw.digest,
+        "rows": {k: int(len(v)) for k, v in parts.items()},
+    }
+    (output / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def _clean(frame: Any, spec: DatasetSpec) -> tuple[Any, bool, list[Clip]]:
+    """The Dataset's cleaning steps, in order: (the cleaned frame, re-indexed; whether to
+    standardize; the clips applied). Clipping and standardizing are also recorded in the meta's
+    ``transform``, so that a server applies them to what it is sent; standardizing waits for the
+    split, since its mean and spread are the training split's."""
     standardize = False
     clips: list[Clip] = []
     for step in spec.cleaning:
@@ -196,63 +227,53 @@ def prepare(spec: DatasetSpec, output: Path, verify_digest: bool = True) -> dict
                 raise StepFailed(f"filter {step.query!r}: {exc}") from None
         elif isinstance(step, Standardize):
             standardize = True
-    frame = frame.reset_index(drop=True)
-    features = _features(frame, spec)
-    x = frame[features].to_numpy(dtype=np.float32)
-    labels = frame[LABEL]
+    return frame.reset_index(drop=True), standardize, clips
 
-    classes = list(spec.labeling.classes) or list(raw.classes)
+
+def _targets(labels: Any, classes: list[str]) -> tuple[str, np.ndarray, list[str]]:
+    """(task, targets, class names) from the label column: non-integral numbers without classes
+    are a regression; integers (or integral floats) are class indices; anything else is a class
+    name, looked up in ``classes`` (``labeling.classes``, else the source's, else sorted)."""
     if labels.dtype.kind == "f" and not classes and not np.allclose(labels, np.round(labels)):
-        task, y = "regression", labels.to_numpy(dtype=np.float32)
-    elif labels.dtype.kind in "iub" or (labels.dtype.kind == "f" and np.allclose(labels, np.round(labels))):
+        return "regression", labels.to_numpy(dtype=np.float32), classes
+    if labels.dtype.kind in "iub" or (labels.dtype.kind == "f" and np.allclose(labels, np.round(labels))):
         y = labels.to_numpy().astype(np.int64)
-        task = "classification"
-        if not classes:
-            classes = [str(c) for c in range(int(y.max()) + 1)]
-    else:
-        values = [str(v) for v in labels]
-        classes = classes or sorted(set(values))
-        index = {c: i for i, c in enumerate(classes)}
-        unknown = sorted(set(values) - set(index))
-        if unknown:
-            raise StepFailed(f"labels not in labeling.classes: {', '.join(unknown[:5])}")
-        y, task = np.array([index[v] for v in values], dtype=np.int64), "classification"
-    if len(x) < 3:
-        raise StepFailed(f"only {len(x)} rows left after cleaning")
+        return "classification", y, classes or [str(c) for c in range(int(y.max()) + 1)]
+    values = [str(v) for v in labels]
+    classes = classes or sorted(set(values))
+    index = {c: i for i, c in enumerate(classes)}
+    unknown = sorted(set(values) - set(index))
+    if unknown:
+        raise StepFailed(f"labels not in labeling.classes: {', '.join(unknown[:5])}")
+    return "classification", np.array([index[v] for v in values], dtype=np.int64), classes
 
-    order = rng.permutation(len(x))
-    n_train = max(1, int(round(len(x) * spec.splits.train)))
-    n_val = int(round(len(x) * spec.splits.validation))
-    parts = {
+
+def _split(rows: int, spec: DatasetSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The rows of each split: one seeded permutation, cut at the spec's fractions."""
+    order = rng.permutation(rows)
+    n_train = max(1, int(round(rows * spec.splits.train)))
+    n_val = int(round(rows * spec.splits.validation))
+    return {
         "train": order[:n_train],
         "validation": order[n_train : n_train + n_val],
         "test": order[n_train + n_val :],
     }
+
+
+def _transform(x: np.ndarray, train: np.ndarray, features: list[str], clips: list[Clip],
+               standardize: bool) -> tuple[np.ndarray, dict[str, Any]]:
+    """The features standardized with the training rows' mean and spread (when asked), and the
+    meta's ``transform``: the clips and the standardization, as a server re-applies them."""
     transform: dict[str, Any] = {}
     if clips:
         transform["clip"] = [{"min": c.min, "max": c.max, "columns": [features.index(col) for col in c.columns] if c.columns else None} for c in clips]
     if standardize:
-        xt = x[parts["train"]]
+        xt = x[train]
         mean, std = xt.mean(axis=0), xt.std(axis=0)
         std[std == 0] = 1.0
         x = (x - mean) / std
         transform["standardize"] = {"mean": mean.tolist(), "std": std.tolist()}
-    for name, idx in parts.items():
-        _save_npz(output / f"{name}.npz", x=x[idx].astype(np.float32), y=y[idx])
-    meta = {
-        "task": task,
-        "inputKind": "features",
-        "numFeatures": int(x.shape[1]),
-        "imageShape": list(raw.image_shape) if raw.image_shape else None,
-        "classes": classes if task == "classification" else [],
-        "numClasses": len(classes) if task == "classification" else 1,
-        "features": [str(f) for f in features],
-        "transform": transform,
-        "digest": raw.digest,
-        "rows": {k: int(len(v)) for k, v in parts.items()},
-    }
-    (output / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+    return x, transform
 
 
 def _prepare_text(spec: DatasetSpec, raw: RawData, output: Path) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import logging
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -139,14 +140,46 @@ def quantize_int8(fp32: Path, dst: Path, calibration: Any, target: str, workdir:
             "calibrationSamples": int(len(calibration)), "reduceRange": reduce_range}
 
 
+@dataclass
+class _Inputs:
+    """The float model an export is made from, and the data it is made and checked with: the
+    test split to verify on, the training split to draw INT8 calibration rows from (with the
+    model's own seed)."""
+
+    model: Any
+    info: dict[str, Any]
+    seed: int
+    xtr: Any
+    xte: Any
+    yte: Any
+
+
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(ExportConfig, argv, "python -m runtimes export")
-    import numpy as np
-    import onnxruntime
-    import torch
+    import onnxruntime  # noqa: F401 - loaded before torch, in the order this step always loaded them
+    import torch  # noqa: F401
 
+    inputs = _load(config)
+    out = in_workspace(config.output)
+    if out.exists():
+        shutil.rmtree(out)  # a retry starts clean
+    report, reference = _onnx_fp32(config, inputs, out)
+    if config.int8 is not None:
+        _onnx_int8(config, inputs, reference, out, report)
+    write_json(out / "report.json", report)
+    write_json(out / "metrics.json", {"source": config.source, "onnxMaxAbsDiff": report["onnx"]["verification"]["maxAbsDiff"],
+                                      "onnxAccuracy": report["onnx"]["accuracy"],
+                                      **({"onnxInt8Accuracy": report["onnxInt8"]["accuracy"],
+                                          "onnxInt8SizeRatio": report["onnxInt8"]["sizeRatio"]} if "onnxInt8" in report else {})})
+    return 0
+
+
+def _load(config: ExportConfig) -> _Inputs:
+    """The float variant and the splits, seeded with the model's seed; refused for a bundle that
+    is not float weights (a quantized variant has no faithful ONNX graph to export) and for an
+    empty test split (nothing to verify the export on)."""
     from runtimes.data import load_prepared
-    from runtimes.learn import measure, predict, seed_everything, split_tensors
+    from runtimes.learn import seed_everything, split_tensors
     from runtimes.models import load_bundle
 
     model, info = load_bundle(in_workspace(config.model_dir))
@@ -154,18 +187,26 @@ def main(argv: list[str] | None = None) -> int:
         raise StepFailed(f"export: variant {config.source} is a {info['kind']} bundle; export a float variant")
     seed = int(info.get("seed", 0))
     seed_everything(seed)
-    task = info["task"]
     data = load_prepared(in_workspace(config.data), ("train", "test"))
     ctx = info["architecture"].get("contextLength")
     xtr, _ = split_tensors(data.split("train"), data.meta, ctx)
     xte, yte = split_tensors(data.split("test"), data.meta, ctx)
     if len(xte) == 0:
         raise StepFailed("export: the test split is empty; nothing to verify the export on")
-    out = in_workspace(config.output)
-    if out.exists():
-        shutil.rmtree(out)  # a retry starts clean
-    fp32_dir, int8_dir = out / "onnx", out / "onnx-int8"
+    return _Inputs(model, info, seed, xtr, xte, yte)
 
+
+def _onnx_fp32(config: ExportConfig, inputs: _Inputs, out: Path) -> tuple[dict[str, Any], Any]:
+    """Export the fp32 graph into ``out/onnx`` and verify it against PyTorch on the test split;
+    returns the report so far and PyTorch's outputs (the INT8 graph is checked against them too).
+    A graph that differs by more than ``maxAbsDiff`` is rejected: report written, graph removed."""
+    import onnxruntime
+    import torch
+
+    from runtimes.learn import measure, predict
+
+    model, info, xte, yte, task = inputs.model, inputs.info, inputs.xte, inputs.yte, inputs.info["task"]
+    fp32_dir = out / "onnx"
     log.info("exporting %s (%s) to ONNX opset %d", config.source, info["architecture"].get("type"), config.opset)
     export_onnx(model, xte[:2], fp32_dir / "model.onnx", config.opset)
     reference = predict(model, xte)
@@ -192,41 +233,50 @@ def main(argv: list[str] | None = None) -> int:
     report["onnx"].update({"accepted": True, "sizeBytes": bundle["sizeBytes"], "accuracy": metrics.get("accuracy")})
     write_json(fp32_dir / "metrics.json", {"variant": bundle["variant"], **metrics})
     write_json(fp32_dir / "report.json", {"verification": fp32_check, "after": {"accuracy": metrics.get("accuracy"), "sizeBytes": bundle["sizeBytes"]}})
+    return report, reference
 
-    if config.int8 is not None:
-        g = torch.Generator().manual_seed(seed)
-        rows = xtr[torch.randperm(len(xtr), generator=g)[: config.int8.calibration_samples]]
-        calibration = np.ascontiguousarray(rows.numpy())
-        scheme = quantize_int8(fp32_dir / "model.onnx", int8_dir / "model.onnx", calibration, config.hardware_target, out)
-        int8_session = onnx_session(int8_dir / "model.onnx")
-        check = compare(reference, predict(onnx_callable(int8_session), xte), yte, task)
-        drop = round(100.0 * ((check.get("accuracyReference") or 0.0) - (check.get("accuracy") or 0.0)), 4)
-        accepted = drop <= config.max_accuracy_drop
-        size = (int8_dir / "model.onnx").stat().st_size
-        report["onnxInt8"] = {"verification": check, "quantization": scheme, "sizeBytes": size,
-                              "sizeRatio": size / bundle["sizeBytes"], "accuracy": check.get("accuracy"),
-                              "accuracyDropPt": drop, "maxAccuracyDrop": config.max_accuracy_drop, "accepted": accepted}
-        log.info("ONNX INT8: %.1f%% of the fp32 graph's size, accuracy %.4f → %.4f (drop %.2f pt, bound %g)",
-                 100 * size / bundle["sizeBytes"], check.get("accuracyReference") or 0, check.get("accuracy") or 0,
-                 drop, config.max_accuracy_drop)
-        if not accepted:
-            report["reason"] = f"ONNX INT8 lost {drop:.2f} accuracy points, more than the allowed {config.max_accuracy_drop:g}"
-            write_json(out / "report.json", report)
-            shutil.rmtree(int8_dir, ignore_errors=True)
-            raise VariantRejected(f"ONNX INT8 of {config.source} rejected: {report['reason']} (see {config.output}/report.json)")
-        int8_bundle = _bundle(int8_dir, info, "onnx-int8", {"variant": f"{config.source}-onnx-int8", "source": config.source,
-                                                            "opset": config.opset, "hardwareTarget": config.hardware_target,
-                                                            "quantization": scheme})
-        int8_metrics = measure(onnx_callable(int8_session), xte, yte, task)
-        write_json(int8_dir / "metrics.json", {"variant": int8_bundle["variant"], "accuracyDropPt": drop, **int8_metrics})
-        write_json(int8_dir / "report.json", {"verification": check, "quantization": scheme, "accuracyDropPt": drop,
-                                              "after": {"accuracy": check.get("accuracy"), "sizeBytes": size}})
-    write_json(out / "report.json", report)
-    write_json(out / "metrics.json", {"source": config.source, "onnxMaxAbsDiff": fp32_check["maxAbsDiff"],
-                                      "onnxAccuracy": metrics.get("accuracy"),
-                                      **({"onnxInt8Accuracy": report["onnxInt8"]["accuracy"],
-                                          "onnxInt8SizeRatio": report["onnxInt8"]["sizeRatio"]} if "onnxInt8" in report else {})})
-    return 0
+
+def _onnx_int8(config: ExportConfig, inputs: _Inputs, reference: Any, out: Path, report: dict[str, Any]) -> None:
+    """ONNX Runtime static INT8 of the verified fp32 graph into ``out/onnx-int8``, calibrated on
+    seeded training rows and checked against PyTorch's outputs (``reference``); recorded in
+    ``report["onnxInt8"]``. Losing more accuracy than ``maxAccuracyDrop`` rejects it: report
+    written, graph removed."""
+    import numpy as np
+    import torch
+
+    from runtimes.learn import measure, predict
+
+    info, xte, yte, task = inputs.info, inputs.xte, inputs.yte, inputs.info["task"]
+    assert config.int8 is not None
+    fp32_dir, int8_dir = out / "onnx", out / "onnx-int8"
+    fp32_size = report["onnx"]["sizeBytes"]
+    g = torch.Generator().manual_seed(inputs.seed)
+    rows = inputs.xtr[torch.randperm(len(inputs.xtr), generator=g)[: config.int8.calibration_samples]]
+    calibration = np.ascontiguousarray(rows.numpy())
+    scheme = quantize_int8(fp32_dir / "model.onnx", int8_dir / "model.onnx", calibration, config.hardware_target, out)
+    int8_session = onnx_session(int8_dir / "model.onnx")
+    check = compare(reference, predict(onnx_callable(int8_session), xte), yte, task)
+    drop = round(100.0 * ((check.get("accuracyReference") or 0.0) - (check.get("accuracy") or 0.0)), 4)
+    accepted = drop <= config.max_accuracy_drop
+    size = (int8_dir / "model.onnx").stat().st_size
+    report["onnxInt8"] = {"verification": check, "quantization": scheme, "sizeBytes": size,
+                          "sizeRatio": size / fp32_size, "accuracy": check.get("accuracy"),
+                          "accuracyDropPt": drop, "maxAccuracyDrop": config.max_accuracy_drop, "accepted": accepted}
+    log.info("ONNX INT8: %.1f%% of the fp32 graph's size, accuracy %.4f → %.4f (drop %.2f pt, bound %g)",
+             100 * size / fp32_size, check.get("accuracyReference") or 0, check.get("accuracy") or 0,
+             drop, config.max_accuracy_drop)
+    if not accepted:
+        report["reason"] = f"ONNX INT8 lost {drop:.2f} accuracy points, more than the allowed {config.max_accuracy_drop:g}"
+        write_json(out / "report.json", report)
+        shutil.rmtree(int8_dir, ignore_errors=True)
+        raise VariantRejected(f"ONNX INT8 of {config.source} rejected: {report['reason']} (see {config.output}/report.json)")
+    int8_bundle = _bundle(int8_dir, info, "onnx-int8", {"variant": f"{config.source}-onnx-int8", "source": config.source,
+                                                        "opset": config.opset, "hardwareTarget": config.hardware_target,
+                                                        "quantization": scheme})
+    int8_metrics = measure(onnx_callable(int8_session), xte, yte, task)
+    write_json(int8_dir / "metrics.json", {"variant": int8_bundle["variant"], "accuracyDropPt": drop, **int8_metrics})
+    write_json(int8_dir / "report.json", {"verification": check, "quantization": scheme, "accuracyDropPt": drop,
+                                          "after": {"accuracy": check.get("accuracy"), "sizeBytes": size}})
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from typing import Any
 
 from runtimes._step import emit, write_json
 from runtimes.errors import StepFailed
+from specs.model import Privacy
 
 log = logging.getLogger("forge.privacy")
 
@@ -68,22 +69,13 @@ def train_private(trainer: Any, model: Any, optimizer: Any, scheduler: Any, crit
     """Train ``model`` with DP-SGD. Returns (final fp32 CPU weights, state, seconds, samples,
     throughput, privacy report). ``meter_type`` is the train step's `StepMeter` (passed in, so
     this module does not import the one that imports it)."""
-    import torch
-    from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
-
     config, hp = trainer.config, trainer.hp
     privacy = config.spec.privacy
     assert privacy is not None
     refuse_unsupported(model, config.spec.architecture.type)
     if privacy.delta >= 1.0 / len(x):
         log.warning("privacy: delta %g is not below 1/rows (%g): the guarantee is weak", privacy.delta, 1.0 / len(x))
-    loader = DataLoader(TensorDataset(x, y), batch_size=hp.batch_size,
-                        generator=torch.Generator().manual_seed(hp.seed))
-    engine = PrivacyEngine(accountant=ACCOUNTANT)
-    private_model, private_optimizer, private_loader = engine.make_private_with_epsilon(
-        module=model, optimizer=optimizer, data_loader=loader, target_epsilon=privacy.epsilon,
-        target_delta=privacy.delta, epochs=hp.epochs, max_grad_norm=privacy.max_grad_norm, poisson_sampling=True)
+    engine, private_model, private_optimizer, private_loader = _make_private(trainer, model, optimizer, x, y)
     noise = float(private_optimizer.noise_multiplier)
     sample_rate = 1.0 / len(private_loader)
     log.info("privacy: DP-SGD to ε %.3g at δ %.3g: noise multiplier %.4f, sample rate %.4f, clip %.3g",
@@ -127,7 +119,34 @@ def train_private(trainer: Any, model: Any, optimizer: Any, scheduler: Any, crit
             break
     elapsed = time.perf_counter() - start
     spent = float(engine.get_epsilon(privacy.delta))
-    report = {
+    report = _report(privacy, spent, noise, sample_rate, state["step"])
+    log.info("privacy: spent ε %.4f of %.4g at δ %g over %d steps", spent, privacy.epsilon, privacy.delta, state["step"])
+    final = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
+    return final, state, elapsed, samples, meter.summary(), report
+
+
+def _make_private(trainer: Any, model: Any, optimizer: Any, x: Any, y: Any) -> tuple[Any, Any, Any, Any]:
+    """Opacus's engine and its private model, optimizer and Poisson-sampling loader, with the
+    noise calibrated so that the whole run (``epochs`` at this sample rate) spends the target ε
+    at δ: (engine, model, optimizer, loader)."""
+    import torch
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    hp, privacy = trainer.hp, trainer.config.spec.privacy
+    loader = DataLoader(TensorDataset(x, y), batch_size=hp.batch_size,
+                        generator=torch.Generator().manual_seed(hp.seed))
+    engine = PrivacyEngine(accountant=ACCOUNTANT)
+    private_model, private_optimizer, private_loader = engine.make_private_with_epsilon(
+        module=model, optimizer=optimizer, data_loader=loader, target_epsilon=privacy.epsilon,
+        target_delta=privacy.delta, epochs=hp.epochs, max_grad_norm=privacy.max_grad_norm, poisson_sampling=True)
+    return engine, private_model, private_optimizer, private_loader
+
+
+def _report(privacy: Privacy, spent: float, noise: float, sample_rate: float, steps: int) -> dict[str, Any]:
+    """``metrics.json``'s ``privacy``: the guarantee the run got (ε spent at δ, by the accountant)
+    and what it was made of, which the evaluate step's ε gate and the registry read."""
+    return {
         "mechanism": "DP-SGD (Opacus)",
         "accountant": ACCOUNTANT,
         "epsilonTarget": privacy.epsilon,
@@ -136,10 +155,7 @@ def train_private(trainer: Any, model: Any, optimizer: Any, scheduler: Any, crit
         "maxGradNorm": privacy.max_grad_norm,
         "noiseMultiplier": round(noise, 6),
         "sampleRate": round(sample_rate, 6),
-        "steps": state["step"],
+        "steps": steps,
         "poissonSampling": True,
         "secureRng": False,
     }
-    log.info("privacy: spent ε %.4f of %.4g at δ %g over %d steps", spent, privacy.epsilon, privacy.delta, state["step"])
-    final = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
-    return final, state, elapsed, samples, meter.summary(), report

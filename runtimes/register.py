@@ -11,6 +11,8 @@ import hashlib
 import logging
 import shutil
 import sys
+from pathlib import Path
+from typing import Any
 
 from runtimes._step import in_workspace, parse_config, read_json, run_step, write_json
 from runtimes.errors import StepFailed
@@ -22,31 +24,8 @@ log = logging.getLogger("forge.register")
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(RegisterConfig, argv, "python -m runtimes register")
     out = in_workspace(config.output)
-    entries = {}
-    for name, folder in sorted(config.variants.items()):
-        src = in_workspace(folder)
-        info = read_json(src / "model.json")
-        weights = src / info.get("file", "model.pt")
-        if not weights.exists():
-            raise StepFailed(f"variant {name}: no weights at {weights}")
-        dst = out / name
-        dst.mkdir(parents=True, exist_ok=True)
-        for item in src.iterdir():
-            if item.is_file() and item.suffix in (".json", ".pt", ".pt2", ".onnx"):
-                shutil.copy2(item, dst / item.name)
-        extra = {}
-        for report in ("report.json", "metrics.json"):
-            if (src / report).exists():
-                extra[report.removesuffix(".json")] = read_json(src / report)
-        entries[name] = {
-            "path": f"{config.output.rstrip('/')}/{name}",
-            "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
-            "sizeBytes": weights.stat().st_size,
-            "kind": info["kind"],
-            "parameters": info.get("parameters"),
-            **({"source": info["source"]} if info.get("source") else {}),
-            **extra,
-        }
+    entries = {name: _register_variant(name, in_workspace(folder), out / name, f"{config.output.rstrip('/')}/{name}")
+               for name, folder in sorted(config.variants.items())}
     registry: dict = {"model": config.model, "version": config.version, "variants": entries}
     if config.benchmark:
         bench = read_json(in_workspace(config.benchmark) / "benchmark.json")
@@ -72,6 +51,33 @@ def main(argv: list[str] | None = None) -> int:
                                                     for n, a in (registry.get("artifacts") or {}).items()}})
     log.info("registered %s %s with variants %s", config.model, config.version, ", ".join(sorted(entries)))
     return 0
+
+
+def _register_variant(name: str, src: Path, dst: Path, path: str) -> dict[str, Any]:
+    """Copy one variant's bundle (its top-level JSON and weights files) from ``src`` into ``dst``
+    and return its registry entry: where it is (``path``), its weights' digest and size, and the
+    report and metrics it came with."""
+    info = read_json(src / "model.json")
+    weights = src / info.get("file", "model.pt")
+    if not weights.exists():
+        raise StepFailed(f"variant {name}: no weights at {weights}")
+    dst.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.is_file() and item.suffix in (".json", ".pt", ".pt2", ".onnx"):
+            shutil.copy2(item, dst / item.name)
+    extra = {}
+    for report in ("report.json", "metrics.json"):
+        if (src / report).exists():
+            extra[report.removesuffix(".json")] = read_json(src / report)
+    return {
+        "path": path,
+        "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        "sizeBytes": weights.stat().st_size,
+        "kind": info["kind"],
+        "parameters": info.get("parameters"),
+        **({"source": info["source"]} if info.get("source") else {}),
+        **extra,
+    }
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ applied."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +30,16 @@ def live_plan(result: LoadResult, environment: Environment, target: Target, name
 
 
 def plan_json(plan: Plan, environment: Environment, target: Target) -> dict[str, Any]:
-    """The plan as shown and saved: its JSON, and where the target has a cluster
-    (:meth:`Target.cluster_api`) a note for each prerequisite the rendered objects need and the
-    cluster lacks (checked read-only). The objects are the plan's own desired ones: rendering the
-    specs a second time for this was a fifth of a 10,000-endpoint plan."""
-    data = plan.to_json()
+    """The plan as shown and saved: its JSON (:meth:`Plan.to_json`, the one author of a plan's
+    JSON), with, where the target has a cluster (:meth:`Target.cluster_api`), a note for each
+    prerequisite the rendered objects need and the cluster lacks (checked read-only). The objects
+    are the plan's own desired ones: rendering the specs a second time for this was a fifth of a
+    10,000-endpoint plan."""
     api = target.cluster_api()
     if api is not None:
         desired = [c.after for c in plan.changes if c.after is not None]
-        data["notes"] = [*data.get("notes", []), *missing_notes(check(api, cluster_requirements(desired)))]
-    return data
+        plan = replace(plan, notes=(*plan.notes, *missing_notes(check(api, cluster_requirements(desired)))))
+    return plan.to_json()
 
 
 def saved_plan(paths: list[str] | None) -> Plan | None:

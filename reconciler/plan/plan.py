@@ -28,9 +28,147 @@ from renderers.labels import PRUNE
 
 # Action and Change live in reconciler.plan.change (reasons.py and risks.py read them without importing
 # the planner); they stay importable from here, where callers have always found them.
-__all__ = ["PLAN_FORMAT", "Action", "Change", "Plan", "build_plan", "fingerprint", "settle"]
+__all__ = ["PLAN_FORMAT", "Action", "Change", "Cost", "DocumentChange", "Plan", "ServingBase", "ServingCost", "TrainingBase",
+           "TrainingCost", "build_plan", "fingerprint", "settle"]
 
 PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class DocumentChange:
+    """A spec-level change of a pull request (the plan's `specChanges`): one field of one spec
+    document, or the whole document added or removed (``path`` empty), with the file:line it is at
+    (the head's, or the base's for what is gone). Named apart from
+    :class:`reconciler.specdiff.SpecChange`, the field difference it is made from."""
+
+    kind: str
+    name: str
+    op: str  # add | remove | change
+    path: str
+    #: The values before and after, as JSON (a spec field holds any JSON value); None for `add` / `remove`.
+    old: Any
+    new: Any
+    file: str | None
+    line: int | None
+    #: How to show a long or multi-line string change (:func:`reconciler.plan.diff.value_diff`).
+    value_diff: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"kind": self.kind, "name": self.name, "op": self.op, "path": self.path, "old": self.old, "new": self.new,
+               "file": self.file, "line": self.line}
+        if self.value_diff is not None:
+            out["valueDiff"] = self.value_diff
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DocumentChange:
+        return cls(data["kind"], data["name"], data["op"], data.get("path", ""), data.get("old"), data.get("new"),
+                   data.get("file"), data.get("line"), data.get("valueDiff"))
+
+
+@dataclass(frozen=True)
+class TrainingBase:
+    """What the base revision had for a Model's training, where the pull request changes it."""
+
+    gpus: int
+    nodes: int | None
+    accelerator: str | None
+    gpu_hours: float | None
+    #: The `before this change: …` line the views show under the estimate.
+    line: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpus": self.gpus, "nodes": self.nodes, "accelerator": self.accelerator, "gpuHours": self.gpu_hours}
+
+
+@dataclass(frozen=True)
+class ServingBase:
+    """What the base revision had for an Endpoint's accelerators, where the pull request changes them."""
+
+    gpus: int
+    accelerator: str | None
+
+    @property
+    def note(self) -> str:
+        """What the estimate's line gets appended."""
+        return f" (before this change: {self.gpus} × {self.accelerator})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpus": self.gpus, "accelerator": self.accelerator}
+
+
+@dataclass(frozen=True)
+class TrainingCost:
+    """One Model's training in the plan's cost: its estimate and, in pull-request mode, the base's."""
+
+    #: renderers/cost.py's `TrainingEstimate.to_json()` (docs/plan-json.md): the memory arithmetic,
+    #: FLOPs and GPU-hours. Kept as that JSON: a saved plan reads it back, and only the views read
+    #: its figures, from the JSON.
+    estimate: Mapping[str, Any]
+    base: TrainingBase | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.estimate)
+        if self.base is not None:
+            out["lines"] = [*out["lines"], self.base.line]
+            out["base"] = self.base.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrainingCost:
+        if "base" not in data:
+            return cls(dict(data))
+        b = data["base"]
+        estimate = {k: v for k, v in data.items() if k != "base"} | {"lines": list(data["lines"][:-1])}
+        return cls(estimate, TrainingBase(b["gpus"], b.get("nodes"), b.get("accelerator"), b.get("gpuHours"), data["lines"][-1]))
+
+
+@dataclass(frozen=True)
+class ServingCost:
+    """One Endpoint's accelerators in the plan's cost: its estimate and, in pull-request mode, the base's."""
+
+    #: renderers/cost.py's `ServingEstimate.to_json()` (docs/plan-json.md).
+    estimate: Mapping[str, Any]
+    base: ServingBase | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.estimate)
+        if self.base is not None:
+            out["line"] = out["line"] + self.base.note
+            out["base"] = self.base.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ServingCost:
+        if "base" not in data:
+            return cls(dict(data))
+        base = ServingBase(data["base"]["gpus"], data["base"].get("accelerator"))
+        return cls({k: v for k, v in data.items() if k != "base"} | {"line": data["line"].removesuffix(base.note)}, base)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The GPU arithmetic and cost of the training steps a plan runs and the endpoints it changes
+    (renderers/cost.py's estimate, compared with the base revision's in pull-request mode)."""
+
+    utilisation: float
+    usable_fraction: float
+    training_gpus: int
+    training_gpu_hours: float | None
+    serving_gpus: int
+    training: tuple[TrainingCost, ...] = ()
+    serving: tuple[ServingCost, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"utilisation": self.utilisation, "usableFraction": self.usable_fraction, "trainingGpus": self.training_gpus,
+                "trainingGpuHours": self.training_gpu_hours, "servingGpus": self.serving_gpus,
+                "training": [t.to_json() for t in self.training], "serving": [s.to_json() for s in self.serving]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Cost:
+        return cls(data["utilisation"], data["usableFraction"], data["trainingGpus"], data.get("trainingGpuHours"),
+                   data["servingGpus"], tuple(TrainingCost.from_json(t) for t in data.get("training", [])),
+                   tuple(ServingCost.from_json(s) for s in data.get("serving", [])))
 
 
 @dataclass(frozen=True)
@@ -47,10 +185,15 @@ class Plan:
     risks: tuple[Finding, ...] = ()
     #: What the target cannot run; `apply` refuses a plan with any.
     blockers: tuple[Finding, ...] = ()
-    #: The spec-level changes (pull-request mode): `{kind, name, op, path, old, new, file, line}`.
-    spec_changes: tuple[Mapping[str, Any], ...] = ()
-    #: The GPU arithmetic and cost (renderers/cost.py's `Estimate.to_json()`), when computed.
-    cost: Mapping[str, Any] | None = None
+    #: The spec-level changes (pull-request mode), each with its file:line.
+    spec_changes: tuple[DocumentChange, ...] = ()
+    #: The GPU arithmetic and cost, when computed.
+    cost: Cost | None = None
+    #: Pull-request mode: the revisions compared (``head`` `working tree` for the working tree).
+    base: str | None = None
+    head: str | None = None
+    #: Pull-request mode against a cluster: the plan of the head's specs against the live state.
+    live: Plan | None = None
 
     @property
     def has_changes(self) -> bool:
@@ -65,8 +208,9 @@ class Plan:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """The plan as plain data; the human views render from this."""
-        return {
+        """The plan as plain data: the one author of the plan's JSON, the live plan's and the pull
+        request's alike (docs/plan-json.md); the human views render from this."""
+        out: dict[str, Any] = {
             "format": PLAN_FORMAT,
             "environment": self.environment,
             "target": self.target,
@@ -75,11 +219,16 @@ class Plan:
             "summary": self.counts(),
             "blockers": [b.to_json() for b in self.blockers],
             "risks": [r.to_json() for r in self.risks],
-            "specChanges": [dict(c) for c in self.spec_changes],
-            "cost": self.cost,
+            "specChanges": [c.to_json() for c in self.spec_changes],
+            "cost": self.cost.to_json() if self.cost is not None else None,
             "notes": list(self.notes),
             "changes": [c.to_json() for c in self.changes],
         }
+        if self.base is not None or self.head is not None:
+            out["base"], out["head"] = self.base, self.head
+        if self.live is not None:
+            out["live"] = self.live.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Plan:
@@ -95,8 +244,11 @@ class Plan:
             tuple(data.get("notes", [])),
             tuple(Finding.from_json(r) for r in data.get("risks", [])),
             tuple(Finding.from_json(b) for b in data.get("blockers", [])),
-            tuple(data.get("specChanges", [])),
-            data.get("cost"),
+            tuple(DocumentChange.from_json(c) for c in data.get("specChanges", [])),
+            Cost.from_json(data["cost"]) if data.get("cost") is not None else None,
+            data.get("base"),
+            data.get("head"),
+            Plan.from_json(data["live"]) if data.get("live") is not None else None,
         )
 
 

@@ -16,6 +16,7 @@ from reconciler.diagnostics import ForgeError
 from reconciler.errors import TargetError
 from reconciler.load.environments import load_environment
 from reconciler.load.sources import project_root, revision_of
+from reconciler.plan.plan import Plan
 from reconciler.plan.review import live_risks, registry_records, reviewed_git_plan
 from reconciler.plan.session import TargetOptions, make_plan, namespace_of, open_target
 from specs import Environment
@@ -24,7 +25,8 @@ from specs import Environment
 def pull_request_plan(paths: list[str] | None, base: str, head: str | None, env_name: str | None,
                       overrides: TargetOptions | None = None) -> dict[str, Any]:
     """The plan JSON of the change from ``base`` to ``head`` (None: the working tree) of the specs
-    under ``paths``, with `base`, `head` and notes saying whether and how the live diff was made.
+    under ``paths``, with `base`, `head` and notes saying whether and how the live diff was made
+    (the plan's own :meth:`Plan.to_json`, the one author of a plan's JSON).
 
     ``overrides`` are the runner's own target flags (`--kubeconfig`, `--context`, `--namespace`).
     Pull-request mode is inert: the cluster is reached only with the runner's credential (never a
@@ -34,22 +36,18 @@ def pull_request_plan(paths: list[str] | None, base: str, head: str | None, env_
     start = (paths or ["."])[0]
     old, old_env = load_environment(paths, base, env_name)
     new, new_env = load_environment(paths, head, env_name)
-    the_plan = reviewed_git_plan(old, old_env, new, new_env, base=base, head=head,
-                                 revision=revision_of(paths or ["."], head), start=start)
-    plan_json = the_plan.to_json()
-    plan_json["base"] = base
-    plan_json["head"] = head or "working tree"
+    the_plan = replace(reviewed_git_plan(old, old_env, new, new_env, base=base, head=head,
+                                         revision=revision_of(paths or ["."], head), start=start),
+                       base=base, head=head or "working tree")
     if new_env.spec.target != "kubernetes":
-        plan_json["notes"].append("no live diff: the environment's target is not a cluster")
-        return plan_json
+        return _noted(the_plan, "no live diff: the environment's target is not a cluster").to_json()
     reviewed = old.specs.get(Environment, new_env.name)
     if reviewed is None or reviewed.spec.kubernetes is None:
-        plan_json["notes"].append(f"no live diff: environment `{new_env.name}` is not a cluster environment at "
-                                  f"{base}; a pull request cannot choose where its plan reads from")
-        return plan_json
+        return _noted(the_plan, f"no live diff: environment `{new_env.name}` is not a cluster environment at "
+                                f"{base}; a pull request cannot choose where its plan reads from").to_json()
     if reviewed.spec.kubernetes != new_env.spec.kubernetes:
-        plan_json["notes"].append(f"environment `{new_env.name}` changes its cluster settings; the live diff "
-                                  f"uses those at {base}")
+        the_plan = _noted(the_plan, f"environment `{new_env.name}` changes its cluster settings; the live diff "
+                                    f"uses those at {base}")
     k8s = reviewed.spec.kubernetes
     overrides = overrides or TargetOptions()
     options = replace(overrides, context=overrides.context or k8s.context, namespace=overrides.namespace or k8s.namespace,
@@ -57,12 +55,16 @@ def pull_request_plan(paths: list[str] | None, base: str, head: str | None, env_
     try:
         target = open_target(reviewed, options)
         live_plan, _ = make_plan(new.specs, new_env, target, namespace_of(reviewed, options), None, dry_run=False)
-        plan_json["live"] = live_plan.to_json()
-        known = {(r["flag"], r["message"]) for r in plan_json["risks"]}
-        plan_json["risks"] += [r.to_json() for r in live_risks(live_plan, new, old, registry_records(live_plan, target))
-                               if (r.flag, r.message) not in known]
-        plan_json["notes"].append(f"live: {live_plan.counts()} against the cluster (read-only: not settled by "
-                                  "server-side dry runs)")
+        the_plan = replace(the_plan, live=live_plan)
+        known = {(r.flag, r.message) for r in the_plan.risks}
+        the_plan = replace(the_plan, risks=(*the_plan.risks, *(
+            r for r in live_risks(live_plan, new, old, registry_records(live_plan, target)) if (r.flag, r.message) not in known)))
+        the_plan = _noted(the_plan, f"live: {live_plan.counts()} against the cluster (read-only: not settled by "
+                                    "server-side dry runs)")
     except (TargetError, ForgeError) as exc:
-        plan_json["notes"].append(f"no live diff: {str(exc).splitlines()[0]}")
-    return plan_json
+        the_plan = _noted(the_plan, f"no live diff: {str(exc).splitlines()[0]}")
+    return the_plan.to_json()
+
+
+def _noted(plan: Plan, note: str) -> Plan:
+    return replace(plan, notes=(*plan.notes, note))

@@ -19,7 +19,7 @@ from typing import Any
 
 from reconciler.load.loader import LoadResult
 from reconciler.plan.diff import value_diff
-from reconciler.plan.plan import Plan
+from reconciler.plan.plan import Cost, DocumentChange, Plan, ServingBase, ServingCost, TrainingBase, TrainingCost
 from reconciler.plan.risks import (
     FLAGS,
     UNSATISFIABLE,
@@ -34,7 +34,7 @@ from reconciler.plan.risks import (
 from reconciler.registry.records import Record
 from reconciler.specdiff import ABSENT, spec_diff
 from reconciler.targets.base import Target
-from renderers.cost import DataSize, capacity_problems, estimate
+from renderers.cost import DataSize, Estimate, ServingEstimate, TrainingEstimate, capacity_problems, estimate
 from renderers.labels import MODEL_VERSION, NAME
 from specs import Dataset, Environment, Model, SpecSet
 from specs.safety import OutsideRoot, resolve_inside
@@ -86,9 +86,9 @@ def measure_data(specs: SpecSet, env: Environment, rev: str | None, start: str =
     return sizes
 
 
-def _spec_changes(base: LoadResult, head: LoadResult) -> list[dict[str, Any]]:
+def _spec_changes(base: LoadResult, head: LoadResult) -> list[DocumentChange]:
     """Spec-level changes of every document, located in the head (or the base, for what is gone)."""
-    out: list[dict[str, Any]] = []
+    out: list[DocumentChange] = []
     old_docs = {(d.kind, d.name): d for d in base.specs}
     new_docs = {(d.kind, d.name): d for d in head.specs}
     for key in sorted(set(old_docs) | set(new_docs)):
@@ -96,8 +96,8 @@ def _spec_changes(base: LoadResult, head: LoadResult) -> list[dict[str, Any]]:
         raw_new, raw_old = head.raws.get(key), base.raws.get(key)
         if a is None or b is None:
             raw = raw_new if b is not None else raw_old
-            out.append({"kind": key[0], "name": key[1], "op": "add" if a is None else "remove", "path": "", "old": None,
-                        "new": None, "file": raw.file if raw else None, "line": raw.line if raw else None})
+            out.append(DocumentChange(key[0], key[1], "add" if a is None else "remove", "", None, None,
+                                      raw.file if raw else None, raw.line if raw else None))
             continue
         dump_a = {"metadata": {"labels": a.metadata.labels, "annotations": a.metadata.annotations},
                   "spec": a.model_dump(mode="json", by_alias=True)["spec"]}
@@ -107,13 +107,9 @@ def _spec_changes(base: LoadResult, head: LoadResult) -> list[dict[str, Any]]:
             raw = raw_old if change.in_old else raw_new
             line = raw.position(change.keys)[0] if raw else None
             path = change.path.removeprefix("spec.").removeprefix("spec") if change.path.startswith("spec") else change.path
-            entry = {"kind": key[0], "name": key[1], "op": change.op, "path": path,
-                     "old": None if change.op == "add" else change.old, "new": None if change.op == "remove" else change.new,
-                     "file": raw.file if raw else None, "line": line}
-            shown = value_diff(change.old, change.new)
-            if shown is not None:
-                entry["valueDiff"] = shown
-            out.append(entry)
+            out.append(DocumentChange(key[0], key[1], change.op, path, None if change.op == "add" else change.old,
+                                      None if change.op == "remove" else change.new, raw.file if raw else None, line,
+                                      value_diff(change.old, change.new)))
     return out
 
 
@@ -167,48 +163,53 @@ def annotate(plan: Plan, head: LoadResult, env: Environment, *, base: LoadResult
         gate_risks, gate_notes = regression_risks(plan.changes, list(records), head.specs, env)
         risks += gate_risks
     base_raws = base.raws if base is not None else None
-    cost = est.to_json()
-    if base is not None and base_env is not None:
-        _compare_cost(cost, estimate(base.specs, base_env, dict(base_sizes or {})))
+    before = estimate(base.specs, base_env, dict(base_sizes or {})) if base is not None and base_env is not None else None
     return replace(
         plan,
         blockers=tuple(_order(locate(blockers, head.raws, base_raws))),
         risks=tuple(_order(locate(risks, head.raws, base_raws))),
         spec_changes=tuple(_spec_changes(base, head)) if base is not None else (),
-        cost=cost,
+        cost=_cost(est, before),
         notes=(*plan.notes, *gate_notes),
     )
 
 
-def _compare_cost(cost: dict[str, Any], before: Any) -> None:
-    """Add to each training and serving entry of ``cost`` what the base revision had, where it
-    differs (`base` in the JSON, a `before this change:` line)."""
+def _cost(est: Estimate, before: Estimate | None) -> Cost:
+    """The plan's cost: the estimate, and in pull-request mode (``before``: the base revision's)
+    what the base had for each Model and Endpoint where it differs."""
+    data = est.to_json()
+    was = {t.model: t for t in before.training} if before is not None else {}
+    served = {s.endpoint: s for s in before.serving} if before is not None else {}
+    return Cost(data["utilisation"], data["usableFraction"], data["trainingGpus"], data["trainingGpuHours"], data["servingGpus"],
+                tuple(TrainingCost(entry, _training_base(entry, was.get(entry["model"]))) for entry in data["training"]),
+                tuple(ServingCost(entry, _serving_base(entry, served.get(entry["endpoint"]))) for entry in data["serving"]))
+
+
+def _training_base(entry: Mapping[str, Any], old: TrainingEstimate | None) -> TrainingBase | None:
+    """What the base revision had for the Model whose estimate (as JSON) is ``entry``; None when
+    it had none, or the same GPUs, nodes, accelerator and GPU-hours."""
     from renderers.cost import hours
 
-    was = {t.model: t for t in before.training}
-    for entry in cost["training"]:
-        old = was.get(entry["model"])
-        if old is None:
-            continue
-        then = {"gpus": old.gpus, "nodes": old.schedule.nodes if old.schedule else None, "accelerator": old.accelerator,
-                "gpuHours": old.gpu_hours}
-        now = {k: entry[k] for k in ("gpus", "nodes", "accelerator")} | {"gpuHours": entry["gpuHours"]}
-        same_hours = (then["gpuHours"] is None) == (now["gpuHours"] is None) and (
-            then["gpuHours"] is None or abs(then["gpuHours"] - now["gpuHours"]) <= 1e-9 * max(1.0, abs(now["gpuHours"])))
-        if {k: then[k] for k in ("gpus", "nodes", "accelerator")} == {k: now[k] for k in ("gpus", "nodes", "accelerator")} and same_hours:
-            continue
-        entry["base"] = then
-        text = (f"{then['gpus']} × {then['accelerator']} on {then['nodes']} node{'s' if then['nodes'] != 1 else ''}"
-                if then["gpus"] else ("not schedulable" if old.schedule is None else "no accelerators"))
-        if then["gpuHours"] is not None:
-            text += f", ≈ {hours(then['gpuHours'])} GPU-hours"
-        entry["lines"].append(f"before this change: {text}")
-    served = {s.endpoint: s for s in before.serving}
-    for entry in cost["serving"]:
-        old = served.get(entry["endpoint"])
-        if old is not None and (old.gpus, old.accelerator) != (entry["gpus"], entry["accelerator"]):
-            entry["base"] = {"gpus": old.gpus, "accelerator": old.accelerator}
-            entry["line"] += f" (before this change: {old.gpus} × {old.accelerator})"
+    if old is None:
+        return None
+    nodes = old.schedule.nodes if old.schedule else None
+    now_hours = entry["gpuHours"]
+    same_hours = (old.gpu_hours is None) == (now_hours is None) and (
+        old.gpu_hours is None or abs(old.gpu_hours - now_hours) <= 1e-9 * max(1.0, abs(now_hours)))
+    if (old.gpus, nodes, old.accelerator) == (entry["gpus"], entry["nodes"], entry["accelerator"]) and same_hours:
+        return None
+    text = (f"{old.gpus} × {old.accelerator} on {nodes} node{'s' if nodes != 1 else ''}"
+            if old.gpus else ("not schedulable" if old.schedule is None else "no accelerators"))
+    if old.gpu_hours is not None:
+        text += f", ≈ {hours(old.gpu_hours)} GPU-hours"
+    return TrainingBase(old.gpus, nodes, old.accelerator, old.gpu_hours, f"before this change: {text}")
+
+
+def _serving_base(entry: Mapping[str, Any], old: ServingEstimate | None) -> ServingBase | None:
+    """What the base revision had for the Endpoint whose estimate (as JSON) is ``entry``, where it differs."""
+    if old is None or (old.gpus, old.accelerator) == (entry["gpus"], entry["accelerator"]):
+        return None
+    return ServingBase(old.gpus, old.accelerator)
 
 
 def blocked_plan(environment: str, target: str, head: LoadResult, env: Environment, *, base: LoadResult | None = None,

@@ -18,6 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from reconciler.plan.plan import Plan
 from tests.plan.repos import ROOT, PlanRepo, check_golden, normalize, review_json
 
 SCHEMA = json.loads((ROOT / "docs" / "plan.schema.json").read_text())
@@ -177,6 +178,8 @@ def test_pull_request_plan(case: Case, tmp_path: Path, update_golden: bool) -> N
     assert as_json.returncode == case.exit_code, as_json.stderr
     plan = as_json.json()
     jsonschema.validate(plan, SCHEMA)
+    # Read back, the typed plan (its spec changes, cost and base comparison) writes the same JSON.
+    assert Plan.from_json(plan).to_json() == plan
     for text in case.markdown:
         assert text in markdown.stdout, (text, markdown.stdout)
     if case.check:
