@@ -59,6 +59,51 @@ def tree(shard_digests: Sequence[str], group_size: int) -> dict[str, Any]:
     return {"groups": groups, "root": combine(groups)}
 
 
+class _SplitFiles:
+    """The split files of the shard being read, ``<split>/<shard>.parquet``: each opened on its
+    first rows, all closed with the shard (one file per shard and split: a writer keeps every row
+    group's metadata until it closes, which would grow with the data); rows counted per split."""
+
+    def __init__(self, output: Path) -> None:
+        self.output = output
+        self.writers: dict[str, Any] = {}
+        self.rows = dict.fromkeys(SPLITS, 0)
+
+    def write(self, stem: str, batch: Any, which: Any) -> None:
+        """Each row of ``batch`` into the split ``which`` names for it (an index into SPLITS)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for i, name in enumerate(SPLITS):
+            mask = which == i
+            if not mask.any():
+                continue
+            part = batch.filter(pa.array(mask))
+            if name not in self.writers:
+                (self.output / name).mkdir(exist_ok=True)
+                self.writers[name] = pq.ParquetWriter(self.output / name / f"{stem}.parquet", part.schema, use_dictionary=False)
+            self.writers[name].write_batch(part)
+            self.rows[name] += part.num_rows
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers.clear()
+
+
+def _clipped(batch: Any, label: str, clip: tuple[float, float]) -> Any:
+    """The record batch with every floating-point column but the label clipped to [min, max]."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arrays = []
+    for name, column in zip(batch.schema.names, batch.columns):
+        if name != label and pa.types.is_floating(column.type):
+            column = pc.max_element_wise(pc.min_element_wise(column, clip[1]), clip[0])
+        arrays.append(column)
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
+
+
 def prepare_group(shards: Sequence[Path], digests: Sequence[str] | None, output: Path, label: str,
                   splits: tuple[float, float, float] = (0.8, 0.1, 0.1), seed: int = 0, first_index: int = 0,
                   clip: tuple[float, float] | None = None, batch_rows: int = 16_384) -> dict[str, Any]:
@@ -66,17 +111,14 @@ def prepare_group(shards: Sequence[Path], digests: Sequence[str] | None, output:
     bytes read, seconds and the group digest."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.dataset as ds
-    import pyarrow.parquet as pq
     from pyarrow.fs import LocalFileSystem
 
     from runtimes.errors import DigestMismatch
 
     output.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    writers: dict[str, Any] = {}
-    rows = dict.fromkeys(SPLITS, 0)
+    files = _SplitFiles(output)
     bytes_read = 0
     seen: list[str] = []
     edges = np.cumsum(splits)
@@ -97,37 +139,16 @@ def prepare_group(shards: Sequence[Path], digests: Sequence[str] | None, output:
                 if batch.num_rows == 0:
                     continue
                 if clip is not None:
-                    arrays = []
-                    for name, column in zip(batch.schema.names, batch.columns):
-                        if name != label and pa.types.is_floating(column.type):
-                            column = pc.max_element_wise(pc.min_element_wise(column, clip[1]), clip[0])
-                        arrays.append(column)
-                    batch = pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
+                    batch = _clipped(batch, label, clip)
                 draw = rng.random(batch.num_rows)
-                which = np.searchsorted(edges, draw, side="right").clip(0, 2)
-                for i, name in enumerate(SPLITS):
-                    mask = which == i
-                    if not mask.any():
-                        continue
-                    part = batch.filter(pa.array(mask))
-                    if name not in writers:
-                        (output / name).mkdir(exist_ok=True)
-                        writers[name] = pq.ParquetWriter(output / name / f"{path.stem}.parquet", part.schema,
-                                                         use_dictionary=False)
-                    writers[name].write_batch(part)
-                    rows[name] += part.num_rows
-            # One file per shard and split: a writer keeps every row group's metadata until it
-            # closes, which would grow with the data.
-            for writer in writers.values():
-                writer.close()
-            writers.clear()
+                files.write(path.stem, batch, np.searchsorted(edges, draw, side="right").clip(0, 2))
+            files.close()
             del scanner
             pa.default_memory_pool().release_unused()  # hand the shard's buffers back to the OS
     finally:
-        for writer in writers.values():
-            writer.close()
+        files.close()
     seconds = time.perf_counter() - start
-    return {"shards": len(shards), "rows": rows, "bytes": bytes_read, "seconds": round(seconds, 3),
+    return {"shards": len(shards), "rows": files.rows, "bytes": bytes_read, "seconds": round(seconds, 3),
             "mbPerSecond": round(bytes_read / 1e6 / seconds, 1) if seconds > 0 else None, "groupDigest": combine(seen)}
 
 
