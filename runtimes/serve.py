@@ -70,8 +70,16 @@ class TelemetryMiddleware:
             return
         if not tel.is_inference(path):
             return await self.app(scope, receive, send)
+        return await self._inference(scope, receive, send)
+
+    async def _inference(self, scope: dict, receive: Any, send: Any) -> None:
+        """An inference request: the injected faults first (latency, then a 500 instead of the
+        model), then the model; its status, latency and — for a 200 the model computed — where
+        the time went are recorded. While it has not reached the batcher it is counted
+        ``inbound`` (the batcher may hold a batch open for it)."""
         from runtimes.serving.mlserver_model import CURRENT, STATE
 
+        tel = self.telemetry
         start = time.perf_counter()
         status = [500]
         timing: dict[str, Any] = {"start": start}
