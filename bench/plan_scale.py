@@ -359,7 +359,7 @@ def forge_breakdown(spec_dir: Path, kubeconfig: str) -> tuple[dict[str, Any], An
     target.api = CountingApiClient(target.api.configuration)
 
     with phase("review: data sizes + capacity (before make_plan)"):
-        sizes = review.measure_data(specs, env, None, str(spec_dir))
+        sizes = review.measure_data(specs, env, None)
         assert review.blocked_plan(env.name, target.name, result, env, sizes=sizes) is None
     t = time.perf_counter()
     plan, rendered = session.make_plan(specs, env, target, session.namespace_of(env, options), None, phase=phase)

@@ -1,22 +1,28 @@
-"""Where spec files come from: the working tree, or any git revision (read with gitpython, with no
-checkout, so `--rev` never touches the user's files).
+"""Where spec files come from: the working tree, or any git revision (read from git's object
+database by object id, with no checkout, so `--rev` never touches the user's files).
 
 Reading is bounded and never blocks: a spec file must be a regular file (a FIFO, device or socket is
-refused without opening it for a blocking read), a symlink must resolve inside the project (the git
-work tree holding the path, else the folder given), and sizes are checked before a byte is read.
-A file that breaks one of these rules becomes a diagnostic on that file, not a hang or a traceback.
+refused without opening it for a blocking read), a symlink must resolve inside the project (the work
+tree of the working directory's repository when it holds the path, else the folder given), and
+sizes are checked before a byte is read. A file that breaks one of these rules becomes a diagnostic
+on that file, not a hang or a traceback.
+
+Git is read only through :mod:`reconciler.load.gitrepo` (the working directory's repository, run
+closed), and a spec tree holding a git directory of its own — a `.git`, or a folder that looks like
+one (`HEAD`, `objects/`, `refs/`) — is refused with a diagnostic on it: git must never be pointed at
+a folder a pull request wrote.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
-
-import git
+from pathlib import Path, PurePosixPath
 
 from reconciler.diagnostics import ForgeError
+from reconciler.load.gitrepo import GIT_DIR_PARTS, NotInRepository, Repository, TreeEntry, looks_like_git_dir, open_repository
 from reconciler.load.yamlsource import MAX_FILE_BYTES
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -44,19 +50,51 @@ def _hidden(part: str) -> bool:
 
 
 def project_root(path: Path) -> Path:
-    """The project a spec path belongs to — the git work tree holding it, else the working
-    directory when the path is under it, else the path's own folder — found from the path as
-    written, not from where a symlink leads (a PR's `specs` → `/etc` must not make `/etc` the
-    project). Symlinks among the specs must resolve inside it."""
+    """The project a spec path belongs to — the work tree of the working directory's repository
+    (the nearest of the working directory and its parents holding `.git`) when it holds the path,
+    else the working directory when the path is under it, else the path's own folder — found from
+    the path as written, not from where a symlink leads (a PR's `specs` → `/etc` must not make
+    `/etc` the project), and never by walking up from the path. Symlinks among the specs must
+    resolve inside it."""
     start = path.absolute()
-    for candidate in (start, *start.parents):
-        if (candidate / ".git").exists():
-            return candidate.resolve()
     cwd = Path.cwd()
+    for candidate in (cwd, *cwd.parents):
+        if os.path.lexists(candidate / ".git"):
+            if start == candidate or candidate in start.parents:
+                return candidate.resolve()
+            break
     if start == cwd or cwd in start.parents:
         return cwd.resolve()
     real = path.resolve()
     return real if real.is_dir() else real.parent
+
+
+GIT_DIR_HINT = "a spec folder must not hold a repository of its own (a copied .git, a submodule): move it out"
+
+
+def _git_dir_problem(display: str, dot_git: bool) -> SourceFile:
+    if dot_git:
+        return SourceFile(display, b"", "a git repository (`.git`) inside the spec tree; forgectl reads git only "
+                          "through the repository of the working directory and refuses a spec tree holding one of its own",
+                          GIT_DIR_HINT)
+    return SourceFile(display, b"", "a folder that looks like a git directory (HEAD, objects/, refs/) inside the spec "
+                      "tree; forgectl reads git only through the repository of the working directory and refuses a "
+                      "spec tree holding one", GIT_DIR_HINT)
+
+
+def _git_dirs_above(path: Path, root: Path) -> list[SourceFile]:
+    """The folders above ``path`` (a file's own folder included; a folder's own is walked) up to
+    ``root`` (not included) that hold a git directory of their own."""
+    problems: list[SourceFile] = []
+    folder = path.absolute().parent
+    cwd = Path.cwd()
+    while Path(os.path.realpath(folder)) != root and root in Path(os.path.realpath(folder)).parents:
+        if looks_like_git_dir(folder):
+            problems.append(_git_dir_problem(os.path.relpath(folder / "HEAD", cwd), False))
+        if os.path.lexists(folder / ".git"):
+            problems.append(_git_dir_problem(os.path.relpath(folder / ".git", cwd), True))
+        folder = folder.parent
+    return problems
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -133,6 +171,7 @@ def files_from_paths(paths: list[str]) -> list[SourceFile]:
     """Spec files under ``paths`` (files or folders, recursively; hidden entries skipped; symlinked
     folders not followed), sorted, each read as :func:`read_bounded` allows."""
     found: dict[str, tuple[Path, Path]] = {}
+    problems: list[SourceFile] = []
     for raw in paths:
         path = Path(raw)
         try:
@@ -140,8 +179,13 @@ def files_from_paths(paths: list[str]) -> list[SourceFile]:
         except OSError:
             raise ForgeError(f"{_printable(raw)}: no such file or folder") from None
         root = project_root(path)
+        problems += _git_dirs_above(path, root)
         if stat.S_ISDIR(mode):
             for base, dirs, names in os.walk(path):
+                if looks_like_git_dir(Path(base)):
+                    problems.append(_git_dir_problem(os.path.normpath(os.path.join(base, "HEAD")), False))
+                if ".git" in dirs + names and Path(os.path.realpath(base)) != root:
+                    problems.append(_git_dir_problem(os.path.normpath(os.path.join(base, ".git")), True))
                 dirs[:] = sorted(d for d in dirs if not _hidden(d))
                 for name in names:
                     if _is_spec_file(name):
@@ -152,6 +196,8 @@ def files_from_paths(paths: list[str]) -> list[SourceFile]:
                                              "at most that many are read in one run (see docs/security.md)")
         else:
             found[str(path)] = (path, root)  # named on the command line: read (or refused) below
+    if problems:
+        return list({p.path: p for p in problems}.values())  # nothing is read from such a tree
     if not found:
         raise ForgeError(f"no spec files (*.yaml, *.yml) under {', '.join(_printable(p) for p in paths)}")
     files: list[SourceFile] = []
@@ -171,91 +217,107 @@ def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() or ch == " " else repr(ch)[1:-1] for ch in text)
 
 
-def check_revision(rev: str) -> str:
-    """Refuse revisions that could be read as options or hold control characters."""
-    if not rev or rev.startswith("-") or len(rev) > 256 or not _printable(rev) == rev:
-        raise ForgeError(f"invalid git revision {rev!r}")
-    return rev
+def _git_dirs_at(entries: Iterable[TreeEntry], repo: Repository, rev: str) -> list[SourceFile]:
+    """The folders of a revision's listing that hold a git directory of their own."""
+    below: dict[str, set[str]] = {}
+    for entry in entries:
+        parts = PurePosixPath(entry.path).parts
+        for depth in range(len(parts)):
+            below.setdefault("/".join(parts[:depth]), set()).add(parts[depth])
+    cwd = Path.cwd()
+    problems = []
+    for folder, names in sorted(below.items()):
+        lower = {n.lower() for n in names}
+        if "HEAD" in names and names & set(GIT_DIR_PARTS):
+            problems.append(_git_dir_problem(os.path.relpath(repo.top / folder / "HEAD", cwd), False))
+        if ".git" in lower:
+            problems.append(_git_dir_problem(os.path.relpath(repo.top / folder / ".git", cwd), True))
+    return [SourceFile(p.path, b"", f"{p.problem} (at revision {_printable(rev)})", p.hint) for p in problems]
 
 
-def resolve_commit(repo: git.Repo, rev: str) -> git.Commit:
-    """The commit ``rev`` names — anything `git rev-parse` understands, reflog dates
-    (`HEAD@{yesterday}`) included — or a :class:`ForgeError`."""
-    check_revision(rev)
-    try:
-        sha = repo.git.rev_parse("--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}").strip()
-        return repo.commit(sha)
-    except Exception as exc:  # noqa: BLE001 - gitpython raises many types (BadName, ValueError, GitCommandError, …)
-        raise ForgeError(f"unknown git revision {rev!r} in {repo.working_dir}") from exc
+def _relative(raw: str, top: Path) -> str | None:
+    """``raw`` (relative to the working directory) as a path in ``top``'s tree, read lexically: a
+    symlink in the work tree does not move where a revision is read."""
+    rel = os.path.relpath(os.path.abspath(raw), top)
+    if rel == os.curdir:
+        return ""
+    return None if rel == os.pardir or rel.startswith(os.pardir + os.sep) else PurePosixPath(Path(rel)).as_posix()
 
 
 def files_from_git(paths: list[str], rev: str) -> list[SourceFile]:
-    """Spec files under ``paths`` as they were at git revision ``rev`` of the enclosing repository."""
-    start = Path(paths[0] if paths else ".").resolve()
+    """Spec files under ``paths`` as they were at git revision ``rev`` of the working directory's
+    repository."""
     try:
-        repo = git.Repo(start if start.is_dir() else start.parent, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
-        raise ForgeError(f"{paths[0] if paths else '.'}: not inside a git repository (needed by --rev)") from exc
-    commit = resolve_commit(repo, rev)
-    root = Path(repo.working_dir).resolve()
-    cwd = Path.cwd().resolve()
+        repo = open_repository(needed_by="--rev")
+    except NotInRepository:
+        raise ForgeError(f"{_printable(paths[0] if paths else '.')}: not inside a git repository (needed by --rev): "
+                         f"forgectl reads the repository of the working directory, {_printable(os.getcwd())}, "
+                         "which is in none") from None
+    commit = repo.commit(rev)
+    cwd = Path.cwd()
     files: dict[str, SourceFile] = {}
+    wanted: dict[str, TreeEntry] = {}
+    problems: list[SourceFile] = []
     total = 0
     for raw in paths or ["."]:
-        try:
-            rel = Path(raw).resolve().relative_to(root).as_posix()
-        except ValueError as exc:
-            raise ForgeError(f"{_printable(raw)}: outside the git repository {root}") from exc
-        rel = "" if rel == "." else rel
-        try:
-            top = commit.tree / rel if rel else commit.tree
-        except KeyError:
-            raise ForgeError(f"{_printable(raw)}: no spec files at revision {_printable(rev)}") from None
-        items = [top] if top.type == "blob" else list(top.traverse()) if top.type == "tree" else []
+        rel = _relative(raw, repo.top)
+        if rel is None:
+            raise ForgeError(f"{_printable(raw)}: outside the git repository {repo.top} (forgectl reads the "
+                             "repository of the working directory)")
+        listing = repo.tree(commit, [rel] if rel else [], rev=rev)
+        items = [e for e in listing if not rel or e.path == rel or e.path.startswith(rel + "/")]
+        problems += _git_dirs_at((e for e in items if e.path != rel), repo, rev)
         matched = False
         for item in items:
-            # Tree.traverse() is typed as yielding trees, blobs, submodules and tuples; a tree
-            # walk yields only the first three, and only blobs are spec files.
-            if not isinstance(item, git.Blob):
+            if item.type != "blob":  # submodules (commit entries) are not spec files
                 continue
-            parts = str(item.path).split("/")
+            parts = item.path.split("/")
             if any(_hidden(p) for p in parts[len(rel.split("/")) if rel else 0:-1]) or (
                 item.path != rel and not _is_spec_file(parts[-1])
             ):
                 continue
             matched = True
-            display = os.path.relpath(root / item.path, cwd)
-            if len(files) >= MAX_FILES:
+            display = os.path.relpath(repo.top / item.path, cwd)
+            if display in files or display in wanted:
+                continue
+            if len(files) + len(wanted) >= MAX_FILES:
                 raise ForgeError(f"more than {MAX_FILES:,} spec files at revision {_printable(rev)}; at most that "
                                  "many are read in one run (see docs/security.md)")
-            if item.mode == 0o120000:
+            size = item.size or 0
+            if item.is_symlink:
                 files[display] = SourceFile(display, b"", "is a symlink in git; spec files must be regular files")
-            elif item.size > MAX_FILE_BYTES:
-                files[display] = SourceFile(display, b"", f"file is {item.size:,} bytes; spec files may be at most "
+            elif size > MAX_FILE_BYTES:
+                files[display] = SourceFile(display, b"", f"file is {size:,} bytes; spec files may be at most "
                                             f"{MAX_FILE_BYTES:,}", "split it into several files")
             else:
-                total += item.size
+                total += size
                 if total > MAX_TOTAL_BYTES:
                     raise ForgeError(f"the spec files at revision {_printable(rev)} hold more than "
                                      f"{MAX_TOTAL_BYTES:,} bytes; at most that many are read in one run")
-                files[display] = SourceFile(display, item.data_stream.read())
-        if not matched:
+                wanted[display] = item
+        if not matched and not problems:
             raise ForgeError(f"{_printable(raw)}: no spec files at revision {_printable(rev)}")
+    if problems:
+        return list({p.path: p for p in problems}.values())  # nothing is read from such a tree
+    order = sorted(wanted)
+    for display, data in zip(order, repo.blobs([wanted[d].oid for d in order], rev=rev), strict=True):
+        files[display] = SourceFile(display, data)
     return _budget([files[p] for p in sorted(files)])
 
 
 def revision_of(paths: list[str], rev: str | None) -> str | None:
     """The commit the specs come from: ``rev`` resolved, else the working tree's HEAD with
-    `-dirty` when it has uncommitted changes; None outside a git repository."""
-    start = Path(paths[0] if paths else ".").resolve()
+    `-dirty` when it has uncommitted changes — in the working directory's repository; None outside
+    one, or when the specs are not in it."""
     try:
-        repo = git.Repo(start if start.is_dir() else start.parent, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        repo = open_repository()
+    except NotInRepository:
+        return None
+    if _relative((paths or ["."])[0], repo.top) is None:
         return None
     if rev:
-        return resolve_commit(repo, rev).hexsha[:12]
-    try:
-        head = repo.head.commit.hexsha[:12]
-    except Exception:  # noqa: BLE001 - an empty repository, a broken HEAD
+        return repo.commit(rev)[:12]
+    head = repo.head()
+    if head is None:
         return None
-    return head + ("-dirty" if repo.is_dirty(untracked_files=False) else "")
+    return head[:12] + ("-dirty" if repo.dirty() else "")

@@ -25,8 +25,7 @@ def live_plan(result: LoadResult, environment: Environment, target: Target, name
               rev: str | None) -> Plan:
     """The reviewed plan of the specs under ``paths`` (at git revision ``rev``, else the working
     tree) against what ``target`` has live in ``namespace``."""
-    start = (paths or ["."])[0]
-    return reviewed_live_plan(result, environment, target, namespace, revision_of(paths or ["."], rev), rev=rev, start=start)
+    return reviewed_live_plan(result, environment, target, namespace, revision_of(paths or ["."], rev), rev=rev)
 
 
 def plan_json(plan: Plan, environment: Environment, target: Target) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def pull_request_plan(paths: list[str] | None, base: str, head: str | None, env_
     old, old_env = load_environment(paths, base, env_name)
     new, new_env = load_environment(paths, head, env_name)
     the_plan = replace(reviewed_git_plan(old, old_env, new, new_env, base=base, head=head,
-                                         revision=revision_of(paths or ["."], head), start=start),
+                                         revision=revision_of(paths or ["."], head)),
                        base=base, head=head or "working tree")
     if new_env.spec.target != "kubernetes":
         return _noted(the_plan, "no live diff: the environment's target is not a cluster").to_json()

@@ -11,12 +11,14 @@ records where it has a target to read them from (never in pull-request mode with
 
 from __future__ import annotations
 
+import os
 import stat as stat_module
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from reconciler.load.gitrepo import Repository, open_repository
 from reconciler.load.loader import LoadResult
 from reconciler.plan.diff import value_diff
 from reconciler.plan.plan import Cost, DocumentChange, Plan, ServingBase, ServingCost, TrainingBase, TrainingCost
@@ -47,14 +49,16 @@ def _dotted(keys: tuple[str | int, ...]) -> str:
     return out
 
 
-def measure_data(specs: SpecSet, env: Environment, rev: str | None, start: str = ".") -> dict[str, DataSize]:
+def measure_data(specs: SpecSet, env: Environment, rev: str | None) -> dict[str, DataSize]:
     """Sizes of the `text://` and `file://` sources the Models train on: the blob's size at git
-    revision ``rev``, else the file's in the working tree. Paths stay inside the Environment's
-    root; symlinks in git, FIFOs and devices are skipped; nothing is read but a size."""
+    revision ``rev`` of the working directory's repository (read as everything git is,
+    :mod:`reconciler.load.gitrepo`), else the file's in the working tree. Paths stay inside the
+    Environment's root; symlinks in git, FIFOs and devices are skipped; nothing is read but a size."""
     wanted = {m.spec.dataset_ref for m in specs.of(Model)}
     sizes: dict[str, DataSize] = {}
     cwd = Path.cwd()
-    commit = repo_root = None
+    repo: Repository | None = None
+    commit = ""
     for dataset in specs.of(Dataset):
         source = dataset.spec.source
         if dataset.name not in wanted or not source.uri.startswith(("text://", "file://")) or source.local_path is None:
@@ -67,21 +71,17 @@ def measure_data(specs: SpecSet, env: Environment, rev: str | None, start: str =
                 if stat_module.S_ISREG(info.st_mode):
                     sizes[dataset.name] = DataSize(bytes=info.st_size, source=f"{source.local_path} in the working tree")
                 continue
-            if commit is None:
-                import git
-
-                from reconciler.load.sources import resolve_commit
-
-                repo = git.Repo(Path(start).resolve() if Path(start).resolve().is_dir() else Path(start).resolve().parent,
-                                search_parent_directories=True)
-                repo_root = Path(repo.working_dir).resolve()
-                commit = resolve_commit(repo, rev)
-            assert repo_root is not None
-            relative = PurePosixPath((cwd / env.spec.root / source.local_path).resolve().relative_to(repo_root).as_posix())
-            blob = commit.tree / str(relative)
-            if blob.type == "blob" and blob.mode != 0o120000:
+            if repo is None:
+                repo = open_repository(needed_by="--rev")
+                commit = repo.commit(rev)
+            # Lexically, as the path is in the revision's tree (a work-tree symlink moves nothing).
+            relative = os.path.relpath(os.path.normpath(cwd / env.spec.root / source.local_path), repo.top)
+            if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+                continue
+            blob = repo.entry(commit, PurePosixPath(Path(relative)).as_posix(), rev=rev)
+            if blob is not None and blob.type == "blob" and not blob.is_symlink and blob.size is not None:
                 sizes[dataset.name] = DataSize(bytes=blob.size, source=f"{source.local_path} at {rev}")
-        except (OutsideRoot, OSError, ValueError, KeyError):
+        except (OutsideRoot, OSError, RuntimeError, ValueError):  # RuntimeError: a symlink loop (Path.resolve)
             continue  # unknown: the estimate says so
     return sizes
 
@@ -285,12 +285,12 @@ def registry_records(plan: Plan, target: Target) -> list[Record]:
 
 
 def reviewed_live_plan(result: LoadResult, environment: Environment, target: Target, namespace: str, revision: str | None, *,
-                       rev: str | None = None, start: str = ".") -> Plan:
+                       rev: str | None = None) -> Plan:
     """The plan against the target's live state, reviewed; a blocked plan (no changes) when a Model
     cannot be scheduled at all."""
     from reconciler.plan.session import make_plan
 
-    sizes = measure_data(result.specs, environment, rev, start)
+    sizes = measure_data(result.specs, environment, rev)
     blocked = blocked_plan(environment.name, target.name, result, environment, sizes=sizes, revision=revision)
     if blocked is not None:
         return blocked
@@ -299,15 +299,15 @@ def reviewed_live_plan(result: LoadResult, environment: Environment, target: Tar
 
 
 def reviewed_git_plan(old: LoadResult, old_env: Environment, new: LoadResult, new_env: Environment, *, base: str,
-                      head: str | None, revision: str | None, start: str = ".") -> Plan:
+                      head: str | None, revision: str | None) -> Plan:
     """Pull-request mode: the manifests rendered at ``base`` against those at ``head`` (the working
     tree when None), no cluster involved, reviewed against the base's specs."""
     from reconciler.diagnostics import ForgeError
     from reconciler.plan.plan import build_plan
     from renderers import RenderContext, SchedulingError, render
 
-    sizes = measure_data(new.specs, new_env, head, start)
-    base_sizes = measure_data(old.specs, old_env, base, start)
+    sizes = measure_data(new.specs, new_env, head)
+    base_sizes = measure_data(old.specs, old_env, base)
     blocked = blocked_plan(new_env.name, "git", new, new_env, base=old, base_env=old_env, sizes=sizes, revision=revision,
                            base_sizes=base_sizes)
     if blocked is not None:
