@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 
+from reconciler.budgets import MAX_DOCUMENTS, Spent, spec_budgets
 from reconciler.diagnostics import Diagnostic, SpecError, clip
 from reconciler.heap import gc_paused
 from reconciler.load.sources import SourceFile, files_from_git, files_from_paths
@@ -25,8 +26,7 @@ from reconciler.load.yamlsource import RawDocument, _dotted, decode, parse_docum
 from specs import API_VERSION, KINDS, Dataset, Document, Environment, SpecSet, check_references
 from specs.safety import OutsideRoot, evaluated_text, resolve_inside
 
-#: Most documents one run validates (docs/security.md).
-MAX_DOCUMENTS = 50_000
+__all__ = ["MAX_DOCUMENTS", "LoadResult", "Origin", "check_local_paths", "load", "load_files", "load_or_raise"]
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,11 @@ def _load_files(files: Iterable[SourceFile]) -> LoadResult:
     documents: list[Document] = []
     raws: dict[tuple[str, str], RawDocument] = {}
     invalid: set[tuple[str, str]] = set()  # documents that exist but did not validate
+    spent = Spent()  # the run's budgets (reconciler/budgets.py), across every file
     count = 0
     for source in files:
+        if spent.exhausted:
+            break  # a budget of the whole run is spent and was reported where: read no further
         count += 1
         if source.problem is not None:
             diagnostics.append(Diagnostic(source.path, 1, 1, source.problem, hint=source.hint))
@@ -138,14 +141,9 @@ def _load_files(files: Iterable[SourceFile]) -> LoadResult:
         diagnostics += problems
         if text is None:
             continue
-        parsed, problems = parse_documents(text, source.path)
+        parsed, problems = parse_documents(text, source.path, spent)
         diagnostics += problems
         for raw in parsed:
-            if len(raws) + len(invalid) >= MAX_DOCUMENTS:
-                diagnostics.append(Diagnostic(raw.file, raw.line, raw.column,
-                                              f"more than {MAX_DOCUMENTS:,} documents; at most that many are "
-                                              "validated in one run (see docs/security.md)"))
-                break
             doc = _validate(raw, diagnostics)
             if doc is None:
                 if isinstance(raw.data, dict) and isinstance(raw.data.get("metadata"), dict):
@@ -163,6 +161,10 @@ def _load_files(files: Iterable[SourceFile]) -> LoadResult:
             raws[key] = raw
             documents.append(doc)
     specs = SpecSet(tuple(documents))
+    for kind, name, field_path, message in spec_budgets(specs):
+        raw = raws[(kind, name)]
+        line, col = raw.position(field_path)
+        diagnostics.append(Diagnostic(raw.file, line, col, message, _dotted(field_path)))
     for problem in check_references(specs):
         if problem.target in invalid:
             continue  # already reported where that document is; don't cascade

@@ -15,7 +15,23 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from reconciler.budgets import (
+    MAX_ALIAS_VALUES,
+    MAX_ALIAS_VALUES_PER_DOCUMENT,
+    MAX_BASE60_PARTS,
+    MAX_DEPTH,
+    MAX_DOCUMENTS,
+    MAX_DOCUMENTS_PER_FILE,
+    MAX_FILE_BYTES,
+    MAX_INT_DIGITS,
+    MAX_NODES,
+    MAX_VALUES,
+    Spent,
+    exceeded,
+)
 from reconciler.diagnostics import Diagnostic, clip
+
+__all__ = ["MAX_DEPTH", "MAX_FILE_BYTES", "MAX_NODES", "RawDocument", "decode", "parse_documents"]
 
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]  # a base chosen at run time
@@ -33,9 +49,10 @@ _Loader.add_implicit_resolver(
 #: longer than Python converts (4300 digits), `!!timestamp 2024-13-45`, `!!float x`.
 _SCALAR_ERRORS = (yaml.YAMLError, ValueError, TypeError, OverflowError, ArithmeticError)
 _PLAIN_COLLECTIONS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
-MAX_FILE_BYTES = 4 * 1024 * 1024
-MAX_NODES = 100_000
-MAX_DEPTH = 64
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+#: The smallest integer with more than MAX_INT_DIGITS decimal digits.
+_INT_LIMIT = 10**MAX_INT_DIGITS
 
 Path = tuple[str | int, ...]
 Position = tuple[int, int]
@@ -71,21 +88,56 @@ class _TooLarge(Exception):
         self.message = message
 
 
-class _Builder:
-    """Builds Python values from a composed node, recording positions."""
+class _RunSpent(_TooLarge):
+    """A budget of the whole run is spent: reading stops here (no later document or file)."""
 
-    def __init__(self, doc: RawDocument, diagnostics: list[Diagnostic]) -> None:
+
+class _Builder:
+    """Builds Python values from a composed node, recording positions. Every value is counted
+    before it is built: against the document's budgets, and the run's (``spent``); a value reached
+    again through an alias (`*name`) counts as an alias expansion too."""
+
+    def __init__(self, doc: RawDocument, diagnostics: list[Diagnostic], spent: Spent) -> None:
         self.doc = doc
         self.diagnostics = diagnostics
+        self.spent = spent
         self.count = 0
+        self.aliased = 0
+        self.seen: set[int] = set()
+        self.expanding = 0  # > 0 while building a node reached again through an alias
         self.constructor = yaml.constructor.SafeConstructor()
 
-    def build(self, node: Node, path: Path, depth: int) -> Any:
+    def _count(self, node: Node, path: Path, again: bool) -> None:
         self.count += 1
+        self.spent.values += 1
+        self.seen.add(id(node))
+        if again or self.expanding:
+            self.aliased += 1
+            self.spent.alias_values += 1
         if self.count > MAX_NODES:
             raise _TooLarge(path, f"document expands to more than {MAX_NODES} values (an alias bomb?)")
+        if self.aliased > MAX_ALIAS_VALUES_PER_DOCUMENT:
+            raise _TooLarge(path, exceeded("alias expansion per document", MAX_ALIAS_VALUES_PER_DOCUMENT, "values")
+                            + "; write the values out, or anchor less")
+        if self.spent.alias_values > MAX_ALIAS_VALUES:
+            raise _RunSpent(path, exceeded("alias expansion per run", MAX_ALIAS_VALUES, "values") + "; stopped reading here")
+        if self.spent.values > MAX_VALUES:
+            raise _RunSpent(path, exceeded("YAML values per run", MAX_VALUES, "values") + "; stopped reading here")
+
+    def build(self, node: Node, path: Path, depth: int) -> Any:
+        again = id(node) in self.seen
+        self._count(node, path, again)
         if depth > MAX_DEPTH:
             raise _TooLarge(path, f"document is nested deeper than {MAX_DEPTH} levels")
+        if again:
+            self.expanding += 1
+            try:
+                return self._build(node, path, depth)
+            finally:
+                self.expanding -= 1
+        return self._build(node, path, depth)
+
+    def _build(self, node: Node, path: Path, depth: int) -> Any:
         self.doc.values.setdefault(path, _pos(node))
         if isinstance(node, (MappingNode, SequenceNode)) and node.tag not in _PLAIN_COLLECTIONS:
             # `!!python/object:…`, `!!set`, `!!omap`, `!Ref`: never constructed, and not silently
@@ -98,7 +150,7 @@ class _Builder:
         if isinstance(node, SequenceNode):
             return [self.build(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
         try:
-            return self.constructor.construct_object(node, deep=True)
+            return _scalar(self.constructor, node)
         except _SCALAR_ERRORS as exc:
             self._error(node, path, f"cannot read this value as {_tag_name(node.tag)}: {_reason(exc)}")
             return None
@@ -112,7 +164,7 @@ class _Builder:
             key = key_node.value
             if key_node.tag != "tag:yaml.org,2002:str" and key_node.tag != "tag:yaml.org,2002:merge":
                 try:
-                    key = str(self.constructor.construct_object(key_node))
+                    key = str(_scalar(self.constructor, key_node))
                 except _SCALAR_ERRORS as exc:
                     self._error(key_node, path, f"cannot read this key as {_tag_name(key_node.tag)}: {_reason(exc)}")
                     continue
@@ -132,6 +184,27 @@ class _Builder:
         self.diagnostics.append(Diagnostic(self.doc.file, line, col, clip(message), clip(_dotted(path)), hint))
 
 
+def _scalar(constructor: yaml.constructor.SafeConstructor, node: Node) -> Any:
+    """The value of a scalar node, refusing (ValueError) before the work what PyYAML would build in
+    more than linear time — a base-60 number (`1:2:3:…`) of many parts, a decimal integer of more
+    digits than Python converts — and after it an integer of any base (0x…, 0o…, 0b…) too large to
+    print (its digits counted as decimal)."""
+    if node.tag in (_INT, _FLOAT):
+        text = node.value.replace("_", "")
+        if ":" in text:
+            parts = text.count(":") + 1
+            if parts > MAX_BASE60_PARTS:
+                raise ValueError(f"a base-60 number of {parts:,} parts; at most {MAX_BASE60_PARTS} are read")
+            if len(text) > MAX_INT_DIGITS:
+                raise ValueError(f"the integer has more than {MAX_INT_DIGITS} digits")
+        elif node.tag == _INT and len(text.lstrip("+-")) > MAX_INT_DIGITS and text.lstrip("+-")[:1] in "123456789":
+            raise ValueError(f"the integer has more than {MAX_INT_DIGITS} digits")
+    value = constructor.construct_object(node, deep=True)
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT_LIMIT < value < _INT_LIMIT:
+        raise ValueError(f"the integer has more than {MAX_INT_DIGITS} digits")
+    return value
+
+
 def _tag_name(tag: str) -> str:
     return "`!!" + tag.removeprefix("tag:yaml.org,2002:") + "`" if tag.startswith("tag:yaml.org,2002:") else f"`{tag}`"
 
@@ -139,7 +212,7 @@ def _tag_name(tag: str) -> str:
 def _reason(exc: BaseException) -> str:
     text = str(getattr(exc, "problem", None) or exc).splitlines()[0] if str(exc) else type(exc).__name__
     if "Exceeds the limit" in text and "digits" in text:
-        return "the integer has more than 4300 digits"
+        return f"the integer has more than {MAX_INT_DIGITS} digits"
     return clip(text, 200)
 
 
@@ -172,8 +245,11 @@ def decode(data: bytes, file: str) -> tuple[str | None, list[Diagnostic]]:
         ]
 
 
-def parse_documents(text: str, file: str) -> tuple[list[RawDocument], list[Diagnostic]]:
-    """Every non-empty document of a YAML stream, with positions, and the problems found."""
+def parse_documents(text: str, file: str, spent: Spent | None = None) -> tuple[list[RawDocument], list[Diagnostic]]:
+    """Every non-empty document of a YAML stream, with positions, and the problems found. ``spent``
+    carries the run's budgets across files (a fresh one when not given); once one of them is spent
+    (:attr:`Spent.exhausted`), reading stops."""
+    spent = spent if spent is not None else Spent()
     documents: list[RawDocument] = []
     diagnostics: list[Diagnostic] = []
     if "\x00" in text:
@@ -184,20 +260,36 @@ def parse_documents(text: str, file: str) -> tuple[list[RawDocument], list[Diagn
     try:
         loader = _Loader(text)
         while loader.check_node():
+            # Composing costs the document's bytes; what it expands to is counted as it is built.
+            # Every document counts, an empty one (`---`) too: each costs a parse.
             node = loader.get_node()
+            spent.documents += 1
+            line, col = _pos(node) if node is not None else (1, 1)
+            if index >= MAX_DOCUMENTS_PER_FILE:
+                diagnostics.append(Diagnostic(file, line, col, exceeded(
+                    "documents per file", MAX_DOCUMENTS_PER_FILE, "documents") + "; split the file"))
+                break
+            if spent.documents > MAX_DOCUMENTS:
+                spent.exhausted = "documents per run"
+                diagnostics.append(Diagnostic(file, line, col, exceeded(
+                    "documents per run", MAX_DOCUMENTS, "documents") + "; stopped reading here"))
+                break
             if node is None or (isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
                 index += 1
                 continue
-            line, col = _pos(node)
             doc = RawDocument(file, index, line, col, None)
             try:
-                doc.data = _Builder(doc, diagnostics).build(node, (), 0)
+                doc.data = _Builder(doc, diagnostics, spent).build(node, (), 0)
             except _TooLarge as exc:
                 # Point at the top-level key whose value blew up: an alias's own mark is where
                 # the anchor was defined, which is not where the problem is.
                 l2, c2 = doc.position(exc.path[:1])
                 diagnostics.append(Diagnostic(file, l2, c2, exc.message, _dotted(exc.path[:1])))
                 doc.data = None
+                if isinstance(exc, _RunSpent):
+                    spent.exhausted = exc.message
+                    documents.append(doc)
+                    break
             documents.append(doc)
             index += 1
     except yaml.MarkedYAMLError as exc:

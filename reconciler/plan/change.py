@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from reconciler.budgets import Spent
 from reconciler.plan.diff import FieldChange
 from reconciler.resources import ObjectRef
 from renderers.labels import KIND, NAME
@@ -43,15 +44,16 @@ class Change:
         labels = meta.get("labels") or {}
         return labels.get(KIND, ""), labels.get(NAME, "")
 
-    def to_json(self) -> dict[str, Any]:
-        """A plain dict (for saved plans and `--output json`)."""
+    def to_json(self, spent: Spent | None = None) -> dict[str, Any]:
+        """A plain dict (for saved plans and `--output json`); ``spent``: the plan's budget for
+        comparing long values (:func:`reconciler.plan.diff.value_diff`)."""
         return {
             "ref": self.ref.to_json(),
             "action": self.action.value,
             "spec": {"kind": self.spec[0], "name": self.spec[1]},
             "before": self.before,
             "after": self.after,
-            "diff": [d.to_json() for d in self.diff],
+            "diff": [d.to_json(spent) for d in self.diff],
             "reasons": list(self.reasons),
             "liveVersion": self.live_version,
         }

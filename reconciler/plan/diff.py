@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from reconciler.budgets import MAX_COMPARED, MAX_TOKEN_PAIRS, MAX_TOKEN_PAIRS_TOTAL, Spent
 from renderers.labels import GIT_REVISION
 
 MANAGER = "forgectl"
@@ -48,11 +49,12 @@ class FieldChange:
     old: Any = None
     new: Any = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, spent: Spent | None = None) -> dict[str, Any]:
         """A plain dict for saved plans and `--output json` (with `valueDiff` where the values are
-        strings too long or too many lines to compare by eye)."""
+        strings too long or too many lines to compare by eye; ``spent``: the plan's budget of
+        token pairs, see :func:`value_diff`)."""
         out = {"op": self.op, "path": self.path, "old": self.old, "new": self.new}
-        shown = value_diff(self.old, self.new)
+        shown = value_diff(self.old, self.new, spent)
         if shown is not None:
             out["valueDiff"] = shown
         return out
@@ -241,8 +243,8 @@ MERGE_GAP = 12
 MAX_HUNKS = 8
 #: Lines of a unified diff shown per value; the rest are counted.
 MAX_LINES = 60
-#: Strings longer than this are compared by their common prefix and suffix only (linear time).
-MAX_COMPARED = 200_000
+#: Lines of unchanged text shown either side of a change in a unified diff.
+LINE_CONTEXT = 2
 
 #: Tokens of code-like text: identifiers, numbers with their unit (`0.005`, `1e-3`, `10m`), runs of
 #: white space, and any other single character (`{`, `"`, `=~`'s parts).
@@ -270,39 +272,69 @@ def _clip_right(text: str) -> str:
     return ("".join(parts[:-1]) if len(parts) > 1 else cut) + "…"
 
 
-def _opcodes(a: list[str], b: list[str]) -> list[tuple[str, int, int, int, int]]:
-    """difflib's opcodes over the middle of ``a`` and ``b`` (common prefix and suffix removed
-    first: one edit in a long string costs linear time)."""
+def _common_ends(a: list[str], b: list[str]) -> tuple[int, int]:
+    """Lengths of the common prefix and of the common suffix (not overlapping it) of ``a`` and ``b``."""
     start = 0
     while start < len(a) and start < len(b) and a[start] == b[start]:
         start += 1
     end = 0
     while end < len(a) - start and end < len(b) - start and a[len(a) - 1 - end] == b[len(b) - 1 - end]:
         end += 1
+    return start, end
+
+
+def _affordable(mid_a: list[str], mid_b: list[str], spent: Spent, unit: str = "tokens") -> str:
+    """Whether difflib may compare ``mid_a`` with ``mid_b`` (its matcher is quadratic in their
+    lengths): "" and the pairs charged to ``spent``, else the note saying why not."""
+    pairs = len(mid_a) * len(mid_b)
+    if sum(map(len, mid_a)) + sum(map(len, mid_b)) > MAX_COMPARED:
+        return f"the changed part is longer than {MAX_COMPARED:,} characters: shown whole, before and after"
+    if pairs > MAX_TOKEN_PAIRS:
+        return (f"the changed part ({len(mid_a):,} and {len(mid_b):,} {unit}) is too long to compare {unit[:-1]} by "
+                f"{unit[:-1]} (at most {MAX_TOKEN_PAIRS:,} pairs): shown whole, before and after")
+    if spent.token_pairs + pairs > MAX_TOKEN_PAIRS_TOTAL:
+        return (f"this plan's budget for comparing long values ({MAX_TOKEN_PAIRS_TOTAL:,} pairs) is spent: "
+                "shown whole, before and after")
+    spent.token_pairs += pairs
+    return ""
+
+
+def _opcodes(a: list[str], b: list[str], spent: Spent) -> tuple[list[tuple[str, int, int, int, int]], str]:
+    """difflib's opcodes over the middle of ``a`` and ``b`` (common prefix and suffix removed
+    first: one edit in a long string costs linear time), and a note when the middle was too long
+    to compare within the budgets (one `replace` of it all then)."""
+    start, end = _common_ends(a, b)
     mid_a, mid_b = a[start:len(a) - end], b[start:len(b) - end]
     ops: list[tuple[str, int, int, int, int]] = []
     if start:
         ops.append(("equal", 0, start, 0, start))
-    if sum(map(len, mid_a)) + sum(map(len, mid_b)) > MAX_COMPARED:
+    note = _affordable(mid_a, mid_b, spent) if mid_a and mid_b else ""
+    if note or not (mid_a and mid_b):
         ops.append(("replace", start, start + len(mid_a), start, start + len(mid_b)))
     else:
         for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, mid_a, mid_b, autojunk=False).get_opcodes():
             ops.append((tag, i1 + start, i2 + start, j1 + start, j2 + start))
     if end:
         ops.append(("equal", len(a) - end, len(a), len(b) - end, len(b)))
-    return ops
+    return ops, note
 
 
 def token_hunks(old: str, new: str) -> list[dict[str, str]]:
     """The changes between two one-line strings as hunks `{before, old, new, after}`: the changed
     tokens with up to :data:`CONTEXT` characters of unchanged text either side (cut at a token,
     `…` where cut). Changes at most :data:`MERGE_GAP` characters apart share a hunk."""
+    return _token_hunks(old, new, None)[0]
+
+
+def _token_hunks(old: str, new: str, spent: Spent | None) -> tuple[list[dict[str, str]], str]:
+    """:func:`token_hunks`, and a note when the changed part was too long to compare token by
+    token within the budgets (one hunk then holds it whole)."""
     a, b = tokens(old), tokens(new)
-    ops = _opcodes(a, b)
+    ops, note = _opcodes(a, b, spent if spent is not None else Spent())
     # Group the edits, merging those separated by a short equal run.
     groups: list[list[tuple[str, int, int, int, int]]] = []
     for op in ops:
-        if op[0] == "equal":
+        if op[0] == "equal" or (op[1] == op[2] and op[3] == op[4]):
             continue
         if groups:
             last = groups[-1][-1]
@@ -320,33 +352,75 @@ def token_hunks(old: str, new: str) -> list[dict[str, str]]:
             "new": "".join(b[first[3]:last[4]]),
             "after": _clip_right("".join(a[last[2]:])),
         })
-    return hunks
+    return hunks, note
+
+
+def _line_range(start: int, stop: int) -> str:
+    """A unified diff's range (`88,5`, `88` for one line, `87,0` for none), as difflib writes it."""
+    length = stop - start
+    if length == 1:
+        return f"{start + 1}"
+    return f"{start + 1 if length else start},{length}"
 
 
 def line_diff(old: str, new: str) -> list[list[str]]:
     """A unified diff of two multi-line strings as `[mark, line]` pairs: mark `@@` (a hunk's
     header), ` ` (context), `-` or `+`; two lines of context."""
-    out: list[list[str]] = []
-    for line in list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=2))[2:]:
-        if line.startswith("@@"):
-            out.append(["@@", line.strip("@ ")])
+    return _line_diff(old, new, None)[0]
+
+
+def _line_diff(old: str, new: str, spent: Spent | None) -> tuple[list[list[str]], str]:
+    """:func:`line_diff` within the budgets: two values whose lines are too many to compare whole
+    are compared between their common first and last lines only (linear time for one edit); when
+    those are still too many, they are shown whole, before and after, and the note says so."""
+    spent = spent if spent is not None else Spent()
+    a, b = old.splitlines(), new.splitlines()
+    lo = 0
+    note = ""
+    if len(a) * len(b) <= MAX_TOKEN_PAIRS and not _affordable(a, b, spent, "lines"):
+        groups = list(difflib.SequenceMatcher(None, a, b).get_grouped_opcodes(LINE_CONTEXT))
+    else:
+        start, end = _common_ends(a, b)
+        lo, keep = max(0, start - LINE_CONTEXT), max(0, end - LINE_CONTEXT)
+        a, b = a[lo:len(a) - keep], b[lo:len(b) - keep]
+        head, tail = start - lo, end - keep  # the context lines kept either side
+        note = _affordable(a[head:len(a) - tail], b[head:len(b) - tail], spent, "lines")
+        if note:
+            groups = [[("equal", 0, head, 0, head), ("replace", head, len(a) - tail, head, len(b) - tail),
+                       ("equal", len(a) - tail, len(a), len(b) - tail, len(b))]]
         else:
-            out.append([line[:1] or " ", line[1:]])
-    return out
+            groups = list(difflib.SequenceMatcher(None, a, b).get_grouped_opcodes(LINE_CONTEXT))
+    out: list[list[str]] = []
+    for group in groups:
+        first, last = group[0], group[-1]
+        out.append(["@@", f"-{_line_range(first[1] + lo, last[2] + lo)} +{_line_range(first[3] + lo, last[4] + lo)}"])
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                out += [[" ", line] for line in a[i1:i2]]
+                continue
+            out += [["-", line] for line in a[i1:i2]]
+            out += [["+", line] for line in b[j1:j2]]
+    return out, note
 
 
-def value_diff(old: Any, new: Any) -> dict[str, Any] | None:
+def value_diff(old: Any, new: Any, spent: Spent | None = None) -> dict[str, Any] | None:
     """How to show a change of ``old`` to ``new`` when the two values do not read well side by
     side: strings with a line break → `{"kind": "lines", "lines": [[mark, text], …]}` (a unified
     diff); strings longer than :data:`INLINE_LIMIT` → `{"kind": "tokens", "hunks": [{before, old,
     new, after}, …]}`. None otherwise (the values are shown as they are). Lists are capped
-    (`more` counts what was left out)."""
+    (`more` counts what was left out). Comparing costs at most :data:`MAX_TOKEN_PAIRS` pairs of
+    tokens (or lines) per value and :data:`MAX_TOKEN_PAIRS_TOTAL` for all values charged to
+    ``spent`` (one plan); past that the changed part is shown whole and `note` says why."""
     if not isinstance(old, str) or not isinstance(new, str) or old == new:
         return None
     if "\n" in old or "\n" in new:
-        lines = line_diff(old, new)
-        return {"kind": "lines", "lines": lines[:MAX_LINES], "more": max(0, len(lines) - MAX_LINES)}
-    if len(old) <= INLINE_LIMIT and len(new) <= INLINE_LIMIT:
+        lines, note = _line_diff(old, new, spent)
+        shown: dict[str, Any] = {"kind": "lines", "lines": lines[:MAX_LINES], "more": max(0, len(lines) - MAX_LINES)}
+    elif len(old) <= INLINE_LIMIT and len(new) <= INLINE_LIMIT:
         return None
-    hunks = token_hunks(old, new)
-    return {"kind": "tokens", "hunks": hunks[:MAX_HUNKS], "more": max(0, len(hunks) - MAX_HUNKS)}
+    else:
+        hunks, note = _token_hunks(old, new, spent)
+        shown = {"kind": "tokens", "hunks": hunks[:MAX_HUNKS], "more": max(0, len(hunks) - MAX_HUNKS)}
+    if note:
+        shown["note"] = note
+    return shown

@@ -120,6 +120,8 @@ def _value_diff_text(path: str, shown: Mapping[str, Any], indent: str) -> list[s
             lines.append(f"{indent}  [{style}]{_escape(shown_mark)} {_escape(line)}[/{style}]")
     if shown.get("more"):
         lines.append(f"{indent}  … {shown['more']} more")
+    if shown.get("note"):
+        lines.append(f"{indent}  [dim]({_escape(shown['note'])})[/dim]")
     return lines
 
 
@@ -298,6 +300,8 @@ def _value_diff_md(path: str, shown: Mapping[str, Any]) -> list[str]:
                 out.append(f"{mark if mark in '-+' else ' '} {printable(line)}")
     if shown.get("more"):
         out.append(f"@@ … {shown['more']} more @@")
+    if shown.get("note"):
+        out.append(f"@@ {printable(shown['note'])} @@")
     return out
 
 
