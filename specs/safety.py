@@ -13,6 +13,7 @@ leaving the project. Used by the loader (at validate time), the local target and
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -77,13 +78,22 @@ class OutsideRoot(ValueError):
     """A path leads outside its root, or names something that is not a regular file or folder."""
 
 
+def _loop_reason(exc: BaseException) -> str:
+    if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP:
+        return "a symlink loop (a link that leads back to itself)"
+    return getattr(exc, "strerror", None) or type(exc).__name__
+
+
 def resolve_inside(root: Path, relative: str, *, what: str = "path") -> Path:
     """``root / relative`` with every symlink resolved, refused unless it stays inside ``root``
     (itself resolved) and, if it exists, is a regular file or a folder. It need not exist."""
     if Path(relative).is_absolute() or ".." in Path(relative).parts:
         raise OutsideRoot(f"{what} {relative!r} must be relative to {root} and stay inside it")
-    base = root.resolve()
-    target = (base / relative).resolve()  # non-strict: a missing tail is fine
+    try:
+        base = root.resolve()
+        target = (base / relative).resolve()  # non-strict: a missing tail is fine
+    except (RuntimeError, OSError) as exc:  # a symlink loop: RuntimeError before Python 3.13, OSError (ELOOP) after
+        raise OutsideRoot(f"{what} {relative!r} cannot be resolved: {_loop_reason(exc)}") from None
     if target != base and base not in target.parents:
         raise OutsideRoot(f"{what} {relative!r} leads to {target}, outside {base} (through a symlink)")
     try:
