@@ -37,7 +37,7 @@ FLAGS: dict[str, str] = {
     "rollback-disabled": "automatic rollback turned off (`onPrometheusUnreachable` rollback → hold, `inconclusiveLimit` "
                          "removed)",
     "writeback-disabled": "the git write-back after a rollback turned off",
-    "fault-injection": "an Endpoint injects errors or latency into its canary",
+    "fault-injection": "an Endpoint injects errors or latency into its canary, or a Model holds its first training attempt",
     "canary-step-skipped": "a canary step removed, so traffic skips a stage it used to be checked at",
     "traffic-jump": f"traffic to a new version grows by more than {MAX_TRAFFIC_JUMP} points in one step (or all at "
                     "once, blue-green)",
@@ -298,7 +298,22 @@ def fault_injection_risks(head: SpecSet, base: SpecSet | None) -> list[Finding]:
         out.append(_f("fault-injection", f"endpoint `{endpoint.name}` injects {' and '.join(parts)} into every canary"
                       f"{when}: a drill setting, never for production", "Endpoint", endpoint.name,
                       ("faultInjection",), "faultInjection"))
+    out += [_model_fault_risk(model, base) for model in head.of(Model)
+            if model.spec.fault_injection is not None and model.spec.fault_injection.hold_first_attempt_seconds]
     return out
+
+
+def _model_fault_risk(model: Model, base: SpecSet | None) -> Finding:
+    """A Model whose first training attempt holds (a drill of the retry path): every version it
+    trains waits that long before its first attempt finishes."""
+    faults = model.spec.fault_injection
+    assert faults is not None  # the caller keeps only Models with a hold
+    before = base.get(Model, model.name) if base is not None else None
+    was = before is not None and before.spec.fault_injection is not None and before.spec.fault_injection.hold_first_attempt_seconds
+    when = " (already on at the base revision)" if was else (" (turned on by this change)" if base is not None else "")
+    return _f("fault-injection", f"model `{model.name}` holds its first training attempt for "
+              f"{faults.hold_first_attempt_seconds} s{when}: a drill setting, never for production", "Model", model.name,
+              ("faultInjection",), "faultInjection")
 
 
 def spec_risks(base: SpecSet, head: SpecSet, base_env: Environment | None, head_env: Environment | None) -> list[Finding]:

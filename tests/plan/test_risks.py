@@ -203,6 +203,17 @@ def test_fault_injection_is_flagged_whenever_on() -> None:
     assert "(already on at the base revision)" in again["message"]
 
 
+
+def test_a_model_holding_its_first_training_attempt_is_flagged() -> None:
+    """The retry drill's hold (`Model.faultInjection.holdFirstAttemptSeconds`) is a drill setting too:
+    flagged at the Model's line whenever it is on, like an Endpoint's fault injection."""
+    head = BASE.replace("  datasetRef: digits\n", "  datasetRef: digits\n  faultInjection: {holdFirstAttemptSeconds: 600}\n")
+    [risk] = review(head)["risks"]
+    assert (risk["flag"], risk["spec"]["kind"], risk["line"]) == ("fault-injection", "Model", 21)
+    assert "holds its first training attempt for 600 s (turned on by this change)" in risk["message"]
+    [again] = review(head, base_text=head)["risks"]
+    assert "(already on at the base revision)" in again["message"]
+
 def test_prune_of_an_endpoint_serving_traffic() -> None:
     head = BASE[: BASE.index(f"---\n{HEAD}kind: Endpoint")]
     plan = review(head)
