@@ -46,13 +46,13 @@ class Rollout:
     def apply(self) -> None:
         result, env = self.load()
         target = open_target(env, TargetOptions(kubeconfig=self.kubeconfig, namespace=self.namespace))
-        plan, _ = make_plan(result.specs, env, target, self.namespace, revision_of([str(self.specs_dir)], None))
+        plan, _ = make_plan(result.specs, env, target, self.namespace, revision_of([str(self.specs_dir)], None, repository=self.specs_dir))
         apply_plan(plan, target)
 
     def controller(self, on_rollback=None):
         result, env = self.load()
         target = open_target(env, TargetOptions(kubeconfig=self.kubeconfig, namespace=self.namespace))
-        backend = KubernetesRolloutBackend(target, result.specs, env, revision_of([str(self.specs_dir)], None))
+        backend = KubernetesRolloutBackend(target, result.specs, env, revision_of([str(self.specs_dir)], None, repository=self.specs_dir))
         controller = Controller(backend, Prometheus(self.prometheus.url, timeout=2), self.namespace, on_rollback=on_rollback)
         endpoint = result.specs.get(Endpoint, "digits")
         policy = result.specs.policy_of(endpoint, env)

@@ -305,12 +305,13 @@ def files_from_git(paths: list[str], rev: str) -> list[SourceFile]:
     return _budget([files[p] for p in sorted(files)])
 
 
-def revision_of(paths: list[str], rev: str | None) -> str | None:
+def revision_of(paths: list[str], rev: str | None, *, repository: str | Path | None = None) -> str | None:
     """The commit the specs come from: ``rev`` resolved, else the working tree's HEAD with
-    `-dirty` when it has uncommitted changes — in the working directory's repository; None outside
-    one, or when the specs are not in it."""
+    `-dirty` when it has uncommitted changes — in the working directory's repository (or the one
+    whose work tree holds ``repository``: for a harness that drives a repository it made, never a
+    path a spec names); None outside one, or when the specs are not in it."""
     try:
-        repo = open_repository()
+        repo = open_repository(repository)
     except NotInRepository:
         return None
     if _relative((paths or ["."])[0], repo.top) is None:
