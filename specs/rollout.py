@@ -61,6 +61,16 @@ MAX_METRICS = 32
 MAX_STEPS = 100
 #: Stand-in values used to check a template at validate time.
 _SAMPLE_VALUES = {"endpoint": "endpoint", "namespace": "namespace", "version": "0123456789ab", "role": "canary"}
+#: The latest `@` timestamp a query may name (9999-12-31T23:59:59Z, in seconds); none may be
+#: negative. Prometheus refuses one at or past 2⁶³ (promql-parser does not), and a gate pinned to a
+#: fixed time outside that range measures nothing.
+MAX_AT_TIMESTAMP = 253_402_300_799
+#: Aggregations Prometheus runs only behind `--enable-feature=promql-experimental-functions` (the
+#: functions behind it are marked so by promql-parser itself).
+_EXPERIMENTAL_AGGREGATIONS = frozenset({"limitk", "limit_ratio"})
+#: A number as PromQL writes one (after `@`): decimal, scientific, hexadecimal, Inf or NaN.
+_NUMBER_RE = re.compile(r"[-+]?(?:0[xX][0-9a-fA-F]+|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[iI][nN][fF]|[nN][aA][nN])")
+_AT_FUNCTION_RE = re.compile(r"(?:start|end)\s*\(\s*\)")
 
 
 def fill_placeholders(template: str, values: Mapping[str, str]) -> str:
@@ -80,11 +90,12 @@ def fill_placeholders(template: str, values: Mapping[str, str]) -> str:
     return _PLACEHOLDER_RE.sub(one, template)
 
 
-def _nesting(text: str) -> int:
-    depth = deepest = 0
+def _code(text: str) -> list[tuple[int, str]]:
+    """The characters of a query outside its string literals ("…", '…', `…`), with their index."""
+    out = []
     quote = ""
     escaped = False
-    for ch in text:
+    for i, ch in enumerate(text):
         if quote:
             if escaped:
                 escaped = False
@@ -95,7 +106,15 @@ def _nesting(text: str) -> int:
             continue
         if ch in "\"'`":
             quote = ch
-        elif ch in "([{":
+        else:
+            out.append((i, ch))
+    return out
+
+
+def _nesting(text: str) -> int:
+    depth = deepest = 0
+    for _, ch in _code(text):
+        if ch in "([{":
             depth += 1
             deepest = max(deepest, depth)
         elif ch in ")]}":
@@ -103,10 +122,36 @@ def _nesting(text: str) -> int:
     return deepest
 
 
+def _lexical_problem(text: str) -> str:
+    """What Prometheus would make of the query's text other than promql-parser does: a comment
+    (`#` outside a string runs to the end of the line, so it swallows the comparison Forge appends
+    in the PrometheusRule), and `@` timestamps outside [0, :data:`MAX_AT_TIMESTAMP`]."""
+    for i, ch in _code(text):
+        if ch == "#":
+            return ("query holds a comment (`#`): it would swallow what Forge appends to the query (the comparison "
+                    "with the threshold in the PrometheusRule); remove it")
+        if ch == "@":
+            rest = text[i + 1:].lstrip()
+            if _AT_FUNCTION_RE.match(rest):
+                continue
+            number = _NUMBER_RE.match(rest)
+            if number is None:
+                continue  # the parser says what is wrong
+            literal = number[0]
+            value = int(literal, 16) if literal.lstrip("+-")[:2].lower() == "0x" else float(literal)
+            if not 0 <= value <= MAX_AT_TIMESTAMP:  # NaN compares false: refused too
+                shown = literal if len(literal) <= 24 else literal[:23] + "…"
+                return (f"query pins a selector to `@ {shown}`: an `@` timestamp must be between 0 and {MAX_AT_TIMESTAMP} "
+                        "seconds (9999-12-31); Prometheus refuses one of 2^63 seconds or more, promql-parser does not")
+    return ""
+
+
 def check_promql(template: str, window: str) -> None:
     """Raise ValueError unless ``template``, its placeholders filled in, is one valid PromQL
-    expression that yields an instant vector or a scalar (parsed by `promql-parser`, a Rust port of
-    Prometheus's own parser)."""
+    expression that yields an instant vector (parsed by `promql-parser`, a Rust port of
+    Prometheus's own parser), and stays one as Prometheus reads it in the PrometheusRule Forge
+    renders: compared with a threshold (`(query) < min`, a scalar would need `bool`), not swallowed
+    by a comment, with `@` timestamps Prometheus accepts and no experimental function."""
     import promql_parser
 
     if len(template) > MAX_QUERY_LENGTH:
@@ -114,16 +159,47 @@ def check_promql(template: str, window: str) -> None:
     if _nesting(template) > MAX_QUERY_NESTING:
         raise ValueError(f"query nests brackets deeper than {MAX_QUERY_NESTING} levels")
     text = fill_placeholders(template, {**_SAMPLE_VALUES, "window": window})
-    try:
-        expr = promql_parser.parse(text)
-    except (KeyboardInterrupt, SystemExit):  # pragma: no cover
-        raise
-    except BaseException as exc:  # a ValueError, or a PanicException from the Rust side
-        raise ValueError(f"query is not valid PromQL: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    problem = _lexical_problem(text)
+    if problem:
+        raise ValueError(problem)
+    expr = _parse(promql_parser, text, "query is not valid PromQL")
     if isinstance(expr, (promql_parser.MatrixSelector, promql_parser.SubqueryExpr)):
         raise ValueError("query yields a range vector; a gate needs one number per series (wrap it in rate(), avg_over_time(), …)")
     if isinstance(expr, promql_parser.StringLiteral):
         raise ValueError("query yields a string; a gate needs a number")
+    experimental: list[str] = []
+
+    def visit(node: Any, *_: Any) -> None:
+        if isinstance(node, promql_parser.Call) and node.func.experimental:
+            experimental.append(node.func.name)
+        elif isinstance(node, promql_parser.AggregateExpr) and str(node.op) in _EXPERIMENTAL_AGGREGATIONS:
+            experimental.append(str(node.op))
+
+    promql_parser.walk(expr, visit)
+    if experimental:
+        raise ValueError(f"query calls {experimental[0]}(), an experimental function: Prometheus refuses it unless "
+                         "started with --enable-feature=promql-experimental-functions")
+    # The expressions Forge renders around it (renderers/monitoring.py), as Prometheus will parse them.
+    for rendered in (f"({text}) < 0", f"({text}) - ({text}) > 0"):
+        try:
+            promql_parser.parse(rendered)
+        except (KeyboardInterrupt, SystemExit):  # pragma: no cover
+            raise
+        except BaseException as exc:  # a ValueError, or a PanicException from the Rust side
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if "scalar" in reason:
+                raise ValueError("query yields a scalar: Forge compares it with its threshold (`(query) < min`), and "
+                                 "Prometheus refuses a comparison of two scalars without `bool`; wrap it in vector(…)") from None
+            raise ValueError(f"query is not valid PromQL once compared with its threshold (`(query) < min`): {reason}") from None
+
+
+def _parse(promql_parser: Any, text: str, what: str) -> Any:
+    try:
+        return promql_parser.parse(text)
+    except (KeyboardInterrupt, SystemExit):  # pragma: no cover
+        raise
+    except BaseException as exc:  # a ValueError, or a PanicException from the Rust side
+        raise ValueError(f"{what}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
 class CompareToStable(SpecModel):

@@ -303,3 +303,101 @@ def test_when_is_substituted_then_evaluated_like_the_controller(judge: Path) -> 
                                    {"tasks.evaluate.outputs.result": "pass"}) is True
     assert upstream.argo_eval_when("{{tasks.evaluate.outputs.result}} == pass",
                                    {"tasks.evaluate.outputs.result": "fail"}) is False
+
+
+# ---------------------------------------------------------------------------------------------
+# PromQL: what validate lets through, Prometheus accepts in the rule Forge renders (issue 28)
+# ---------------------------------------------------------------------------------------------
+
+_RATE = 'sum(rate(forge_requests_total{forge_endpoint="{endpoint}",code=~"5.."}[{window}]))'
+#: Queries promql-parser accepts on their own that Prometheus refuses once Forge has rendered them.
+PROMETHEUS_REFUSES = {
+    "scalar": f"scalar({_RATE})",
+    "time": "time()",
+    "number": "0.5",
+    "comment": f"{_RATE} # the error budget",
+    "comment-swallowing-a-bound": f"{_RATE} #) > 0 or vector(0",
+    "at-out-of-range": "sum(rate(forge_requests_total[{window}] @ 1e30))",
+    "at-past-int64": "sum(forge_requests_total @ 9.3e18)",
+    "experimental": "sum(mad_over_time(forge_requests_total[{window}]))",
+}
+#: Queries that look odd and are fine: validate accepts them, so Prometheus must.
+VALIDATE_ACCEPTS = [
+    _RATE,
+    f"vector(scalar({_RATE}))",
+    'sum(rate(forge_requests_total{forge_endpoint="{endpoint}",code=~"5..|#"}[{window}]))',
+    'sum(forge_requests_total{forge_endpoint="a@b"} @ 1700000000)',
+    "sum(rate(forge_requests_total[{window}] @ end()))",
+    "sum(rate(forge_requests_total[{window}] @ start()))",
+    f"{_RATE} > bool 0",
+    f"{_RATE} / ignoring(code) group_left sum(rate(forge_requests_total[{{window}}]))",
+    "histogram_quantile(0.99, sum by (le) (rate(forge_request_duration_seconds_bucket[{window}])))",
+    f"({_RATE})\n",
+]
+
+
+def _rule_for(query: str) -> dict[str, Any]:
+    """The PrometheusRule Forge renders for quickstart's endpoint with one metric on ``query``
+    (min, max and compareToStable: every comparison Forge appends), built without validation."""
+    from renderers.monitoring import render_rules
+    from specs import Endpoint
+    from specs.rollout import CompareToStable, Metric
+
+    specs = _specs("quickstart")
+    endpoint = specs.get(Endpoint, "digits")
+    env = specs.environment("cluster")
+    assert endpoint is not None and env is not None
+    policy = specs.policy_of(endpoint, env)
+    assert policy is not None
+    gate = Metric.model_construct(name="gate", query=query, min=0.9, max=1.0,
+                                  compare_to_stable=CompareToStable.model_construct(max_increase=0.1, max_decrease=0.1))
+    policy = policy.model_copy(update={"spec": policy.spec.model_copy(update={"metrics": [gate]})})
+    return render_rules(endpoint, policy, env, "team-a", None)
+
+
+@pytest.mark.parametrize("name", sorted(PROMETHEUS_REFUSES))
+def test_promtool_refuses_what_validate_refuses(name: str, promtool: str) -> None:
+    """The danger is real (promtool refuses the rule Forge would render), and validate sees it."""
+    from specs.rollout import check_promql
+
+    query = PROMETHEUS_REFUSES[name]
+    rule = _rule_for(query)
+    assert len(rule["spec"]["groups"][0]["rules"]) == 4
+    assert upstream.promtool_check_rules(rule), f"promtool accepts {query!r}: not a case"
+    with pytest.raises(ValueError):
+        check_promql(query, "2m")
+
+
+def test_promtool_accepts_what_validate_accepts(promtool: str) -> None:
+    from specs.rollout import check_promql
+
+    for query in VALIDATE_ACCEPTS:
+        check_promql(query, "2m")
+    verdicts = {query: upstream.promtool_check_rules(_rule_for(query)) for query in VALIDATE_ACCEPTS}
+    assert not any(verdicts.values()), "promtool rejects what validate accepted:\n" + _report(verdicts)
+
+
+def test_every_query_validate_accepts_in_a_sweep_passes_promtool(promtool: str) -> None:
+    """Selectors × wrappers × modifiers: whatever check_promql lets through, promtool accepts in the
+    rendered rule (one rules file holds them all)."""
+    from specs.rollout import check_promql
+
+    selectors = ["forge_requests_total", 'forge_requests_total{code="#"}', "{__name__=\"forge_requests_total\"}"]
+    ranges = ["[{window}]", "[{window}] @ 1700000000", "[{window}] offset 1m", "[{window}] @ 1e30", "[{window}] @ -5"]
+    wrappers = ["sum(rate({}))", "rate({})", "scalar(sum(rate({})))", "vector(scalar(sum(rate({}))))", "sum(increase({})) # c",
+                "count(rate({})) > bool 1", "sum(mad_over_time({}))", "time() - sum(rate({}))", "quantile(0.5, rate({}))"]
+    accepted = []
+    for sel in selectors:
+        for rng in ranges:
+            for wrap in wrappers:
+                query = wrap.replace("{}", sel + rng)
+                try:
+                    check_promql(query, "2m")
+                except ValueError:
+                    continue
+                accepted.append(query)
+    assert len(accepted) >= 40, accepted
+    rules = [_rule_for(q) for q in accepted]
+    combined = rules[0]
+    combined["spec"]["groups"] = [{"name": f"g{i}", "rules": r["spec"]["groups"][0]["rules"]} for i, r in enumerate(rules)]
+    assert upstream.promtool_check_rules(combined) == []
