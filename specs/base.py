@@ -37,10 +37,27 @@ MAX_DURATION_SECONDS = 30 * 86_400
 MAX_LABELS = 64
 MAX_ANNOTATIONS_BYTES = 64 * 1024
 MAX_SEED = 2**32 - 1
-#: Label/annotation key prefixes that belong to Forge itself: the rollout backend and pruning read
-#: them back as state, so a user's metadata may not set them.
-RESERVED_KEYS = ("app.kubernetes.io/managed-by",)
-RESERVED_PREFIXES = ("forge.dev",)
+#: Label/annotation keys and key prefixes (each with its subdomains: `*.kubernetes.io/`) that belong
+#: to a controller of something Forge renders, with who reads them. User labels and annotations are
+#: copied onto every object rendered from a spec (a Model's onto its Workflow, an Endpoint's onto its
+#: SeldonDeployment, …), so a key such as `workflows.argoproj.io/controller-instanceid` would hand
+#: the Workflow to another Argo controller, or to none: a user's metadata may not set them. Forge's
+#: own are read back as rollout state and trusted by pruning.
+RESERVED_KEYS = {"app.kubernetes.io/managed-by": "Forge (ownership: pruning trusts it)"}
+RESERVED_PREFIXES = {
+    "forge.dev": "Forge (rollout state, ownership, pruning)",
+    "argoproj.io": "Argo Workflows (workflows.argoproj.io/…: e.g. the controller instance id)",
+    "seldon.io": "Seldon Core",
+    "x-k8s.io": "Kueue and the other Kubernetes SIG controllers (kueue.x-k8s.io/…: e.g. the queue name)",
+    "kubeflow.org": "the Kubeflow Training Operator (PyTorchJobs)",
+    "prometheus.io": "Prometheus and the Prometheus Operator",
+    "kubernetes.io": "Kubernetes itself",
+    "k8s.io": "Kubernetes itself",
+}
+#: Under a reserved prefix, what stays the user's: Kubernetes' recommended application labels
+#: (`app.kubernetes.io/name`, `…/instance`, `…/version`, `…/component`, `…/part-of`) are meant to be
+#: set by whoever deploys the application (`…/managed-by` is Forge's, above).
+USER_PREFIXES = ("app.kubernetes.io",)
 
 Name = Annotated[
     str,
@@ -141,14 +158,15 @@ class Metadata(SpecModel):
     name: Name = Field(description="Name of the spec, unique per kind in a repository.")
     labels: dict[str, str] = Field(
         default_factory=dict,
-        description=f"Labels copied onto every object rendered from this spec (at most {MAX_LABELS}; "
-        "keys under `forge.dev/` and `app.kubernetes.io/managed-by` belong to Forge).",
+        description=f"Labels copied onto every object rendered from this spec (at most {MAX_LABELS}). Keys under "
+        "the prefixes of the controllers that read them are reserved: `forge.dev/`, `argoproj.io/`, `seldon.io/`, "
+        "`x-k8s.io/`, `kubeflow.org/`, `prometheus.io/`, `kubernetes.io/`, `k8s.io/` and their subdomains (but "
+        "`app.kubernetes.io/` is yours, except `app.kubernetes.io/managed-by`).",
     )
     annotations: dict[str, str] = Field(
         default_factory=dict,
         description="Free-form annotations copied onto every object rendered from this spec (at most "
-        f"{MAX_ANNOTATIONS_BYTES // 1024} KiB in all; keys under `forge.dev/` and "
-        "`app.kubernetes.io/managed-by` belong to Forge).",
+        f"{MAX_ANNOTATIONS_BYTES // 1024} KiB in all; the same keys as for labels are reserved).",
     )
 
     @field_validator("labels")
@@ -197,9 +215,24 @@ def check_qualified_name(key: str, what: str, *, reserved: bool = True) -> str:
         raise ValueError(
             f"{what} {key!r} must be at most 63 characters of letters, digits, '-', '_' or '.'"
         )
-    if reserved and (key in RESERVED_KEYS or any(prefix == p or prefix.endswith("." + p) for p in RESERVED_PREFIXES)):
-        raise ValueError(f"{what} {key!r} is reserved: Forge sets and reads it itself")
+    owner = reserved_by(key) if reserved else None
+    if owner is not None:
+        raise ValueError(f"{what} {key!r} is reserved: it belongs to {owner}, which reads it from the objects Forge renders")
     return key
+
+
+def reserved_by(key: str) -> str | None:
+    """Who owns the label or annotation key ``key`` (:data:`RESERVED_KEYS`,
+    :data:`RESERVED_PREFIXES` and their subdomains), or None when it is free for users."""
+    if key in RESERVED_KEYS:
+        return RESERVED_KEYS[key]
+    prefix, slash, _ = key.rpartition("/")
+    if not slash or prefix in USER_PREFIXES:
+        return None
+    for reserved, owner in RESERVED_PREFIXES.items():
+        if prefix == reserved or prefix.endswith("." + reserved):
+            return owner
+    return None
 
 
 MAX_PATH_LENGTH = 1024
