@@ -8,12 +8,30 @@ from typing import Any
 
 import yaml
 
+from reconciler.diagnostics import printable
+
 
 class _Dumper(yaml.SafeDumper):
-    """Block style, no aliases, long lines kept whole (configs are single JSON strings)."""
+    """Block style, no aliases, long lines kept whole (configs are single JSON strings). A string
+    holding a character a terminal or CI log would act on — control, bidirectional or zero-width
+    characters — is written double-quoted with that character as an escape (`\u202e`), exactly as
+    :func:`reconciler.diagnostics.printable` shows it in every other output: the YAML stays valid
+    and reads back to the same string, and nothing in it can reorder or hide what is printed."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+    def write_double_quoted(self, text: str, split: bool = True) -> None:
+        if _printable(text):
+            super().write_double_quoted(text, split)
+            return
+        data = '"' + printable(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+        self.write_indicator(data, True)  # the whole quoted scalar as one token, as PyYAML writes its opening quote
+
+
+def _printable(text: str) -> bool:
+    """True when every character of ``text`` but line breaks prints as itself."""
+    return text.replace("\n", "").isprintable()
 
 
 #: Strings YAML 1.2 readers (kubectl, Go) would take for numbers, booleans or null: PyYAML's
@@ -23,7 +41,10 @@ _AMBIGUOUS = re.compile(r"^([-+]?[0-9][0-9_.eE+-]*|0[xXoObB][0-9a-fA-F_]+|[-+]?\
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else ("'" if _AMBIGUOUS.match(value) else None)
+    if not _printable(value):
+        style: str | None = '"'  # escapes are only possible in double quotes (see _Dumper)
+    else:
+        style = "|" if "\n" in value else ("'" if _AMBIGUOUS.match(value) else None)
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
