@@ -5,7 +5,7 @@ A real, throw-away Kubernetes control plane and Prometheus, by concern:
 
 * :mod:`devkit.common` — the pins (``scripts/cluster/versions.env``), the cache, the error type;
 * :mod:`devkit.gobuild` — etcd and kube-apiserver built from the Go module proxy, ``go mod download``;
-* :mod:`devkit.crds` — the real CRDs (Argo, Seldon, Prometheus Operator, Training Operator), pinned by sha256;
+* :mod:`devkit.crds` — the real CRDs (Argo, Seldon, Prometheus Operator, Gateway API, Training Operator), pinned by sha256;
 * :mod:`devkit.certs` — CAs, certificates and kubeconfigs (openssl);
 * :mod:`devkit.apiclient` — a tiny stdlib HTTPS client for start-up;
 * :mod:`devkit.cluster` — the cluster's lifecycle (start, load, stop, identities);

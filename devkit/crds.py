@@ -1,5 +1,5 @@
-"""The real CustomResourceDefinitions of Argo Workflows, Seldon Core v1, the Prometheus Operator
-and (optionally) the Kubeflow Training Operator: fetched with ``go mod download`` (or taken from a
+"""The real CustomResourceDefinitions of Argo Workflows, Seldon Core v1, the Prometheus Operator, the
+Gateway API (standard channel) and (optionally) the Kubeflow Training Operator: fetched with ``go mod download`` (or taken from a
 reference copy with the same sha256), patched as upstream's install does, converted to compact JSON
 (cached by hash)."""
 
@@ -56,6 +56,21 @@ CRD_SOURCES: tuple[CrdSource, ...] = (
             ("servicemonitors", "a99047972c9dd7679ce2050b9968e8a08773492e671b3e17abd476d42aa78a32"),
             ("podmonitors", "45a93443daa687d3654f7e9631909ff7edcdf3ec09c5e60251b74aa2722aee5d"),
             ("prometheusrules", "78be98554b9c8506ab2b4f4feb91c5f3a56e536a0a510f3a8e876a459970d56d"),
+        )
+    ),
+    # The Gateway API's standard channel (config/crd/standard/), GATEWAY_API_VERSION: the version Traefik's Kubernetes
+    # Gateway provider on the node implements (scripts/cluster/versions.env), and the CEL validation Forge's
+    # HTTPRoutes are judged by. No reference copy: the proxy serves the module.
+    *(
+        CrdSource("GATEWAY_API_MODULE", "GATEWAY_API_VERSION",
+                  f"config/crd/standard/gateway.networking.k8s.io_{n}.yaml", h)
+        for n, h in (
+            ("gatewayclasses", "2f61e8c8c2289843a61d7b1bba31f8a5a46dbf20a1c54359209d638d3bd899c9"),
+            ("gateways", "b0e29566bbe07fbe4ede55c2eff73865bd566f3063736ec9046224d7e20d6f88"),
+            ("httproutes", "c2539410dec72b793ef840f484c19d13b48210074ec801b730e9fce2c5fc825c"),
+            ("grpcroutes", "dc114a794b2bf2565489c3182d4b173590ea01348f986daf42c7bc0505521d26"),
+            ("referencegrants", "3a59dcc699c2d01b19f13233943597f69de25420495ab3d4af7de7997bd807cc"),
+            ("backendtlspolicies", "59d7cf1d99e1337e6d6a19c6306172d8f7ff2d9f920142a88ef9ba597d6d97bb"),
         )
     ),
     # v1.9.4, the version of the PyTorchJob webhook forge-judge runs (judges/go.mod).

@@ -7,6 +7,7 @@
 #   scripts/cluster/build.sh argo     Argo Workflows' workflow-controller and argoexec (ARGO_WORKFLOWS_VERSION)
 #   scripts/cluster/build.sh promop   the Prometheus Operator and prometheus-config-reloader (PROMETHEUS_OPERATOR_VERSION),
 #                                     and the Prometheus it deploys by default (bin/prometheus-<version>/prometheus)
+#   scripts/cluster/build.sh traefik  Traefik (TRAEFIK_VERSION), its `go build ./cmd/traefik` in the module's own tree
 #   scripts/cluster/build.sh judge                        (prints the binary's path on stdout)
 #
 # Output: ${FORGE_CACHE:-$HOME/.cache/forge}/bin/<name>-<version>/<name>
@@ -297,6 +298,61 @@ build_prometheus() {
   log "prometheus $v: built $out/prometheus"
 }
 
+# Traefik v3 (TRAEFIK_VERSION) from the module proxy: bin/traefik-<version>/traefik, upstream's
+# `go build ./cmd/traefik` (its Makefile's binary target) in the module's own tree, so its go.mod, go.sum,
+# replaces and excludes apply exactly as upstream builds it (-mod=readonly: every module checked against
+# its go.sum). The tree is a hard-linked copy of the verified module contents; from v3.7 on, plus one thing
+# module zips leave out: pkg/config/dynamic/ext is a nested module (github.com/traefik/traefik/dynamic/ext,
+# the `replace ... => ./pkg/config/dynamic/ext` of v3.7's go.mod), which the proxy does not serve (403), so
+# it is written as upstream's tree holds it (v3.7.x: two empty extension structs, checked by sha256 below;
+# a release that needs more from it fails to compile). v3.6.12, the pin, has no such module. No web UI:
+# webui/static is what the zip holds (upstream's `make generate-webui` builds it with Node), and the
+# dashboard is off on the node anyway.
+TRAEFIK_EXT_GO_SHA256=fdd9a8232809b310da14d1f2bc467d9d45dd3d0d9937fc2f3280b779b52861d1
+build_traefik() {
+  local v="$TRAEFIK_VERSION" mod="$TRAEFIK_MODULE" out src gomod cached
+  proxy_wrapper traefik "$v" "$mod" traefik
+  [[ -z "$cached" ]] || return 0
+  # every replace: a published module version, or the nested ext module restored below
+  go mod edit -json "$gomod" | python3 -c '
+import json, sys
+for r in json.load(sys.stdin).get("Replace") or []:
+    old, new = r["Old"]["Path"], r["New"]
+    if new["Path"] == "./pkg/config/dynamic/ext" and old == "github.com/traefik/traefik/dynamic/ext":
+        continue
+    if not new.get("Version"):
+        path = new["Path"]
+        sys.exit(f"unexpected local replace in traefik go.mod: {old} => {path}")
+'
+  local moddir; moddir="$(cd "$src" && go mod download -json "$mod@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  local gover; gover="$(go mod edit -json "$gomod" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Go"])')"
+  cp -al "$moddir" "$src/traefik"
+  local ext="$src/traefik/pkg/config/dynamic/ext"
+  if grep -q '^replace github.com/traefik/traefik/dynamic/ext => ./pkg/config/dynamic/ext' "$gomod" && [[ ! -e "$ext/go.mod" ]]; then
+    chmod u+w "$src/traefik/pkg/config/dynamic"
+    mkdir -p "$ext"
+    printf 'module github.com/traefik/traefik/dynamic/ext\n\ngo %s\n' "$gover" >"$ext/go.mod"
+    printf 'package ext\n\n// HTTP is a dynamic.HTTP extension.\ntype HTTP struct{}\n\n// Router is a dynamic.Router extension.\ntype Router struct{}\n' >"$ext/ext.go"
+    if [[ "$(sha256sum <"$ext/ext.go" | cut -c1-64)" != "$TRAEFIK_EXT_GO_SHA256" ]]; then
+      echo "traefik $v: the written pkg/config/dynamic/ext/ext.go is not upstream's (sha256)" >&2; exit 1
+    fi
+    log "traefik $v: wrote the nested module pkg/config/dynamic/ext (missing from the module zip) as upstream's tree has it"
+  fi
+  local commit
+  commit="$(cd "$src" && go mod download -json "$mod@$v" | python3 -c 'import json,sys; print((json.load(sys.stdin).get("Origin") or {}).get("Hash",""))')"
+  local pv="$mod/pkg/version" codename
+  codename="$(awk '$1 == "CODENAME" && $2 == "?=" {print $3; exit}' "$moddir/Makefile")"  # as its Makefile stamps it
+  local ld="-s -w -X $pv.Version=$v -X $pv.Codename=${codename:-unknown} -X $pv.BuildDate=$(date -u '+%Y-%m-%d_%I:%M:%S%p')"
+  log "traefik $v${commit:+ ($commit)}: compiling ./cmd/traefik (heavy: several minutes the first time)"
+  local tmp="$out.tmp.$$"; rm -rf "$tmp"; mkdir -p "$tmp"
+  local t0=$SECONDS
+  (cd "$src/traefik" && go build -mod=readonly -p "$jobs" -ldflags "$ld" -o "$tmp/traefik" ./cmd/traefik)
+  log "traefik $v: compiled in $((SECONDS - t0)) s"
+  "$tmp/traefik" version >&2
+  finish "$tmp" "$out"
+  log "traefik $v: built $out/traefik"
+}
+
 judges="$(cd "$here/../.." && pwd)/judges"
 
 judge_key() {
@@ -345,11 +401,12 @@ case "$what" in
   argo) lock; build_argo ;;
   promop) lock; build_promop; build_prometheus ;;
   promop-prometheus-version) promop_prometheus_version ;;
+  traefik) lock; build_traefik ;;
   all) lock; build_etcd; build_kube_apiserver ;;
   judge)
     # A cached judge needs no lock: installs are atomic renames, and a kube-apiserver build
     # holding the lock for minutes must not stall every test that only asks for the path.
     if [[ ! -x "$(judge_out)/forge-judge" ]]; then lock; build_judge; fi
     echo "$(judge_out)/forge-judge" ;;
-  *) echo "usage: $0 [etcd|kube-apiserver|all|node|argo|promop|promop-prometheus-version|judge]" >&2; exit 2 ;;
+  *) echo "usage: $0 [etcd|kube-apiserver|all|node|argo|promop|promop-prometheus-version|traefik|judge]" >&2; exit 2 ;;
 esac

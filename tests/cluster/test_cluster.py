@@ -82,6 +82,9 @@ def test_the_real_crds_are_established(k8s_api):
         "clusterworkflowtemplates.argoproj.io", "seldondeployments.machinelearning.seldon.io",
         "servicemonitors.monitoring.coreos.com", "podmonitors.monitoring.coreos.com",
         "prometheusrules.monitoring.coreos.com",
+        # the Gateway API's standard channel (what the gatewayAPI traffic router renders HTTPRoutes for)
+        "gatewayclasses.gateway.networking.k8s.io", "gateways.gateway.networking.k8s.io",
+        "httproutes.gateway.networking.k8s.io", "referencegrants.gateway.networking.k8s.io",
     }
     assert expected <= set(crds)
     for name in expected:
