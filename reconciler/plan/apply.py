@@ -106,11 +106,12 @@ def apply_plan(plan: Plan, target: Target, *, progress: Callable[[Change, Outcom
         for wave in waves(changes):
             if errors:
                 break
+            # Lazily: each object is reported (``progress``) as it finishes, not once its wave has.
             if pool is None or len(wave) == 1:
-                results = [(i, _attempt(changes[i], target, lost)) for i in wave]
+                results = ((i, _attempt(changes[i], target, lost)) for i in wave)
             else:
                 futures = {pool.submit(_attempt, changes[i], target, lost): i for i in wave}
-                results = [(futures[f], f.result()) for f in as_completed(futures)]
+                results = ((futures[f], f.result()) for f in as_completed(futures))
             for index, error in results:  # reported from this thread, as each object finishes
                 change = changes[index]
                 if isinstance(error, _NotAttempted):
