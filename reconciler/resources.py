@@ -43,6 +43,7 @@ OWNED: tuple[Resource, ...] = (
     Resource("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors"),
     Resource("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules"),
     Resource("machinelearning.seldon.io", "v1", "SeldonDeployment", "seldondeployments"),
+    Resource("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes"),  # router gatewayAPI (renderers/gateway.py)
     Resource("", "v1", "ConfigMap", "configmaps"),  # Grafana dashboards (renderers/dashboards.py)
 )
 BY_KIND: dict[str, Resource] = {r.kind: r for r in OWNED}

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from renderers.dashboards import render_dashboard
+from renderers.gateway import render_route
 from renderers.labels import ENVIRONMENT, GIT_REVISION, MANAGED_BY, MANAGER, PRUNE, TRAINING_STAGE
 from renderers.monitoring import render_podmonitor, render_rules
 from renderers.prerequisites import workflow_rbac, workspace_claim
@@ -27,7 +28,8 @@ KIND_ORDER = {
     "PodMonitor": 6,
     "PrometheusRule": 7,
     "SeldonDeployment": 8,
-    "ConfigMap": 9,
+    "HTTPRoute": 9,  # after the predictors whose Services it routes to
+    "ConfigMap": 10,
 }
 TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
 
@@ -72,8 +74,8 @@ def _ordered(obj: dict[str, Any]) -> dict[str, Any]:
 
 def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
     """Every manifest for ``ctx.environment``: the namespace and workspace volume, one Workflow per
-    Model version, and per Endpoint a SeldonDeployment, a PodMonitor, a PrometheusRule and a Grafana
-    dashboard ConfigMap.
+    Model version, and per Endpoint a SeldonDeployment (and its HTTPRoute, when the Gateway API
+    splits its traffic), a PodMonitor, a PrometheusRule and a Grafana dashboard ConfigMap.
 
     Runs with the cyclic garbage collector paused (restored after): the manifests are acyclic and
     all stay alive, and with thousands of endpoints the collector's repeated rescans of the heap
@@ -116,7 +118,11 @@ def _render(specs: SpecSet, ctx: RenderContext) -> Rendered:
         desired = versions.get(model.name) or model_version(specs, model, env)
         state = ctx.serving.get(endpoint.name) or (
             experiment_serving(endpoint, desired) if endpoint.spec.experiment else ServingState(stable=desired))
-        manifests.append(render_seldon(specs, endpoint, env, ns, ctx.revision, state))
+        route = render_route(endpoint, env, ns, ctx.revision, state)  # None unless its router is gatewayAPI
+        manifests.append(render_seldon(specs, endpoint, env, ns, ctx.revision, state,
+                                       router="gatewayAPI" if route is not None else None))
+        if route is not None:
+            manifests.append(route)
         policy = specs.policy_of(endpoint, env)
         manifests.append(render_podmonitor(endpoint, env, ns, ctx.revision, policy))
         if policy is not None and policy.spec.metrics:

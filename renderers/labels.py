@@ -26,6 +26,8 @@ STEP = PREFIX + "step"
 #: On a SeldonDeployment whose experiment is sticky: `header:<name>` or `cookie:<name>`. Seldon v1
 #: has no per-user routing; the local target's router hashes on it.
 STICKY = PREFIX + "sticky"
+#: On a SeldonDeployment whose traffic another router splits (`gatewayAPI`: its HTTPRoute); absent: Seldon's own.
+TRAFFIC_ROUTER = PREFIX + "traffic-router"
 #: On a Workflow: how many distillation teachers deep it is (0: none). Teachers apply first, so
 #: the local target, which runs a Workflow to its end during apply, never waits on a later one.
 TRAINING_STAGE = PREFIX + "training-stage"

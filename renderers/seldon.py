@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, STICKY, VARIANT, owner_metadata
+from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, STICKY, TRAFFIC_ROUTER, VARIANT, owner_metadata
 from renderers.pods import INFERENCE_PRIORITY, SECURITY_CONTEXT, placement
 from renderers.stepargs import step_args
 from renderers.workflow import WORKSPACE_PVC, await_registration, image, registry_dir
@@ -150,8 +150,11 @@ def experiment_serving(endpoint: Endpoint, version: str) -> ServingState:
 
 
 def render_seldon(specs: SpecSet, endpoint: Endpoint, env: Environment, namespace: str, revision: str | None,
-                  state: ServingState) -> dict[str, Any]:
-    """The SeldonDeployment of an Endpoint in the given serving state."""
+                  state: ServingState, router: str | None = None) -> dict[str, Any]:
+    """The SeldonDeployment of an Endpoint in the given serving state. ``router``: what splits its
+    traffic when that is not Seldon itself (`gatewayAPI`: an HTTPRoute, renderers/gateway.py), named
+    in the `forge.dev/traffic-router` annotation; the predictors' `traffic` then only records the
+    weights (Seldon's validation wants them summing to 100), the route applies them."""
     model = specs.model_of(endpoint)
     compute = specs.serving_compute_of(endpoint)
     replicas = endpoint.spec.replicas
@@ -182,6 +185,8 @@ def render_seldon(specs: SpecSet, endpoint: Endpoint, env: Environment, namespac
     sticky = endpoint.spec.experiment.sticky if endpoint.spec.experiment else None
     if state.arms and sticky is not None:
         annotations[STICKY] = f"header:{sticky.header}" if sticky.header else f"cookie:{sticky.cookie}"
+    if router is not None:
+        annotations[TRAFFIC_ROUTER] = router
     return {
         "apiVersion": "machinelearning.seldon.io/v1",
         "kind": "SeldonDeployment",

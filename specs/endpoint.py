@@ -8,6 +8,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 
 from specs.base import Name, Quantity, SpecModel
 from specs.experiment import Experiment, Shadow
+from specs.traffic import TrafficRouting
 
 
 class ResourceList(SpecModel):
@@ -133,6 +134,11 @@ class EndpointSpec(SpecModel):
     shadow: Shadow | None = Field(
         default=None, description="A shadow predictor that gets a copy of live requests; its answers are discarded."
     )
+    traffic: TrafficRouting | None = Field(
+        default=None, description="What splits this Endpoint's traffic between its predictors in a cluster "
+        "(`target: kubernetes`; the local target routes requests itself); replaces the Environment's `traffic` as a "
+        "whole. Default: the Environment's, else `router: seldon`.",
+    )
 
     @model_validator(mode="after")
     def _v2_only(self) -> EndpointSpec:
@@ -148,7 +154,7 @@ class EndpointSpec(SpecModel):
         # Unset, they stay out of the dump: an Endpoint without them keeps its spec digest.
         data = handler(self)
         if isinstance(data, dict):
-            for key in ("experiment", "shadow", "backend"):
+            for key in ("experiment", "shadow", "backend", "traffic"):
                 if data.get(key) is None:
                     data.pop(key, None)
         return data

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from specs.base import Name, Quantity, SpecModel, check_relative_path
+from specs.traffic import TrafficRouting
 
 TargetType = Literal["local", "kubernetes"]
 
@@ -138,6 +139,10 @@ class EnvironmentSpec(SpecModel):
     defaults: EnvironmentDefaults = Field(
         default_factory=EnvironmentDefaults, description="References used where a spec leaves them out."
     )
+    traffic: TrafficRouting | None = Field(
+        default=None, description="What splits traffic between an Endpoint's predictors (an Endpoint's own `traffic` "
+        "replaces it); default `router: seldon`. `router: gatewayAPI` needs `target: kubernetes`.",
+    )
 
     @field_validator("root")
     @classmethod
@@ -148,4 +153,15 @@ class EnvironmentSpec(SpecModel):
     def _target_settings(self) -> EnvironmentSpec:
         if self.target == "kubernetes" and self.kubernetes is None:
             raise ValueError("`target: kubernetes` needs a `kubernetes:` section with at least `namespace`")
+        if self.target == "local" and self.traffic is not None and self.traffic.router == "gatewayAPI":
+            raise ValueError("`traffic.router: gatewayAPI` needs `target: kubernetes`; the local target routes "
+                             "requests itself")
         return self
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Unset, it stays out of the dump: existing Environments keep their digests.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("traffic", 0) is None:
+            data.pop("traffic")
+        return data

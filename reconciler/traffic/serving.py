@@ -14,11 +14,15 @@ target: :class:`ServingWriter` is the part of the Target protocol it needs, decl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from reconciler.errors import TargetError
 from reconciler.experiment.controller import serving_for
+from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import Phase, RolloutState
+from reconciler.traffic.gateway import ADMISSION_TIMEOUT, wait_admitted
+from renderers.gateway import gateway_routing, render_route, route_weights
 from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, VARIANT
 from renderers.seldon import ArmServing, ServingState, render_seldon
 from renderers.versions import model_version
@@ -87,7 +91,16 @@ def with_namespace(env: Environment, namespace: str) -> Environment:
 def render_serving(specs: SpecSet, env: Environment, namespace: str, revision: str | None, endpoint: Endpoint,
                    state: ServingState) -> dict[str, Any]:
     """The SeldonDeployment of ``endpoint`` serving ``state`` in ``namespace``."""
-    return render_seldon(specs, endpoint, with_namespace(env, namespace), namespace, revision, state)
+    env = with_namespace(env, namespace)
+    router = "gatewayAPI" if gateway_routing(endpoint, env) is not None else None
+    return render_seldon(specs, endpoint, env, namespace, revision, state, router=router)
+
+
+def render_serving_route(env: Environment, namespace: str, revision: str | None, endpoint: Endpoint,
+                         state: ServingState) -> dict[str, Any] | None:
+    """The HTTPRoute that splits ``endpoint``'s traffic in ``namespace``, or None when Seldon's
+    `traffic` does (router `seldon`, or the local target)."""
+    return render_route(endpoint, with_namespace(env, namespace), namespace, revision, state)
 
 
 class ServingWriter(Protocol):
@@ -105,8 +118,41 @@ class ServingWriter(Protocol):
 
 
 def apply_serving(target: ServingWriter, specs: SpecSet, env: Environment, revision: str | None, endpoint: Endpoint,
-                  state: ServingState) -> dict[str, Any]:
+                  state: ServingState, *, current: ServingState | None = None,
+                  read_back: Callable[[ObjectRef], dict[str, Any] | None] | None = None,
+                  admission_timeout: float = ADMISSION_TIMEOUT) -> dict[str, Any]:
     """Make ``endpoint`` serve ``state``: render its SeldonDeployment and apply it through
     ``target`` (the rollout and experiment controllers' one way to move traffic); the object as
-    stored."""
-    return target.apply(render_serving(specs, env, target.namespace, revision, endpoint, state))
+    stored.
+
+    When an HTTPRoute splits the endpoint's traffic (router `gatewayAPI`), it is applied too, and
+    the move counts only once ``read_back`` (the target's GET) shows the route `Accepted` with
+    `ResolvedRefs` for its Gateway at the generation written; otherwise
+    :class:`~reconciler.traffic.gateway.RouteNotAdmitted` is raised (nothing saved: the step is
+    taken again on the next pass). Order: a move that only drops predictors (promotion, rollback;
+    ``current`` is what is served now) moves the route first, so no request reaches a predictor
+    whose Service Seldon is about to delete; any other move applies the SeldonDeployment first, so
+    the Services the route names exist."""
+    deployment = render_serving(specs, env, target.namespace, revision, endpoint, state)
+    route = render_serving_route(env, target.namespace, revision, endpoint, state)
+    if route is None:
+        return target.apply(deployment)
+    if read_back is None:
+        raise TargetError(f"HTTPRoute {target.namespace}/{endpoint.name}: this target cannot read the route back, so "
+                          "a weight move could not be confirmed")
+    new = {p for p, _ in route_weights(state)}
+    old = {p for p, _ in route_weights(current)} if current is not None else None
+    if old is not None and new < old:
+        apply_route(target, read_back, route, timeout=admission_timeout)
+        return target.apply(deployment)
+    stored = target.apply(deployment)
+    apply_route(target, read_back, route, timeout=admission_timeout)
+    return stored
+
+
+def apply_route(target: ServingWriter, read_back: Callable[[ObjectRef], dict[str, Any] | None], route: Mapping[str, Any],
+                *, timeout: float = ADMISSION_TIMEOUT) -> dict[str, Any]:
+    """Apply an HTTPRoute :func:`render_serving_route` made and wait until its Gateway admits it
+    (:func:`~reconciler.traffic.gateway.wait_admitted`); the route as read back. The route half of
+    :func:`apply_serving`, which every weight move takes."""
+    return wait_admitted(read_back, target.apply(route), timeout=timeout)
