@@ -104,6 +104,7 @@ def render(
     out_dir: Annotated[Path | None, typer.Option("-o", "--out", help="Write one file per object into this folder.")] = None,
 ) -> None:
     """Render the specs into Kubernetes manifests (YAML on stdout, or one file per object)."""
+    from reconciler.budgets import check_rendered_bytes
     from reconciler.load.sources import revision_of
     from reconciler.present.manifests import file_name, to_yaml, to_yaml_stream
     from renderers import RenderContext
@@ -111,6 +112,7 @@ def render(
 
     result, environment = load_for(paths, rev, env)
     rendered = render_specs(result.specs, RenderContext(environment, revision_of(paths or ["."], rev)))
+    check_rendered_bytes(rendered.manifests, result.origins)  # before a byte of YAML is written
     if out_dir is None:
         sys.stdout.write(to_yaml_stream(rendered.manifests))
         return

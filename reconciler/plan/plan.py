@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from reconciler.budgets import Spent
 from reconciler.plan.change import Action, Change
 from reconciler.plan.diff import field_diff, same_after_apply
 from reconciler.plan.reasons import reasons_for, workflows_by_model
@@ -209,7 +210,9 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """The plan as plain data: the one author of the plan's JSON, the live plan's and the pull
-        request's alike (docs/plan-json.md); the human views render from this."""
+        request's alike (docs/plan-json.md); the human views render from this. Its long values are
+        compared within one budget (:data:`reconciler.budgets.MAX_TOKEN_PAIRS_TOTAL`)."""
+        spent = Spent()
         out: dict[str, Any] = {
             "format": PLAN_FORMAT,
             "environment": self.environment,
@@ -222,7 +225,7 @@ class Plan:
             "specChanges": [c.to_json() for c in self.spec_changes],
             "cost": self.cost.to_json() if self.cost is not None else None,
             "notes": list(self.notes),
-            "changes": [c.to_json() for c in self.changes],
+            "changes": [c.to_json(spent) for c in self.changes],
         }
         if self.base is not None or self.head is not None:
             out["base"], out["head"] = self.base, self.head

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from reconciler.budgets import Spent
 from reconciler.load.gitrepo import Repository, open_repository
 from reconciler.load.loader import LoadResult
 from reconciler.plan.diff import value_diff
@@ -87,8 +88,10 @@ def measure_data(specs: SpecSet, env: Environment, rev: str | None) -> dict[str,
 
 
 def _spec_changes(base: LoadResult, head: LoadResult) -> list[DocumentChange]:
-    """Spec-level changes of every document, located in the head (or the base, for what is gone)."""
+    """Spec-level changes of every document, located in the head (or the base, for what is gone);
+    their long values compared within one budget (:data:`reconciler.budgets.MAX_TOKEN_PAIRS_TOTAL`)."""
     out: list[DocumentChange] = []
+    spent = Spent()
     old_docs = {(d.kind, d.name): d for d in base.specs}
     new_docs = {(d.kind, d.name): d for d in head.specs}
     for key in sorted(set(old_docs) | set(new_docs)):
@@ -109,7 +112,7 @@ def _spec_changes(base: LoadResult, head: LoadResult) -> list[DocumentChange]:
             path = change.path.removeprefix("spec.").removeprefix("spec") if change.path.startswith("spec") else change.path
             out.append(DocumentChange(key[0], key[1], change.op, path, None if change.op == "add" else change.old,
                                       None if change.op == "remove" else change.new, raw.file if raw else None, line,
-                                      value_diff(change.old, change.new)))
+                                      value_diff(change.old, change.new, spent)))
     return out
 
 

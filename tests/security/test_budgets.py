@@ -216,6 +216,33 @@ def test_the_plan_budget_for_long_values_is_shared() -> None:
     assert budgets.MAX_TOKEN_PAIRS_TOTAL - budgets.MAX_TOKEN_PAIRS < spent.token_pairs <= budgets.MAX_TOKEN_PAIRS_TOTAL
 
 
+def test_a_plan_of_many_long_values_spends_one_budget(tmp_path: Path) -> None:
+    """Thirty annotations of ~900 tokens rewritten (each within the per-value budget; the Model's
+    go onto its Workflow, the Endpoint's onto its four objects): the plan compares the first ones
+    token by token and shows the rest whole, both in `specChanges` and in `changes`."""
+    rng = random.Random(4)
+
+    def annotated(seed_values: list[str]) -> str:
+        model = ", ".join(f"m{i}: '{v}'" for i, v in enumerate(seed_values[:15]))
+        endpoint = ", ".join(f"e{i}: '{v}'" for i, v in enumerate(seed_values[15:]))
+        return (BASE.replace("metadata: {name: base-model}", f"metadata: {{name: base-model, annotations: {{{model}}}}}")
+                    .replace("metadata: {name: web}", f"metadata: {{name: web, annotations: {{{endpoint}}}}}"))
+
+    project = Project.create(tmp_path)
+    project.write("base.yaml", annotated([_tokens(rng, 1300) for _ in range(30)]))
+    project.git_init()
+    project.write("base.yaml", annotated([_tokens(rng, 1300) for _ in range(30)]))
+    run = project.run("plan", "specs", "--base", "HEAD", "-o", "json", timeout=180)
+    assert run.returncode == 0, run.output
+    plan = json.loads(run.stdout)
+    for shown in ([c.get("valueDiff") for c in plan["specChanges"]],
+                  [d.get("valueDiff") for c in plan["changes"] for d in c["diff"] if "annotations" in d["path"]]):
+        notes = [v.get("note", "") for v in shown if v]
+        assert len(notes) >= 30, len(notes)
+        assert any(not note for note in notes), "nothing compared"
+        assert any("this plan's budget for comparing long values" in note for note in notes), notes
+
+
 def test_a_long_multi_line_value_rewritten_is_shown_whole() -> None:
     rng = random.Random(3)
     old = "\n".join(rng.choice(["x", "y", "z"]) * 3 for _ in range(5000))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from reconciler import budgets
 from reconciler.load import loader, sources, yamlsource
 from reconciler.present import views
 from reconciler.targets.kubernetes import kubeconfig
@@ -81,3 +82,26 @@ def test_limits_table_matches_the_code() -> None:
     assert f"{compression.MAX_VARIANTS}; {compression.MAX_STAGES}" in row("Compression variants; stages per variant")
     assert f"{views.MAX_MARKDOWN:,} characters; {views.MAX_FLAGS} / {views.MAX_FLAGS}" in row(
         "Markdown plan (a PR comment); blockers / risk flags listed in it")
+
+
+def test_budgets_are_in_the_limits_table() -> None:
+    """Each budget of a run (reconciler/budgets.py) has its row, with the number the code holds."""
+    page = SECURITY.read_text()
+    rows = {line.split("|")[1].strip(): line for line in page.splitlines() if line.startswith("| ") and line.count("|") >= 4}
+
+    def row(name: str) -> str:
+        assert name in rows, f"no limits row {name!r}"
+        return rows[name]
+
+    assert f"{budgets.MAX_ALIAS_VALUES_PER_DOCUMENT:,} / {budgets.MAX_ALIAS_VALUES:,}" in row(
+        "values expanded from aliases, per document / per run")
+    assert f"{budgets.MAX_VALUES:,}" in row("YAML values per run")
+    assert f"{budgets.MAX_DOCUMENTS_PER_FILE:,}" in row("documents per file (empty ones too)")
+    assert f"{budgets.MAX_INT_DIGITS:,} digits; {budgets.MAX_BASE60_PARTS} parts" in row(
+        "an integer in any base; a base-60 number (`1:30:00`)")
+    assert f"{budgets.MAX_SEARCH_TRIALS:,}" in row("search trials, summed over every Model")
+    assert f"{budgets.MAX_RENDERED_OBJECTS:,}" in row("rendered objects per run")
+    assert f"{budgets.MAX_RENDERED_BYTES // 1024**2} MiB" in row("rendered output of `forgectl render`")
+    assert (f"{budgets.MAX_TOKEN_PAIRS:,} / {budgets.MAX_TOKEN_PAIRS_TOTAL:,} pairs; {budgets.MAX_COMPARED:,} characters"
+            in row("comparing a long value in the plan, per value / per plan"))
+    assert "\n## Budgets\n" in page
