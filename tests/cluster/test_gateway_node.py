@@ -1,0 +1,217 @@
+"""Traffic that really splits on the node: a real Traefik v3 (its Kubernetes Gateway provider,
+devkit.node.traefik) executes the HTTPRoute Forge renders for an Endpoint whose router is
+`gatewayAPI`, in front of the predictors the real Seldon Core v1.17.1 operator makes.
+
+The cluster with the Gateway API CRDs, the node, the Seldon operator and Traefik with its accepted
+GatewayClass and Gateway. A SeldonDeployment shaped like Forge's (`seldon.io/no-engine`, one model
+container on 9000 named `http`, predictors `stable` and `canary`) whose model is busybox's httpd,
+logging each request (`-vv`). The route is Forge's (`render_serving_route` of the quick-start's
+`digits` Endpoint) and every weight move goes through `reconciler.traffic.serving.apply_route`,
+which returns only once Traefik reports the route Accepted with ResolvedRefs for the Gateway.
+Through the gateway, 4,000 requests at each of 10 %, 50 % and 100 %: the canary's share is counted
+from the predictors' own request logs (never from the client), and must lie in the binomial
+99.9 % interval around the weight. Needs root. See docs/test-cluster.md, "Traefik on the node".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import statistics
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from devkit.cluster import Cluster
+from devkit.node import seldon, traefik
+from devkit.node.node import Node
+from reconciler.load.loader import load_or_raise
+from reconciler.targets.kubernetes.target import KubernetesTarget
+from reconciler.traffic.gateway import route_admission
+from reconciler.traffic.serving import apply_route, render_serving_route
+from renderers.seldon import ServingState
+from specs import Endpoint
+from specs.traffic import GatewayParentRef, TrafficRouting
+from tests.cluster import nodekit
+from tests.polling import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "forge-quickstart"  # the quick-start's `cluster` Environment, whose route Forge renders
+NAME = "digits"  # the Endpoint, so the SeldonDeployment and the route
+GROUP, VERSION, PLURAL = "machinelearning.seldon.io", "v1", "seldondeployments"
+REQUESTS = 4000
+Z999 = 3.2905  # two-sided 99.9 % normal quantile
+PATH = "/index.html"  # what the test asks; the readiness probe asks /ready.txt, so logs tell them apart
+STABLE, CANARY = "aaaaaaaaaaaa", "bbbbbbbbbbbb"  # the versions the route's state names (not read by the route)
+
+
+@pytest.fixture(scope="module")
+def env(pytestconfig: pytest.Config) -> Iterator[tuple[Cluster, Node, traefik.TraefikGateway]]:
+    def build() -> None:
+        seldon.ensure_binary()
+        traefik.ensure_binary()  # the first time: a long build (docs/test-cluster.md)
+
+    with nodekit.node_cluster(pytestconfig, "forge-gateway-test", node_prefix="forge-gateway-test-node-",
+                              wait_for_other=900, build=build) as (cluster, n):
+        with nodekit.shown(pytestconfig):
+            seldon.start(cluster, n, die_with_parent=True)
+            gateway = traefik.start(cluster, n, die_with_parent=True)
+        yield cluster, n, gateway
+
+
+def _predictor(name: str, image: str, traffic: int) -> dict[str, Any]:
+    model = {
+        "name": "model", "image": image, "imagePullPolicy": "Never",
+        "command": ["sh", "-c", f"mkdir -p /www && echo served-by-{name} > /www/index.html && echo ok > /www/ready.txt"
+                                " && exec httpd -f -vv -p 9000 -h /www"],
+        "ports": [{"name": "http", "containerPort": 9000, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/ready.txt", "port": 9000}, "periodSeconds": 1},
+    }
+    return {
+        "name": name, "replicas": 1, "traffic": traffic,
+        "annotations": {"seldon.io/no-engine": "true"},  # where Forge puts it (renderers/seldon.py)
+        "componentSpecs": [{"spec": {"terminationGracePeriodSeconds": 1, "containers": [model]}}],
+        "graph": {"name": "model", "type": "MODEL", "endpoint": {"type": "REST", "httpPort": 9000}, "children": []},
+    }
+
+
+def _routing_env(gateway: traefik.TraefikGateway):
+    specs = load_or_raise([str(ROOT / "examples" / "quickstart")]).specs
+    env = specs.environment("cluster")
+    endpoint = specs.get(Endpoint, NAME)
+    assert env is not None and endpoint is not None
+    ref = gateway.parent_ref()
+    routing = TrafficRouting(router="gatewayAPI", parent_ref=GatewayParentRef(
+        name=ref["name"], namespace=ref["namespace"], section_name=ref["sectionName"]))
+    return env.model_copy(update={"spec": env.spec.model_copy(update={"traffic": routing})}), endpoint
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status, r.read().decode().strip()
+
+
+def _send(url: str, n: int, workers: int = 8) -> list[tuple[int, str]]:
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda _: _get(url), range(n)))
+
+
+def _served(core: client.CoreV1Api) -> dict[str, int]:
+    """Requests for PATH each predictor's own httpd logged so far (`url:/index.html` lines)."""
+    counts: dict[str, int] = {}
+    for pod in core.list_namespaced_pod(NS).items:
+        app = (pod.metadata.labels or {}).get("seldon-app", "")
+        role = app.removeprefix(f"{NAME}-")
+        if role in ("stable", "canary") and pod.status.phase == "Running":
+            log = core.read_namespaced_pod_log(pod.metadata.name, NS, container="model")
+            counts[role] = counts.get(role, 0) + sum(1 for line in log.splitlines() if line.endswith(f"url:{PATH}"))
+    return counts
+
+
+def _served_since(core: client.CoreV1Api, before: dict[str, int], n: int) -> dict[str, int] | None:
+    """The counts of :func:`_served` once the logs hold ``n`` more requests than ``before`` (None until then)."""
+    now = _served(core)
+    return now if sum(now.values()) - sum(before.values()) >= n else None
+
+
+def _interval(n: int, p: float) -> tuple[float, float]:
+    half = Z999 * math.sqrt(n * p * (1 - p))
+    return n * p - half, n * p + half
+
+
+def _move(target: KubernetesTarget, env: Any, endpoint: Endpoint, weight: int) -> tuple[dict[str, Any], float]:
+    route = render_serving_route(env, NS, None, endpoint, ServingState(STABLE, CANARY, weight))
+    assert route is not None
+    t0 = time.monotonic()
+    stored = apply_route(target, target.get, route, timeout=60)
+    return stored, time.monotonic() - t0
+
+
+def _settled(url: str, weight: int, batch: int = 200, timeout: float = 30.0) -> float:
+    """Seconds until a batch of requests splits as ``weight`` says (its canary count in the
+    batch's own 99.9 % interval): how long the gateway takes to apply a weight it has admitted."""
+    t0 = time.monotonic()
+    lo, hi = _interval(batch, weight / 100)
+
+    def ok() -> bool:
+        canary = sum(body == "served-by-canary" for _, body in _send(url, batch))
+        return (canary == batch) if weight == 100 else (lo <= canary <= hi)
+
+    wait_until(ok, timeout, f"a batch through the gateway to split at {weight} %")
+    return time.monotonic() - t0
+
+
+def _latencies(url: str, n: int = 400) -> dict[str, float]:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        _get(url)
+        times.append((time.perf_counter() - t0) * 1000)
+    q = statistics.quantiles(times, n=100)
+    return {"p50_ms": round(q[49], 3), "p99_ms": round(q[98], 3)}
+
+
+def test_a_canary_splits_through_the_gateway_at_10_50_and_100_percent(env, capsys) -> None:
+    _, node, gateway = env
+    api = node.api()
+    core, apps, crd = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
+    image = node.images["busybox"][1]
+    sdep = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SeldonDeployment", "metadata": {"name": NAME, "namespace": NS},
+            "spec": {"protocol": "v2", "predictors": [_predictor("stable", image, 100), _predictor("canary", image, 0)]}}
+    crd.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, sdep)
+    target = KubernetesTarget("cluster", NS, kubeconfig=node.kubeconfig)
+    route_env, endpoint = _routing_env(gateway)
+    url = gateway.url + PATH
+    numbers: dict[str, Any] = {"traefik": traefik.version(), "requests": REQUESTS}
+    try:
+        wait_until(lambda: sum((d.status.ready_replicas or 0) for d in apps.list_namespaced_deployment(NS).items) >= 2,
+                   180, "both predictors' pods to be Ready", interval=0.5)
+
+        # at 0 %: the route admitted, the stable predictor answers, the canary only when asked by name
+        stored, admitted = _move(target, route_env, endpoint, 0)
+        verdict = route_admission(stored, stored["spec"]["parentRefs"][0])
+        assert verdict.admitted and traefik.CONTROLLER_NAME in verdict.detail, verdict
+        numbers["admitted_s"] = {"0": round(admitted, 3)}
+        wait_until(lambda: _get(url)[1] == "served-by-stable", 30, "the gateway to route to the stable predictor",
+                   ignore=(OSError,))
+        assert _get(url, {"x-forge-predictor": "canary"}) == (200, "served-by-canary")  # the blue-green preview
+        numbers["settle_s"] = {}
+        for weight in (10, 50, 100):
+            _, admitted = _move(target, route_env, endpoint, weight)
+            numbers["admitted_s"][str(weight)] = round(admitted, 3)
+            numbers["settle_s"][str(weight)] = round(_settled(url, weight), 3)
+            before = _served(core)
+            answers = _send(url, REQUESTS)
+            assert all(status == 200 for status, _ in answers)
+            after = wait_until(functools.partial(_served_since, core, before, REQUESTS), 30,
+                               "the predictors' logs to hold every request")
+            served = {role: after.get(role, 0) - before.get(role, 0) for role in ("stable", "canary")}
+            assert sum(served.values()) == REQUESTS, served  # each request answered by one predictor, logged once
+            numbers[f"canary_{weight}"] = served["canary"]
+            if weight == 100:
+                assert served == {"stable": 0, "canary": REQUESTS}, served
+            else:
+                lo, hi = _interval(REQUESTS, weight / 100)
+                assert lo <= served["canary"] <= hi, (weight, served, (lo, hi))
+
+        # the gateway's added latency: the same predictor through Traefik and at its Service's ClusterIP
+        svc = core.read_namespaced_service(f"{NAME}-canary", NS)
+        numbers["latency_gateway"] = _latencies(url)
+        numbers["latency_service"] = _latencies(f"http://{svc.spec.cluster_ip}:9000{PATH}")
+        assert gateway.controller.running(), gateway.controller.log_tail()[-3000:]
+    finally:
+        with capsys.disabled():
+            print("\n" + json.dumps(numbers))
+        crd.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, NAME)
+        api.close()
