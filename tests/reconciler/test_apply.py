@@ -126,3 +126,29 @@ def test_failures_in_a_wave_are_all_named_and_later_waves_are_not_attempted() ->
     message = str(err.value)
     assert "wf-1" in message and "wf-4: refused" in message
     assert isinstance(err.value.__cause__, ConflictError)
+
+
+def test_each_write_carries_what_the_plan_read() -> None:
+    """A create is create-only, an update is at the resourceVersion the plan compared with: the
+    target refuses either once the object moved (the API server enforces both: test_lease.py)."""
+    new = change("ConfigMap", "new")
+    o = obj("ConfigMap", "old")
+    updated = Change(ObjectRef.of(o), Action.UPDATE, {**o, "metadata": {**o["metadata"], "resourceVersion": "41"}}, o,
+                     live_version="41")
+    target = FakeTarget(parallelism=1)
+    apply_plan(plan_of(new, updated), target)
+    assert target.preconditions == {"new": Precondition(absent=True), "old": Precondition(resource_version="41")}
+
+
+def test_a_lost_lease_stops_the_apply_at_once() -> None:
+    """Two writes, then the Lease is lost: the third is refused before it is sent, the rest of its
+    wave and every later wave are never attempted, and the error is LeaseLost itself."""
+    wfs = [change("Workflow", f"wf-{i}", api=WF) for i in range(5)]
+    later = change("SeldonDeployment", "sd", api="machinelearning.seldon.io/v1")
+    target = FakeTarget(parallelism=1, lose_lease_after=2)
+    with pytest.raises(LeaseLost) as err:
+        apply_plan(plan_of(*wfs, later), target)
+    assert target.written == ["wf-0", "wf-1"] and target.asked == ["wf-0", "wf-1", "wf-2"]
+    message = str(err.value)
+    assert "taken over by bob" in message and "2 change(s) were applied before, 3 not attempted" in message
+    assert isinstance(err.value.__cause__, LeaseLost)
