@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from renderers.labels import ENDPOINT, MODEL_VERSION, ROLE, STICKY, TRAFFIC_ROUTER, VARIANT, owner_metadata
-from renderers.pods import INFERENCE_PRIORITY, SECURITY_CONTEXT, placement
+from renderers.pods import INFERENCE_PRIORITY, SECURITY_CONTEXT, placement, scratch_volumes, secured
 from renderers.stepargs import step_args
 from renderers.workflow import WORKSPACE_PVC, await_registration, image, registry_dir
 from specs import Compute, Endpoint, Environment, SpecSet
@@ -85,7 +85,7 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
         if values:
             resources[part] = values
     labels = {ENDPOINT: endpoint.name, MODEL_VERSION: version, VARIANT: variant, ROLE: role}
-    container = {
+    container = secured({
         "name": "model",
         "image": image(env, runtime),
         "command": ["python", "-m", "runtimes"],
@@ -95,11 +95,11 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
         "readinessProbe": {"httpGet": {"path": READINESS_PATHS[step], "port": SERVE_PORT}, "periodSeconds": 2},
         "resources": resources,
         "volumeMounts": [{"name": "workspace", "mountPath": DEFAULT_WORKSPACE, "readOnly": True}],
-    }
+    })
     # Seldon starts the server as soon as the object exists, and a first version is still
     # training then: the init container holds the pod until the version is registered.
     wait = await_registration(model, version, f"model {model} {version}")
-    init = {
+    init = secured({
         "name": "await-model",
         "image": image(env, "forge-serve"),
         "command": ["python", "-m", "runtimes"],
@@ -107,7 +107,7 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
         "env": [{"name": WORKSPACE_ENV, "value": DEFAULT_WORKSPACE}],
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
         "volumeMounts": [{"name": "workspace", "mountPath": DEFAULT_WORKSPACE, "readOnly": True}],
-    }
+    })
     component: dict[str, Any] = {
         "metadata": {"labels": labels},
         "spec": {
@@ -115,7 +115,8 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
             "securityContext": SECURITY_CONTEXT,
             "initContainers": [init],
             "containers": [container],
-            "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC, "readOnly": True}}],
+            "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC, "readOnly": True}},
+                        *scratch_volumes()],
         },
     }
     if spec.autoscaling and role == "stable" and not spec.experiment:

@@ -25,7 +25,7 @@ from typing import Any
 from renderers.deepspeed import deepspeed_config
 from renderers.hardware import TENSORRT_IMAGE, apply_placement, hardware_steps
 from renderers.labels import MODEL_VERSION, STEP, TRAINING_STAGE, digest, owner_metadata
-from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, TRAINING_PRIORITY, placement, shm_volume
+from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, TRAINING_PRIORITY, placement, scratch_volumes, secured, shm_volume
 from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.scheduling import Schedule, schedule_resources
 from renderers.stepargs import decode_step_config, step_args
@@ -254,14 +254,14 @@ def _resources(schedule: Schedule, compute_cpu: str, compute_memory: str) -> dic
 
 
 def _container(step: Step, command: list[str], resources: dict[str, Any]) -> dict[str, Any]:
-    return {
+    return secured({
         "image": step.image,
         "command": command,
         "args": step_args(step.kind, step.config),
         "env": [{"name": WORKSPACE_ENV, "value": DEFAULT_WORKSPACE}],
         "resources": resources,
         "volumeMounts": [{"name": "workspace", "mountPath": DEFAULT_WORKSPACE}],
-    }
+    })
 
 
 def retry_expression() -> str:
@@ -390,7 +390,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             # The resource template's own pod only creates the job: it gets no GPU placement.
             pod = {**train_placement, "securityContext": SECURITY_CONTEXT, "containers": [container],
                    "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}},
-                               shm_volume(compute.spec.node.memory)]}
+                               shm_volume(compute.spec.node.memory), *scratch_volumes()]}
             job = _pytorchjob(step, schedule, model, pod, namespace, name)
             template["resource"] = {
                 "action": "create",
@@ -417,7 +417,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
     dag: dict[str, Any] = {"tasks": tasks}
     on_exit = {
         "name": "record-outcome",
-        "container": {
+        "container": secured({
             "image": image(env, "forge-train"),
             "command": ["python", "-m", "runtimes.outcome"],
             "args": ["--model", model.name, "--version", version, "--status", "{{workflow.status}}",
@@ -425,7 +425,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             "env": [{"name": WORKSPACE_ENV, "value": DEFAULT_WORKSPACE}],
             "resources": light,
             "volumeMounts": [{"name": "workspace", "mountPath": DEFAULT_WORKSPACE}],
-        },
+        }),
     }
     manifest: dict[str, Any] = {
         "apiVersion": "argoproj.io/v1alpha1",
@@ -440,9 +440,10 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             "onExit": "record-outcome",
             "parallelism": search.parallelism if search else 2,
             "podGC": {"strategy": "OnWorkflowSuccess"},
+            # Every pod of the Workflow (Argo gives a pod the Workflow's volumes its containers mount).
             "securityContext": SECURITY_CONTEXT,
             "ttlStrategy": {"secondsAfterSuccess": 604800},
-            "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}}],
+            "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}}, *scratch_volumes()],
             "templates": [{"name": "pipeline", "dag": dag}, *templates, on_exit],
         },
     }

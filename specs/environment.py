@@ -10,6 +10,8 @@ from specs.base import Name, Quantity, SpecModel, check_relative_path
 from specs.traffic import TrafficRouting
 
 TargetType = Literal["local", "kubernetes"]
+#: The Pod Security Standards' levels, most restrictive first.
+PodSecurityLevel = Literal["restricted", "baseline", "privileged"]
 
 
 class LocalSettings(SpecModel):
@@ -79,6 +81,14 @@ class KubernetesSettings(SpecModel):
     )
     workspace: WorkspaceSettings = Field(
         default_factory=WorkspaceSettings, description="The shared workspace volume."
+    )
+    pod_security: PodSecurityLevel = Field(
+        default="restricted",
+        description="The Pod Security Standards level the namespace enforces (its "
+        "`pod-security.kubernetes.io/enforce` label, which the cluster admin sets). Every pod Forge renders meets "
+        "`restricted`, and no spec can ask for more; at `restricted` the containers the controllers add (Argo's "
+        "executor, the Training Operator's init container) must be configured to meet it too "
+        "(docs/cluster-prerequisites.md). The plan names it; `forgectl doctor` lists what it needs.",
     )
 
 

@@ -4,7 +4,8 @@ step's pod), v4.0.5 from the module proxy (``scripts/cluster/build.sh argo``).
 What :func:`start` installs, from upstream's own manifests in the pinned module
 (``manifests/``): the Argo CRDs the test cluster does not already serve (WorkflowTaskResult,
 WorkflowTaskSet, WorkflowArtifactGCTask, WorkflowEventBinding; ``base/crds/full``), the namespace
-``argo`` with ``workflow-controller-configmap`` and the ``argo`` ServiceAccount, the controller's
+``argo`` with ``workflow-controller-configmap`` (plus the executor's security context Pod Security
+``restricted`` asks for) and the ``argo`` ServiceAccount, the controller's
 ClusterRoles and bindings (``cluster-install-no-crds/workflow-controller-rbac``), and for each
 namespace that runs workflows the executor's Role and its binding to ``default``
 (``quick-start/base/executor/emissary/executor-role.yaml``, ``executor-default-rolebinding.yaml``).
@@ -34,6 +35,7 @@ from devkit.node.controllers import HostController, service_account_kubeconfig, 
 from devkit.node.controllers import kubectl as _kubectl
 from devkit.node.controllers import manifest_docs as _docs
 from devkit.node.node import KUBERNETES_SERVICE_IP, Node, NodeError, _stderr_log
+from renderers.prerequisites import ARGO_EXECUTOR_SECURITY_CONTEXT
 
 NAMESPACE = "argo"
 EXTRA_CRDS = ("workflowtaskresults", "workflowtasksets", "workflowartifactgctasks", "workfloweventbindings")
@@ -118,6 +120,11 @@ def start(cluster: Any, node: Node, namespaces: list[str] = ("default",), *, die
     for d in docs:
         if d["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
             d["metadata"].setdefault("namespace", NAMESPACE)
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "workflow-controller-configmap":
+            # What an admin sets for namespaces that enforce Pod Security `restricted`
+            # (docs/cluster-prerequisites.md): the security context of the executor's `init` and
+            # `wait` containers in every step pod (JSON is YAML, which the controller reads).
+            d.setdefault("data", {})["executor"] = json.dumps({"securityContext": ARGO_EXECUTOR_SECURITY_CONTEXT})
     # memoization: upstream's docs/memoization.md — "add the verbs create and update to the
     # configmaps resource … In the case of a cluster install the argo-cluster-role cluster role
     # should be updated". v4.0.5 keeps every ConfigMap cache in the controller's own namespace

@@ -120,4 +120,5 @@ def check_environment(specs: SpecSet, env: Environment, target: Target) -> list[
     if api is None:
         raise TargetNotAvailable(f"environment {env.name!r} runs on the {target.name} target: there is no cluster to check "
                                  "(`forgectl doctor --env <a kubernetes environment>`)")
-    return check(api, cluster_requirements(render(specs, RenderContext(env)).manifests))
+    level = env.spec.kubernetes.pod_security if env.spec.kubernetes else None
+    return check(api, cluster_requirements(render(specs, RenderContext(env)).manifests, level))

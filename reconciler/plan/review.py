@@ -37,8 +37,10 @@ from reconciler.plan.risks import (
 from reconciler.registry.records import Record
 from reconciler.specdiff import ABSENT, spec_diff
 from reconciler.targets.base import Target
+from renderers.bundle import RenderContext
 from renderers.cost import DataSize, Estimate, ServingEstimate, TrainingEstimate, capacity_problems, estimate
 from renderers.labels import MODEL_VERSION, NAME
+from renderers.prerequisites import pod_security_note
 from specs import Dataset, Environment, Model, SpecSet
 from specs.safety import OutsideRoot, resolve_inside
 
@@ -173,8 +175,13 @@ def annotate(plan: Plan, head: LoadResult, env: Environment, *, base: LoadResult
         risks=tuple(_order(locate(risks, head.raws, base_raws))),
         spec_changes=tuple(_spec_changes(base, head)) if base is not None else (),
         cost=_cost(est, before),
-        notes=(*plan.notes, *gate_notes),
+        notes=(*plan.notes, *gate_notes, *_pod_security_notes(env)),
     )
+
+
+def _pod_security_notes(env: Environment) -> list[str]:
+    note = pod_security_note(env, RenderContext(env).namespace)
+    return [note] if note else []
 
 
 def _cost(est: Estimate, before: Estimate | None) -> Cost:

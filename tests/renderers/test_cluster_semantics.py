@@ -92,7 +92,8 @@ def test_single_node_multi_gpu_step_gets_shared_memory() -> None:
     train = _template(wf, "train")
     assert {"name": "dshm", "mountPath": "/dev/shm"} in train["container"]["volumeMounts"]
     assert train["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": train["container"]["resources"]["limits"]["memory"]}}]
-    assert wf["spec"]["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}
+    assert wf["spec"]["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                             "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def test_endpoint_compute_ref_places_gpu_servers_on_the_pool() -> None:
@@ -224,3 +225,95 @@ def test_readiness_probe_is_the_route_each_serving_runtime_has() -> None:
         sd = next(m for m in _render(_replace(specs, endpoint, protocol=protocol)) if m["kind"] == "SeldonDeployment")
         container = sd["spec"]["predictors"][0]["componentSpecs"][0]["spec"]["containers"][0]
         assert container["readinessProbe"]["httpGet"]["path"] == path
+
+
+def _pods(manifests: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]], dict[str, dict[str, Any]]]]:
+    """(what, containers, volumes by name) of every pod Forge writes: Workflow steps (Argo gives a
+    step the Workflow's volumes it mounts), PyTorchJob replicas, Seldon predictor components."""
+    pods = []
+    for m in manifests:
+        if m["kind"] == "Workflow":
+            shared = {v["name"]: v for v in m["spec"]["volumes"]}
+            for t in m["spec"]["templates"]:
+                if "container" in t:
+                    pods.append((f"{m['metadata']['name']}/{t['name']}", [t["container"]],
+                                 shared | {v["name"]: v for v in t.get("volumes", [])}))
+                if "resource" in t:
+                    job = json.loads(t["resource"]["manifest"])
+                    for role, replica in job["spec"]["pytorchReplicaSpecs"].items():
+                        spec = replica["template"]["spec"]
+                        pods.append((f"{m['metadata']['name']}/{t['name']} {role}", spec["containers"],
+                                     {v["name"]: v for v in spec["volumes"]}))
+        if m["kind"] == "SeldonDeployment":
+            for p in m["spec"]["predictors"]:
+                spec = p["componentSpecs"][0]["spec"]
+                pods.append((f"{m['metadata']['name']}/{p['name']}", spec["initContainers"] + spec["containers"],
+                             {v["name"]: v for v in spec["volumes"]}))
+    return pods
+
+
+def test_every_container_runs_locked_down_on_a_read_only_root_with_writable_scratch() -> None:
+    """Pod Security `restricted` (judged by the upstream evaluator in tests/judges) does not ask for
+    a read-only root filesystem; Forge's containers have one, so what the runtimes write must land
+    on a volume: the workspace, or an emptyDir at each place the runtime images write to (their
+    FORGE_CACHE and TORCH_EXTENSIONS_DIR, the user's home, /tmp)."""
+    from devkit.node import runtime_image
+    from renderers.pods import SCRATCH_VOLUMES
+
+    scratch = {path for _, path in SCRATCH_VOLUMES}
+    image_env = dict(e.split("=", 1) for e in runtime_image.ENV)
+    written = {image_env["FORGE_CACHE"], image_env["TORCH_EXTENSIONS_DIR"], "/tmp", "/home/forge"}
+    assert "useradd --uid 1000 --create-home forge" in runtime_image.BASE_HOOK  # so HOME is /home/forge
+    assert all(any(p == s or p.startswith(s + "/") for s in scratch) for p in written), (written, scratch)
+    specs = _multi_node(_specs("llm-finetune"))
+    cases = [_render(_specs(ex), env) for ex in ("quickstart", "llm-finetune", "edge-vision", "trust") for env in ("local", "cluster")]
+    pods = [pod for manifests in [*cases, _render(specs)] for pod in _pods(manifests)]
+    assert any(" Worker" in what for what, _, _ in pods)  # the PyTorchJob's pods are among them
+    for what, containers, volumes in pods:
+        for c in containers:
+            assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                            "readOnlyRootFilesystem": True}, (what, c.get("name"))
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            for path in scratch:
+                assert path in mounts and volumes[mounts[path]] == {"name": mounts[path], "emptyDir": {}}, (what, path)
+
+
+def test_the_namespaces_pod_security_level_is_declared_named_and_its_needs_listed(tmp_path: Path) -> None:
+    """`spec.kubernetes.podSecurity` (default `restricted`): the plan's note names it; at `restricted`
+    the cluster requirements list the controllers' settings for the containers they add (a
+    multi-node Model's PyTorchJob: the Training Operator's too), below it they do not. No spec can
+    ask a pod for more than `restricted` (specs/ has no security context, host path or port), so
+    there is nothing a lower level would admit."""
+    from reconciler.load.loader import load
+    from renderers.prerequisites import cluster_requirements, pod_security_note
+
+    specs = _specs("quickstart")
+    env = specs.environment("cluster")
+    assert env is not None and env.spec.kubernetes is not None and env.spec.kubernetes.pod_security == "restricted"
+    note = pod_security_note(env, "forge-quickstart")
+    assert note is not None and note.startswith("Pod Security: namespace forge-quickstart enforces `restricted`"), note
+    assert pod_security_note(specs.environment("local"), "forge-local") is None  # no pods: processes here
+
+    def kinds(manifests: list[dict[str, Any]], level: str | None) -> set[tuple[str, str]]:
+        return {(r.kind, r.name) for r in cluster_requirements(manifests, level) if r.kind == "PodSecurity"}
+
+    single, multi = _render(specs), _render(_multi_node(_specs("llm-finetune")))
+    assert kinds(single, "restricted") == {("PodSecurity", "argo-executor")}
+    assert kinds(multi, "restricted") == {("PodSecurity", "argo-executor"), ("PodSecurity", "pytorch-init-container")}
+    assert kinds(multi, "baseline") == kinds(multi, None) == set()
+
+    for other in ("compute.yaml", "dataset.yaml", "model.yaml", "rollout.yaml", "compression.yaml", "endpoint.yaml"):
+        (tmp_path / other).write_text((ROOT / "examples" / "quickstart" / other).read_text())
+    envs = (ROOT / "examples" / "quickstart" / "environments.yaml").read_text()
+    (tmp_path / "environments.yaml").write_text(envs.replace("namespace: forge-quickstart",
+                                                             "namespace: forge-quickstart\n    podSecurity: baseline"))
+    baseline = load([str(tmp_path)]).specs.environment("cluster")
+    assert baseline is not None and baseline.spec.kubernetes is not None
+    assert baseline.spec.kubernetes.pod_security == "baseline"
+    assert (pod_security_note(baseline, "forge-quickstart") or "").endswith("so `baseline` admits them")
+    bad = envs.replace("namespace: forge-quickstart", "namespace: forge-quickstart\n    podSecurity: root")
+    (tmp_path / "environments.yaml").write_text(bad)
+    [diagnostic] = [d for d in load([str(tmp_path)]).diagnostics if d.path == "spec.kubernetes.podSecurity"]
+    line = bad.splitlines().index("    podSecurity: root") + 1
+    assert diagnostic.file.endswith("environments.yaml") and diagnostic.line == line, diagnostic
+    assert "restricted, baseline, privileged" in diagnostic.message, diagnostic

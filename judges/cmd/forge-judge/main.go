@@ -3,6 +3,8 @@
 //	forge-judge argo-validate        Workflow (or a JSON array of them) -> {ok, errors}
 //	forge-judge argo-expr            {mode, expression, scope}          -> {value} | {error}
 //	forge-judge pytorchjob-validate  PyTorchJob (or an array)           -> {ok, errors, warnings}
+//	forge-judge pod-security         objects (or {level, version, …})    -> {ok, errors, pods} each
+//	                                 (the Pod Security admission's evaluator; see podsecurity.go)
 //
 // Each subcommand reads one JSON document on stdin and writes one JSON document on stdout.
 // A verdict (valid or not) exits 0; exit 1 means the judge itself could not run (bad input).
@@ -29,7 +31,7 @@ type verdict struct {
 
 func main() {
 	if len(os.Args) != 2 {
-		fail("usage: forge-judge argo-validate|argo-expr|pytorchjob-validate < input.json")
+		fail("usage: forge-judge argo-validate|argo-expr|pytorchjob-validate|pod-security < input.json")
 	}
 	in, err := io.ReadAll(os.Stdin)
 	if err != nil {
@@ -43,6 +45,9 @@ func main() {
 		out = eachObject(in, validatePyTorchJob)
 	case "argo-expr":
 		out = evalExpr(in)
+	case "pod-security":
+		out = podSecurity(in)
+		runCleanups()
 	default:
 		fail("unknown subcommand %q", os.Args[1])
 	}

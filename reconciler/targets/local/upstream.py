@@ -5,8 +5,9 @@ Forge follows the controllers' semantics rather than approximating them (docs: D
 
 * ``forge-judge`` (the Go module in ``judges/``, built by ``scripts/cluster/build.sh judge``
   from the Go module proxy, cached under ``~/.cache/forge`` by source and pinned versions):
-  Argo Workflows' ``validate.ValidateWorkflow`` and expression evaluation, and the Kubeflow
-  Training Operator's PyTorchJob validating webhook;
+  Argo Workflows' ``validate.ValidateWorkflow`` and expression evaluation, the Kubeflow
+  Training Operator's PyTorchJob validating webhook, and the Pod Security admission's evaluator
+  (``k8s.io/pod-security-admission``) over the pods an object makes;
 * ``promtool`` from Debian's ``prometheus`` package, for PrometheusRule groups;
 * ``seldon-judge`` (the Go module in ``judges/seldon``, built by ``judges/seldon/build.sh`` from
   Seldon Core v1.17.1's operator source in ``../shared/vendor-src``, which the Go module proxy
@@ -107,6 +108,37 @@ def pytorchjob_validate_many(objs: Sequence[Mapping[str, Any]]) -> list[list[str
 def pytorchjob_validate(obj: Mapping[str, Any]) -> list[str]:
     """The Training Operator's errors for creating a PyTorchJob (strict decode, then its webhook)."""
     return pytorchjob_validate_many([obj])[0]
+
+
+def pod_security_many(objs: Sequence[Mapping[str, Any]], *, level: str = "restricted", version: str = "latest",
+                      argo_executor: Mapping[str, Any] | None = None,
+                      pytorch_init_container_template: str | None = None) -> list[dict[str, Any]]:
+    """The Pod Security admission's verdict on every pod each object makes: per object
+    ``{"ok", "errors", "pods": [{"pod", "containers", "ok", "forbidden"}]}``, an error worded as the API server's
+    refusal (``<pod>: violates PodSecurity "restricted:latest": …``).
+
+    ``policy.NewEvaluator(policy.DefaultChecks())`` of ``k8s.io/pod-security-admission`` at
+    ``level`` and ``version`` (a namespace's ``pod-security.kubernetes.io/enforce`` and
+    ``…/enforce-version`` labels). Objects: what the admission reads pods from (Pod, Deployment, Job,
+    …), Argo Workflows (one pod per template that runs one, assembled as the workflow-controller
+    does), PyTorchJobs (one per replica type; inside a Workflow's resource template too) and
+    SeldonDeployments (one per predictor component). The containers the controllers add are
+    judged only when their configuration is given: ``argo_executor`` (the workflow-controller
+    ConfigMap's ``executor`` container: Argo's ``init`` and ``wait`` containers, and a resource
+    template's ``main``), ``pytorch_init_container_template`` (the Training Operator's
+    ``--pytorch-init-container-template-file``; ``""`` for its built-in one: its own
+    ``SetClusterSpec`` adds the container to the workers).
+    """
+    if not objs:
+        return []
+    payload: dict[str, Any] = {"level": level, "version": version, "objects": list(objs)}
+    if argo_executor is not None:
+        payload["argoExecutor"] = dict(argo_executor)
+    if pytorch_init_container_template is not None:
+        payload["trainingOperator"] = {"initContainerTemplate": pytorch_init_container_template}
+    verdicts = _judge("pod-security", payload)
+    # strict: a judge answering fewer verdicts than it was asked must fail, not judge less
+    return [v for _, v in zip(objs, verdicts, strict=True)]
 
 
 def _eval(payload: dict[str, Any]) -> bool:
