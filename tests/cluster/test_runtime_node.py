@@ -15,14 +15,16 @@ rendered objects are never changed. The stages run in order and share the cluste
 2. a `learningRate` change → `plan` names the cache hit and Argo's memoization hits (the memoized
    task's `memoizationStatus.hit`, no pod); `reconcile --watch` promotes the healthy canary through
    every step on Prometheus's figures.
-3. an evaluation threshold no model meets, and the training pod deleted while it runs → Argo
-   retries the training (an Error) and does not retry the evaluation (its permanent exit code);
-   the rollout is refused on the offline gate, and `status` shows both. The training's first
-   attempt holds until it is deleted (`faultInjection.holdFirstAttemptSeconds`, a drill), so the
-   delete never races a step that has finished already.
+3. an evaluation threshold no model meets → Argo does not retry the evaluation (its permanent
+   exit code); the rollout is refused on the offline gate, and `status` shows it.
 4. back to the first version with an injected fault → every step a cache hit; the canary fails
    its analysis and `reconcile --watch` rolls it back, the reason in `rollout status`.
 5. `down` deletes what Forge owns: the controllers remove the pods they made.
+
+The quick-start's namespace enforces Pod Security `restricted` (labelled as a platform team would
+before Forge applies anything): the API server's own PodSecurity admission refuses any pod below
+it, the pods Argo and the Seldon operator make from Forge's objects included, so every stage runs
+under it (issue 32).
 
 Without Istio or Ambassador, Seldon v1 does not weigh predictors (it writes `traffic` only into
 their routes): the test's traffic goes to the predictors' Services split by the live weights, as a
@@ -63,6 +65,9 @@ QUICKSTART = REPO / "examples" / "quickstart"
 FORGECTL = REPO / ".venv" / "bin" / "forgectl"
 NS = "forge-quickstart"  # the `cluster` Environment's namespace
 MODEL_VERSION = "forge.dev/model-version"
+#: The Pod Security admission labels of a namespace that enforces `restricted` (and warns and audits at it).
+PSA_RESTRICTED = {f"pod-security.kubernetes.io/{mode}{suffix}": value
+                  for mode in ("enforce", "warn", "audit") for suffix, value in (("", "restricted"), ("-version", "latest"))}
 
 
 def _wait(what: str, fn: Callable[[], Any], timeout: float = 120.0, every: float = 1.0) -> Any:
@@ -246,6 +251,9 @@ def qs(stack: _Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quic
     q.git("init", "-q")
     q.git("add", ".")
     q.git("commit", "-qm", "quick-start")
+    # the platform team's namespace, enforcing `restricted` before Forge applies into it (Forge only
+    # ensures a namespace exists: its apply leaves these labels, which are not its own, alone)
+    q.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS, labels=PSA_RESTRICTED)))
     try:
         yield q
     finally:
@@ -306,6 +314,13 @@ def test_1_apply_trains_serves_and_is_scraped(qs: Quickstart) -> None:
     assert pool and all(t["health"] == "up" for t in pool), [(t["scrapePool"], t["health"]) for t in targets]
     groups = {g["name"] for g in qs.prometheus("/api/v1/rules")["groups"]}
     assert "forge-digits" in groups, groups  # the rendered PrometheusRule, loaded by the operator's reloader
+
+    # all of it ran in a namespace that enforces `restricted`: the labels are still there, and every
+    # pod the controllers made from Forge's objects is one the API server admitted under them
+    labels = qs.core.read_namespace(NS).metadata.labels or {}
+    assert {k: labels.get(k) for k in PSA_RESTRICTED} == PSA_RESTRICTED, labels
+    pods = qs.core.list_namespaced_pod(NS).items
+    assert pods and all(p.spec.security_context.run_as_non_root for p in pods), [p.metadata.name for p in pods]
 
 
 def test_2_a_learning_rate_change_hits_the_cache_and_promotes(qs: Quickstart) -> None:
