@@ -57,9 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--prometheus-operator", action="store_true",
                        help="with --node: also the Prometheus Operator and the Prometheus it manages in "
                             "`monitoring` (devkit/node/promop.py)")
+    start.add_argument("--gateway", action="store_true",
+                       help="with --node: also Traefik v3 with its Gateway API provider, its GatewayClass and the "
+                            "Gateway traefik/forge (devkit/node/traefik.py) for `traffic.router: gatewayAPI`")
     start.add_argument("--quickstart", action="store_true",
                        help="what `forgectl apply --env cluster` of examples/quickstart needs: --node --argo "
-                            "--runtime-image --seldon --prometheus-operator")
+                            "--runtime-image --seldon --prometheus-operator --gateway")
     sub.add_parser("stop", help="stop what start started, by PID, and remove its data")
     sub.add_parser("env", help="print the export lines")
     sub.add_parser("status", help="print the saved state as JSON")
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "start":
             if args.quickstart:
                 args.node = args.argo = args.runtime_image = args.seldon = args.prometheus_operator = True
+                args.gateway = True
             t0 = time.monotonic()
             ps = _prom_state(sd)
             if ps:  # left from an earlier start: end it unless that cluster still runs
@@ -87,11 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.node and (node_state_dir() / "state.json").exists():
                 Node.load(node_state_dir()).stop(quiet=True)  # left from a start that died
             cluster = Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False, node=args.node)
-            if (args.argo or args.runtime_image or args.seldon or args.prometheus_operator) and not args.node:
-                raise ClusterError("--argo, --runtime-image, --seldon and --prometheus-operator need --node")
-            operated_url = None
+            if (args.argo or args.runtime_image or args.seldon or args.prometheus_operator or args.gateway) \
+                    and not args.node:
+                raise ClusterError("--argo, --runtime-image, --seldon, --prometheus-operator and --gateway need --node")
+            operated_url = gateway = None
             if args.node:
-                from devkit.node import argo, promop, runtime_image, seldon
+                from devkit.node import argo, promop, runtime_image, seldon, traefik
 
                 extra = [argo.executor_image()] if args.argo else []
                 if args.prometheus_operator:
@@ -107,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                         argo.start(cluster, node, ["default"], die_with_parent=False)
                     if args.seldon:
                         seldon.start(cluster, node, die_with_parent=False)
+                    if args.gateway:
+                        gateway = traefik.start(cluster, node, die_with_parent=False)
                     if args.prometheus_operator:
                         operator = promop.start(cluster, node, die_with_parent=False)
                         operated_url = promop.deploy_prometheus(node, controller=operator)
@@ -132,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# the Prometheus Operator's Prometheus at {operated_url} (a pod; the `cluster` Environment "
                       "names it by its in-cluster Service): forgectl reconcile --prometheus-url "
                       "$FORGE_CLUSTER_PROMETHEUS_URL", file=sys.stderr)
+            if gateway is not None:
+                ref = gateway.parent_ref()
+                print(f"# the Gateway {ref['namespace']}/{ref['name']} (Traefik) listens at {gateway.url}; route an "
+                      "Environment through it with\n#   traffic: {router: gatewayAPI, parentRef: "
+                      f"{{name: {ref['name']}, namespace: {ref['namespace']}, sectionName: {ref['sectionName']}}}}}",
+                      file=sys.stderr)
             print(f"# started in {time.monotonic() - t0:.1f} s (state: {sd})", file=sys.stderr)
             print(_exports(cluster, prom_url, operated_url))
             return 0
