@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -103,29 +104,52 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
-def hold_first_attempt(marker: Path, seconds: int) -> bool:
-    """Fault injection for retry drills (a Model's ``faultInjection.holdFirstAttemptSeconds``):
-    the first attempt of a step to get here creates ``marker``, says so — a ``{"event": "hold"}``
-    line on stdout and a warning — and waits ``seconds`` before it carries on.
-
-    Why: a drill that kills a running step (the end-to-end test deletes the training pod) must
-    hit a step that is still running. A sleep before the fault is a coin toss against a step that
-    takes seconds; a step that holds until it is killed is not. Any later attempt finds the marker
-    — it lives in the step's output folder, which the attempts share (the workspace volume) — and
-    does not wait, so the retry runs as usual. Created exclusively: of processes that get here
-    together, one holds. Returns whether this one held."""
+def first_attempt(marker: Path, what: str) -> bool:
+    """Whether this is the first attempt of a step to get here: it creates ``marker`` (exclusively:
+    of processes that get here together, one is first), with ``what`` in it. Any later attempt
+    finds the marker — it lives in the step's output folder, which the attempts share (the
+    workspace volume) — and is not the first."""
     marker.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(marker, "x") as fh:
-            fh.write(f"held from {time.time():.3f} for {seconds} s\n")
+            fh.write(f"{what} at {time.time():.3f}\n")
     except FileExistsError:
-        log.info("fault injection: %s exists (an earlier attempt held): not holding", marker)
+        log.info("fault injection: %s exists (an earlier attempt was the first)", marker)
+        return False
+    return True
+
+
+def hold_first_attempt(marker: Path, seconds: int) -> bool:
+    """Fault injection for retry drills (a Model's ``faultInjection.holdFirstAttemptSeconds``):
+    the first attempt of a step to get here (:func:`first_attempt`) says so — a
+    ``{"event": "hold"}`` line on stdout and a warning — and waits ``seconds`` before it carries on.
+
+    Why: a drill that kills a running step (deletes its pod) must hit a step that is still
+    running. A sleep before the fault is a coin toss against a step that takes seconds; a step
+    that holds until it is killed is not. Later attempts do not wait, so the retry runs as usual.
+    Returns whether this one held."""
+    if not first_attempt(marker, f"held for {seconds} s"):
         return False
     log.warning("fault injection: the first attempt holds for %d s before it runs (a drill: kill it now)", seconds)
     emit("hold", seconds=seconds, marker=str(marker))
     time.sleep(seconds)
     log.warning("fault injection: held %d s and not killed; carrying on", seconds)
     return True
+
+
+def kill_first_attempt(marker: Path) -> None:
+    """Fault injection for retry drills (a Model's ``faultInjection.killFirstAttempt``): the first
+    attempt of a step to get here (:func:`first_attempt`) says so — a ``{"event": "kill"}`` line
+    and a warning — and kills itself with SIGKILL, as the kernel's OOM killer would: its container
+    exits 137 and Argo decides, by the step's `retryStrategy`, to retry it. Later attempts return
+    at once. Deterministic where deleting a running pod is not (Argo may re-create a pod deleted
+    under it instead of recording an attempt)."""
+    if not first_attempt(marker, "killed"):
+        return
+    log.warning("fault injection: the first attempt kills itself (SIGKILL; a drill of the retry path)")
+    emit("kill", signal="SIGKILL", marker=str(marker))
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run_step(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:

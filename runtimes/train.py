@@ -15,7 +15,8 @@ included —, peak and activation memory; see :class:`StepMeter`). Progress goes
 ``{"event": "progress", "step": 40, "total": 600, "epoch": 2, "loss": 0.31, "lr": 0.002}``,
 then ``{"event": "done", ...}``; ``{"event": "resume", "step": N}`` when it picks up a checkpoint.
 A Model with ``faultInjection.holdFirstAttemptSeconds`` (retry drills, never production) holds its
-first attempt before anything else, ``{"event": "hold", ...}`` first (runtimes._step.hold_first_attempt).
+first attempt before anything else, ``{"event": "hold", ...}`` first (runtimes._step.hold_first_attempt);
+with ``faultInjection.killFirstAttempt`` the first attempt kills itself (SIGKILL, exit 137) instead.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtimes._step import emit, hold_first_attempt, in_workspace, parse_config, run_step, write_json
+from runtimes._step import emit, hold_first_attempt, in_workspace, kill_first_attempt, parse_config, run_step, write_json
 from runtimes.errors import StepFailed
 from specs.model import Hyperparameters
 from specs.stepconfig import TrainConfig
@@ -248,6 +249,8 @@ class StepMeter:
 
 #: Left in ``checkpoints/`` by an attempt held by ``faultInjection`` (see hold_first_attempt).
 HOLD_MARKER = "fault-injection-held"
+#: Left in ``checkpoints/`` by an attempt ``faultInjection`` killed (see kill_first_attempt).
+KILL_MARKER = "fault-injection-killed"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     if faults is not None and faults.hold_first_attempt_seconds:
         # A retry drill: before anything is read or written, so a killed attempt leaves nothing half-done.
         hold_first_attempt(in_workspace(config.output) / "checkpoints" / HOLD_MARKER, faults.hold_first_attempt_seconds)
+    if faults is not None and faults.kill_first_attempt:
+        kill_first_attempt(in_workspace(config.output) / "checkpoints" / KILL_MARKER)
     from runtimes.learn import torch_env
 
     torch_env()

@@ -325,6 +325,13 @@ class TrainingFaultInjection(SpecModel):
         "marker in its output folder (`checkpoints/fault-injection-held`); a later attempt finds it and does not "
         "wait. Not killed, the attempt carries on after the wait. 0: no hold.",
     )
+    kill_first_attempt: bool = Field(
+        default=False,
+        description="The train step's first attempt kills itself with SIGKILL before it trains, after printing "
+        '`{"event": "kill"}` — the exit status 137 of a process the kernel killed (out of memory, a lost node) — so '
+        "a drill sees Argo record a failed attempt and retry it, deterministically: the attempt leaves a marker in "
+        "its output folder (`checkpoints/fault-injection-killed`) and a later attempt finds it and trains.",
+    )
 
 
 class ModelSpec(SpecModel):

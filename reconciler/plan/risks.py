@@ -298,22 +298,29 @@ def fault_injection_risks(head: SpecSet, base: SpecSet | None) -> list[Finding]:
         out.append(_f("fault-injection", f"endpoint `{endpoint.name}` injects {' and '.join(parts)} into every canary"
                       f"{when}: a drill setting, never for production", "Endpoint", endpoint.name,
                       ("faultInjection",), "faultInjection"))
-    out += [_model_fault_risk(model, base) for model in head.of(Model)
-            if model.spec.fault_injection is not None and model.spec.fault_injection.hold_first_attempt_seconds]
+    out += [_model_fault_risk(model, base) for model in head.of(Model) if _training_faults(model)]
     return out
 
 
+def _training_faults(model: Model | None) -> str:
+    """What a Model's `faultInjection` does to its first training attempt, in words ("" for nothing)."""
+    faults = model.spec.fault_injection if model is not None else None
+    if faults is None:
+        return ""
+    parts = [f"holds its first training attempt for {faults.hold_first_attempt_seconds} s"] \
+        if faults.hold_first_attempt_seconds else []
+    if faults.kill_first_attempt:
+        parts.append("kills its first training attempt (SIGKILL)")
+    return " and ".join(parts)
+
+
 def _model_fault_risk(model: Model, base: SpecSet | None) -> Finding:
-    """A Model whose first training attempt holds (a drill of the retry path): every version it
-    trains waits that long before its first attempt finishes."""
-    faults = model.spec.fault_injection
-    assert faults is not None  # the caller keeps only Models with a hold
-    before = base.get(Model, model.name) if base is not None else None
-    was = before is not None and before.spec.fault_injection is not None and before.spec.fault_injection.hold_first_attempt_seconds
+    """A Model whose first training attempt holds or is killed (a drill of the retry path): every
+    version it trains waits, or fails once, before it trains."""
+    was = base is not None and _training_faults(base.get(Model, model.name))
     when = " (already on at the base revision)" if was else (" (turned on by this change)" if base is not None else "")
-    return _f("fault-injection", f"model `{model.name}` holds its first training attempt for "
-              f"{faults.hold_first_attempt_seconds} s{when}: a drill setting, never for production", "Model", model.name,
-              ("faultInjection",), "faultInjection")
+    return _f("fault-injection", f"model `{model.name}` {_training_faults(model)}{when}: a drill setting, never for "
+              "production", "Model", model.name, ("faultInjection",), "faultInjection")
 
 
 def spec_risks(base: SpecSet, head: SpecSet, base_env: Environment | None, head_env: Environment | None) -> list[Finding]:

@@ -214,6 +214,15 @@ def test_a_model_holding_its_first_training_attempt_is_flagged() -> None:
     [again] = review(head, base_text=head)["risks"]
     assert "(already on at the base revision)" in again["message"]
 
+
+def test_a_model_killing_its_first_training_attempt_is_flagged() -> None:
+    head = BASE.replace("  datasetRef: digits\n", "  datasetRef: digits\n  faultInjection: {killFirstAttempt: true}\n")
+    [risk] = review(head)["risks"]
+    assert (risk["flag"], risk["spec"]["kind"], risk["line"]) == ("fault-injection", "Model", 21)
+    assert "kills its first training attempt (SIGKILL) (turned on by this change)" in risk["message"]
+    [again] = review(head, base_text=head)["risks"]
+    assert "(already on at the base revision)" in again["message"]
+
 def test_prune_of_an_endpoint_serving_traffic() -> None:
     head = BASE[: BASE.index(f"---\n{HEAD}kind: Endpoint")]
     plan = review(head)

@@ -1,7 +1,8 @@
-"""A Model's `faultInjection.holdFirstAttemptSeconds` (issue 35): the train step's first attempt
-holds, saying so, until it is killed; a retry finds the attempt's marker and trains as usual. This
-is what makes the end-to-end test's deleted training pod (tests/cluster/test_runtime_node.py,
-stage 3) hit a step that is certainly running, where a sleep before the delete raced the step."""
+"""A Model's `faultInjection` for retry drills (issue 35). `holdFirstAttemptSeconds`: the train
+step's first attempt holds, saying so, until it is killed; a retry finds the attempt's marker and
+trains as usual. `killFirstAttempt`: the first attempt kills itself (SIGKILL, a container's exit
+137), deterministically, which is what the end-to-end test's retried training
+(tests/cluster/test_runtime_node.py, stage 3) runs on, where deleting a running pod raced Argo."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from devkit.digits import DIGITS_MODEL, train_config
 from devkit.runtime_steps import Runner
-from runtimes._step import hold_first_attempt
+from runtimes._step import first_attempt, hold_first_attempt
 from tests.polling import holds_for
 from tests.runtimes.helpers import ROOT, events
 
@@ -63,3 +64,31 @@ def test_a_held_training_is_killed_while_it_holds_and_the_retry_trains(digits: R
     assert "hold" not in kinds and kinds[-1] == "done", kinds
     metrics = digits.read("models/held/metrics.json")
     assert metrics["resumedFromStep"] == 0 and metrics["steps"] > 0
+
+
+def test_one_first_attempt_whoever_asks(tmp_path: Path) -> None:
+    marker = tmp_path / "out" / "checkpoints" / "killed"
+    assert first_attempt(marker, "killed") is True
+    assert [first_attempt(marker, "killed") for _ in range(3)] == [False, False, False]
+    assert marker.read_text().startswith("killed at ")
+
+
+@pytest.mark.runtime
+def test_the_first_training_attempt_kills_itself_and_the_retry_trains(digits: Runner) -> None:
+    spec = copy.deepcopy(DIGITS_MODEL)
+    spec["hyperparameters"]["epochs"] = 2
+    spec["faultInjection"] = {"killFirstAttempt": True}
+    config = train_config("models/killed", spec)
+    first = subprocess.run(digits.command("train", config), capture_output=True, text=True, env=digits.env(), cwd=ROOT,
+                           timeout=300)
+    # killed by the kernel's signal, as the OOM killer ends a process: a container reports 137
+    assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-2000:])
+    [kill] = events(first.stdout)  # the kill comes before anything else
+    assert kill["event"] == "kill" and Path(kill["marker"]).exists(), kill
+    assert not (digits.workspace / "models/killed/metrics.json").exists()
+
+    # the retry (the same config, as Argo's next attempt runs it) finds the marker and trains
+    retry = digits.run("train", config, timeout=600)
+    kinds = [e["event"] for e in events(retry.stdout)]
+    assert "kill" not in kinds and kinds[-1] == "done", kinds
+    assert digits.read("models/killed/metrics.json")["steps"] > 0

@@ -204,7 +204,9 @@ class WorkflowExecutor:
                     last = line
         code = proc.wait()
         self.db.forget_process(record.name)
-        return code, last
+        # A process killed by a signal ends as a container's would: 128 + the signal (SIGKILL: 137),
+        # the exit code Argo's retry expression sees on a cluster (Popen says -9).
+        return (128 - code if code < 0 else code), last
 
     def run(self, workflow: dict[str, Any]) -> Outcome:
         """Run the workflow to its end; record every step; return how it ended."""
