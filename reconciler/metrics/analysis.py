@@ -1,6 +1,7 @@
 """Analysis of one measurement: pass, fail or inconclusive — three outcomes, not two.
 
-No data, NaN, or Prometheus unreachable is *inconclusive*: the rollout holds and says why; it never
+No data, NaN, an infinity no bound can judge, Prometheus unreachable, or answers that cannot be
+lined up with the controller's clock is *inconclusive*: the rollout holds and says why; it never
 promotes, and it rolls back on that alone only when the policy says so (`inconclusiveLimit`, or
 `onPrometheusUnreachable: rollback`). Pure: queries are rendered and results judged here; running
 them is `reconciler.metrics.prometheus`'s job.
@@ -44,10 +45,20 @@ class Cause(str, Enum):
     BELOW_STABLE = "below-stable"
     #: The query answered no samples, or NaN.
     NO_DATA = "no-data"
+    #: The query answered +Inf or -Inf on the side no bound of the rule refuses (+Inf against a
+    #: `min`, −Inf against a `max`, an infinite stable value to compare with): a division by zero
+    #: or a broken exporter, not a measurement. An infinity past a bound is that bound's failure
+    #: (`histogram_quantile` answers +Inf when the quantile lies past the highest bucket).
+    NOT_FINITE = "not-finite"
     #: The canary has a value but the stable variant, needed for `compareToStable`, has none.
     NO_STABLE_DATA = "no-stable-data"
     #: No metric source could answer: Prometheus down, timing out, refusing the query, or none configured.
     UNREACHABLE = "unreachable"
+    #: Prometheus evaluated the liveness query at a time more than :data:`MAX_SKEW_SECONDS` away
+    #: from the controller's clock while it measured (:func:`out_of_step`): the two clocks disagree,
+    #: or Prometheus's answers are frozen at one moment (a query cache that stopped moving). The
+    #: query's window cannot be lined up with the step, so the value is not judged.
+    CLOCK_SKEW = "clock-skew"
     #: The query has a value, but the canary is not demonstrably alive now (:func:`canary_down`):
     #: its servers not ready, its series stale (the last scrape failed, or its target is gone), or
     #: a sample the query counts is from before the step began — a `rate()` window keeps answering
@@ -60,7 +71,7 @@ class Cause(str, Enum):
         """The verdict this cause implies."""
         if self is Cause.MET:
             return Verdict.PASS
-        if self in (Cause.NO_DATA, Cause.NO_STABLE_DATA, Cause.UNREACHABLE):
+        if self in (Cause.NO_DATA, Cause.NOT_FINITE, Cause.NO_STABLE_DATA, Cause.UNREACHABLE, Cause.CLOCK_SKEW):
             return Verdict.INCONCLUSIVE
         return Verdict.FAIL
 
@@ -83,9 +94,11 @@ class Measurement:
         return self.cause.verdict
 
     def to_json(self) -> dict[str, object]:
-        """A plain dict for the rollout state and `rollout status --output json`."""
+        """A plain dict for the rollout state and `rollout status --output json` (JSON has no
+        infinity: a non-finite value is written as null, ``detail`` says what it was)."""
+        value = self.value if self.value is None or math.isfinite(self.value) else None
         return {"metric": self.metric, "verdict": self.verdict.value, "cause": self.cause.value, "query": self.query,
-                "value": self.value, "threshold": self.threshold, "detail": self.detail, "at": self.at}
+                "value": value, "threshold": self.threshold, "detail": self.detail, "at": self.at}
 
 
 def render_query(metric: Metric, *, endpoint: str, namespace: str, version: str, role: str) -> str:
@@ -148,11 +161,20 @@ def liveness_queries(*, endpoint: str, namespace: str, role: str, reach: float) 
                            up=f"up and on(job, instance) last_over_time({series}{window})")
 
 
+#: How far, in seconds, Prometheus's evaluation time may lie outside the span of the controller's
+#: clock during a measurement (from before its first query to after its last) before the two are
+#: taken to disagree: the windows are 10 s and more, a scrape every second or more, so a second
+#: of skew already shifts a window by a scrape.
+MAX_SKEW_SECONDS = 1.0
+
+
 @dataclass(frozen=True)
 class Liveness:
     """What was observed of the canary for one measurement: the target's :class:`Readiness` and
     Prometheus's answers to the :class:`LivenessQueries`; ``since`` is when the step began or its
-    weight took effect, whichever is later (a sample from before says nothing of this step)."""
+    weight took effect, whichever is later (a sample from before says nothing of this step).
+    ``asked`` and ``answered`` are the controller's clock before the measurement's first query and
+    after its last (None: not recorded, the clocks are not compared)."""
 
     readiness: Readiness
     queries: LivenessQueries
@@ -160,6 +182,35 @@ class Liveness:
     current: tuple[Series, ...]
     up: tuple[Series, ...]
     since: float
+    asked: float | None = None
+    answered: float | None = None
+
+
+def out_of_step(live: Liveness) -> str | None:
+    """Why Prometheus's answers cannot be lined up with the controller's clock, or None when they
+    can: the evaluation time of its instant answers (the `up` query's, which Prometheus stamps with
+    the time it evaluated at) lies more than :data:`MAX_SKEW_SECONDS` before ``asked`` or after
+    ``answered``. A clock skew between the two machines and a Prometheus whose answers stopped
+    moving (frozen at one evaluation time) look alike here, and both are named. Pure."""
+    if live.asked is None or live.answered is None:
+        return None
+    evaluated = [s.samples[-1][0] for s in (*live.up, *live.current) if s.samples]
+    if not evaluated:
+        return None  # nothing stamped: canary_down names the missing target or the stale series
+    at = max(evaluated)
+    if at < live.asked - MAX_SKEW_SECONDS:
+        return (f"Prometheus evaluated at {at:.3f}, {live.asked - at:.3g} s before the controller's clock "
+                f"({live.asked:.3f}): its clock is behind, or its answers are frozen")
+    if at > live.answered + MAX_SKEW_SECONDS:
+        return (f"Prometheus evaluated at {at:.3f}, {at - live.answered:.3g} s after the controller's clock "
+                f"({live.answered:.3f}): its clock is ahead")
+    return None
+
+
+def skewed(metric: Metric, value: float, reason: str, *, query: str, at: float) -> Measurement:
+    """A measurement whose window cannot be lined up with the step (:func:`out_of_step` gave the
+    ``reason``): inconclusive, whatever the value."""
+    return Measurement(metric.name, Cause.CLOCK_SKEW, query, value, threshold_text(metric), f"clocks out of step: {reason}, so {value:.4g} is not judged", at)
 
 
 def canary_down(live: Liveness) -> str | None:
@@ -273,6 +324,16 @@ def _missing(value: float | None) -> bool:
     return value is None or math.isnan(value)
 
 
+def _refused_by_a_bound(metric: Metric, value: float) -> bool:
+    """Whether a bound of ``metric`` fails the infinite ``value`` (+Inf above a `max` or a
+    `compareToStable.maxIncrease`, −Inf below a `min` or a `maxDecrease`): then it is that bound's
+    failure; otherwise no bound can judge it."""
+    cmp = metric.compare_to_stable
+    if value > 0:
+        return metric.max is not None or (cmp is not None and cmp.max_increase is not None)
+    return metric.min is not None or (cmp is not None and cmp.max_decrease is not None)
+
+
 def judge(metric: Metric, value: float | None, stable: float | None, *, query: str, at: float,
           error: str | None = None) -> Measurement:
     """The verdict on one value of ``metric`` (``stable`` for comparisons, ``error`` when the query
@@ -283,6 +344,9 @@ def judge(metric: Metric, value: float | None, stable: float | None, *, query: s
     if _missing(value):
         return Measurement(metric.name, Cause.NO_DATA, query, None, rule, "no data (no samples yet, or NaN)", at)
     assert value is not None
+    if math.isinf(value) and not _refused_by_a_bound(metric, value):
+        return Measurement(metric.name, Cause.NOT_FINITE, query, None, rule,
+                           f"{value:g} is no measurement (a division by zero, or a broken exporter): no bound of {rule} refuses it", at)
     if metric.min is not None and value < metric.min:
         return Measurement(metric.name, Cause.BELOW_MIN, query, value, rule, f"{value:.4g} < {metric.min:g}", at)
     if metric.max is not None and value > metric.max:
@@ -292,6 +356,9 @@ def judge(metric: Metric, value: float | None, stable: float | None, *, query: s
         if _missing(stable):
             return Measurement(metric.name, Cause.NO_STABLE_DATA, query, value, rule, "no data for the stable variant to compare with", at)
         assert stable is not None
+        if math.isinf(stable):
+            return Measurement(metric.name, Cause.NOT_FINITE, query, value, rule,
+                               f"the stable variant's value is {stable:g}: nothing can be compared with it", at)
         if cmp.max_increase is not None and value > stable + cmp.max_increase:
             return Measurement(metric.name, Cause.ABOVE_STABLE, query, value, rule,
                                f"{value:.4g} > stable {stable:.4g} + {cmp.max_increase:g}", at)

@@ -28,8 +28,10 @@ from reconciler.metrics.analysis import (
     down,
     judge,
     liveness_queries,
+    out_of_step,
     reach,
     render_query,
+    skewed,
 )
 from reconciler.metrics.prometheus import MetricSource, PrometheusUnavailable
 from reconciler.rollout import machine
@@ -176,7 +178,14 @@ class Controller:
             if value is not None and not math.isnan(value):
                 # A rate() over the window keeps answering from the samples scraped before the
                 # canary died: without this, a dead canary could pass its steps and be promoted.
-                reason = canary_down(self._liveness(metric, query, endpoint, state))
+                live = self._liveness(metric, query, endpoint, state, asked=at)
+                # Clocks out of step first (a ready canary's window cannot be lined up with the
+                # step: its samples would read as old, or old ones as new); a canary not ready is
+                # down whatever the clocks say.
+                skew = out_of_step(live) if live.readiness.ready else None
+                if skew is not None:
+                    return skewed(metric, value, skew, query=query, at=at)
+                reason = canary_down(live)
                 if reason is not None:
                     return down(metric, value, reason, query=query, at=at)
             stable = None
@@ -187,13 +196,17 @@ class Controller:
             return judge(metric, None, None, query=query, at=at, error=str(exc))
         return judge(metric, value, stable, query=query, at=at)
 
-    def _liveness(self, metric: Metric, query: str, endpoint: Endpoint, state: RolloutState) -> Liveness:
-        """What the target and Prometheus say of the canary now, over the range ``query`` counts."""
+    def _liveness(self, metric: Metric, query: str, endpoint: Endpoint, state: RolloutState, *, asked: float) -> Liveness:
+        """What the target and Prometheus say of the canary now, over the range ``query`` counts
+        (``asked``: the clock before the measurement's first query; the clock after its last is
+        taken here, so Prometheus's evaluation time can be compared with both)."""
         assert self.prometheus is not None
         queries = liveness_queries(endpoint=endpoint.name, namespace=self.namespace, role="canary", reach=reach(metric, query))
-        return Liveness(self._readiness(endpoint, state), queries, tuple(self.prometheus.series(queries.counted)),
-                        tuple(self.prometheus.series(queries.current)), tuple(self.prometheus.series(queries.up)),
-                        machine.since(state))
+        ready = self._readiness(endpoint, state)
+        counted = tuple(self.prometheus.series(queries.counted))
+        current = tuple(self.prometheus.series(queries.current))
+        up = tuple(self.prometheus.series(queries.up))
+        return Liveness(ready, queries, counted, current, up, machine.since(state), asked=asked, answered=self.clock())
 
     def _carry_out(self, endpoint: Endpoint, decision: machine.Decision) -> RolloutState:
         """The decision's effects, in order: serving, event, write-back hook. Returns the new state

@@ -50,14 +50,15 @@ SUCCESS = {"name": "success-rate", "template": "success-rate", "min": 0.99, "int
 TARGET = {"job": f"{NAMESPACE}/digits", "instance": "10.0.0.7:8080", "namespace": NAMESPACE, "pod": "digits-canary-0"}
 
 
-def policy(steps: list[dict[str, Any]] | None = None) -> RolloutPolicy:
-    """The quick-start's three steps (10 → 50 → 100 %, 2 s pauses), analysed by the success rate."""
+def policy(steps: list[dict[str, Any]] | None = None, **success: Any) -> RolloutPolicy:
+    """The quick-start's three steps (10 → 50 → 100 %, 2 s pauses), analysed by the success rate
+    (``success``: fields of its metric changed)."""
     return RolloutPolicy.model_validate({
         "apiVersion": "forge.dev/v1alpha1", "kind": "RolloutPolicy", "metadata": {"name": "p"},
         "spec": {"strategy": "canary", "canary": {"steps": steps if steps is not None else [
             {"weight": 10, "pause": "2s", "analysis": ["success-rate"]},
             {"weight": 50, "pause": "2s", "analysis": ["success-rate"]},
-            {"weight": 100, "analysis": ["success-rate"]}]}, "metrics": [SUCCESS]}})
+            {"weight": 100, "analysis": ["success-rate"]}]}, "metrics": [{**SUCCESS, **success}]}})
 
 
 @dataclass
@@ -128,6 +129,9 @@ class Scraper:
     #: a staleness marker was written: the series are gone from instant queries
     stale: bool = False
     lag: float = 0.0
+    #: answers every query as at this moment (its clock and samples stopped there: a query cache
+    #: that no longer moves), None: answers now
+    frozen_at: float | None = None
     asked: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -142,8 +146,11 @@ class Scraper:
         self.asked.append(query)
         return self.value_now
 
+    def _now(self) -> float:
+        return self.clock() - self.lag if self.frozen_at is None else self.frozen_at
+
     def _times(self) -> list[float]:
-        now = self.clock() - self.lag
+        now = self._now()
         newest = now if self.last_sample is None else min(now, self.last_sample)
         first = max(self.started, now - self.range)
         t = math.floor(newest / self.every) * self.every
@@ -155,7 +162,7 @@ class Scraper:
 
     def series(self, query: str) -> list[Series]:
         self.asked.append(query)
-        now = self.clock() - self.lag
+        now = self._now()
         labels = {"forge_endpoint": "digits", "forge_namespace": NAMESPACE, "forge_role": "canary", "forge_version": V2,
                   "code": "200", **TARGET}
         times = self._times()
@@ -298,18 +305,47 @@ def test_a_canary_not_alive_now_fails_its_measurements_and_its_weight_never_rise
     assert r.clock.now - at <= 2 * 2 + 0.5
 
 
-def test_samples_from_before_the_step_fail_the_measurement() -> None:
-    """Prometheus's window reaching back before the step began (its clock 4 s behind the
-    controller's: the first two measurements of step 2 count samples of step 1, at 10 %) is a
-    failure, named with how far back — not a pass on old data."""
+@pytest.mark.parametrize("lag, says", [
+    (4.0, "4 s before the controller's clock (1024.000): its clock is behind, or its answers are frozen"),
+    (-4.0, "4 s after the controller's clock"),
+], ids=["prometheus-behind", "prometheus-ahead"])
+def test_clocks_out_of_step_hold_the_weight_and_name_the_skew(lag: float, says: str) -> None:
+    """Prometheus's clock 4 s behind the controller's (its window would count samples of step 1,
+    at 10 %) or 4 s ahead (samples scraped before the weight took effect would read as after it):
+    the windows cannot be lined up with the step, so each measurement is inconclusive with cause
+    `clock-skew`, naming by how much and which way — the rollout holds at its weight, it never
+    passes a measurement on a misaligned window."""
     r = Rig(policy())
     entered = r.drive(lambda s: s.phase is Phase.PROGRESSING and s.step == 1)
-    r.prometheus.lag = 4.0
+    r.prometheus.lag = lag
+    r.clock.now = 1_024.0 - 0.5 if lag > 0 else r.clock.now
+    state = r.drive(lambda s: s.phase is Phase.HOLDING)
+    for _ in range(40):  # 20 s more: still held, never promoted, never rolled back
+        r.clock.now += 0.5
+        state = r.reconcile()
+    assert state.phase is Phase.HOLDING and state.step == 1, state.reason
+    assert r.backend.canary_weights(after=entered.step_started) == [50]
+    [m] = [a for a in state.last_analysis if a["metric"] == "success-rate"]
+    assert m["cause"] == "clock-skew" and m["verdict"] == "inconclusive" and "clocks out of step" in m["detail"]
+    assert (says if lag < 0 else "s before the controller's clock") in m["detail"]
+    assert state.runs["success-rate"].measurements == 0 and state.runs["success-rate"].inconclusive_in_a_row >= 10
+
+
+def test_answers_frozen_at_one_moment_never_pass() -> None:
+    """Prometheus (or a query cache in front of it) answering every query as it did at one moment —
+    the same evaluation time and samples forever — is out of step with the controller's clock a
+    second later: inconclusive, and with `inconclusiveLimit` the rollout is rolled back, never
+    promoted on the frozen value (1 ≥ 0.99)."""
+    r = Rig(policy(inconclusiveLimit=5))
+    r.drive(measured(1, 1))
+    frozen_at = r.clock.now
+    r.prometheus.frozen_at = frozen_at
     state = r.drive(final)
-    assert state.phase is Phase.ROLLED_BACK and state.step == 1
-    assert r.backend.canary_weights(after=entered.step_started) == [50, 0]
-    down = state.history[-1]["measurement"]
-    assert down["cause"] == "canary-down" and "s before the step began or its weight took effect" in down["detail"]
+    assert state.phase is Phase.ROLLED_BACK and state.step == 1, state.reason
+    assert r.backend.canary_weights(after=frozen_at) == [0]
+    assert "success-rate inconclusive 5 times in a row" in state.reason and "its answers are frozen" in state.reason
+    last = state.history[-1]["measurement"]
+    assert last["cause"] == "clock-skew" and last["verdict"] == "inconclusive" and last["value"] == 1.0
 
 
 def test_a_failure_the_limit_tolerates_does_not_complete_the_step() -> None:
