@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 import urllib.parse
@@ -107,7 +108,20 @@ class Prometheus:
     def pause(self) -> None:
         """Stop the server (for outage tests) but keep its port, config and data for :meth:`resume`."""
         if self.pid:
+            self.thaw()  # a stopped process would hold its SIGTERM until continued
             processes.stop_pid(self.pid, self.pid_start)
+
+    def freeze(self) -> None:
+        """SIGSTOP the server (for hang drills): its port stays open and the kernel still accepts
+        connections into the listen backlog, but nothing answers, scrapes or evaluates — a client
+        sees timeouts, not refused connections. :meth:`thaw` continues it."""
+        if self.pid and processes.running(self.pid, self.pid_start):
+            os.killpg(self.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT the server after :meth:`freeze` (nothing when it runs)."""
+        if self.pid and processes.running(self.pid, self.pid_start):
+            os.killpg(self.pid, signal.SIGCONT)
 
     def stop(self) -> None:
         """Stop the server (by PID) and delete its state directory."""

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3 import exceptions as urllib3_exceptions
 from urllib3.util.retry import Retry
 
 from reconciler.diagnostics import ForgeError
@@ -53,7 +54,8 @@ class Prometheus:
         try:
             result = self.client.custom_query(query=query, params={"timeout": f"{self.timeout:g}s"}, timeout=self.timeout)
         except (requests.exceptions.RequestException, PrometheusApiClientException, ValueError) as exc:
-            raise PrometheusUnavailable(f"{self.url}: {exc.__class__.__name__}: {str(exc)[:200]}") from exc
+            raise PrometheusUnavailable(f"{self.url}: {_what_failed(exc, self.timeout)}{exc.__class__.__name__}: "
+                                        f"{str(exc)[:200]}") from exc
         return list(result or [])
 
     def series(self, query: str) -> list[Series]:
@@ -90,3 +92,24 @@ class Prometheus:
             return None
         total = sum(values)
         return None if math.isnan(total) else total
+
+
+def _what_failed(exc: BaseException, timeout: float) -> str:
+    """A few words first, for people: a hung server (no answer within the timeout) reads apart from
+    a refused connection — requests wraps both, after its retry, in a ConnectionError whose text
+    names the cause only past the URL, which the message cuts."""
+    chain: list[object] = []
+    todo: list[object] = [exc]
+    while todo:
+        cur = todo.pop()
+        if cur is None or any(cur is c for c in chain):
+            continue
+        chain.append(cur)
+        todo.extend([getattr(cur, "reason", None), getattr(cur, "__cause__", None), getattr(cur, "__context__", None),
+                     *(a for a in getattr(cur, "args", ()) if isinstance(a, BaseException))])
+    # Refusals first: urllib3's NewConnectionError is (for compatibility) a ConnectTimeoutError.
+    if any(isinstance(c, (ConnectionRefusedError, urllib3_exceptions.NewConnectionError)) for c in chain):
+        return "connection refused: "
+    if any(isinstance(c, (TimeoutError, requests.exceptions.Timeout, urllib3_exceptions.TimeoutError)) for c in chain):
+        return f"timed out (no answer within {timeout:g} s): "
+    return ""
