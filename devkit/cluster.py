@@ -22,7 +22,7 @@ from typing import Any
 from devkit.apiclient import RawClient
 from devkit.certs import issue_cert, make_ca, openssl, write_kubeconfig
 from devkit.common import ClusterError, Log, cache_dir, stderr_log, versions
-from devkit.crds import CRD_PATCHES, CRD_SOURCES, FetchedCrd, fetch_crds
+from devkit.crds import CRD_PATCHES, CRD_SOURCES, FetchedCrd, fetch_crds, forge_crds
 from devkit.gobuild import ensure_binaries
 from reconciler.targets.local.processes import free_port, log_tail, running, spawn, stop_pid
 
@@ -60,6 +60,7 @@ def snapshot_dir() -> Path:
         "format": SNAPSHOT_FORMAT,
         "kubernetes": v["KUBERNETES_VERSION"], "etcd": v["ETCD_VERSION"],
         "crds": [[c.sha256, c.patch or ""] for c in CRD_SOURCES],
+        "forge-crds": [Path(c.json_path).name for c in forge_crds()],  # deploy/crds/, by their digest
         "patches": {n: hashlib.sha256(inspect.getsource(f).encode()).hexdigest() for n, f in CRD_PATCHES.items()},
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

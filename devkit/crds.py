@@ -196,4 +196,26 @@ def fetch_crds(log: Log = stderr_log) -> tuple[list[FetchedCrd], list[str]]:
             tmp.replace(json_path)
         name = json.loads(json_path.read_text())["metadata"]["name"]
         fetched.append(FetchedCrd(name=name, json_path=str(json_path), origin=origin))
+    fetched += forge_crds()
     return fetched, notes
+
+
+#: Forge's own CRDs (the in-cluster controller's Sync), committed under deploy/crds/.
+FORGE_CRD_DIR = REPO_ROOT / "deploy" / "crds"
+
+
+def forge_crds() -> list[FetchedCrd]:
+    """Forge's own CRDs from deploy/crds/, converted to compact JSON (cached by their hash)."""
+    import yaml
+
+    found = []
+    for path in sorted(FORGE_CRD_DIR.glob("*.yaml")):
+        json_path = cache_dir() / "crds" / f"forge-{_sha256(path)}.json"
+        if not json_path.is_file():
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = json_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(yaml.safe_load(path.read_text()), separators=(",", ":")))
+            tmp.replace(json_path)
+        name = json.loads(json_path.read_text())["metadata"]["name"]
+        found.append(FetchedCrd(name=name, json_path=str(json_path), origin=f"{path.relative_to(REPO_ROOT)} (this repository)"))
+    return found

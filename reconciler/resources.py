@@ -51,6 +51,8 @@ LEASE = Resource("coordination.k8s.io", "v1", "Lease", "leases")
 EVENT = Resource("", "v1", "Event", "events")
 #: Read only: the rollout controller asks whether a canary's pods are Ready.
 POD = Resource("", "v1", "Pod", "pods")
+#: The in-cluster controller's status of one git source (deploy/crds/syncs.forge.dev.yaml).
+SYNC = Resource("forge.dev", "v1alpha1", "Sync", "syncs")
 
 
 @dataclass(frozen=True, order=True)

@@ -146,15 +146,16 @@ def _first_line(stderr: bytes) -> str:
 
 
 def _git(args: Sequence[str], *, cwd: Path, config: Sequence[tuple[str, str]], what: str,
-         input: bytes | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+         input: bytes | None = None, env: dict[str, str] | None = None,
+         timeout: float = GIT_TIMEOUT) -> subprocess.CompletedProcess[bytes]:
     """Run ``git args`` closed (see the module docstring); a failure to start or a timeout is a
     GitError naming ``what``; the exit status is the caller's to judge."""
     try:
         return subprocess.run([*_LAUNCH, *args], cwd=cwd, env={**_env(config), **(env or {})}, input=input,
-                              capture_output=True, timeout=GIT_TIMEOUT, check=False,
+                              capture_output=True, timeout=timeout, check=False,
                               stdin=None if input is not None else subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise GitError(f"{what}: git did not answer in {GIT_TIMEOUT} s") from None
+        raise GitError(f"{what}: git did not answer in {timeout:g} s") from None
     except OSError as exc:
         raise GitError(f"{what}: cannot run git ({exc.strerror or exc})") from None
 
@@ -245,10 +246,11 @@ class Repository:
     common_dir: Path
     config: tuple[tuple[str, str], ...] = field(default=OVERRIDES, repr=False)
 
-    def run(self, *args: str, what: str, input: bytes | None = None, env: dict[str, str] | None = None) -> bytes:
+    def run(self, *args: str, what: str, input: bytes | None = None, env: dict[str, str] | None = None,
+            timeout: float = GIT_TIMEOUT) -> bytes:
         """``git args`` on this repository (GIT_DIR and GIT_WORK_TREE set, no discovery again);
         its output, or a GitError saying ``what`` failed and git's first line."""
-        done = _git(args, cwd=self.top, config=self.config, what=what, input=input,
+        done = _git(args, cwd=self.top, config=self.config, what=what, input=input, timeout=timeout,
                     env={"GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(self.top), **(env or {})})
         if done.returncode != 0:
             raise GitError(f"{what}: {_first_line(done.stderr)}")
@@ -409,3 +411,46 @@ def open_repository(start: str | Path | None = None, *, needed_by: str = "") -> 
                        "its files name; forgectl refuses the repository")
     config += _config_overrides(config, top, git_dir)
     return Repository(top, git_dir, common_dir, config)
+
+
+# -- the one remote operation: the in-cluster controller's fetch of a configured source -----------------
+
+#: The URL schemes a configured source may be fetched over; each one is also the only transport git
+#: is allowed for that fetch (GIT_ALLOW_PROTOCOL). scp-like `host:path` addresses are refused (say
+#: `ssh://host/path`): without a scheme, git would pick the transport itself.
+FETCH_SCHEMES = frozenset({"https", "http", "ssh", "git", "file"})
+#: Where a fetched branch is kept in the cache repository (a ref of ours: nothing checks it out).
+FETCHED_REF = "refs/forge/source"
+
+
+def _fetch_scheme(url: str) -> str:
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() not in FETCH_SCHEMES or printable(url) != url or url.startswith("-"):
+        raise GitError(f"source URL {printable(url)!r}: not fetched; a source is a URL with one of the schemes "
+                       f"{', '.join(sorted(FETCH_SCHEMES))} (ssh as ssh://host/path)")
+    return scheme.lower()
+
+
+def fetch_source(cache: Path, url: str, branch: str, *, timeout: float) -> str:
+    """Fetch ``branch`` of ``url`` into the cache repository at ``cache`` (made here, with no work
+    tree checked out, the first time) and return the fetched commit. The in-cluster controller's
+    one remote operation, as closed as everything else here: the repository and its configuration
+    are Forge's own (nothing of the remote's configuration or hooks is ever read), the only
+    transport allowed is the URL's own scheme, no tags, no submodules, no credential helper or
+    prompt, and the whole fetch is bounded by ``timeout`` seconds. The fetched revision is then read
+    like any other (:meth:`Repository.tree`, :meth:`Repository.blobs`: blobs by id, no checkout)."""
+    scheme = _fetch_scheme(url)
+    check_revision(branch)
+    if any(c in branch for c in " ~^:?*[\\") or ".." in branch or branch.endswith((".lock", "/")):
+        raise GitError(f"source branch {printable(branch)!r} is not a branch name")
+    cache.mkdir(parents=True, exist_ok=True)
+    if not (cache / ".git").is_dir():
+        done = _git(["init", "--quiet", str(cache)], cwd=cache, config=OVERRIDES, what=f"making the cache {cache}")
+        if done.returncode != 0:
+            raise GitError(f"making the cache repository {printable(str(cache))}: {_first_line(done.stderr)}")
+    repo = open_repository(cache, needed_by="the controller's fetch")
+    what = f"fetching {printable(branch)} of {printable(url)}"
+    repo.run("fetch", "--quiet", "--no-tags", "--no-recurse-submodules", "--no-write-fetch-head", "--force",
+             "--", url, f"+refs/heads/{branch}:{FETCHED_REF}", what=what, timeout=timeout,
+             env={"GIT_ALLOW_PROTOCOL": scheme, "GIT_SSH_COMMAND": "ssh -o BatchMode=yes"})
+    return repo.commit(FETCHED_REF)

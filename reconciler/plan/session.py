@@ -14,7 +14,7 @@ from reconciler.heap import gc_paused
 from reconciler.plan.plan import Action, Plan, build_plan, fingerprint, settle
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
-from reconciler.targets.base import Target
+from reconciler.targets.base import LeaseTiming, Target
 from reconciler.traffic.serving import desired_serving, serving_states, with_namespace
 from renderers import RenderContext, render
 from renderers.bundle import Rendered
@@ -35,6 +35,9 @@ class TargetOptions:
     #: Pull-request mode: the checkout under review. Credentials are then read only from the
     #: runner (never a kubeconfig an Environment names, nor one inside this folder).
     untrusted_root: Path | None = None
+    #: How the target's lock is held where it is a Lease (the in-cluster controller holds it as a
+    #: leader, with client-go's timings); None: as an apply holds it.
+    lease: LeaseTiming | None = None
 
 
 def namespace_of(env: Environment, options: TargetOptions) -> str:
@@ -59,6 +62,7 @@ def open_target(env: Environment, options: TargetOptions = TargetOptions()) -> T
             kubeconfig=options.kubeconfig or (k8s.kubeconfig if k8s and trusted else None),
             context=options.context or (k8s.context if k8s else None),
             untrusted_root=options.untrusted_root,
+            lease=options.lease,
         )
     from reconciler.targets.local.target import LocalTarget
     return LocalTarget(env, namespace_of(env, options))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reconciler.registry.records import Record
-from reconciler.resources import ObjectRef
+from reconciler.resources import ObjectRef, Resource
 from reconciler.rollout.controller import Backend, RolloutState
 from specs import Environment, SpecSet
 
@@ -107,6 +107,38 @@ class Precondition:
 
     absent: bool = False
     resource_version: str | None = None
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    """How a target's lock is held where it is a Lease (client-go's leader election names the same
+    three): others may take it ``duration`` seconds after its last renewal; the holder renews every
+    ``renew`` seconds and stops writing ``margin`` seconds before the duration runs out as the
+    server last confirmed it (so ``duration - margin`` is client-go's renew deadline)."""
+
+    duration: float
+    renew: float
+    margin: float
+
+
+class ControllerAPI(Protocol):
+    """What the in-cluster controller (reconciler/controller/) writes besides the objects it
+    applies: its own status objects and their Events, in any namespace. Fenced like every write
+    of the target while its lock is held."""
+
+    def apply_object(self, resource: Resource, obj: Mapping[str, Any], *, manager: str,
+                     subresource: str | None = None) -> dict[str, Any]:
+        """Server-side apply ``obj`` (forced, field manager ``manager``), or its ``subresource``
+        (`status`); the object as stored."""
+        ...
+
+    def create_object(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST ``body`` into its own namespace (an Event)."""
+        ...
+
+    def get_object(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object, or None."""
+        ...
 
 
 class Fence(Protocol):
@@ -206,6 +238,11 @@ class Target(Protocol):
     def cluster_api(self) -> ClusterAPI | None:
         """The cluster's API for read-only prerequisite checks, or None where there is no
         cluster (the local target)."""
+        ...
+
+    def controller_api(self) -> ControllerAPI | None:
+        """Where the in-cluster controller writes its status objects and Events, or None where
+        there is no cluster (the local target)."""
         ...
 
     def log_files(self, name: str) -> list[Path]:

@@ -45,7 +45,7 @@ from reconciler.errors import (
 from reconciler.registry.records import Record
 from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
 from reconciler.rollout.controller import RolloutState
-from reconciler.targets.base import ClusterAPI, Precondition, RolloutBackend, RunDetails, StepEvents
+from reconciler.targets.base import ClusterAPI, ControllerAPI, LeaseTiming, Precondition, RolloutBackend, RunDetails, StepEvents
 from reconciler.targets.kubernetes.kubeconfig import load_client_config
 from reconciler.targets.kubernetes.lease import LeaseFence
 from reconciler.targets.kubernetes.records import records_from_workflows
@@ -103,8 +103,12 @@ class KubernetesTarget:
         backoff: float = 0.5,
         timeout: float = 30.0,
         untrusted_root: Path | None = None,
+        lease: LeaseTiming | None = None,
     ) -> None:
         self.environment = environment
+        #: How :meth:`lock` holds its Lease; None: LEASE_SECONDS, LEASE_RENEW_SECONDS and
+        #: LEASE_MARGIN_SECONDS (an apply's). The controller holds it as a leader would (15/10/2 s).
+        self.lease_timing = lease
         self.namespace = namespace
         self.retries = retries
         self.backoff = backoff
@@ -353,7 +357,9 @@ class KubernetesTarget:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": name, "namespace": self.namespace, "labels": {"app.kubernetes.io/managed-by": MANAGER}},
                 "spec": spec}
-        fence = LeaseFence(ref, holder, LEASE_MARGIN_SECONDS, self.clock)
+        timing = self.lease_timing or LeaseTiming(LEASE_SECONDS, LEASE_RENEW_SECONDS, LEASE_MARGIN_SECONDS)
+        spec["leaseDurationSeconds"] = max(1, round(timing.duration))
+        fence = LeaseFence(ref, holder, timing.margin, self.clock)
         sent = self.clock()
         try:
             stored = self._call("POST", self._lease_path(), verb="create", ref=ref, namespace=self.namespace, body=body)
@@ -368,7 +374,7 @@ class KubernetesTarget:
                 raise
         fence.confirmed(stored, sent)
         stop = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(name, ref, fence, stop), name="forge-lease", daemon=True)
+        renewer = threading.Thread(target=self._renew, args=(name, ref, fence, stop, timing.renew), name="forge-lease", daemon=True)
         self._fence = fence
         renewer.start()
         try:
@@ -384,14 +390,14 @@ class KubernetesTarget:
                 except TargetError:
                     pass  # the lease expires by itself
 
-    def _renew(self, name: str, ref: str, fence: LeaseFence, stop: threading.Event) -> None:
-        """Move the held Lease's renewTime forward every LEASE_RENEW_SECONDS until ``stop``, each
+    def _renew(self, name: str, ref: str, fence: LeaseFence, stop: threading.Event, every: float) -> None:
+        """Move the held Lease's renewTime forward every ``every`` seconds until ``stop``, each
         renewal a PUT at the resourceVersion last stored (so it fails once anyone else wrote the
         Lease), each success moving the fence's deadline. The Lease is lost — for good — when it is
         found deleted or with another holder, or when the renewer wakes past the deadline (the
         process was paused): it is not renewed then, whoever may have taken it meanwhile. A failed
         renewal is tried again at the next tick; the deadline alone decides until then."""
-        while not stop.wait(LEASE_RENEW_SECONDS):
+        while not stop.wait(every):
             if not fence.held:
                 return
             body = json.loads(json.dumps(fence.stored))
@@ -486,6 +492,43 @@ class KubernetesTarget:
     def cluster_api(self) -> ClusterAPI:
         """This target: :meth:`read_path` reads any API path."""
         return self
+
+    def controller_api(self) -> ControllerAPI:
+        """This target: :meth:`apply_object`, :meth:`create_object`, :meth:`get_object`."""
+        return self
+
+    # -- the controller's own objects (ControllerAPI) ---------------------------------------------
+    def apply_object(self, resource: Resource, obj: Mapping[str, Any], *, manager: str,
+                     subresource: str | None = None) -> dict[str, Any]:
+        """Server-side apply of one object of ``resource`` (or its ``subresource``), forced, as
+        ``manager``; fenced by the held Lease like every write."""
+        meta = obj.get("metadata") or {}
+        namespace, name = meta.get("namespace") or "", meta["name"]
+        path = resource.path(namespace, name) + (f"/{subresource}" if subresource else "")
+        ref = f"{resource.kind} {namespace}/{name}" + (f" ({subresource})" if subresource else "")
+        stored: dict[str, Any] = self._call(
+            "PATCH", path, verb="patch", ref=ref, namespace=namespace or None,
+            query=[("fieldManager", manager), ("force", "true")], body=json.dumps(dict(obj)),
+            content_type="application/apply-patch+yaml", fenced=True)
+        return stored
+
+    def create_object(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST ``body`` into the namespace its metadata names; fenced."""
+        namespace = (body.get("metadata") or {}).get("namespace") or self.namespace
+        created: dict[str, Any] = self._call("POST", resource.path(namespace), verb="create", ref=resource.plural,
+                                             namespace=namespace, body=dict(body), fenced=True)
+        return created
+
+    def get_object(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object of ``resource``, or None when there is none."""
+        try:
+            found: dict[str, Any] = self._call("GET", resource.path(namespace, name), verb="get",
+                                               ref=f"{resource.kind} {namespace}/{name}", namespace=namespace or None)
+            return found
+        except TargetError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def log_files(self, name: str) -> list[Path]:
         """Logs of a cluster live in the cluster."""

@@ -30,7 +30,7 @@ from reconciler.errors import ConflictError, LockHeldError, TargetError, TargetN
 from reconciler.registry.records import Record
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
-from reconciler.targets.base import ClusterAPI, Precondition, RolloutBackend, RunDetails, StepEvents
+from reconciler.targets.base import ClusterAPI, ControllerAPI, Precondition, RolloutBackend, RunDetails, StepEvents
 from reconciler.targets.local.details import log_files, model_summaries
 from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
@@ -318,4 +318,8 @@ class LocalTarget:
 
     def cluster_api(self) -> ClusterAPI | None:
         """None: there is no cluster here."""
+        return None
+
+    def controller_api(self) -> ControllerAPI | None:
+        """None: the in-cluster controller's status objects need a cluster."""
         return None

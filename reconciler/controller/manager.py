@@ -1,0 +1,345 @@
+"""`forgectl controller run`: the long-running controller. For each configured source it holds the
+environment's Lease as a leader would, and while it holds it, pulls git on an interval (with
+jitter) or when the push webhook says so, applies a new revision (:mod:`.sync`), walks every
+rollout and experiment with the existing controllers (:func:`reconciler.controller.watch.reconcile_pass`)
+and writes what it did to the source's Sync object and, for a failed sync, an Event on it.
+
+Leader election **is** the environment Lease (`forgectl-<environment>` in the environment's
+namespace, the one `forgectl apply` takes): a replica acts for an environment only while it holds
+that Lease, held with client-go's timings (15 s duration, 10 s renew deadline, 2 s retry), so two
+replicas never both act, and a CLI apply and the controller never interleave (the CLI is refused,
+naming the controller, while it leads). Every write the leader makes — an apply, a traffic move, a
+rollout state, its own status — goes through the target, which checks the Lease's fencing deadline
+before it is sent (:mod:`reconciler.targets.kubernetes.lease`): a deposed leader writes nothing. A new
+leader resumes: the rollout state lives in the cluster, and the revision last applied in the Sync's
+status, so it neither re-applies nor takes a step twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from reconciler.controller.config import ControllerConfig, Source
+from reconciler.controller.metrics import ControllerMetrics
+from reconciler.controller.sync import Loaded, Outcome, apply_revision, diagnostics_message, inside, load_revision
+from reconciler.controller.syncstatus import MANAGER, RolloutLine, SyncReport, status_object, sync_object
+from reconciler.controller.watch import Controllers, controllers_for, prometheus_for, reconcile_pass
+from reconciler.diagnostics import ForgeError, SpecError
+from reconciler.errors import LeaseLost, LockHeldError, TargetError
+from reconciler.load.endpoints import desired_endpoints
+from reconciler.load.gitrepo import fetch_source
+from reconciler.plan.session import TargetOptions, open_target
+from reconciler.resources import EVENT, SYNC
+from reconciler.targets.base import Fence, LeaseTiming, Target
+from specs import Environment, duration_seconds
+
+log = logging.getLogger("forge.controller")
+
+#: Jitter added to each poll interval, as a fraction of it (Flux: 5 %, Argo CD: up to a minute).
+JITTER = 0.1
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def default_identity() -> str:
+    """This replica's holder name: the pod's name (its host name) and the process."""
+    return f"forge-controller/{socket.gethostname()}:{os.getpid()}"
+
+
+def lease_timing(config: ControllerConfig) -> LeaseTiming:
+    """The Lease held as client-go's leader election holds it: renewed every retry period, no
+    write after the renew deadline (the duration less the margin)."""
+    election = config.election
+    duration = duration_seconds(election.lease_duration)
+    return LeaseTiming(duration=duration, renew=duration_seconds(election.retry_period),
+                       margin=duration - duration_seconds(election.renew_deadline))
+
+
+def environment_of(source: Source) -> Environment:
+    """The environment as far as the controller's configuration names it (a cluster namespace): what
+    the Lease and the Sync status need before any revision has been read."""
+    return Environment.model_validate({"apiVersion": "forge.dev/v1alpha1", "kind": "Environment",
+                                       "metadata": {"name": source.environment},
+                                       "spec": {"target": "kubernetes", "kubernetes": {"namespace": source.namespace}}})
+
+
+@dataclass
+class Worker:
+    """One source: its target, its Lease while held, and what it last fetched, applied and walked."""
+
+    source: Source
+    config: ControllerConfig
+    identity: str
+    metrics: ControllerMetrics
+    target: Target
+    cache: Path
+    rng: random.Random
+    stack: ExitStack = field(default_factory=ExitStack)
+    fence: Fence | None = None
+    next_sync: float = 0.0
+    next_walk: float = 0.0
+    triggered: bool = False
+    #: The revision last applied (read back from the Sync status on taking the Lease).
+    applied: str | None = None
+    #: The revision last attempted, and what its sync said (repeated failures are reported once).
+    attempted: str | None = None
+    last_reason: str | None = None
+    #: The specs of the applied revision, and their controllers, for the rollout passes.
+    loaded: Loaded | None = None
+    controllers: Controllers | None = None
+    #: The last sync's message, repeated by the status a rollout pass writes.
+    _last_message: str | None = None
+
+    # -- leadership --------------------------------------------------------------------------------
+    def leading(self) -> bool:
+        """Whether this replica holds the environment's Lease now (taking it when it is free)."""
+        if self.fence is not None and not self.fence.held:
+            log.warning("%s: lost the Lease of environment %s; following", self.source.name, self.source.environment)
+            self.stack.close()
+            self.fence, self.controllers, self.loaded = None, None, None
+            self.metrics.leader.labels(self.source.name).set(0)
+        if self.fence is None:
+            try:
+                self.fence = self.stack.enter_context(self.target.lock(holder=self.identity))
+            except LockHeldError:
+                return False
+            except TargetError as exc:
+                log.warning("%s: cannot take the Lease: %s", self.source.name, exc)
+                self.metrics.errors.labels(self.source.name, type(exc).__name__).inc()
+                return False
+            log.info("%s: leading environment %s as %s", self.source.name, self.source.environment, self.identity)
+            self.metrics.leader.labels(self.source.name).set(1)
+            self.next_sync = 0.0  # a new leader syncs at once, resuming from the Sync's status
+            self.applied = self._resume()
+        return True
+
+    def release(self) -> None:
+        """Give the Lease back (a shutdown): the other replica takes it at its next retry."""
+        self.stack.close()
+        self.fence = None
+        self.metrics.leader.labels(self.source.name).set(0)
+
+    def _resume(self) -> str | None:
+        """Make sure the Sync object exists (its spec: this source) and read the revision it last applied."""
+        api = self.target.controller_api()
+        if api is None:
+            return None
+        spec = {"url": self.source.url, "branch": self.source.branch, "path": self.source.path,
+                "environment": self.source.environment, "namespace": self.source.namespace,
+                "interval": self.source.interval, "selfHeal": self.source.self_heal}
+        stored = api.apply_object(SYNC, sync_object(self.source.name, self.config.namespace, spec), manager=MANAGER)
+        applied = (stored.get("status") or {}).get("lastAppliedRevision")
+        return str(applied) if applied else None
+
+    # -- one tick ----------------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Act when leading: sync when due (or triggered), walk the rollouts when due."""
+        if not self.leading():
+            return
+        try:
+            if self.triggered or now >= self.next_sync:
+                self.triggered = False
+                interval = self.source.interval_seconds
+                self.next_sync = now + interval * (1 + JITTER * self.rng.random())
+                self.sync()
+            if self.loaded is not None and time.monotonic() >= self.next_walk:
+                self.next_walk = time.monotonic() + self.source.rollout_seconds
+                self.walk()
+        except LeaseLost as exc:
+            log.warning("%s: %s", self.source.name, exc)
+            self.metrics.errors.labels(self.source.name, "LeaseLost").inc()
+
+    def sync(self) -> None:
+        """Fetch; load and apply a revision not applied yet (or every time, with selfHeal)."""
+        name = self.source.name
+        began = time.monotonic()
+        try:
+            revision = fetch_source(self.cache, self.source.url, self.source.branch, timeout=self.source.timeout_seconds)
+        except ForgeError as exc:
+            self.metrics.fetch_seconds.labels(name).observe(time.monotonic() - began)
+            self._finish(Outcome("FetchFailed", f"fetching {self.source.branch} of {self.source.url}: {exc}", self.attempted or ""),
+                         began)
+            return
+        self.metrics.fetch_seconds.labels(name).observe(time.monotonic() - began)
+        if revision == self.applied and self.loaded is not None and self.loaded.revision == revision and not self.source.self_heal:
+            return  # nothing moved
+        if revision == self.attempted and self.last_reason in ("ValidationFailed", "Blocked"):
+            return  # the same revision fails the same way: reported once
+        self._report(SyncReport("Progressing", f"syncing revision {revision[:12]}", attempted=revision, leader=self.identity,
+                                time=_now()))
+        try:
+            loaded = load_revision(self.source, self.cache, revision)
+        except SpecError as exc:
+            self._finish(Outcome("ValidationFailed", diagnostics_message(exc, revision), revision), began)
+            return
+        except ForgeError as exc:
+            self._finish(Outcome("ValidationFailed", f"revision {revision[:12]} not applied: {exc}", revision), began)
+            return
+        if revision == self.applied and not self.source.self_heal:
+            outcome = Outcome("Succeeded", f"revision {revision[:12]} is applied", revision, loaded)
+        else:
+            try:
+                outcome = apply_revision(self.source, self.cache, loaded, self.target)
+            except LeaseLost:
+                raise
+            except ForgeError as exc:
+                outcome = Outcome("ApplyFailed", f"revision {revision[:12]}: {exc}", revision, loaded)
+        self._finish(outcome, began)
+
+    def _finish(self, outcome: Outcome, began: float) -> None:
+        name = self.source.name
+        self.metrics.sync_seconds.labels(name, outcome.reason).observe(time.monotonic() - began)
+        self.metrics.syncs.labels(name, outcome.reason).inc()
+        if outcome.reason != "Succeeded":
+            self.metrics.errors.labels(name, outcome.reason).inc()
+            log.warning("%s: %s: %s", name, outcome.reason, outcome.message)
+        else:
+            log.info("%s: %s", name, outcome.message)
+        if outcome.revision:
+            self.attempted = outcome.revision
+        self.last_reason = outcome.reason
+        if outcome.applied and outcome.loaded is not None:
+            self.applied = outcome.revision
+            self.metrics.applied.labels(name).info({"revision": outcome.revision})
+            if self.loaded is None or self.loaded.revision != outcome.revision:
+                self.loaded, self.controllers = outcome.loaded, None
+        self._report(SyncReport(outcome.reason, outcome.message, attempted=outcome.revision or None,
+                                applied=self.applied if outcome.applied else None, leader=self.identity,
+                                summary=outcome.summary, time=_now()))
+        if outcome.reason not in ("Succeeded", "Progressing"):
+            self._event("Warning", outcome.reason, outcome.message)
+
+    def walk(self) -> None:
+        """One pass of the rollout and experiment controllers over the applied revision's endpoints."""
+        loaded = self.loaded
+        if loaded is None:
+            return
+        if self.controllers is None:
+            backend = self.target.rollout_backend(loaded.result.specs, loaded.environment, loaded.revision[:12])
+            url = prometheus_for(loaded.environment, self.target)
+            self.controllers = controllers_for(loaded.result, loaded.environment, backend, url, self.source.namespace)
+        with inside(self.cache):  # a rollback's write-back reads the repository of the working directory
+            states, _ = reconcile_pass(self.controllers, desired_endpoints(loaded.result.specs, loaded.environment))
+        lines = [RolloutLine(endpoint, st.phase.value, st.step, st.weight, st.reason) for endpoint, st in sorted(states.items())]
+        for line in lines:
+            self.metrics.rollout(self.source.name, line.endpoint, line.phase, line.step, line.weight)
+        if lines:
+            self._report(SyncReport(self.last_reason or "Succeeded", self._last_message or "", leader=self.identity,
+                                    rollouts=lines, time=_now()))
+
+    # -- the Sync object and its Events ------------------------------------------------------------
+    def _report(self, report: SyncReport) -> None:
+        if report.reason != "Progressing":
+            self._last_message = report.message
+        api = self.target.controller_api()
+        if api is None:
+            return
+        try:
+            stored = api.get_object(SYNC, self.config.namespace, self.source.name)
+            if stored is None:
+                self._resume()
+                stored = api.get_object(SYNC, self.config.namespace, self.source.name)
+            if stored is not None:
+                api.apply_object(SYNC, status_object(stored, report), manager=MANAGER, subresource="status")
+        except LeaseLost:
+            raise
+        except TargetError as exc:
+            log.warning("%s: cannot write the Sync status: %s", self.source.name, exc)
+            self.metrics.errors.labels(self.source.name, "StatusWriteFailed").inc()
+
+    def _event(self, kind: str, reason: str, message: str) -> None:
+        api = self.target.controller_api()
+        if api is None:
+            return
+        stored = api.get_object(SYNC, self.config.namespace, self.source.name)
+        if stored is None:
+            return
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{self.source.name}.", "namespace": self.config.namespace},
+            "involvedObject": {"apiVersion": SYNC.api_version, "kind": SYNC.kind, "name": self.source.name,
+                               "namespace": self.config.namespace, "uid": stored["metadata"].get("uid")},
+            "reason": reason, "message": message[:1000], "type": kind, "firstTimestamp": stamp, "lastTimestamp": stamp,
+            "count": 1, "source": {"component": MANAGER},
+        }
+        try:
+            api.create_object(EVENT, body)
+        except LeaseLost:
+            raise
+        except TargetError:
+            pass  # an Event is a courtesy: the status holds the record
+
+
+class Manager:
+    """Every source's worker, ticked by one loop (one sync at a time), woken early by the webhook."""
+
+    def __init__(self, config: ControllerConfig, *, metrics: ControllerMetrics | None = None,
+                 open_target_for: Callable[[Source], Target] | None = None) -> None:
+        self.config = config
+        self.identity = config.identity or default_identity()
+        self.metrics = metrics or ControllerMetrics()
+        timing = lease_timing(config)
+        opener = open_target_for or (lambda source: open_target(
+            environment_of(source), TargetOptions(kubeconfig=config.kubeconfig, namespace=source.namespace, lease=timing)))
+        rng = random.Random()
+        cache = Path(config.cache_dir).absolute()
+        self.workers = [Worker(s, config, self.identity, self.metrics, opener(s), cache / s.name, rng) for s in config.sources]
+        self.retry = duration_seconds(config.election.retry_period)
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        #: Monotonic time of the last finished loop, for /healthz.
+        self.last_tick = 0.0
+        self.ticks = 0
+
+    def trigger(self, branch: str | None = None) -> list[str]:
+        """A push: sync the sources on ``branch`` (every source when None) at once; their names."""
+        hit = [w for w in self.workers if branch is None or w.source.branch == branch]
+        for worker in hit:
+            worker.triggered = True
+        self.wake.set()
+        return [w.source.name for w in hit]
+
+    def leading(self) -> dict[str, bool]:
+        """Source → whether this replica leads its environment."""
+        return {w.source.name: w.fence is not None and w.fence.held for w in self.workers}
+
+    def run(self) -> None:
+        """Tick every retry period (or at once when woken) until :meth:`stop`; then give the Leases back."""
+        try:
+            while not self.stopping.is_set():
+                for worker in self.workers:
+                    if self.stopping.is_set():
+                        break
+                    try:
+                        worker.tick(time.monotonic())
+                    except ForgeError as exc:  # one source's failure never stops the others
+                        log.error("%s: %s", worker.source.name, exc)
+                        self.metrics.errors.labels(worker.source.name, type(exc).__name__).inc()
+                    except Exception:  # a bug: logged with its traceback; the other sources carry on
+                        log.exception("%s: internal error", worker.source.name)
+                        self.metrics.errors.labels(worker.source.name, "Internal").inc()
+                self.last_tick = time.monotonic()
+                self.ticks += 1
+                self.wake.wait(self.retry)
+                self.wake.clear()
+        finally:
+            for worker in self.workers:
+                worker.release()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()

@@ -1,0 +1,120 @@
+"""The Sync object's status, in the conventions of the ecosystem (kstatus, fluxcd/pkg `runtime/conditions`):
+conditions `Ready`, `Reconciling` and `Stalled` with a reason, a message, the generation they were
+computed for and when each last changed, beside the revisions, the last plan's summary and every
+endpoint's rollout. Pure: values in, the status object out; the controller writes it.
+
+What each outcome of a sync says:
+
+======================  =====  ===========  =======  ==========================================
+reason                  Ready  Reconciling  Stalled  when
+======================  =====  ===========  =======  ==========================================
+Progressing             Unknown True        False    a revision is being fetched, planned, applied
+Succeeded               True   False        False    the revision is applied (or already was)
+ValidationFailed        False  False        True     the specs at the revision do not load: the
+                                                     previous revision keeps running; a new commit
+                                                     is needed (the message names file:line)
+Blocked                 False  False        True     the target cannot run the plan
+FetchFailed             False  True         False    git did not answer; retried next interval
+ApplyFailed             False  True         False    the apply stopped part-way; retried
+======================  =====  ===========  =======  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.resources import SYNC
+
+#: Outcome reason → (Ready, Reconciling, Stalled), as the module docstring's table.
+CONDITIONS: dict[str, tuple[str, str, str]] = {
+    "Progressing": ("Unknown", "True", "False"),
+    "Succeeded": ("True", "False", "False"),
+    "ValidationFailed": ("False", "False", "True"),
+    "Blocked": ("False", "False", "True"),
+    "FetchFailed": ("False", "True", "False"),
+    "ApplyFailed": ("False", "True", "False"),
+}
+#: Field manager of everything the controller writes of its own.
+MANAGER = "forge-controller"
+#: Longest condition message kept (the CRD allows 32 KiB; a status is read by people).
+MAX_MESSAGE = 4000
+
+
+@dataclass(frozen=True)
+class RolloutLine:
+    """One endpoint's rollout as the last pass left it."""
+
+    endpoint: str
+    phase: str
+    step: int
+    weight: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "phase": self.phase, "step": self.step, "weight": self.weight,
+                "reason": self.reason[:1000]}
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """What the controller knows of one source after a sync or a rollout pass."""
+
+    reason: str
+    message: str
+    attempted: str | None = None
+    applied: str | None = None
+    leader: str | None = None
+    summary: Mapping[str, int] | None = None
+    rollouts: Sequence[RolloutLine] = field(default_factory=tuple)
+    time: str = ""
+
+
+def conditions(previous: Sequence[Mapping[str, Any]], reason: str, message: str, generation: int,
+               now: str) -> list[dict[str, Any]]:
+    """The three conditions for ``reason`` (see :data:`CONDITIONS`); each keeps its
+    `lastTransitionTime` from ``previous`` while its status does not change."""
+    ready, reconciling, stalled = CONDITIONS[reason]
+    before = {c.get("type"): c for c in previous}
+    text = message[:MAX_MESSAGE]
+    out = []
+    for kind, status in (("Ready", ready), ("Reconciling", reconciling), ("Stalled", stalled)):
+        old = before.get(kind) or {}
+        since = old.get("lastTransitionTime") if old.get("status") == status and old.get("lastTransitionTime") else now
+        # A condition that is False says why in Ready's terms: its reason is the outcome's.
+        out.append({"type": kind, "status": status, "reason": reason, "message": text if status != "False" or kind == "Ready" else "",
+                    "observedGeneration": generation, "lastTransitionTime": since})
+    return out
+
+
+def sync_object(name: str, namespace: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The Sync object as the controller applies it (its spec: the configured source)."""
+    return {"apiVersion": SYNC.api_version, "kind": SYNC.kind, "metadata": {"name": name, "namespace": namespace},
+            "spec": dict(spec)}
+
+
+def status_object(stored: Mapping[str, Any], report: SyncReport) -> dict[str, Any]:
+    """The status patch for ``stored`` (the Sync as read back) after ``report``: conditions, the
+    revisions (an unset one keeps what was there), the plan's summary and the rollouts."""
+    meta = stored.get("metadata") or {}
+    old = stored.get("status") or {}
+    generation = int(meta.get("generation") or 0)
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "conditions": conditions(old.get("conditions") or [], report.reason, report.message, generation, report.time),
+        "lastSyncTime": report.time,
+    }
+    for key, value in (("lastAttemptedRevision", report.attempted or old.get("lastAttemptedRevision")),
+                       ("lastAppliedRevision", report.applied or old.get("lastAppliedRevision")),
+                       ("leader", report.leader or old.get("leader"))):
+        if value:
+            status[key] = value
+    summary = report.summary if report.summary is not None else old.get("plan")
+    if summary:
+        status["plan"] = {k: int(summary.get(k, 0)) for k in ("created", "configured", "deleted", "unchanged")}
+    rollouts = [r.to_json() for r in report.rollouts] if report.rollouts else old.get("rollouts")
+    if rollouts:
+        status["rollouts"] = rollouts
+    return {"apiVersion": SYNC.api_version, "kind": SYNC.kind,
+            "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")}, "status": status}

@@ -1,0 +1,274 @@
+"""`forgectl controller run` as real processes against the real kube-apiserver (+ etcd and the real
+CRDs, Forge's Sync among them) and a real git server (`git daemon` on 127.0.0.1): the controller
+pulls the pushed specs and applies them through the same plan and apply as the CLI, refuses an
+invalid revision (Ready=False, ValidationFailed, file:line; nothing applied), takes a fix; two
+replicas elect one leader on the environment's Lease, and a SIGKILLed leader is replaced within
+the Lease's duration. Everything asserted is read from the API server (and the controller's
+HTTP endpoints)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.controller.gitserver import GitServer, free_port, start_git_server
+from tests.polling import wait_until
+
+FORGECTL = [sys.executable, "-m", "forgectl"]
+SOURCE = "quickstart"
+
+
+@pytest.fixture
+def git_server(tmp_path: Path) -> Iterator[GitServer]:
+    server = start_git_server(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class Replica:
+    """One controller process."""
+
+    name: str
+    process: subprocess.Popen[str]
+    port: int
+    log: Path
+
+    @property
+    def identity(self) -> str:
+        return f"forge-controller/{self.name}"
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def post(self, path: str, body: bytes, headers: dict[str, str]) -> int:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def leads(self) -> bool:
+        status, text = self.get("/metrics")
+        return status == 200 and f'forge_controller_leader{{source="{SOURCE}"}} 1.0' in text
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+class Controllers:
+    """Starts replicas of one configuration; kills what is left at the end."""
+
+    def __init__(self, tmp: Path, kubeconfig: str, namespace: str, url: str, *, interval: str,
+                 secret: bytes | None = None) -> None:
+        self.tmp, self.kubeconfig, self.namespace, self.url = tmp, kubeconfig, namespace, url
+        self.interval, self.secret = interval, secret
+        self.replicas: list[Replica] = []
+
+    def start(self, name: str) -> Replica:
+        port = free_port()
+        config: dict[str, Any] = {
+            "apiVersion": "forge.dev/v1alpha1", "kind": "ControllerConfig", "namespace": self.namespace,
+            "identity": f"forge-controller/{name}", "cacheDir": str(self.tmp / f"cache-{name}"),
+            "http": {"address": "127.0.0.1", "port": port},
+            "sources": [{"name": SOURCE, "url": self.url, "branch": "main", "path": ".", "environment": "cluster",
+                         "namespace": self.namespace, "interval": self.interval, "timeout": "30s"}],
+        }
+        if self.secret is not None:
+            secret_file = self.tmp / "webhook-secret"
+            secret_file.write_bytes(self.secret)
+            config["webhook"] = {"secretFile": str(secret_file)}
+        path = self.tmp / f"controller-{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        log = self.tmp / f"controller-{name}.log"
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "NO_COLOR": "1"}
+        process = subprocess.Popen([*FORGECTL, "controller", "run", "--config", str(path)], cwd=self.tmp, env=env,
+                                   stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+        replica = Replica(name, process, port, log)
+        self.replicas.append(replica)
+        wait_until(lambda: replica.get("/readyz")[0] == 200, timeout=60, what=f"controller {name}'s /readyz",
+                   ignore=(OSError,))
+        return replica
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            if replica.process.poll() is None:
+                replica.process.send_signal(signal.SIGTERM)
+        for replica in self.replicas:
+            try:
+                replica.process.wait(20)
+            except subprocess.TimeoutExpired:
+                replica.process.kill()
+
+
+@pytest.fixture
+def controllers(tmp_path: Path, kube_cluster, namespace: str, git_server: GitServer, request) -> Iterator[Controllers]:
+    interval, secret = getattr(request, "param", ("2s", None))
+    made = Controllers(tmp_path, kube_cluster.kubeconfig, namespace, git_server.url, interval=interval, secret=secret)
+    try:
+        yield made
+    finally:
+        made.close()
+        for replica in made.replicas:
+            assert "internal error" not in replica.output(), replica.output()[-4000:]
+
+
+def kubectl(kubeconfig: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["kubectl", "--kubeconfig", kubeconfig, *args], capture_output=True, text=True, check=check,
+                          timeout=180)
+
+
+def sync_status(kubeconfig: str, namespace: str) -> dict[str, Any]:
+    done = kubectl(kubeconfig, "-n", namespace, "get", f"sync/{SOURCE}", "-o", "json", check=False)
+    return json.loads(done.stdout).get("status", {}) if done.returncode == 0 else {}
+
+
+def ready(status: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
+
+
+def applied(kubeconfig: str, namespace: str, revision: str) -> dict[str, Any] | None:
+    status = sync_status(kubeconfig, namespace)
+    return status if status.get("lastAppliedRevision") == revision and ready(status).get("status") == "True" else None
+
+
+def live_versions(kubeconfig: str, namespace: str) -> dict[str, str]:
+    done = kubectl(kubeconfig, "-n", namespace, "get", "workflows,seldondeployments,prometheusrules,podmonitors,configmaps",
+                   "-l", "app.kubernetes.io/managed-by=forgectl", "-o", "json")
+    return {f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"] for o in json.loads(done.stdout)["items"]}
+
+
+def lease_holder(kubeconfig: str, namespace: str) -> str | None:
+    done = kubectl(kubeconfig, "-n", namespace, "get", "lease", "forgectl-cluster", "-o", "json", check=False)
+    return json.loads(done.stdout)["spec"].get("holderIdentity") if done.returncode == 0 else None
+
+
+def test_the_controller_applies_pushed_revisions_and_refuses_an_invalid_one(kube_cluster, namespace, git_server,
+                                                                          controllers) -> None:
+    kubeconfig = kube_cluster.kubeconfig
+    first = git_server.push("quick-start")
+    replica = controllers.start("a")
+    # kubectl wait on the Sync's Ready condition (the CRD under deploy/crds/, kstatus conventions)
+    wait_until(lambda: sync_status(kubeconfig, namespace), timeout=60, what="the Sync object")
+    waited = kubectl(kubeconfig, "-n", namespace, "wait", "--for=condition=Ready", f"sync/{SOURCE}", "--timeout=120s",
+                     check=False)
+    assert waited.returncode == 0, (waited.stdout, waited.stderr, replica.output()[-3000:])
+    status = sync_status(kubeconfig, namespace)
+    assert status["lastAppliedRevision"] == first and status["lastAttemptedRevision"] == first
+    assert ready(status)["reason"] == "Succeeded" and status["plan"]["created"] > 0
+    assert status["leader"] == replica.identity == lease_holder(kubeconfig, namespace)
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Ready": "True", "Reconciling": "False", "Stalled": "False"}
+    before = live_versions(kubeconfig, namespace)
+    assert "SeldonDeployment/digits" in before and any(k.startswith("Workflow/") for k in before)
+
+    # a CLI apply while the controller leads the environment is refused, naming the controller
+    refused = subprocess.run([*FORGECTL, "apply", str(git_server.work), "--env", "cluster", "-n", namespace, "--auto-approve"],
+                             capture_output=True, text=True, env={**os.environ, "KUBECONFIG": kubeconfig, "NO_COLOR": "1"},
+                             cwd=git_server.work, timeout=120)
+    assert refused.returncode != 0 and f"locked by {replica.identity}" in refused.stderr, refused.stderr
+
+    # an invalid revision: not applied, Ready=False with the reason and file:line, an Event on the Sync
+    git_server.edit("model.yaml", "learningRate: 0.002", "learningRate: fast")
+    bad = git_server.push("a typo")
+    status = wait_until(lambda: (s := sync_status(kubeconfig, namespace)).get("lastAttemptedRevision") == bad
+                        and ready(s).get("status") == "False" and s, timeout=60, what="the invalid revision refused")
+    condition = ready(status)
+    assert condition["reason"] == "ValidationFailed", condition
+    assert "model.yaml:15:" in condition["message"] and "learningRate" in condition["message"], condition["message"]
+    assert status["lastAppliedRevision"] == first  # the previous revision keeps running
+    stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
+    assert stalled["status"] == "True"
+    assert live_versions(kubeconfig, namespace) == before  # nothing was written
+    events = json.loads(kubectl(kubeconfig, "-n", namespace, "get", "events", "--field-selector",
+                                f"involvedObject.kind=Sync,involvedObject.name={SOURCE}", "-o", "json").stdout)["items"]
+    assert any(e["reason"] == "ValidationFailed" and "model.yaml:15:" in e["message"] for e in events), events
+
+    # the fix: applied (a new version's Workflow), Ready again
+    git_server.edit("model.yaml", "learningRate: fast", "learningRate: 0.003")
+    fixed = git_server.push("the fix")
+    status = wait_until(lambda: applied(kubeconfig, namespace, fixed), timeout=90, what="the fixed revision applied")
+    assert ready(status)["reason"] == "Succeeded"
+    after = live_versions(kubeconfig, namespace)
+    assert set(after) > set(before), "the new version's Workflow is live"
+    status_code, metrics = replica.get("/metrics")
+    assert status_code == 200
+    assert f'forge_controller_last_applied_revision_info{{revision="{fixed}",source="{SOURCE}"}} 1.0' in metrics
+    assert f'forge_controller_syncs_total{{result="ValidationFailed",source="{SOURCE}"}} 1.0' in metrics
+    assert "forge_controller_git_fetch_duration_seconds_count" in metrics
+    assert replica.get("/healthz")[0] == 200
+
+
+@pytest.mark.parametrize("controllers", [("1h", b"s3cret-for-tests")], indirect=True)
+def test_a_signed_push_webhook_syncs_at_once_and_a_bad_signature_is_refused(kube_cluster, namespace, git_server,
+                                                                          controllers) -> None:
+    kubeconfig = kube_cluster.kubeconfig
+    first = git_server.push("quick-start")
+    replica = controllers.start("a")
+    wait_until(lambda: applied(kubeconfig, namespace, first), timeout=120, what="the first revision applied")
+    git_server.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003")
+    second = git_server.push("learning rate")
+    body = json.dumps({"ref": "refs/heads/main", "after": second}).encode()
+    good = "sha256=" + hmac.new(b"s3cret-for-tests", body, hashlib.sha256).hexdigest()
+    wrong = "sha256=" + hmac.new(b"another secret", body, hashlib.sha256).hexdigest()
+    assert replica.post("/hooks/git", body, {"X-Hub-Signature-256": wrong, "Content-Type": "application/json"}) == 401
+    assert replica.post("/hooks/git", body, {"Content-Type": "application/json"}) == 401
+    time.sleep(3)  # the interval is an hour: nothing but a valid webhook moves it
+    assert sync_status(kubeconfig, namespace)["lastAttemptedRevision"] == first
+    pushed = time.monotonic()
+    assert replica.post("/hooks/git", body, {"X-Hub-Signature-256": good, "Content-Type": "application/json"}) == 202
+    wait_until(lambda: applied(kubeconfig, namespace, second), timeout=60, what="the pushed revision applied")
+    assert time.monotonic() - pushed < 30
+
+
+def test_two_replicas_elect_one_leader_and_a_killed_leader_is_replaced(kube_cluster, namespace, git_server,
+                                                                     controllers) -> None:
+    kubeconfig = kube_cluster.kubeconfig
+    first = git_server.push("quick-start")
+    a = controllers.start("a")
+    b = controllers.start("b")
+    wait_until(lambda: applied(kubeconfig, namespace, first), timeout=120, what="the first revision applied")
+    holder = lease_holder(kubeconfig, namespace)
+    leader, follower = (a, b) if holder == a.identity else (b, a)
+    assert holder == leader.identity, holder
+    wait_until(leader.leads, timeout=10, what="the leader's gauge")
+    assert not follower.leads()
+    assert sync_status(kubeconfig, namespace)["leader"] == leader.identity
+    time.sleep(5)  # two replicas, one Lease: the follower keeps following (it retries every 2 s)
+    assert lease_holder(kubeconfig, namespace) == leader.identity and not follower.leads()
+
+    leader.process.send_signal(signal.SIGKILL)
+    leader.process.wait(10)
+    killed = time.monotonic()
+    wait_until(lambda: lease_holder(kubeconfig, namespace) == follower.identity, timeout=30,
+               what="the follower to take the Lease over", interval=0.2)
+    took = time.monotonic() - killed
+    assert took <= 20, took  # the Lease's 15 s duration, and a retry every 2 s
+    wait_until(follower.leads, timeout=10, what="the new leader's gauge")
+    # the new leader resumes (the revision is applied: nothing re-applied) and takes the next push
+    git_server.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003")
+    second = git_server.push("learning rate")
+    status = wait_until(lambda: applied(kubeconfig, namespace, second), timeout=90, what="the new leader applying")
+    assert status["leader"] == follower.identity
+    assert f"leading environment cluster as {follower.identity}" in follower.output()
