@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from forgectl.controller_cli import app as controller_app
+from forgectl.controller_cli import install as controller_install
 from forgectl.experiment_cli import app as experiment_app
 from forgectl.experiment_cli import experiment_lines
 from forgectl.models_cli import app as models_app
@@ -277,6 +278,7 @@ app.add_typer(rollout_app, name="rollout")
 app.add_typer(models_app, name="models")  # the registry, lineage, leaderboard
 app.add_typer(experiment_app, name="experiment")  # A/B experiments
 app.add_typer(controller_app, name="controller")  # the in-cluster controller (docs/controller.md)
+app.command("install")(controller_install)  # the controller's manifests (docs/controller.md)
 
 
 @app.command()

@@ -1,0 +1,138 @@
+"""What `forgectl install` puts in a cluster, as plain manifests (like `flux install --export`):
+the `forge-system` Namespace, the Sync CRD, the controller's ServiceAccount and RBAC, a Deployment
+of two replicas (probes, resources, non-root, read-only root filesystem), its metrics and webhook
+Service and a PodDisruptionBudget. Pure: options in, objects out; `deploy/` holds them rendered
+with the defaults (a test keeps it equal).
+
+Least privilege: the controller does in an environment's namespace what `forgectl apply` does,
+so it is bound (a RoleBinding per managed namespace, `--manage NS`) to the ClusterRole `forgectl`
+of docs/rbac/forgectl-role.yaml, and cluster-wide to its read-only `forgectl-namespace-reader`;
+those ClusterRoles are applied from that file, as for the CLI. Of its own it needs only its Sync
+objects, their status and Events, in its namespace (a Role).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import yaml
+
+NAME = "forge-controller"
+#: The Sync CRD (package data, so an installed forgectl renders it too).
+CRD_FILE = "syncs.forge.dev.yaml"
+PORT = 8080
+LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "forge"}
+#: The controller's configuration: a ConfigMap the user writes (docs/controller.md), mounted here.
+CONFIG_MAP = f"{NAME}-config"
+CONFIG_PATH = "/etc/forge/config.yaml"
+CACHE_PATH = "/var/cache/forge"
+
+
+@dataclass(frozen=True)
+class InstallOptions:
+    """`forgectl install`'s flags."""
+
+    namespace: str = "forge-system"
+    image: str = "forge-controller:0.1.0"
+    replicas: int = 2
+    #: Namespaces the controller applies to (a RoleBinding to ClusterRole `forgectl` in each).
+    manage: tuple[str, ...] = field(default_factory=tuple)
+
+
+def sync_crd() -> dict[str, Any]:
+    """The Sync CustomResourceDefinition."""
+    text = resources.files("reconciler.controller").joinpath(CRD_FILE).read_text()
+    crd: dict[str, Any] = yaml.safe_load(text)
+    return crd
+
+
+def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    meta["labels"] = dict(LABELS)
+    return meta
+
+
+def _subject(options: InstallOptions) -> list[dict[str, str]]:
+    return [{"kind": "ServiceAccount", "name": NAME, "namespace": options.namespace}]
+
+
+def rbac(options: InstallOptions) -> list[dict[str, Any]]:
+    """The ServiceAccount, its own Role (Syncs, their status, Events) and the bindings to docs/rbac's ClusterRoles."""
+    ns = options.namespace
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME}
+    objects: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME, ns)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(NAME, ns), "rules": [
+            {"apiGroups": ["forge.dev"], "resources": ["syncs"], "verbs": ["get", "list", "watch", "create", "patch"]},
+            {"apiGroups": ["forge.dev"], "resources": ["syncs/status"], "verbs": ["get", "patch"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        ]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(NAME, ns),
+         "roleRef": role_ref, "subjects": _subject(options)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": _meta(f"{NAME}-namespace-reader"),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "forgectl-namespace-reader"},
+         "subjects": _subject(options)},
+    ]
+    for managed in options.manage:
+        objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(NAME, managed),
+                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "forgectl"},
+                        "subjects": _subject(options)})
+    return objects
+
+
+def deployment(options: InstallOptions) -> dict[str, Any]:
+    """Two replicas (one leads each environment), probes on /healthz and /readyz, non-root with a
+    read-only root filesystem; the configuration from a ConfigMap, git's cache in an emptyDir."""
+    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
+    container = {
+        "name": "controller", "image": options.image, "imagePullPolicy": "IfNotPresent",
+        "args": ["controller", "run", "--config", CONFIG_PATH],
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "livenessProbe": probe,
+        "readinessProbe": {**probe, "httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "config", "mountPath": "/etc/forge", "readOnly": True},
+                         {"name": "cache", "mountPath": CACHE_PATH}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(NAME, options.namespace),
+        "spec": {
+            "replicas": options.replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "template": {
+                "metadata": {"labels": dict(LABELS)},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": CONFIG_MAP}},
+                                {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def install_objects(options: InstallOptions = InstallOptions()) -> list[dict[str, Any]]:
+    """Everything `forgectl install` applies, in apply order."""
+    ns = options.namespace
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns)},
+        sync_crd(),
+        *rbac(options),
+        deployment(options),
+        {"apiVersion": "v1", "kind": "Service", "metadata": _meta(NAME, ns), "spec": {
+            "selector": {"app.kubernetes.io/name": NAME},
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]}},
+        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(NAME, ns), "spec": {
+            "minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}}}},
+    ]
