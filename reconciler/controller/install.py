@@ -79,7 +79,9 @@ def rbac(options: InstallOptions) -> list[dict[str, Any]]:
          "subjects": _subject(options)},
     ]
     for managed in options.manage:
-        objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(NAME, managed),
+        # named apart from the controller's own RoleBinding: its namespace may be a managed one too
+        objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                        "metadata": _meta(f"{NAME}-forgectl", managed),
                         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "forgectl"},
                         "subjects": _subject(options)})
     return objects

@@ -29,6 +29,7 @@ import yaml
 from tests.controller.gitserver import GitServer, free_port, start_git_server
 from tests.polling import wait_until
 
+ROOT = Path(__file__).resolve().parents[2]
 FORGECTL = [sys.executable, "-m", "forgectl"]
 SOURCE = "quickstart"
 
@@ -272,3 +273,44 @@ def test_two_replicas_elect_one_leader_and_a_killed_leader_is_replaced(kube_clus
     status = wait_until(lambda: applied(kubeconfig, namespace, second), timeout=90, what="the new leader applying")
     assert status["leader"] == follower.identity
     assert f"leading environment cluster as {follower.identity}" in follower.output()
+
+
+def test_the_controller_runs_under_exactly_the_rbac_install_renders(kube_cluster, namespace, git_server, tmp_path) -> None:
+    """The ServiceAccount and bindings `forgectl install -n NS --manage NS` renders, the ClusterRoles of
+    docs/rbac/forgectl-role.yaml, and a token of that ServiceAccount: the controller applies, takes
+    the Lease and writes its Sync status with those rights alone; the ServiceAccount can do no more."""
+    admin = kube_cluster.kubeconfig
+    roles = kubectl(admin, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "docs" / "rbac" / "forgectl-role.yaml"))
+    assert roles.returncode == 0, roles.stderr
+    rendered = subprocess.run([*FORGECTL, "install", "--dry-run", "-o", "yaml", "--namespace", namespace, "--manage", namespace],
+                              capture_output=True, text=True, check=True, timeout=60).stdout
+    wanted = ("ServiceAccount", "Role", "RoleBinding", "ClusterRoleBinding")
+    rbac = [o for o in yaml.safe_load_all(rendered) if o["kind"] in wanted]
+    done = subprocess.run(["kubectl", "--kubeconfig", admin, "apply", "--server-side", "--force-conflicts", "-f", "-"],
+                          input="".join("---\n" + yaml.safe_dump(o) for o in rbac), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    account = f"system:serviceaccount:{namespace}:forge-controller"
+
+    def can(verb: str, resource: str) -> bool:
+        return kubectl(admin, "auth", "can-i", verb, resource, "-n", namespace, f"--as={account}", check=False).stdout.strip() == "yes"
+
+    wait_until(lambda: can("create", "workflows.argoproj.io") and can("patch", "syncs.forge.dev/status"), timeout=15,
+               what="the rendered bindings to take effect")
+    assert not can("get", "secrets") and not can("delete", "services") and not can("create", "deployments.apps")
+    token = kubectl(admin, "create", "token", "forge-controller", "-n", namespace, "--duration=1h").stdout.strip()
+    config = yaml.safe_load(Path(admin).read_text())
+    config["users"] = [{"name": "forge-controller", "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = "forge-controller"
+    restricted = tmp_path / "forge-controller.kubeconfig"
+    restricted.write_text(yaml.safe_dump(config))
+
+    first = git_server.push("quick-start")
+    made = Controllers(tmp_path, str(restricted), namespace, git_server.url, interval="2s")
+    try:
+        replica = made.start("rbac")
+        status = wait_until(lambda: applied(admin, namespace, first), timeout=120, what="the revision applied under the rendered RBAC")
+        assert status["leader"] == replica.identity and status["plan"]["created"] > 0
+        assert "Forbidden" not in replica.output() and "403" not in replica.output(), replica.output()[-3000:]
+    finally:
+        made.close()
