@@ -141,11 +141,14 @@ class BadDataPrometheus:
             payload = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
         if query:
             self.answers.append(Answer(time.time(), fault, query, status))
-        handler.send_response(status)
-        handler.send_header("content-type", ctype)
-        handler.send_header("content-length", str(len(payload)))
-        handler.end_headers()
-        handler.wfile.write(payload)
+        try:
+            handler.send_response(status)
+            handler.send_header("content-type", ctype)
+            handler.send_header("content-length", str(len(payload)))
+            handler.end_headers()
+            handler.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up first (its timeout, while the real server hung): as with Prometheus
 
     def _forward(self, path: str, params: list[tuple[str, str]]) -> tuple[int, bytes, str]:
         """The real Prometheus's answer to ``path`` with ``params`` (a GET): status, body, type."""
