@@ -1,0 +1,128 @@
+"""The controller's parts that need no cluster: its configuration's errors (file:line), the Sync's
+conditions, the webhook's signature check, and the fetch's refusals — on real files, a real git."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from reconciler.controller.config import load_config
+from reconciler.controller.server import pushed_branch, signature_ok
+from reconciler.controller.syncstatus import RolloutLine, SyncReport, conditions, status_object
+from reconciler.diagnostics import ForgeError, SpecError
+from reconciler.load.gitrepo import GitError, fetch_source
+
+GOOD = """\
+apiVersion: forge.dev/v1alpha1
+kind: ControllerConfig
+sources:
+  - name: quickstart
+    url: git://127.0.0.1:9418/specs.git
+    environment: cluster
+    namespace: forge-quickstart
+    interval: 10s
+"""
+
+
+def test_a_valid_configuration_has_the_documented_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "controller.yaml"
+    path.write_text(GOOD)
+    config = load_config(path)
+    [source] = config.sources
+    assert (source.branch, source.path, source.interval_seconds, source.timeout_seconds, source.self_heal) == ("main", ".", 10.0, 60.0, False)
+    assert (config.namespace, config.http.address, config.http.port) == ("forge-system", "127.0.0.1", 8080)
+    assert (config.election.lease_duration, config.election.renew_deadline, config.election.retry_period) == ("15s", "10s", "2s")
+
+
+@pytest.mark.parametrize(("change", "where", "says"), [
+    (("interval: 10s", "interval: often"), ":8:", "sources.0.interval"),
+    (("    environment: cluster\n", ""), ":4:", "environment"),
+    (("name: quickstart", "name: Quick_Start"), ":4:", "sources.0.name"),
+    (("kind: ControllerConfig", "kind: ControllerConfig\nsurprise: 1"), ":3:", "surprise"),
+])
+def test_a_bad_configuration_names_file_line_and_field(tmp_path: Path, change: tuple[str, str], where: str, says: str) -> None:
+    path = tmp_path / "controller.yaml"
+    path.write_text(GOOD.replace(*change))
+    with pytest.raises(SpecError) as err:
+        load_config(path)
+    texts = [d.text() for d in err.value.diagnostics]
+    assert any(f"{path}{where}" in t and says in t for t in texts), texts
+
+
+def test_two_sources_on_one_environment_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "controller.yaml"
+    path.write_text(GOOD + GOOD.split("sources:\n")[1].replace("name: quickstart", "name: other"))
+    with pytest.raises(SpecError, match="1 problem") as err:
+        load_config(path)
+    assert "same environment and namespace" in err.value.diagnostics[0].message
+
+
+def test_conditions_keep_their_transition_time_while_their_status_holds() -> None:
+    first = conditions([], "Succeeded", "applied revision abc", 3, "2026-01-01T00:00:00Z")
+    assert {c["type"]: (c["status"], c["reason"]) for c in first} == {
+        "Ready": ("True", "Succeeded"), "Reconciling": ("False", "Succeeded"), "Stalled": ("False", "Succeeded")}
+    later = conditions(first, "Succeeded", "applied revision def", 4, "2026-01-01T00:05:00Z")
+    assert all(c["lastTransitionTime"] == "2026-01-01T00:00:00Z" and c["observedGeneration"] == 4 for c in later)
+    failed = conditions(later, "ValidationFailed", "model.yaml:15:5: …", 4, "2026-01-01T00:06:00Z")
+    by_type = {c["type"]: c for c in failed}
+    assert by_type["Ready"]["status"] == "False" and by_type["Ready"]["lastTransitionTime"] == "2026-01-01T00:06:00Z"
+    assert by_type["Stalled"]["status"] == "True" and by_type["Stalled"]["message"] == "model.yaml:15:5: …"
+    assert by_type["Reconciling"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # False before, False now
+
+
+def test_a_status_keeps_the_applied_revision_when_a_later_one_fails() -> None:
+    stored = {"metadata": {"name": "q", "namespace": "ns", "generation": 2},
+              "status": {"lastAppliedRevision": "aaa", "plan": {"created": 3, "configured": 0, "deleted": 0, "unchanged": 0}}}
+    patch = status_object(stored, SyncReport("ValidationFailed", "bad", attempted="bbb", time="t",
+                                             rollouts=(RolloutLine("digits", "Progressing", 1, 50, "step 2"),)))
+    status = patch["status"]
+    assert (status["lastAppliedRevision"], status["lastAttemptedRevision"], status["plan"]["created"]) == ("aaa", "bbb", 3)
+    assert status["rollouts"] == [{"endpoint": "digits", "phase": "Progressing", "step": 1, "weight": 50, "reason": "step 2"}]
+
+
+def test_the_webhook_signature_is_githubs() -> None:
+    body = b'{"ref": "refs/heads/main"}'
+    good = "sha256=" + hmac.new(b"secret", body, hashlib.sha256).hexdigest()
+    assert signature_ok(b"secret", body, good)
+    assert not signature_ok(b"other", body, good)
+    assert not signature_ok(b"secret", body + b" ", good)
+    assert not signature_ok(b"secret", body, good.replace("sha256=", "sha1="))
+    assert not signature_ok(b"secret", body, None)
+    assert pushed_branch(body) == "main" and pushed_branch(b'{"ref": "refs/tags/v1"}') is None and pushed_branch(b"[") is None
+
+
+@pytest.mark.parametrize("url", ["git@example.com:specs.git", "ext::sh -c touch% /tmp/pwned", "/srv/specs.git",
+                                 "fd::17", "-uhttps://x", "https://x/\x1b[31m"])
+def test_a_fetch_refuses_urls_without_an_allowed_scheme(tmp_path: Path, url: str) -> None:
+    with pytest.raises(GitError, match="not fetched"):
+        fetch_source(tmp_path / "cache", url, "main", timeout=10)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_fetch_refuses_a_branch_that_is_no_branch_name(tmp_path: Path) -> None:
+    with pytest.raises(ForgeError):
+        fetch_source(tmp_path / "cache", "file:///nowhere", "--upload-pack=touch", timeout=10)
+    with pytest.raises(GitError, match="not a branch name"):
+        fetch_source(tmp_path / "cache", "file:///nowhere", "main:refs/heads/x", timeout=10)
+
+
+def test_a_fetch_returns_the_branch_commit_into_a_cache_of_forges_own(tmp_path: Path) -> None:
+    """A file:// fetch: the fetched commit is what the branch names, the cache has no work tree
+    checked out, and a missing repository is a GitError naming the branch and URL."""
+    origin = tmp_path / "origin"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x"}
+    subprocess.run(["git", "init", "-q", "--initial-branch=main", str(origin)], check=True, env=env)
+    (origin / "a.yaml").write_text("x: 1\n")
+    subprocess.run(["git", "add", "."], cwd=origin, check=True, env=env)
+    subprocess.run(["git", "commit", "-qm", "one"], cwd=origin, check=True, env=env)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=origin, check=True, env=env, capture_output=True, text=True).stdout.strip()
+    assert fetch_source(tmp_path / "cache", origin.as_uri(), "main", timeout=30) == head
+    # the cache is Forge's own: no work tree checked out, nothing of the origin's configuration
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [".git"]
+    with pytest.raises(GitError, match="fetching main of file://"):
+        fetch_source(tmp_path / "cache", (tmp_path / "missing").as_uri(), "main", timeout=30)
