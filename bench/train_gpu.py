@@ -23,10 +23,12 @@ Parts:
   and ``bf16_fused_compile_deterministic`` (``deterministic: true``).
 - ``ddp``: the compiled bf16 rung over all GPUs under torchrun (``strategy: ddp``); skipped, and
   said so, with fewer than 2 GPUs.
-- ``checkpointing``: the same width at 4, 8, 16 and 32 layers (batch 8, bf16 + fused), with and
-  without ``gradientCheckpointing``: activation memory (CUDA: the allocator's peak within a
-  step above what stays allocated between steps; CPU: bytes autograd saved for backward), the
-  growth exponent with depth fitted on log-log, bytes per layer, and the step-time overhead.
+- ``checkpointing``: the same width at 4, 8, 16, 32 and 64 layers (batch 8, bf16 + fused), in three
+  modes of ``gradientCheckpointing``: ``false`` (``full``), ``true`` (``checkpointed``: every block)
+  and ``sqrt`` (segments of ⌈√layers⌉ blocks): activation memory (CUDA: the allocator's peak within
+  a step above what stays allocated between steps; CPU: bytes autograd saved for backward), the
+  growth exponent with depth fitted on log-log (the promise: ≤ 0.6 for ``sqrt``), bytes per
+  layer, and each mode's step-time overhead against ``full``.
 
 ``--device cpu`` runs the same parts with a small model (CI runs it, see
 tests/runtimes/test_bench_train.py); ``--device cuda`` on a machine without a GPU says so, writes
@@ -84,7 +86,7 @@ DEFAULT_RUNGS = ("fp32_eager", "bf16_autocast", "bf16_fused_attention", "bf16_fu
 def shapes(device: str, smoke: bool) -> dict[str, Any]:
     if device == "cuda" and not smoke:
         return {"layers": 12, "dModel": 768, "heads": 12, "contextLength": 1024, "vocabSize": 50304,
-                "batch": 16, "steps": 10, "ckptLayers": [4, 8, 16, 32], "ckptBatch": 8, "ckptSteps": 3}
+                "batch": 16, "steps": 10, "ckptLayers": [4, 8, 16, 32, 64], "ckptBatch": 8, "ckptSteps": 3}
     if device == "cuda":  # a quick check of the GPU path
         return {"layers": 2, "dModel": 128, "heads": 4, "contextLength": 256, "vocabSize": 1024,
                 "batch": 8, "steps": 3, "ckptLayers": [2, 4], "ckptBatch": 8, "ckptSteps": 2}
@@ -92,7 +94,7 @@ def shapes(device: str, smoke: bool) -> dict[str, Any]:
         return {"layers": 2, "dModel": 32, "heads": 2, "contextLength": 32, "vocabSize": 256,
                 "batch": 4, "steps": 2, "ckptLayers": [2, 4], "ckptBatch": 4, "ckptSteps": 2}
     return {"layers": 4, "dModel": 128, "heads": 4, "contextLength": 128, "vocabSize": 512,
-            "batch": 8, "steps": 5, "ckptLayers": [4, 8, 16, 32], "ckptBatch": 8, "ckptSteps": 3}
+            "batch": 8, "steps": 5, "ckptLayers": [4, 8, 16, 32, 64], "ckptBatch": 8, "ckptSteps": 3}
 
 
 def flops_per_token(params: int, layers: int, ctx: int, d_model: int) -> int:
@@ -162,7 +164,7 @@ class Specs:
                             "spec": {"target": "local", "default": True, "defaults": {"computeRef": "bench-pool"}}}
 
     def model(self, name: str, *, layers: int, batch: int, steps: int, precision: str, attention: str = "fused",
-              compile: bool = False, checkpointing: bool = False, ddp: int = 0, deterministic: bool = False) -> dict[str, Any]:
+              compile: bool = False, checkpointing: bool | str = False, ddp: int = 0, deterministic: bool = False) -> dict[str, Any]:
         s = self.sizes
         arch: dict[str, Any] = {"type": "gpt", "layers": layers, "dModel": s["dModel"], "heads": s["heads"],
                                 "contextLength": s["contextLength"], "vocabSize": s["vocabSize"]}
@@ -411,6 +413,9 @@ class Bench:
         out["processes"] = nproc
         return out
 
+    #: The modes of the checkpointing part: its key in the JSON → the spec's `gradientCheckpointing`.
+    CHECKPOINT_MODES: dict[str, bool | str] = {"full": False, "checkpointed": True, "sqrt": "sqrt"}
+
     def checkpointing(self) -> dict[str, Any]:
         s = self.sizes
         precision = "bf16" if self.device == "cuda" else "fp32"
@@ -418,13 +423,13 @@ class Bench:
         depths = sorted(s["ckptLayers"])
         order = depths[:1] + depths[-1:] + depths[1:-1]  # the widest span first: a cut budget still leaves a fit
         for layers in order:
-            for ckpt in (False, True):
-                key = f"{layers}_layers_{'checkpointed' if ckpt else 'full'}"
-                doc = self.specs.model(f"bench-ckpt-{layers}-{'on' if ckpt else 'off'}", layers=layers, batch=s["ckptBatch"],
-                                       steps=s["ckptSteps"], precision=precision, checkpointing=ckpt)
-                runs[key] = self.train(doc, needs_s=25 if self.device == "cuda" else 8, cap_s=180)
+            for mode, setting in self.CHECKPOINT_MODES.items():
+                key = f"{layers}_layers_{mode}"
+                doc = self.specs.model(f"bench-ckpt-{layers}-{mode}", layers=layers, batch=s["ckptBatch"],
+                                       steps=s["ckptSteps"], precision=precision, checkpointing=setting)
+                runs[key] = self.train(doc, needs_s=25 if self.device == "cuda" else 8, cap_s=300)
         summary: dict[str, Any] = {"layers": depths, "batch": s["ckptBatch"], "precision": precision, "runs": runs}
-        for mode in ("full", "checkpointed"):
+        for mode in self.CHECKPOINT_MODES:
             xs, act, saved, steps = [], [], [], []
             for layers in depths:
                 r = runs.get(f"{layers}_layers_{mode}") or {}
@@ -442,16 +447,17 @@ class Bench:
                 "saved_tensor_bytes_per_layer": fit_slope(xs, saved),
                 "step_s": dict(zip(map(str, xs), steps)),
             }
-        overhead = {}
-        for layers in depths:
-            a, b = runs.get(f"{layers}_layers_full") or {}, runs.get(f"{layers}_layers_checkpointed") or {}
-            if a.get("step_s_median") and b.get("step_s_median"):
-                overhead[str(layers)] = round(b["step_s_median"] / a["step_s_median"] - 1, 3)
-        summary["step_time_overhead"] = overhead
-        full, ck = summary["full"]["activation_memory_bytes"], summary["checkpointed"]["activation_memory_bytes"]
-        summary["memory_ratio_checkpointed_vs_full"] = {k: round(ck[k] / full[k], 3) for k in full if full.get(k) and ck.get(k)}
+        full = summary["full"]["activation_memory_bytes"]
+        for mode, label in (("checkpointed", ""), ("sqrt", "sqrt_")):
+            overhead = {}
+            for layers in depths:
+                a, b = runs.get(f"{layers}_layers_full") or {}, runs.get(f"{layers}_layers_{mode}") or {}
+                if a.get("step_s_median") and b.get("step_s_median"):
+                    overhead[str(layers)] = round(b["step_s_median"] / a["step_s_median"] - 1, 3)
+            summary[f"{label}step_time_overhead"] = overhead
+            ck = summary[mode]["activation_memory_bytes"]
+            summary[f"memory_ratio_{mode}_vs_full"] = {k: round(ck[k] / full[k], 3) for k in full if full.get(k) and ck.get(k)}
         return summary
-
 
 def main() -> None:
     ensure_runtime_env()
@@ -507,6 +513,8 @@ def main() -> None:
     best_rung = max(mfus, key=mfus.get) if mfus else None
     exponent = (ck.get("checkpointed") or {}).get("growth_exponent")
     overheads = list((ck.get("step_time_overhead") or {}).values())
+    sqrt_exponent = (ck.get("sqrt") or {}).get("growth_exponent")
+    sqrt_overheads = list((ck.get("sqrt_step_time_overhead") or {}).values())
     result["targets"] = {
         "mfu_bf16_fused_compile": best,
         "mfu_best": mfus.get(best_rung) if best_rung else None,
@@ -518,6 +526,11 @@ def main() -> None:
         "checkpointed_sublinear": exponent < 1 if exponent is not None else None,
         "checkpointing_overhead_max": max(overheads) if overheads else None,
         "checkpointing_overhead_le_0_35": max(overheads) <= 0.35 if overheads else None,
+        # gradientCheckpointing: sqrt — the memory law over the ladder's depths (4 → 64 layers).
+        "sqrt_growth_exponent": sqrt_exponent,
+        "sqrt_exponent_le_0_6": sqrt_exponent <= 0.6 if sqrt_exponent is not None else None,
+        "sqrt_overhead_max": max(sqrt_overheads) if sqrt_overheads else None,
+        "sqrt_overhead_median": sorted(sqrt_overheads)[len(sqrt_overheads) // 2] if sqrt_overheads else None,
     }
     result["elapsed_s"] = round(time.time() - started, 1)
     emit(result, args.out)

@@ -15,6 +15,8 @@ The arithmetic, per GPU, for P parameters on N = dp × tp × pp GPUs (ZeRO, Rajb
                    layers L, heads a, with 2-byte activations:
                      without checkpointing   s·b·h·L·(34 + 5·a·s/h)
                      with checkpointing      2·s·b·h·L  +  one layer's full activations
+                     in k segments           2·s·b·h·k  +  ⌈L/k⌉ layers' full activations
+                                             (`sqrt`: k = ⌈L/⌈√L⌉⌉, so both terms grow as √L)
                    (fp32 doubles them); MLP/CNN: 4 bytes × batch × sum of layer widths × 3.
                    Divided by tp (and by pp for the layers one stage holds).
     usable memory  90 % of the device memory (CUDA context, allocator fragmentation).
@@ -171,7 +173,8 @@ def _state_bytes(model: Model) -> tuple[float, float, float]:
 
 def _activations(model: Model, dataset: Dataset, checkpointing: bool) -> tuple[float, str]:
     """Activation memory of one micro-batch on one GPU (before tensor/pipeline splitting) with or
-    without gradient checkpointing, and the formula used."""
+    without gradient checkpointing (with it: in the spec's mode, per layer when the spec has it
+    off), and the formula used."""
     arch = model.spec.architecture
     batch = model.spec.hyperparameters.batch_size
     scale = 1.0 if model.spec.precision in ("bf16", "fp16") else 2.0
@@ -179,8 +182,14 @@ def _activations(model: Model, dataset: Dataset, checkpointing: bool) -> tuple[f
         s, h, layers, a = arch.context_length, arch.d_model, arch.layers, arch.heads
         per_layer = s * batch * h * (34 + 5 * a * s / h)
         width = "" if scale == 1.0 else " × 2 (fp32)"
-        if checkpointing:
+        segments = (model.spec.checkpoint_segments(layers) or layers) if checkpointing else 0
+        if segments == layers:
             return scale * (2 * s * batch * h * layers + per_layer), f"2·s·b·h·L + s·b·h·(34 + 5·a·s/h){width}"
+        if segments:
+            # Each segment's input is kept; one segment of ⌈L/k⌉ layers is recomputed at a time.
+            length = -(-layers // segments)
+            return (scale * (2 * s * batch * h * segments + length * per_layer),
+                    f"2·s·b·h·k + ⌈L/k⌉·s·b·h·(34 + 5·a·s/h), k = {segments} segments{width}")
         return scale * per_layer * layers, f"s·b·h·L·(34 + 5·a·s/h){width}"
     features, classes = data_shape(dataset)
     widths = [features, classes]
@@ -193,7 +202,7 @@ def _activations(model: Model, dataset: Dataset, checkpointing: bool) -> tuple[f
 
 def activation_bytes(model: Model, dataset: Dataset) -> float:
     """Activation memory of one micro-batch on one GPU, before tensor/pipeline splitting."""
-    return _activations(model, dataset, model.spec.gradient_checkpointing)[0]
+    return _activations(model, dataset, model.spec.gradient_checkpointing is not False)[0]
 
 
 def _shares(model: Model, dp: int) -> tuple[tuple[float, float, float], tuple[float, float, float], tuple[int, int, int]]:
@@ -230,7 +239,7 @@ def memory_breakdown(model: Model, dataset: Dataset, compute: Compute, params: i
     dist = model.spec.distributed
     split = dist.tensor_parallel * dist.pipeline_parallel
     raw, (p_share, g_share, o_share), divisors = _shares(model, dp)
-    ckpt = model.spec.gradient_checkpointing
+    ckpt = model.spec.gradient_checkpointing is not False
     acts, formula = _activations(model, dataset, ckpt)
     other, _ = _activations(model, dataset, not ckpt)
     acc = compute.spec.accelerator

@@ -36,15 +36,36 @@ from runtimes.errors import StepFailed
 FORMAT = "forge-model/v1"
 
 
+def _run_segment(x: torch.Tensor, blocks: list[nn.Module]) -> torch.Tensor:
+    for block in blocks:
+        x = block(x)
+    return x
+
+
 class _Checkpointed(nn.Module):
-    """Base with a gradient-checkpointing switch for the blocks of a model."""
+    """Base with a gradient-checkpointing switch for the blocks of a model (``self.blocks``).
+
+    ``checkpoint_segments`` cuts the blocks into that many segments of ⌈blocks ÷ segments⌉ each
+    (0: one per block, the per-layer mode). Autograd then keeps only each segment's input across
+    the forward pass and recomputes one segment at a time in the backward pass, so with ⌈√n⌉
+    blocks a segment (``gradientCheckpointing: sqrt``) both the kept inputs and the recomputed
+    segment grow as √n. Every segment is checkpointed, the last one too — unlike
+    ``torch.utils.checkpoint.checkpoint_sequential``, which runs its last segment plainly (so its
+    ``segments=1`` checkpoints nothing): here the kept activations are exactly the segments' inputs.
+    """
 
     gradient_checkpointing = False
+    checkpoint_segments = 0
 
-    def _run(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(block, x, use_reentrant=False)
-        return block(x)
+    def _run_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        blocks: list[nn.Module] = list(self.blocks)
+        if not (self.gradient_checkpointing and self.training and torch.is_grad_enabled()):
+            return _run_segment(x, blocks)
+        segments = min(self.checkpoint_segments or len(blocks), len(blocks))
+        length = -(-len(blocks) // max(1, segments))
+        for start in range(0, len(blocks), length):
+            x = checkpoint(_run_segment, x, blocks[start:start + length], use_reentrant=False)
+        return x
 
 
 class MLP(_Checkpointed):
@@ -58,8 +79,7 @@ class MLP(_Checkpointed):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(1)
-        for block in self.blocks:
-            x = self._run(block, x)
+        x = self._run_blocks(x)
         return self.head(x)
 
 
@@ -82,8 +102,7 @@ class CNN(_Checkpointed):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2:
             x = x.view(-1, self.in_channels, self.image_size, self.image_size)
-        for block in self.blocks:
-            x = self._run(block, x)
+        x = self._run_blocks(x)
         return self.head(self.pool(x).flatten(1))
 
 
@@ -143,8 +162,7 @@ class GPT(_Checkpointed):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]
         x = self.tok(tokens) + self.pos(torch.arange(t, device=tokens.device))
-        for block in self.blocks:
-            x = self._run(block, x)
+        x = self._run_blocks(x)
         return self.head(self.ln(x))
 
 
@@ -163,8 +181,7 @@ class TransformerClassifier(_Checkpointed):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         tokens = tokens.long()
         x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
-        for block in self.blocks:
-            x = self._run(block, x)
+        x = self._run_blocks(x)
         return self.head(self.ln(x).mean(dim=1))
 
 

@@ -116,8 +116,10 @@ class StepMeter:
     allocated between steps (weights, optimizer state): activations, gradients, temporaries.
     ``savedTensorBytes`` (any device, eager runs) counts the distinct tensors autograd saved for
     backward in the first forward pass, parameters excluded — with gradient checkpointing only
-    each block's input. On CPU, ``activationMemoryBytes`` is that count and ``peakMemoryBytes``
-    the process's peak resident set.
+    each checkpointed segment's input (a block's, per layer; ⌈√n⌉ of them with ``sqrt``); the one
+    segment recomputed at a time in the backward pass is not in it (the CUDA peak has it). On
+    CPU, ``activationMemoryBytes`` is that count and ``peakMemoryBytes`` the process's peak
+    resident set.
     """
 
     WARMUP_STEPS = 3
@@ -458,9 +460,14 @@ class Trainer:
 
         spec = self.config.spec
         model = build_model(data.arch, self.meta)
-        if spec.gradient_checkpointing:
+        if spec.gradient_checkpointing is not False:
             if hasattr(model, "gradient_checkpointing"):
                 model.gradient_checkpointing = True
+                blocks = getattr(model, "blocks", None)
+                if blocks is not None and spec.gradient_checkpointing is not True:
+                    # sqrt or a segment count: segments of the model's block stack (runtimes/models.py)
+                    model.checkpoint_segments = spec.checkpoint_segments(len(blocks))
+                    log.info("gradient checkpointing: %d blocks in %d segments", len(blocks), model.checkpoint_segments)
             else:
                 log.warning("gradientCheckpointing: custom model %s has no `gradient_checkpointing` switch; ignored", type(model).__name__)
         model.to(self.device)

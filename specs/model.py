@@ -3,9 +3,18 @@ distribute it, how to search hyperparameters and which offline thresholds gate i
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from specs.base import MAX_SEED, ImportRef, Name, Precision, SpecModel, Threshold
 
@@ -16,6 +25,7 @@ MAX_CHOICES = 1000
 MAX_STEPS = 1_000_000_000
 MAX_PARAMETERS = 10**14
 MAX_DATA_PARALLEL = 4096
+MAX_SEGMENTS = 1024
 
 
 def _omit_default(data: Any, key: str, default: Any) -> Any:
@@ -354,8 +364,13 @@ class ModelSpec(SpecModel):
     precision: Precision = Field(
         default="fp32", description="`fp32`, or mixed precision `bf16` / `fp16` (fp16 uses loss scaling)."
     )
-    gradient_checkpointing: bool = Field(
-        default=False, description="Recompute activations in the backward pass to save memory."
+    gradient_checkpointing: bool | Literal["sqrt"] | Annotated[int, Field(ge=1, le=MAX_SEGMENTS)] = Field(
+        default=False,
+        description="Recompute activations in the backward pass to save memory. `true`: every block is "
+        "checkpointed (saved activations: each block's input, still O(layers)); `sqrt`: the blocks are cut "
+        "into segments of ⌈√layers⌉ and only each segment's input is kept, one segment recomputed at a time "
+        "(saved activations O(√layers)); an integer: that many segments (1: the whole stack recomputed "
+        f"once; at most {MAX_SEGMENTS}). `false`: keep every activation.",
     )
     compile: bool = Field(
         default=False,
@@ -391,6 +406,32 @@ class ModelSpec(SpecModel):
         data = _omit_default(_omit_default(handler(self), "compile", False), "deterministic", False)
         data = _omit_default(_omit_default(data, "faultInjection", None), "fault_injection", None)
         return _omit_default(_omit_default(data, "privacy", None), "explanations", None)
+
+    @field_validator("gradient_checkpointing", mode="wrap")
+    @classmethod
+    def _checkpointing_mode(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # One diagnostic instead of one per member of the union (bool, `sqrt`, an integer).
+        try:
+            return handler(value)
+        except ValidationError:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise ValueError(f"expected true, false, `sqrt` or a number of segments from 1 to {MAX_SEGMENTS}; "
+                             f"got {shown}") from None
+
+    def checkpoint_segments(self, blocks: int) -> int:
+        """How many checkpointed segments `gradientCheckpointing` cuts a stack of `blocks` blocks
+        into: 0 off, `blocks` per block (`true`), ⌈blocks ÷ ⌈√blocks⌉⌉ for `sqrt` (segments of
+        ⌈√blocks⌉ blocks, so both the kept segment inputs and the one segment recomputed at a time
+        grow as √blocks), or the integer given (at most one segment per block)."""
+        mode = self.gradient_checkpointing
+        if mode is False or blocks < 1:
+            return 0
+        if mode is True:
+            return blocks
+        if mode == "sqrt":
+            length = math.isqrt(blocks - 1) + 1  # ⌈√blocks⌉, exact in integers
+            return -(-blocks // length)
+        return min(int(mode), blocks)
 
     @model_validator(mode="after")
     def _custom_needs_size(self) -> ModelSpec:
