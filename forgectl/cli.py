@@ -153,6 +153,7 @@ def plan(
     detailed_exitcode: Annotated[bool, typer.Option("--detailed-exitcode", help="Exit 0 with no changes, 2 with changes, 1 on error.")] = False,
     fail_on_risk: Annotated[list[str] | None, typer.Option("--fail-on-risk", metavar="FLAG[,FLAG]", help="Exit 3 when one of these risk flags is raised (`all` for any); see docs/plan-json.md.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also list unchanged objects.")] = False,
+    refresh: Annotated[bool, typer.Option("--refresh", help="Read every live object whole and compare it (drift made outside Forge too), not only those whose recorded digest differs.")] = False,
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Show what applying the specs would change, and why: blockers and risk flags first, the GPU
@@ -167,7 +168,8 @@ def plan(
         shown = pull_request_plan(paths, base, head, env, target_options(flags))
     else:
         ctx = open_environment(paths, rev, env, flags)
-        shown = plan_json(live_plan(ctx.result, ctx.environment, ctx.target, ctx.namespace, paths, rev), ctx.environment, ctx.target)
+        shown = plan_json(live_plan(ctx.result, ctx.environment, ctx.target, ctx.namespace, paths, rev, refresh=refresh),
+                          ctx.environment, ctx.target)
         if save is not None:
             save.write_text(json.dumps(shown, indent=2) + "\n")
     _print_plan(shown, output, verbose=verbose)
@@ -190,11 +192,12 @@ def diff(
     output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text, json or markdown.")] = PlanOutput.text,
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
-    """Show drift: live objects that differ from what the specs render (exit 2 when any)."""
+    """Show drift: live objects that differ from what the specs render (exit 2 when any). Always the
+    full compare: every live object read whole, edits made outside Forge included."""
     from reconciler.plan.session import make_plan
 
     ctx = open_environment(paths, None, env, flags)
-    the_plan, _ = make_plan(ctx.result.specs, ctx.environment, ctx.target, ctx.namespace, None)
+    the_plan, _ = make_plan(ctx.result.specs, ctx.environment, ctx.target, ctx.namespace, None, refresh=True)
     _print_plan(the_plan.to_json(), output)
     raise typer.Exit(2 if the_plan.has_changes else 0)
 
@@ -208,6 +211,7 @@ def apply(
     auto_approve: Annotated[bool, typer.Option("--auto-approve", help="Apply without asking for confirmation.")] = False,
     output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text or json.")] = PlanOutput.text,
     specs_dir: Annotated[list[str] | None, typer.Option("--specs", help="With a saved plan: where the specs (for the environment's settings) are; default the current folder.")] = None,
+    refresh: Annotated[bool, typer.Option("--refresh", help="Plan with the full compare (every live object read whole): also restores edits made outside Forge.")] = False,
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Apply the specs (or a saved plan file): show the plan, confirm, then make it so."""
@@ -230,7 +234,7 @@ def apply(
             ensure_fresh(saved, target)
             the_plan = saved
         else:
-            the_plan = live_plan(ctx.result, ctx.environment, target, ctx.namespace, paths, rev)
+            the_plan = live_plan(ctx.result, ctx.environment, target, ctx.namespace, paths, rev, refresh=refresh)
         shown = plan_json(the_plan, ctx.environment, target)
         if output is PlanOutput.text:
             _print_plan(shown, output)

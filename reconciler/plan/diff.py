@@ -25,13 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from reconciler.applied import NOT_DIGESTED
 from reconciler.budgets import MAX_COMPARED, MAX_TOKEN_PAIRS, MAX_TOKEN_PAIRS_TOTAL, Spent
-from renderers.labels import GIT_REVISION
 
 MANAGER = "forgectl"
 #: Annotations that describe where an object came from rather than what it is: stamping a new
-#: git revision alone must not rewrite every object.
-PROVENANCE_ANNOTATIONS = frozenset({GIT_REVISION})
+#: git revision alone must not rewrite every object, and the digest an apply records
+#: (:mod:`reconciler.applied`) is about the write, not the object. The same set the digest leaves out.
+PROVENANCE_ANNOTATIONS = NOT_DIGESTED
 #: Metadata the server maintains on every object.
 VOLATILE_METADATA = frozenset(
     {"managedFields", "resourceVersion", "generation", "uid", "creationTimestamp", "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences", "finalizers"}

@@ -22,10 +22,12 @@ from specs import Environment
 
 
 def live_plan(result: LoadResult, environment: Environment, target: Target, namespace: str, paths: list[str] | None,
-              rev: str | None) -> Plan:
+              rev: str | None, *, refresh: bool = False) -> Plan:
     """The reviewed plan of the specs under ``paths`` (at git revision ``rev``, else the working
-    tree) against what ``target`` has live in ``namespace``."""
-    return reviewed_live_plan(result, environment, target, namespace, revision_of(paths or ["."], rev), rev=rev)
+    tree) against what ``target`` has live in ``namespace``; ``refresh``: every live object read
+    whole and compared (the full compare), not only those whose recorded digest differs."""
+    return reviewed_live_plan(result, environment, target, namespace, revision_of(paths or ["."], rev), rev=rev,
+                              refresh=refresh)
 
 
 def plan_json(plan: Plan, environment: Environment, target: Target) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -277,10 +277,13 @@ def build_plan(
     revision: str | None = None,
     exact: bool = False,
     keep: Mapping[ObjectRef, str] | None = None,
+    unchanged: Collection[ObjectRef] = (),
 ) -> Plan:
     """Pair desired with live by identity and compare: missing live → create; different → update;
     equal → no-op; live and owned but no longer desired → delete, unless it opts out of pruning or
-    ``keep`` names it (with the reason)."""
+    ``keep`` names it (with the reason). A desired object named in ``unchanged`` is a no-op
+    without comparing: its live digest says it is what Forge last sent (the live object there may
+    be its metadata only, :func:`reconciler.plan.session.complete_live`)."""
     live_list = list(live)
     live_by_ref = {ObjectRef.of(o): o for o in live_list}
     desired_by_ref = {ObjectRef.of(o): dict(o) for o in desired}
@@ -290,7 +293,7 @@ def build_plan(
         if have is None:
             changes.append(Change(ref, Action.CREATE, None, want))
             continue
-        diff = tuple(field_diff(want, have, exact=exact))
+        diff = () if ref in unchanged else tuple(field_diff(want, have, exact=exact))
         version = have.get("metadata", {}).get("resourceVersion")
         action = Action.UPDATE if diff else Action.NOOP
         changes.append(Change(ref, action, dict(have), want, diff, live_version=version))

@@ -275,36 +275,49 @@ def _versions(obj: Mapping[str, Any]) -> list[str]:
     return sorted(p.get("labels", {}).get(MODEL_VERSION, "") for p in obj.get("spec", {}).get("predictors", []))
 
 
+def _thin_workflow(obj: Mapping[str, Any]) -> bool:
+    """A live Workflow a plan holds as its metadata only (no `spec`)."""
+    return obj.get("kind") == "Workflow" and "spec" not in obj
+
+
 def registry_records(plan: Plan, target: Target) -> list[Record]:
     """The registry's records, read only when the plan moves an endpoint to another version (the
     one risk they inform); [] when the target has none or cannot say."""
-    moving = False
+    moving: set[str] = set()  # the versions of the endpoints that move: what the risks compare
     for change in plan.changes:
         if change.ref.kind != "SeldonDeployment" or change.after is None or change.before is None:
             continue
-        moving = moving or _versions(change.after) != _versions(change.before)
+        if _versions(change.after) != _versions(change.before):
+            moving.update(_versions(change.after), _versions(change.before))
     if not moving:
         return []
     try:
         # The live objects are the plan's `before`s (every live object is in the plan): a second
         # LIST here held the whole live state twice (most of the peak memory at 5,000 endpoints).
-        live = [c.before for c in plan.changes if c.before is not None]
+        # An unchanged Workflow's `before` may be its metadata only (session.complete_live): of
+        # those, the Workflows of the versions that move are read whole here (the records need
+        # their status), the others left out (the risks look up only those versions' records).
+        live = [c.before for c in plan.changes if c.before is not None and not _thin_workflow(c.before)]
+        thin = [c.ref for c in plan.changes if c.before is not None and _thin_workflow(c.before)
+                and (c.before["metadata"].get("labels") or {}).get(MODEL_VERSION) in moving]
+        if thin:
+            live += target.read_whole(thin)
         return target.model_records(live, backfill=False)  # read only: no backfill from a plan
     except Exception:  # noqa: BLE001 - the registry informs a risk flag; a plan never fails on it
         return []
 
 
 def reviewed_live_plan(result: LoadResult, environment: Environment, target: Target, namespace: str, revision: str | None, *,
-                       rev: str | None = None) -> Plan:
+                       rev: str | None = None, refresh: bool = False) -> Plan:
     """The plan against the target's live state, reviewed; a blocked plan (no changes) when a Model
-    cannot be scheduled at all."""
+    cannot be scheduled at all. ``refresh``: the full compare (:func:`~reconciler.plan.session.make_plan`)."""
     from reconciler.plan.session import make_plan
 
     sizes = measure_data(result.specs, environment, rev)
     blocked = blocked_plan(environment.name, target.name, result, environment, sizes=sizes, revision=revision)
     if blocked is not None:
         return blocked
-    plan, _ = make_plan(result.specs, environment, target, namespace, revision)
+    plan, _ = make_plan(result.specs, environment, target, namespace, revision, refresh=refresh)
     return annotate(plan, result, environment, sizes=sizes, records=registry_records(plan, target))
 
 

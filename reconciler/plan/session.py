@@ -9,19 +9,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reconciler.applied import desired_digest, recorded_digest
 from reconciler.errors import StalePlanError
 from reconciler.heap import gc_paused
 from reconciler.plan.plan import Action, Plan, build_plan, fingerprint, settle
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
-from reconciler.targets.base import LeaseTiming, Target
+from reconciler.targets.base import LeaseTiming, LiveRead, Target
 from reconciler.traffic.serving import desired_serving, serving_states, with_namespace
 from renderers import RenderContext, render
 from renderers.bundle import Rendered
-from renderers.labels import MODEL_VERSION
+from renderers.labels import MODEL_VERSION, NAME
 from specs import Environment, SpecSet
 
-__all__ = ["PhaseHook", "TargetOptions", "desired_state", "ensure_fresh", "in_use", "make_plan", "namespace_of", "open_target",
+__all__ = ["RENDER_INPUTS", "PhaseHook", "TargetOptions", "complete_live", "desired_state", "ensure_fresh", "in_use", "make_plan", "namespace_of", "open_target",
            "serving_states"]
 
 
@@ -77,7 +78,8 @@ def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: st
 
 
 #: What :func:`make_plan` calls around each of its phases ("read live", "rollout states", "render",
-#: "diff", "dry runs", "settle"): a context manager, e.g. a benchmark's clock. Nothing by default.
+#: "read changed", "diff", "dry runs", "settle"): a context manager, e.g. a benchmark's clock.
+#: Nothing by default.
 PhaseHook = Callable[[str], AbstractContextManager[object]]
 
 
@@ -85,27 +87,45 @@ def _no_phase(name: str) -> AbstractContextManager[object]:
     return nullcontext()
 
 
+#: The kinds whose live bodies the render itself reads (what each endpoint serves, its rollout
+#: state: :func:`desired_state`): read whole by every plan, and so always compared field by field.
+RENDER_INPUTS = frozenset({"SeldonDeployment"})
+
+
 def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
-              *, dry_run: bool = True, phase: PhaseHook = _no_phase) -> tuple[Plan, Rendered]:
-    """Read live (one LIST per kind), render, diff, and settle apparent updates by dry run (unless
-    ``dry_run`` is false: pull-request mode holds a read-only credential and uses no write verb).
+              *, dry_run: bool = True, refresh: bool = False, phase: PhaseHook = _no_phase) -> tuple[Plan, Rendered]:
+    """Read live, render, diff, and settle apparent updates by dry run (unless ``dry_run`` is
+    false: pull-request mode holds a read-only credential and uses no write verb).
+
+    The live read is metadata first (:meth:`Target.read_live_metadata`; the kinds of
+    :data:`RENDER_INPUTS` whole): an object whose recorded digest (:mod:`reconciler.applied`)
+    equals its desired manifest's is unchanged without reading its body; only the others — digest
+    different or missing, no longer desired, or the previous versions a new Workflow's reasons
+    compare with — are read whole and diffed field by field (:func:`complete_live`). With
+    ``refresh`` every object is read whole and compared (the full compare: drift made outside
+    Forge, which keeps the digest, shows only there; `forgectl diff` and `plan --refresh`).
     ``phase(name)`` wraps each phase (see :data:`PhaseHook`). Runs with the cyclic garbage
     collector paused (:func:`reconciler.heap.gc_paused`: tens of thousands of objects)."""
     with gc_paused():
-        return _make_plan(specs, env, target, namespace, revision, dry_run=dry_run, phase=phase)
+        return _make_plan(specs, env, target, namespace, revision, dry_run=dry_run, refresh=refresh, phase=phase)
 
 
 def _make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
-               *, dry_run: bool, phase: PhaseHook) -> tuple[Plan, Rendered]:
+               *, dry_run: bool, refresh: bool, phase: PhaseHook) -> tuple[Plan, Rendered]:
     with phase("read live"):
-        live = target.read_live()
+        read = LiveRead(target.read_live()) if refresh else target.read_live_metadata(RENDER_INPUTS)
+        live = read.objects
     with phase("rollout states"):
         rollouts = target.rollout_states(live)
     with phase("render"):
         rendered = desired_state(specs, env, namespace, revision, live, rollouts)
+    unchanged: frozenset[ObjectRef] = frozenset()
+    if read.partial:
+        with phase("read changed"):
+            live, unchanged = complete_live(target, read, rendered.manifests)
     with phase("diff"):
         plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision,
-                          keep=in_use(live, {ObjectRef.of(m) for m in rendered.manifests}))
+                          keep=in_use(live, {ObjectRef.of(m) for m in rendered.manifests}), unchanged=unchanged)
     if not dry_run:
         return plan, rendered
     dry_runs: dict[ObjectRef, dict[str, Any]] = {}
@@ -116,6 +136,38 @@ def _make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str,
     with phase("settle"):
         settled = settle(plan, dry_runs)
     return settled, rendered
+
+
+def complete_live(target: Target, read: LiveRead, desired: Iterable[Mapping[str, Any]]
+                  ) -> tuple[list[dict[str, Any]], frozenset[ObjectRef]]:
+    """The live objects a plan diffs, from a read with metadata-only objects (``read.partial``),
+    and the refs known unchanged. A partial object is unchanged when its recorded digest equals
+    its desired manifest's; every other one is read whole (:meth:`Target.read_whole`): a digest
+    that differs or is missing (written before digests, or by hand), an object no longer desired
+    (deleted or kept: its body is the plan's `before`), and the live Workflows of a model that gets
+    a new one (its reasons compare the steps with theirs). One gone meanwhile is left out."""
+    wanted = {ObjectRef.of(m): m for m in desired}
+    by_ref = {ObjectRef.of(o): o for o in read.objects}
+    new_models = {(m["metadata"].get("labels") or {}).get(NAME) for ref, m in wanted.items()
+                  if ref.kind == "Workflow" and ref not in by_ref}
+    unchanged: set[ObjectRef] = set()
+    stale: list[ObjectRef] = []
+    for ref in read.partial:
+        obj, want = by_ref[ref], wanted.get(ref)
+        recorded = recorded_digest(obj)
+        compares_with = ref.kind == "Workflow" and (obj["metadata"].get("labels") or {}).get(NAME) in new_models
+        if want is not None and recorded is not None and not compares_with and recorded == desired_digest(want):
+            unchanged.add(ref)
+        else:
+            stale.append(ref)
+    whole = {ObjectRef.of(o): o for o in target.read_whole(stale)} if stale else {}
+    live = []
+    for ref, obj in by_ref.items():
+        if ref in whole:
+            live.append(whole[ref])
+        elif ref not in read.partial or ref in unchanged:
+            live.append(obj)
+    return live, frozenset(unchanged)
 
 
 def in_use(live: Iterable[Mapping[str, Any]], desired: Collection[ObjectRef]) -> dict[ObjectRef, str]:
@@ -144,8 +196,9 @@ def in_use(live: Iterable[Mapping[str, Any]], desired: Collection[ObjectRef]) ->
 
 
 def ensure_fresh(plan: Plan, target: Target) -> None:
-    """Refuse a saved plan whose live state moved since it was made."""
-    live = target.read_live()
+    """Refuse a saved plan whose live state moved since it was made (identities and
+    resourceVersions: the metadata is enough)."""
+    live = target.read_live_metadata(frozenset()).objects
     if fingerprint(live) == plan.live_fingerprint:
         return
     planned = {c.ref: c.live_version for c in plan.changes if c.before is not None}

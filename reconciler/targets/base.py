@@ -15,7 +15,7 @@ rule, tests/foundation/test_layers.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +162,15 @@ class Fence(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class LiveRead:
+    """What a plan reads of the live state first: every object Forge owns, those named in
+    ``partial`` as their identity and metadata only (`managedFields` left out), the rest whole."""
+
+    objects: list[dict[str, Any]]
+    partial: frozenset[ObjectRef] = frozenset()
+
+
 class Target(Protocol):
     """Everything a target does (see module docstring)."""
 
@@ -176,6 +185,16 @@ class Target(Protocol):
 
     def read_live(self) -> list[dict[str, Any]]:
         """Every live object Forge owns in this environment (one LIST per kind)."""
+        ...
+
+    def read_live_metadata(self, whole: Collection[str]) -> LiveRead:
+        """Every live object Forge owns, the kinds in ``whole`` whole and, where the target has a
+        cheaper read of metadata alone, the others as metadata only (named in ``partial``). A
+        target without one answers :meth:`read_live` with nothing partial."""
+        ...
+
+    def read_whole(self, refs: Collection[ObjectRef]) -> list[dict[str, Any]]:
+        """These live objects whole; one gone since is left out."""
         ...
 
     def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False,

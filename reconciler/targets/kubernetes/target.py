@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -31,6 +31,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from reconciler.applied import with_desired_digest
 from reconciler.errors import (
     ConflictError,
     ForbiddenError,
@@ -43,9 +44,18 @@ from reconciler.errors import (
     UnreachableError,
 )
 from reconciler.registry.records import Record
-from reconciler.resources import LEASE, OWNED, ObjectRef, Resource
+from reconciler.resources import BY_KIND, LEASE, OWNED, ObjectRef, Resource
 from reconciler.rollout.controller import RolloutState
-from reconciler.targets.base import ClusterAPI, ControllerAPI, LeaseTiming, Precondition, RolloutBackend, RunDetails, StepEvents
+from reconciler.targets.base import (
+    ClusterAPI,
+    ControllerAPI,
+    LeaseTiming,
+    LiveRead,
+    Precondition,
+    RolloutBackend,
+    RunDetails,
+    StepEvents,
+)
 from reconciler.targets.kubernetes.kubeconfig import load_client_config
 from reconciler.targets.kubernetes.lease import LeaseFence
 from reconciler.targets.kubernetes.records import records_from_workflows
@@ -72,6 +82,12 @@ LEASE_MARGIN_SECONDS = 5.0
 APPLY_PARALLELISM = 8
 #: Objects per LIST page (kubectl's default chunk size).
 LIST_PAGE = 500
+#: The representation of a LIST as metadata only (what client-go's metadata client asks for); the
+#: server falls back to JSON after the comma where it cannot (it always can since Kubernetes 1.15).
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+#: Up to this many objects of one kind are read whole by a GET each; more by one LIST of the kind.
+WHOLE_BY_GET = 200
+
 
 
 def _now() -> datetime:
@@ -127,7 +143,7 @@ class KubernetesTarget:
     # -- transport --------------------------------------------------------------------------
     def _call(self, method: str, path: str, *, verb: str, ref: str, namespace: str | None,
               query: list[tuple[str, str]] | None = None, body: Any = None,
-              content_type: str = "application/json", fenced: bool = False) -> Any:
+              content_type: str = "application/json", fenced: bool = False, accept: str = "application/json") -> Any:
         """One API request with bounded retries of transient failures; errors become typed. A
         ``fenced`` one (a write) is checked against the held Lease before every attempt: after a
         lost Lease nothing is sent (:class:`~reconciler.errors.LeaseLost`)."""
@@ -139,7 +155,7 @@ class KubernetesTarget:
             try:
                 method_, url, headers, data, post = self.api.param_serialize(
                     method, path, query_params=query or [],
-                    header_params={"Content-Type": content_type, "Accept": "application/json"},
+                    header_params={"Content-Type": content_type, "Accept": accept},
                     body=body, auth_settings=["BearerToken"],
                 )
                 resp = self.api.call_api(method_, url, headers, data, post, _request_timeout=self.timeout)
@@ -179,11 +195,12 @@ class KubernetesTarget:
         return TargetError(f"{verb} {ref}: HTTP {status}: {message}", status=status)
 
     # -- Target -------------------------------------------------------------------------------
-    def list_kind(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
+    def list_kind(self, resource: Resource, selector: str, *, accept: str = "application/json") -> list[dict[str, Any]]:
         """LIST one kind with a label selector (in this namespace, or cluster-wide for cluster-scoped kinds),
         in pages of at most LIST_PAGE objects (`limit`/`continue`, kubectl's chunking): the
         response held at once stays bounded however many objects there are, and the pages are
-        one consistent snapshot. A continue token that expired meanwhile (410) restarts the LIST."""
+        one consistent snapshot. A continue token that expired meanwhile (410) restarts the LIST.
+        ``accept``: the representation asked for (:data:`PARTIAL_METADATA` for metadata only)."""
         # The environment's Namespace is found by name: Forge ensures it exists, never owns it.
         query = [("labelSelector", selector)] if resource.namespaced else [("fieldSelector", f"metadata.name={self.namespace}")]
         items: list[dict[str, Any]] = []
@@ -194,14 +211,14 @@ class KubernetesTarget:
             try:
                 data = self._call(
                     "GET", resource.path(self.namespace), verb="list", ref=resource.plural,
-                    namespace=self.namespace if resource.namespaced else None, query=page,
+                    namespace=self.namespace if resource.namespaced else None, query=page, accept=accept,
                 )
             except TargetError as exc:
                 if exc.status != 410 or not token or restarts >= 2:
                     raise
                 items, token, restarts = [], "", restarts + 1  # the snapshot expired: from the start
                 continue
-            items.extend(data.get("items", []) if data else [])
+            items.extend((data.get("items") or []) if data else [])  # a metadata-only empty page says null
             token = ((data or {}).get("metadata") or {}).get("continue") or ""
             if not token:
                 break
@@ -211,12 +228,29 @@ class KubernetesTarget:
         return items
 
     def read_live(self) -> list[dict[str, Any]]:
-        """Every object Forge owns in this environment: one LIST per kind."""
+        """Every object Forge owns in this environment, whole: one LIST per kind."""
+        return self.read_live_metadata(BY_KIND).objects
+
+    def list_metadata(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
+        """LIST one kind as metadata only (`PartialObjectMetadataList`, in pages as :meth:`list_kind`):
+        each object's identity and metadata, without `managedFields` — a fraction of the bytes to
+        send, decode and keep. The items carry the kind's own apiVersion and kind."""
+        items = self.list_kind(resource, selector, accept=PARTIAL_METADATA)
+        for item in items:
+            item["apiVersion"], item["kind"] = resource.api_version, resource.kind
+            item.get("metadata", {}).pop("managedFields", None)
+        return items
+
+    def read_live_metadata(self, whole: Collection[str]) -> LiveRead:
+        """Every object Forge owns: the kinds in ``whole`` LISTed whole, the others as metadata
+        only (:meth:`list_metadata`), named in ``partial``. One LIST per kind, side by side."""
         selector = owner_selector(self.environment)
 
         def one(resource: Resource) -> list[dict[str, Any]]:
             try:
-                return self.list_kind(resource, selector)
+                if resource.kind in whole:
+                    return self.list_kind(resource, selector)
+                return self.list_metadata(resource, selector)
             except TargetError as exc:
                 if exc.status == 404 and resource.kind != "Namespace":
                     return []  # the namespace (or the CRD) does not exist yet: nothing of ours there
@@ -224,7 +258,37 @@ class KubernetesTarget:
 
         # The LISTs are independent: run them side by side (the client's pool is thread-safe).
         with ThreadPoolExecutor(max_workers=len(OWNED)) as pool:
-            return [obj for items in pool.map(one, OWNED) for obj in items]
+            objects = [obj for items in pool.map(one, OWNED) for obj in items]
+        partial = {ObjectRef.of(o) for o in objects if o["kind"] not in whole}
+        return LiveRead(objects, frozenset(partial))
+
+    def read_whole(self, refs: Collection[ObjectRef]) -> list[dict[str, Any]]:
+        """These objects whole: a GET each (APPLY_PARALLELISM at once), or, for a kind with more than
+        WHOLE_BY_GET of them, one LIST of that kind filtered here (thousands of GETs cost more than a
+        LIST). One gone since (404) is left out."""
+        by_kind: dict[str, list[ObjectRef]] = {}
+        for ref in refs:
+            by_kind.setdefault(ref.kind, []).append(ref)
+        out: list[dict[str, Any]] = []
+        gets: list[ObjectRef] = []
+        selector = owner_selector(self.environment)
+        for kind, some in by_kind.items():
+            if len(some) <= WHOLE_BY_GET:
+                gets.extend(some)
+                continue
+            wanted = set(some)
+            resource = BY_KIND[kind]
+            try:
+                listed = self.list_kind(resource, selector)
+            except TargetError as exc:
+                if exc.status != 404:
+                    raise
+                listed = []
+            out.extend(o for o in listed if ObjectRef.of(o) in wanted)
+        if gets:
+            with ThreadPoolExecutor(max_workers=APPLY_PARALLELISM) as pool:
+                out.extend(o for o in pool.map(self.get, gets) if o is not None)
+        return out
 
     def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False,
               precondition: Precondition | None = None) -> dict[str, Any]:
@@ -234,8 +298,11 @@ class KubernetesTarget:
         `metadata.resourceVersion`, which the API server enforces on an apply (409 once the object
         moved on); ``absent`` creates only (POST: 409 when it exists), then marks the fields the
         create set as applied by `forgectl` (:meth:`_owned_as_applied`), as a server-side apply
-        would have. Either refusal raises :class:`ConflictError`; nothing was written."""
+        would have. Either refusal raises :class:`ConflictError`; nothing was written. Every write
+        records the digest of ``obj`` (:mod:`reconciler.applied`), a dry run too (so its result
+        compares with what the write would store)."""
         ref = ObjectRef.of(obj)
+        obj = with_desired_digest(obj)  # what a later plan compares from the metadata alone
         if precondition is not None and precondition.absent and not dry_run:
             return self._create_only(ref, obj)
         version = precondition.resource_version if precondition is not None else None
@@ -316,7 +383,7 @@ class KubernetesTarget:
                 raise
 
     def get(self, ref: ObjectRef) -> dict[str, Any] | None:
-        """One object, or None (used for the lease and by tests; plans never GET per object)."""
+        """One object, or None (the lease; a plan's objects whose digest differs, :meth:`read_whole`)."""
         try:
             return self._call("GET", ref.resource.path(ref.namespace, ref.name), verb="get", ref=str(ref),
                               namespace=ref.namespace or None)

@@ -21,7 +21,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from reconciler.errors import ConflictError, LockHeldError, TargetError, TargetN
 from reconciler.registry.records import Record
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
-from reconciler.targets.base import ClusterAPI, ControllerAPI, Precondition, RolloutBackend, RunDetails, StepEvents
+from reconciler.targets.base import ClusterAPI, ControllerAPI, LiveRead, Precondition, RolloutBackend, RunDetails, StepEvents
 from reconciler.targets.local.details import log_files, model_summaries
 from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
@@ -136,6 +136,15 @@ class LocalTarget:
     def read_live(self) -> list[dict[str, Any]]:
         """Every manifest the local target holds for this environment."""
         return self.db.objects()
+
+    def read_live_metadata(self, whole: Collection[str]) -> LiveRead:
+        """The state DB holds whole manifests and reads them as cheaply as metadata: all whole."""
+        return LiveRead(self.read_live())
+
+    def read_whole(self, refs: Collection[ObjectRef]) -> list[dict[str, Any]]:
+        """These objects from the state DB (one not there is left out)."""
+        wanted = set(refs)
+        return [o for o in self.read_live() if ObjectRef.of(o) in wanted]
 
     def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False,
               precondition: Precondition | None = None) -> dict[str, Any]:
