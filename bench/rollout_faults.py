@@ -10,8 +10,9 @@ and outcome. Each server has a Pod in the API server whose Ready condition follo
 weight rises. The controller is the real ``forgectl reconcile --watch --interval 0.5`` as a
 subprocess.
 
-    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary]
-        [--kill-runs 10] [--prometheus-runs 3] [--canary-runs 5] [--outage 20]
+    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,hung,baddata,skew,two]
+        [--kill-runs 10] [--prometheus-runs 3] [--canary-runs 5] [--outage 20] [--runs N]
+        [--out bench/results/rollout-faults-DATE.json]
 
 Policy: the quick-start's ``three-step-canary`` (10 → 50 → 100 %, success-rate ≥ 0.99 and p99
 latency, interval 2s, window 10s, count 3, failureLimit 1, success-rate inconclusiveLimit 15,
@@ -38,8 +39,33 @@ Succeeded; rollouts follow one another in one namespace, the servers keep their 
   run: the requests sent to the canary after the kill and how many of them failed, and the
   weights it had after the kill. The canary server is started again for the next run.
 
+* ``hung`` (issue 35): Prometheus SIGSTOPped ``--hang`` seconds (default 30) once step 1 has counted a
+  measurement — its port still accepts connections, nothing answers: each query times out after
+  the Environment's `prometheus.timeout` (the product's default, 5 s). Fails on a promotion, a
+  rollback or a weight change while it hangs, when the rollout is not Holding on `unreachable` by
+  the end of it, or when it is not promoted after SIGCONT.
+* ``baddata`` (issue 35): the controller's Prometheus is :mod:`devkit.prometheus_faults` in front of
+  the real one; once step 1 has counted a measurement it answers the analysis queries with NaN,
+  an empty vector, HTTP 503, then every query frozen at one moment, each until both metrics were
+  measured under it, then +Inf. Fails when any of them is judged a pass or the weight rises, and
+  unless the +Inf ends in a rollback (latency's `max` refuses it; success-rate's `min` cannot
+  judge it: `not-finite`).
+* ``skew`` (issue 35): the controller (the CLI, under Debian's libfaketime, ``--skew`` seconds
+  ahead, default 5) against Prometheus's clock. Fails unless every measurement is `clock-skew`
+  (inconclusive, the skew named), the weight holds at step 1 and the rollout ends rolled back on
+  `inconclusiveLimit` naming the skew — never promoted.
+* ``two`` (issue 35): two `forgectl reconcile --watch` on the same environment and endpoints for
+  a whole rollout. Counted: the rollout-state writes (the SeldonDeployment's resourceVersion
+  changes the mesh follower saw), and the state transitions each controller printed; "exactly one
+  acts" holds when only one of them printed a transition. Not yet a failure (see bench/README.md:
+  the CLI's watch takes no Lease yet).
+
+Every request of the traffic is counted per role and window (sent, answered, failed by reason,
+skipped ticks: ``devkit.rollout``'s ``Tally``); a failure to stable is a lost request.
+
 Last line: one JSON object, ``{"drills": {name: {"runs", "failures", "max_converge_s",
-"stable_lost", ...}}, ...}`` (goal: 0 failures, 0 stable requests lost in every row).
+"stable_lost", ...}}, ...}`` (goal: 0 failures, 0 stable requests lost in every row); the same object is written to
+``--out`` (default ``bench/results/rollout-faults-<date>.json``).
 
 Starts everything it uses and stops it by PID in ``finally`` blocks; traffic to 127.0.0.1 only;
 every wait is bounded.
@@ -73,6 +99,7 @@ from devkit.cluster import Cluster  # noqa: E402
 from devkit.namespaces import delete_namespace  # noqa: E402
 from devkit.pods import ServerPod  # noqa: E402
 from devkit.prometheus import Prometheus  # noqa: E402
+from devkit.prometheus_faults import BadDataPrometheus, Fault  # noqa: E402
 from devkit.rollout import PacedTraffic  # noqa: E402
 from devkit.rollout_harness import Rollout  # noqa: E402
 from devkit.runtime_steps import Runner, Server  # noqa: E402
@@ -145,8 +172,9 @@ class Live:
 class ControllerProc:
     """`forgectl reconcile --watch --interval 0.5` as a subprocess, killed by its PID."""
 
-    def __init__(self, r: Rollout, workdir: Path) -> None:
-        self.cmd = [sys.executable, "-m", "forgectl", "reconcile", str(r.specs_dir), "--env", "cluster", "-n", r.namespace,
+    def __init__(self, r: Rollout, workdir: Path, name: str = "controller", prefix: list[str] | None = None) -> None:
+        self.name = name
+        self.cmd = [*(prefix or []), sys.executable, "-m", "forgectl", "reconcile", str(r.specs_dir), "--env", "cluster", "-n", r.namespace,
                     "--kubeconfig", r.kubeconfig, "--watch", "--interval", "0.5"]
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
@@ -154,18 +182,21 @@ class ControllerProc:
 
     def start(self) -> None:
         self.starts += 1
-        out = open(self.workdir / f"controller-{self.starts}.log", "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "NO_COLOR": "1"})
+        out = open(self.workdir / f"{self.name}-{self.starts}.log", "wb")
+        # A session of its own, killed as a group: under a wrapper (faketime) the controller is a
+        # child, which a SIGKILL of the wrapper alone would leave running.
+        self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "NO_COLOR": "1"},
+                                     start_new_session=True)
         out.close()
 
     def check(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            tail = (self.workdir / f"controller-{self.starts}.log").read_text(errors="replace")[-2000:]
+            tail = (self.workdir / f"{self.name}-{self.starts}.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"forgectl reconcile exited {self.proc.returncode} by itself:\n{tail}")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
 
@@ -181,7 +212,10 @@ class Harness:
         import shutil
 
         shutil.copytree(ROOT / "examples" / "quickstart", specs_dir)
-        _replace(specs_dir / "environments.yaml", "url: http://prometheus-operated.monitoring.svc:9090", f"url: {prom.url}")
+        # The controllers ask the bad-data server, which passes every query through to the real
+        # Prometheus until the baddata drill sets a fault.
+        self.bad = BadDataPrometheus(prom.url)
+        _replace(specs_dir / "environments.yaml", "url: http://prometheus-operated.monitoring.svc:9090", f"url: {self.bad.url}")
         _replace(specs_dir / "rollout.yaml", "pause: 5s", "pause: 2s")
         _replace(specs_dir / "rollout.yaml", "max: 0.2", "max: 2.0")
         self.repo = git.Repo.init(specs_dir.parent)
@@ -256,6 +290,7 @@ class Harness:
             pod.stop()
         for s in self.servers.values():
             s.stop()
+        self.bad.close()
         try:
             self.prom.set_targets([])
         except OSError:
@@ -543,9 +578,256 @@ def drill_canary(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
             "samples": results}
 
 
+# -- the drills of issue 35: a hung Prometheus, bad data, two controllers -----------------------------
+
+def tallies(h: Harness, since: float, until: float) -> dict[str, Any]:
+    """Every request of [since, until): per role sent, answered, failed by reason; skipped ticks."""
+    return {"stable": h.traffic.tally("stable", since, until).to_json(), "canary": h.traffic.tally("canary", since, until).to_json(),
+            "skipped": h.traffic.skipped_between(since, until)}
+
+
+def counted_at_step_1(canary: str) -> Any:
+    """The rollout of ``canary`` at step 1 with a success-rate measurement counted: its analysis runs on data."""
+    def pred(s: RolloutState) -> bool:
+        run = s.runs.get("success-rate")
+        return s.canary == canary and s.phase is Phase.PROGRESSING and s.step == 0 and run is not None and run.measurements >= 1
+    return pred
+
+
+def causes(s: RolloutState) -> dict[str, str]:
+    return {a["metric"]: a["cause"] for a in s.last_analysis}
+
+
+def rose_after(h: Harness, canary: str, t: float, until: float = math.inf) -> list[int]:
+    """The canary's live weights in (t, until] that are above its weight at ``t``."""
+    before = [w for at, c, w in h.live.weights if c == canary and at <= t]
+    at_t = before[-1] if before else 0
+    return [w for at, c, w in h.live.weights if c == canary and t < at <= until and w > at_t]
+
+
+def drill_hung(h: Harness, runs: int, ctl: ControllerProc, outage: float) -> dict[str, Any]:
+    results = []
+    for run in range(1, runs + 1):
+        canary = h.new_version()
+        t0 = time.monotonic()
+        ctl.start()
+        problems: list[str] = []
+        held = None
+        resumed_s = None
+        try:
+            first = h.live.wait(counted_at_step_1(canary), 90, "a measurement at step 1")
+            h.prom.freeze()
+            t_hang = time.monotonic()
+            while time.monotonic() < t_hang + outage:
+                ctl.check()
+                s = h.live.state
+                if s is not None and (s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK) or s.weight != first.weight or s.step != 0):
+                    problems.append(f"while Prometheus hung: {s.phase.value} step {s.step + 1} at {s.weight} %: {s.reason}")
+                    break
+                time.sleep(0.1)
+            held = h.live.state
+            assert held is not None
+            if not problems and (held.phase is not Phase.HOLDING or causes(held).get("success-rate") != "unreachable"):
+                problems.append(f"not Holding on unreachable after {outage:.0f} s of a hung Prometheus: {held.phase.value}: {held.reason}")
+            h.prom.thaw()
+            t_up, wall_up = time.monotonic(), time.time()
+            problems.extend(f"the weight rose while Prometheus hung: {w} %" for w in rose_after(h, canary, t_hang, t_up))
+            final = h.live.wait(lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 120,  # noqa: B023
+                                "the end of the rollout")
+            left = [x["at"] for x in final.history if x.get("from") == "Holding" and x.get("at", 0) >= wall_up]
+            resumed_s = round(left[0] - wall_up, 2) if left else None
+            if final.phase is not Phase.PROMOTED:
+                problems.append(f"not promoted after SIGCONT: {final.phase.value}: {final.reason}")
+        except TimeoutError as exc:
+            problems.append(str(exc))
+        finally:
+            h.prom.thaw()
+            ctl.kill()
+        t_end = time.monotonic()
+        counts = tallies(h, t0, t_end)
+        lost = counts["stable"]["failed"]
+        if lost:
+            problems.append(f"{lost} requests to stable failed: {counts['stable']['reasons']}")
+        res = {"run": run, "outage_s": outage, "held_reason": held.reason if held else None,
+               "held_cause": causes(held).get("success-rate") if held else None, "resume_s": resumed_s,
+               "stable_lost": lost, "requests": counts, "failed": bool(problems), "problems": problems,
+               "rollout_s": round(t_end - t0, 1)}
+        results.append(res)
+        log(f"hung drill, run {run}: held on {res['held_cause']}, stable lost {lost}{'; ' + '; '.join(problems) if problems else ''}")
+    return {"runs": len(results), "failures": sum(r["failed"] for r in results), "outage_s": outage,
+            "max_converge_s": max((r["resume_s"] for r in results if r["resume_s"] is not None), default=None),
+            "stable_lost": sum(r["stable_lost"] for r in results), "wrong_promotions": sum(
+                any("rose" in p or "while Prometheus hung" in p for p in r["problems"]) for r in results),
+            "samples": results}
+
+
+BAD = ((Fault.NAN, "no-data"), (Fault.EMPTY, "no-data"), (Fault.UNAVAILABLE, "unreachable"), (Fault.FROZEN, "clock-skew"))
+
+
+def drill_baddata(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
+    results = []
+    for run in range(1, runs + 1):
+        canary = h.new_version()
+        t0 = time.monotonic()
+        ctl.start()
+        problems: list[str] = []
+        judged: dict[str, Any] = {}
+        final = None
+        try:
+            h.live.wait(counted_at_step_1(canary), 90, "a measurement at step 1")
+            t_bad = time.monotonic()
+            for fault, cause in BAD:
+                h.bad.set(fault)
+                t_set = time.time()
+                try:
+                    s = h.live.wait(lambda s, c=cause, t=t_set: set(causes(s).values()) == {c}
+                                    and all(a["at"] >= t for a in s.last_analysis), 60, f"both metrics judged under {fault.value}")
+                except TimeoutError as exc:
+                    problems.append(str(exc))
+                    break
+                judged[fault.value] = {"phase": s.phase.value, "causes": causes(s), "weight": s.weight,
+                                       "analysis_answers": h.bad.served(fault)}
+                if s.phase is not Phase.HOLDING or s.weight != 10:
+                    problems.append(f"under {fault.value}: {s.phase.value} at {s.weight} %: {s.reason}")
+            h.bad.set(Fault.INF)
+            final = h.live.wait(lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 60,  # noqa: B023
+                                "the end of the rollout under +Inf")
+            judged["inf"] = {"phase": final.phase.value, "reason": final.reason}
+            if final.phase is not Phase.ROLLED_BACK:
+                problems.append(f"+Inf did not roll back: {final.phase.value}: {final.reason}")
+            problems.extend(f"the weight rose under bad data: {w} %" for w in rose_after(h, canary, t_bad))
+        except TimeoutError as exc:
+            problems.append(str(exc))
+        finally:
+            h.bad.set(Fault.NONE)
+            ctl.kill()
+        t_end = time.monotonic()
+        counts = tallies(h, t0, t_end)
+        lost = counts["stable"]["failed"]
+        if lost:
+            problems.append(f"{lost} requests to stable failed: {counts['stable']['reasons']}")
+        res = {"run": run, "judged": judged, "stable_lost": lost, "requests": counts, "failed": bool(problems),
+               "problems": problems, "rollout_s": round(t_end - t0, 1)}
+        results.append(res)
+        log(f"baddata drill, run {run}: {json.dumps(judged)[:400]}, stable lost {lost}{'; ' + '; '.join(problems) if problems else ''}")
+    return {"runs": len(results), "failures": sum(r["failed"] for r in results), "max_converge_s": None,
+            "stable_lost": sum(r["stable_lost"] for r in results),
+            "wrong_promotions": sum(any("rose" in p or "did not roll back" in p for p in r["problems"]) for r in results),
+            "samples": results}
+
+
+def drill_skew(h: Harness, runs: int, ctl: ControllerProc, skew: float) -> dict[str, Any]:
+    """The controller's clock ``skew`` seconds ahead of Prometheus's (``ctl`` runs under Debian's
+    libfaketime): every measurement must be `clock-skew`, the weight must hold at step 1, and the
+    rollout may end only rolled back on `inconclusiveLimit` (naming the skew) — never promoted."""
+    results = []
+    for run in range(1, runs + 1):
+        canary = h.new_version()
+        t0 = time.monotonic()
+        ctl.start()
+        problems: list[str] = []
+        final = None
+        try:
+            held = h.live.wait(lambda s: s.canary == canary and s.phase is not Phase.WAITING and bool(s.last_analysis), 90,  # noqa: B023
+                               "the first measurement")
+            t_held = time.monotonic()
+            final = h.live.wait(lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 120,  # noqa: B023
+                                "the end of the rollout")
+            seen = {a["cause"] for t, s in h.live.states if t >= t0 and s.canary == canary for a in s.last_analysis}
+            if seen != {"clock-skew"}:
+                problems.append(f"measurements judged other than clock-skew: {sorted(seen)}")
+            if final.phase is not Phase.ROLLED_BACK or "clocks out of step" not in final.reason:
+                problems.append(f"not rolled back on the named skew: {final.phase.value}: {final.reason}")
+            problems.extend(f"the weight rose under the skew: {w} %" for w in rose_after(h, canary, t_held))
+        except TimeoutError as exc:
+            problems.append(str(exc))
+            held = None
+        finally:
+            ctl.kill()
+        t_end = time.monotonic()
+        counts = tallies(h, t0, t_end)
+        lost = counts["stable"]["failed"]
+        if lost:
+            problems.append(f"{lost} requests to stable failed: {counts['stable']['reasons']}")
+        res = {"run": run, "skew_s": skew, "first": held.last_analysis if held else None,
+               "reason": final.reason if final else None, "phase": final.phase.value if final else None,
+               "stable_lost": lost, "requests": counts, "failed": bool(problems), "problems": problems,
+               "rollout_s": round(t_end - t0, 1)}
+        results.append(res)
+        log(f"skew drill, run {run}: {res['phase']}: {(res['reason'] or '')[:200]}; stable lost {lost}"
+            f"{'; ' + '; '.join(problems) if problems else ''}")
+    return {"runs": len(results), "failures": sum(r["failed"] for r in results), "skew_s": skew, "max_converge_s": None,
+            "stable_lost": sum(r["stable_lost"] for r in results),
+            "wrong_promotions": sum(r["phase"] == Phase.PROMOTED.value for r in results), "samples": results}
+
+
+def faketime(skew: float) -> list[str]:
+    """The command prefix that runs a process with its clock ``skew`` seconds ahead: Debian's
+    libfaketime (package faketime, installed with apt-get on first use, as Prometheus is)."""
+    from reconciler.targets.local import processes
+
+    exe = processes.ensure_package("/usr/bin/faketime", "faketime", log=log)
+    return [exe, "-f", f"{skew:+g}s"]
+
+
+def drill_two(h: Harness, runs: int, ctl: ControllerProc, second: ControllerProc) -> dict[str, Any]:
+    interval = min(duration_seconds(m.interval) for m in h.policy.spec.metrics)
+    results = []
+    for run in range(1, runs + 1):
+        canary = h.new_version()
+        t0 = time.monotonic()
+        ctl.start()
+        second.start()
+        problems: list[str] = []
+        try:
+            final = h.live.wait(lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 180,  # noqa: B023
+                                "the end of the rollout")
+        except TimeoutError as exc:
+            problems.append(str(exc))
+            final = h.live.state
+        finally:
+            ctl.kill()
+            second.kill()
+        t_end = time.monotonic()
+        states = [s for t, s in h.live.states if t0 <= t <= t_end and s.canary == canary]
+        # Evidence that both act: a count that went back (one controller's write over the other's),
+        # measurements of one metric closer than its interval, a step entered twice.
+        regressions, close = 0, []
+        for a, b in zip(states, states[1:]):
+            ra, rb = a.runs.get("success-rate"), b.runs.get("success-rate")
+            if a.step == b.step and ra is not None and rb is not None:
+                if rb.measurements < ra.measurements:
+                    regressions += 1
+                if rb.last_at and ra.last_at and 0 < rb.last_at - ra.last_at < interval - 0.25:
+                    close.append(round(rb.last_at - ra.last_at, 2))
+        steps = entered_steps(final, canary) if final else []
+        lines = {c.name: sum(1 for line in (c.workdir / f"{c.name}-{c.starts}.log").read_text(errors="replace").splitlines()
+                             if line.startswith("digits:")) for c in (ctl, second)}
+        both = bool(regressions or close or steps != sorted(set(steps)))
+        counts = tallies(h, t0, t_end)
+        res = {"run": run, "phase": final.phase.value if final else None, "state_writes": len(states),
+               "count_regressions": regressions, "measurements_closer_than_interval": close, "steps_entered": steps,
+               "lines_printed": lines, "both_acted": both, "stable_lost": counts["stable"]["failed"], "requests": counts,
+               "failed": bool(problems), "problems": problems, "rollout_s": round(t_end - t0, 1)}
+        results.append(res)
+        log(f"two-controllers drill, run {run}: {res['phase']}, {len(states)} state writes, {regressions} count regressions, "
+            f"{len(close)} measurements closer than {interval:g} s: both acted {both}")
+    return {"runs": len(results), "failures": sum(r["failed"] for r in results), "max_converge_s": None,
+            "stable_lost": sum(r["stable_lost"] for r in results), "both_acted": sum(r["both_acted"] for r in results),
+            "samples": results}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--drills", default="kill,prometheus,canary", help="comma-separated: kill, prometheus, canary")
+    parser.add_argument("--drills", default="kill,prometheus,canary,hung,baddata,skew,two",
+                        help="comma-separated: kill, prometheus, canary, hung, baddata, skew, two")
+    parser.add_argument("--hang", type=float, default=30.0,
+                        help="seconds the hung drill keeps Prometheus stopped (default 30: a pass waits out two queries "
+                             "of two 5 s attempts each before it saves)")
+    parser.add_argument("--skew", type=float, default=5.0, help="seconds the skew drill's controller clock is ahead (default 5)")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each of hung, baddata and two (default 1)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="result file (default bench/results/rollout-faults-<date>.json)")
     parser.add_argument("--kill-runs", type=int, default=10, help="controller kills (one per step; default 10)")
     parser.add_argument("--prometheus-runs", type=int, default=3, help="Prometheus outages (default 3)")
     parser.add_argument("--canary-runs", type=int, default=5, help="canary kills (default 5)")
@@ -553,10 +835,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second, split by the live weights (default 40)")
     args = parser.parse_args()
     drills = [d.strip() for d in args.drills.split(",") if d.strip()]
-    unknown = set(drills) - {"kill", "prometheus", "canary"}
+    unknown = set(drills) - {"kill", "prometheus", "canary", "hung", "baddata", "skew", "two"}
     if unknown:
         parser.error(f"unknown drills: {sorted(unknown)}")
-    for name in ("kill_runs", "prometheus_runs", "canary_runs"):
+    for name in ("kill_runs", "prometheus_runs", "canary_runs", "runs"):
         if not 1 <= getattr(args, name) <= 50:
             parser.error(f"--{name.replace('_', '-')} must be between 1 and 50")
 
@@ -584,6 +866,22 @@ def main() -> None:
                     out[name] = drill_kill(harness, args.kill_runs, ctl)
                 elif name == "prometheus":
                     out[name] = drill_prometheus(harness, args.prometheus_runs, ctl, args.outage)
+                elif name == "hung":
+                    out[name] = drill_hung(harness, args.runs, ctl, args.hang)
+                elif name == "baddata":
+                    out[name] = drill_baddata(harness, args.runs, ctl)
+                elif name == "skew":
+                    skewed = ControllerProc(harness.r, tmp, "skewed", prefix=faketime(args.skew))
+                    try:
+                        out[name] = drill_skew(harness, args.runs, skewed, args.skew)
+                    finally:
+                        skewed.kill()
+                elif name == "two":
+                    second = ControllerProc(harness.r, tmp, "second")
+                    try:
+                        out[name] = drill_two(harness, args.runs, ctl, second)
+                    finally:
+                        second.kill()
                 else:
                     out[name] = drill_canary(harness, args.canary_runs, ctl)
             finally:
@@ -605,9 +903,13 @@ def main() -> None:
             if s.get("problems"):
                 print(f"{'':>12}{s}")
     summary = {name: {k: v for k, v in row.items() if k not in ("samples", "rollouts_detail")} for name, row in out.items()}
-    print(json.dumps({"drills": summary, "total_s": round(time.monotonic() - t_all, 1),
-                      "samples": {name: row["samples"] for name, row in out.items()},
-                      "rollouts": out.get("kill", {}).get("rollouts_detail")}))
+    result = {"drills": summary, "total_s": round(time.monotonic() - t_all, 1), "command": " ".join(sys.argv),
+              "samples": {name: row["samples"] for name, row in out.items()},
+              "rollouts": out.get("kill", {}).get("rollouts_detail")}
+    path = args.out or ROOT / "bench" / "results" / f"rollout-faults-{time.strftime('%Y-%m-%d')}.json"
+    path.write_text(json.dumps(result) + "\n")
+    log(f"wrote {path}")
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
