@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.controller.gitserver import GitServer, free_port, start_git_server
+from devkit.gitserver import GitServer, free_port, start_git_server
 from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

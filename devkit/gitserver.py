@@ -1,17 +1,17 @@
-"""A git server for the controller tests: a bare repository served by Debian's `git daemon` on
-127.0.0.1 (git://), and a work tree the test commits the specs in and pushes to it (file://)."""
+"""A git server for the controller's tests and benchmark: a bare repository served by Debian's
+`git daemon` on 127.0.0.1 (git://), and a work tree the caller commits the specs in and pushes to
+it (file://)."""
 
 from __future__ import annotations
 
 import shutil
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.polling import wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 GIT_DAEMON = "/usr/lib/git-core/git-daemon"
 
 
@@ -70,9 +70,13 @@ def start_git_server(tmp: Path, example: str = "quickstart") -> GitServer:
                                 "--listen=127.0.0.1", f"--port={port}", str(bare.parent)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def listening() -> bool:
+    deadline = time.monotonic() + 10
+    while True:
         with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_until(listening, timeout=10, what="git daemon to listen")
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"git daemon did not listen on 127.0.0.1:{port} within 10 s")
+        time.sleep(0.05)
     return GitServer(f"git://127.0.0.1:{port}/specs.git", work, bare, process)
