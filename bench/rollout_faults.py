@@ -312,13 +312,22 @@ def entered_steps(state: RolloutState, canary: str) -> list[int]:
 
 def stable_shares(h: Harness, since: float, until: float) -> list[dict[str, Any]]:
     """Per interval of constant live weight in [since, until): stable's share of the answered
-    requests vs its weight, and requests to stable that failed."""
+    requests vs its weight, and requests to stable that failed. The first 0.5 s after a change
+    (requests in flight when the weight moved) and intervals under 1 s are left out of the share
+    — said so in each entry (``excluded_s``, ``excluded``) —, never out of the lost requests, which
+    the drills count over the whole span (:meth:`Traffic.tally`)."""
     changes = [(t, w) for t, _, w in h.live.weights if t < until]
-    out = []
+    out: list[dict[str, Any]] = []
     for i, (t, w) in enumerate(changes):
         end = changes[i + 1][0] if i + 1 < len(changes) else until
         lo, hi = max(t, since) + 0.5, end  # 0.5 s: requests in flight when the weight changed
+        if end <= since:
+            continue  # before the span
         if hi - lo < 1:
+            out.append({"canary_weight": w, "seconds": round(max(0.0, end - max(t, since)), 2), "excluded": "shorter than 1.5 s",
+                        "sent": h.traffic.count("stable", since=max(t, since), until=end)
+                        + h.traffic.count("canary", since=max(t, since), until=end),
+                        "stable_failed": h.traffic.count("stable", ok=False, since=max(t, since), until=end)})
             continue
         ok_stable = h.traffic.count("stable", ok=True, since=lo, until=hi)
         ok_all = ok_stable + h.traffic.count("canary", ok=True, since=lo, until=hi)
@@ -327,7 +336,7 @@ def stable_shares(h: Harness, since: float, until: float) -> list[dict[str, Any]
         # How many binomial standard deviations the share is below its weight (each request picks
         # its arm at random with the weight): below −3 is a real shortfall, not sampling.
         z = (share - p) / math.sqrt(p * (1 - p) / ok_all) if share is not None and 0 < p < 1 else 0.0
-        out.append({"canary_weight": w, "seconds": round(hi - lo, 1), "answered": ok_all,
+        out.append({"canary_weight": w, "seconds": round(hi - lo, 1), "excluded_s": 0.5, "answered": ok_all,
                     "stable_share": round(share, 3) if share is not None else None, "stable_weight": p, "z": round(z, 2),
                     "stable_failed": h.traffic.count("stable", ok=False, since=lo, until=hi)})
     return out
@@ -402,10 +411,10 @@ def drill_kill(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
         if any(b < a for a, b in zip(weights, weights[1:])):
             problems.append(f"the live canary weight went down during the rollout: {weights}")
         shares = stable_shares(h, t0, t_end)
-        lost = sum(s["stable_failed"] for s in shares)
+        lost = h.traffic.tally("stable", t0, t_end).failed  # over the whole span: no window left out
         if lost:
             problems.append(f"{lost} requests to stable failed")
-        short = [s for s in shares if s["z"] < -3]
+        short = [s for s in shares if s.get("z", 0.0) < -3]
         if short:
             problems.append(f"stable's share below its weight by more than 3 standard deviations: {short}")
         per_rollout.append({"rollout": rollouts, "stable_lost": lost, "stable_shares": shares, "steps_entered": steps,
@@ -419,7 +428,7 @@ def drill_kill(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
     return {"runs": len(results), "rollouts": rollouts, "failures": sum(r["failed"] for r in results),
             "max_converge_s": max(resumes) if resumes else None,
             "stable_lost": sum(r["stable_lost"] for r in per_rollout),
-            "min_stable_share_z": min((s["z"] for r in per_rollout for s in r["stable_shares"]), default=None),
+            "min_stable_share_z": min((s["z"] for r in per_rollout for s in r["stable_shares"] if "z" in s), default=None),
             "rollouts_detail": per_rollout,
             "samples": results}
 
@@ -466,15 +475,16 @@ def drill_prometheus(h: Harness, runs: int, ctl: ControllerProc, outage: float) 
             h.prom.resume()
             ctl.kill()
         t_end = time.monotonic()
-        shares = stable_shares(h, t0, t_end)
-        lost = sum(s["stable_failed"] for s in shares)
+        counts = tallies(h, t0, t_end)
+        lost = counts["stable"]["failed"]  # over the whole span: no window left out
         if lost:
-            problems.append(f"{lost} requests to stable failed")
+            problems.append(f"{lost} requests to stable failed: {counts['stable']['reasons']}")
         run_states = [s for t, s in h.live.states if t0 <= t <= t_end]
         inconclusive = max((s.runs["success-rate"].inconclusive_in_a_row for s in run_states if "success-rate" in s.runs), default=0)
         res = {"run": run, "outage_s": outage, "held_reason": held.reason if held else None,
                "max_inconclusive_in_a_row": inconclusive, "resume_s": round(resumed_s, 2) if resumed_s is not None else None,
-               "stable_lost": lost, "failed": bool(problems), "problems": problems, "rollout_s": round(t_end - t0, 1)}
+               "stable_lost": lost, "requests": counts, "failed": bool(problems), "problems": problems,
+               "rollout_s": round(t_end - t0, 1)}
         results.append(res)
         log(f"prometheus drill, run {run}: resumed {res['resume_s']} s after Prometheus was back, "
             f"{inconclusive} inconclusive in a row, stable lost {lost}{'; ' + '; '.join(problems) if problems else ''}")
@@ -546,10 +556,10 @@ def drill_canary(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
         finally:
             ctl.kill()
         t_end = time.monotonic()
-        shares = stable_shares(h, t0, t_end)
-        lost = sum(s["stable_failed"] for s in shares)
+        counts = tallies(h, t0, t_end)
+        lost = counts["stable"]["failed"]  # over the whole span: no window left out
         if lost:
-            problems.append(f"{lost} requests to stable failed")
+            problems.append(f"{lost} requests to stable failed: {counts['stable']['reasons']}")
         steps = entered_steps(final, canary) if final else []
         after: dict[str, Any] = {}
         if t_kill is not None and wall_kill is not None:
@@ -558,12 +568,13 @@ def drill_canary(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
             sent = h.traffic.count("canary", since=t_kill, until=t_end)
             failed = h.traffic.count("canary", ok=False, since=t_kill, until=t_end)
             after = {"weight_at_kill": at_kill, "weights_after_kill": weights, "canary_sent_after_kill": sent,
-                     "canary_failed_after_kill": failed, "canary_answered_after_kill": sent - failed}
+                     "canary_failed_after_kill": failed, "canary_answered_after_kill": sent - failed,
+                     "canary_failures_after_kill_by_reason": h.traffic.tally("canary", t_kill, t_end).reasons}
         else:
             problems.append("the canary was never killed: no run")
         res = {"run": run, "rollback_s": round(rollback_s, 2) if rollback_s is not None else None, "bound_s": bound,
                "reason": final.reason if final else None, "steps_entered": steps, "stable_lost": lost,
-               "canary_failed_requests": h.traffic.count("canary", ok=False, since=t0, until=t_end), **after,
+               "canary_failed_requests": h.traffic.count("canary", ok=False, since=t0, until=t_end), **after, "requests": counts,
                "failed": bool(problems), "problems": problems}
         results.append(res)
         log(f"canary drill, run {run}: {final.phase.value if final else None} {res['rollback_s']} s after the kill "
