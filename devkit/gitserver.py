@@ -55,6 +55,10 @@ class GitServer:
         self.process.terminate()
         self.process.wait(10)
 
+    def restart(self) -> None:
+        """Serve again on the same port (after :meth:`stop`: a git server that was down)."""
+        self.process = _serve(self.bare.parent, int(self.url.split(":")[2].split("/")[0]))
+
 
 def start_git_server(tmp: Path, example: str = "quickstart") -> GitServer:
     """The example in a work tree (not committed yet), a bare repository, and `git daemon` serving it."""
@@ -66,8 +70,13 @@ def start_git_server(tmp: Path, example: str = "quickstart") -> GitServer:
     git("init", "--quiet", "--initial-branch=main", cwd=work)
     git("remote", "add", "origin", bare.as_uri(), cwd=work)
     port = free_port()
-    process = subprocess.Popen([GIT_DAEMON, "--reuseaddr", "--export-all", f"--base-path={bare.parent}",
-                                "--listen=127.0.0.1", f"--port={port}", str(bare.parent)],
+    return GitServer(f"git://127.0.0.1:{port}/specs.git", work, bare, _serve(bare.parent, port))
+
+
+def _serve(base: Path, port: int) -> subprocess.Popen[bytes]:
+    """`git daemon` exporting every repository under ``base`` on 127.0.0.1:``port``, once it listens."""
+    process = subprocess.Popen([GIT_DAEMON, "--reuseaddr", "--export-all", f"--base-path={base}",
+                                "--listen=127.0.0.1", f"--port={port}", str(base)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     deadline = time.monotonic() + 10
@@ -79,4 +88,4 @@ def start_git_server(tmp: Path, example: str = "quickstart") -> GitServer:
             process.kill()
             raise RuntimeError(f"git daemon did not listen on 127.0.0.1:{port} within 10 s")
         time.sleep(0.05)
-    return GitServer(f"git://127.0.0.1:{port}/specs.git", work, bare, process)
+    return process

@@ -175,6 +175,8 @@ class Worker:
             return
         self.metrics.fetch_seconds.labels(name).observe(time.monotonic() - began)
         if revision == self.applied and self.loaded is not None and self.loaded.revision == revision and not self.source.self_heal:
+            if self.last_reason != "Succeeded":  # nothing moved, but the last sync failed (git was down): Ready again
+                self._finish(Outcome("Succeeded", f"revision {revision[:12]} is applied", revision, self.loaded), began)
             return  # nothing moved
         if revision == self.attempted and self.last_reason in ("ValidationFailed", "Blocked"):
             return  # the same revision fails the same way: reported once
@@ -192,7 +194,8 @@ class Worker:
             outcome = Outcome("Succeeded", f"revision {revision[:12]} is applied", revision, loaded)
         else:
             try:
-                outcome = apply_revision(self.source, self.cache, loaded, self.target)
+                outcome = apply_revision(self.source, self.cache, loaded, self.target,
+                                         refresh=self.source.self_heal)
             except LeaseLost:
                 raise
             except ForgeError as exc:

@@ -93,13 +93,16 @@ def load_revision(source: Source, cache: Path, revision: str) -> Loaded:
     return Loaded(revision, result, environment)
 
 
-def apply_revision(source: Source, cache: Path, loaded: Loaded, target: Target) -> Outcome:
+def apply_revision(source: Source, cache: Path, loaded: Loaded, target: Target, *, refresh: bool = False) -> Outcome:
     """Plan ``loaded`` against what ``target`` has live and apply it, as `forgectl apply` does;
     the caller holds the environment's Lease (``target.lock``), so every write is fenced by it.
+    ``refresh``: the full compare (`apply --refresh`: every live object read whole, so an edit made
+    outside Forge, which keeps the recorded digest, is found and taken back — what `selfHeal` is).
     A lost Lease is raised (:class:`LeaseLost`): whoever holds it now carries on."""
     revision = loaded.revision
     with inside(cache):
-        plan = reviewed_live_plan(loaded.result, loaded.environment, target, source.namespace, revision[:12], rev=revision)
+        plan = reviewed_live_plan(loaded.result, loaded.environment, target, source.namespace, revision[:12], rev=revision,
+                                  refresh=refresh)
     try:
         ensure_runnable(plan)
     except ForgeError as exc:

@@ -83,9 +83,9 @@ class Controllers:
     """Starts replicas of one configuration; kills what is left at the end."""
 
     def __init__(self, tmp: Path, kubeconfig: str, namespace: str, url: str, *, interval: str,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, self_heal: bool = False) -> None:
         self.tmp, self.kubeconfig, self.namespace, self.url = tmp, kubeconfig, namespace, url
-        self.interval, self.secret = interval, secret
+        self.interval, self.secret, self.self_heal = interval, secret, self_heal
         self.replicas: list[Replica] = []
 
     def start(self, name: str) -> Replica:
@@ -95,7 +95,8 @@ class Controllers:
             "identity": f"forge-controller/{name}", "cacheDir": str(self.tmp / f"cache-{name}"),
             "http": {"address": "127.0.0.1", "port": port},
             "sources": [{"name": SOURCE, "url": self.url, "branch": "main", "path": ".", "environment": "cluster",
-                         "namespace": self.namespace, "interval": self.interval, "timeout": "30s"}],
+                         "namespace": self.namespace, "interval": self.interval, "timeout": "30s",
+                         "selfHeal": self.self_heal}],
         }
         if self.secret is not None:
             secret_file = self.tmp / "webhook-secret"
@@ -126,8 +127,9 @@ class Controllers:
 
 @pytest.fixture
 def controllers(tmp_path: Path, kube_cluster, namespace: str, git_server: GitServer, request) -> Iterator[Controllers]:
-    interval, secret = getattr(request, "param", ("2s", None))
-    made = Controllers(tmp_path, kube_cluster.kubeconfig, namespace, git_server.url, interval=interval, secret=secret)
+    interval, secret, self_heal = getattr(request, "param", ("2s", None, False))
+    made = Controllers(tmp_path, kube_cluster.kubeconfig, namespace, git_server.url, interval=interval, secret=secret,
+                       self_heal=self_heal)
     try:
         yield made
     finally:
@@ -221,7 +223,7 @@ def test_the_controller_applies_pushed_revisions_and_refuses_an_invalid_one(kube
     assert replica.get("/healthz")[0] == 200
 
 
-@pytest.mark.parametrize("controllers", [("1h", b"s3cret-for-tests")], indirect=True)
+@pytest.mark.parametrize("controllers", [("1h", b"s3cret-for-tests", False)], indirect=True)
 def test_a_signed_push_webhook_syncs_at_once_and_a_bad_signature_is_refused(kube_cluster, namespace, git_server,
                                                                           controllers) -> None:
     kubeconfig = kube_cluster.kubeconfig
@@ -314,3 +316,43 @@ def test_the_controller_runs_under_exactly_the_rbac_install_renders(kube_cluster
         assert "Forbidden" not in replica.output() and "403" not in replica.output(), replica.output()[-3000:]
     finally:
         made.close()
+
+
+def dashboard(kubeconfig: str, namespace: str) -> dict[str, str]:
+    done = kubectl(kubeconfig, "-n", namespace, "get", "configmap", "digits-dashboard", "-o", "json")
+    return json.loads(done.stdout)["data"]
+
+
+def test_git_down_is_fetch_failed_and_ready_again_once_it_answers(kube_cluster, namespace, git_server, controllers) -> None:
+    kubeconfig = kube_cluster.kubeconfig
+    first = git_server.push("quick-start")
+    controllers.start("a")
+    wait_until(lambda: applied(kubeconfig, namespace, first), timeout=120, what="the first revision applied")
+    before = live_versions(kubeconfig, namespace)
+    git_server.stop()
+    status = wait_until(lambda: (s := sync_status(kubeconfig, namespace)) and ready(s).get("reason") == "FetchFailed" and s,
+                        timeout=60, what="the fetch failure reported")
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions == {"Ready": "False", "Reconciling": "True", "Stalled": "False"}, status["conditions"]
+    assert status["lastAppliedRevision"] == first and "127.0.0.1" in ready(status)["message"]
+    assert live_versions(kubeconfig, namespace) == before  # what runs keeps running
+    git_server.restart()
+    wait_until(lambda: applied(kubeconfig, namespace, first), timeout=60, what="Ready again once git answers")
+
+
+@pytest.mark.parametrize("controllers", [("2s", None, True)], indirect=True)
+def test_self_heal_takes_an_edit_made_outside_forge_back(kube_cluster, namespace, git_server, controllers) -> None:
+    """An edit made by hand keeps the digest an apply recorded, so only the full compare finds it:
+    with `selfHeal`, every interval is one (`apply --refresh`)."""
+    kubeconfig = kube_cluster.kubeconfig
+    first = git_server.push("quick-start")
+    controllers.start("a")
+    wait_until(lambda: applied(kubeconfig, namespace, first), timeout=120, what="the first revision applied")
+    want = dashboard(kubeconfig, namespace)
+    key = sorted(want)[0]
+    # a ConfigMap is not read by the render, so a plan compares it by its recorded digest alone
+    patched = kubectl(kubeconfig, "-n", namespace, "patch", "configmap", "digits-dashboard", "--type", "merge",
+                      "-p", json.dumps({"data": {key: "edited by hand"}}))
+    assert patched.returncode == 0, patched.stderr
+    assert dashboard(kubeconfig, namespace)[key] == "edited by hand"
+    wait_until(lambda: dashboard(kubeconfig, namespace) == want, timeout=60, what="the drift taken back by selfHeal")
