@@ -356,3 +356,40 @@ def test_self_heal_takes_an_edit_made_outside_forge_back(kube_cluster, namespace
     assert patched.returncode == 0, patched.stderr
     assert dashboard(kubeconfig, namespace)[key] == "edited by hand"
     wait_until(lambda: dashboard(kubeconfig, namespace) == want, timeout=60, what="the drift taken back by selfHeal")
+
+
+def finish_workflows(kubeconfig: str, namespace: str, seen: set[str]) -> set[str]:
+    """What Argo's controller would do when a version's Workflow ends (no Argo and no kubelet run on
+    this API server: devkit.rollout_harness.finish_workflow does the same for the rollout tests)."""
+    names = set(kubectl(kubeconfig, "-n", namespace, "get", "workflows", "-o", "name").stdout.split())
+    for name in sorted(names - seen):
+        kubectl(kubeconfig, "-n", namespace, "patch", name, "--type", "merge", "-p", json.dumps({"status": {"phase": "Succeeded"}}))
+    return names
+
+
+def rollout_of(kubeconfig: str, namespace: str) -> dict[str, Any]:
+    return next((r for r in sync_status(kubeconfig, namespace).get("rollouts", []) if r["endpoint"] == "digits"), {})
+
+
+def test_the_controller_alone_walks_the_rollout_of_a_pushed_version(kube_cluster, namespace, git_server, controllers) -> None:
+    """No forgectl between the pushes: the controller's own rollout pass takes version 2 through the
+    offline gate (its Workflow succeeded) and waits for the canary's pods, saying so in the Sync's
+    status, in the SeldonDeployment's rollout state and on /metrics."""
+    kubeconfig = kube_cluster.kubeconfig
+    first = git_server.push("quick-start")
+    replica = controllers.start("a")
+    wait_until(lambda: applied(kubeconfig, namespace, first), timeout=120, what="the first revision applied")
+    seen = finish_workflows(kubeconfig, namespace, set())
+    wait_until(lambda: rollout_of(kubeconfig, namespace).get("phase") == "Idle", timeout=60, what="version 1 stable, at rest")
+    git_server.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003")
+    second = git_server.push("learning rate")
+    wait_until(lambda: applied(kubeconfig, namespace, second), timeout=90, what="the second revision applied")
+    finish_workflows(kubeconfig, namespace, seen)
+    rollout = wait_until(lambda: "offline gate passed" in (r := rollout_of(kubeconfig, namespace)).get("reason", "") and r,
+                         timeout=60, what="the controller's rollout pass past the offline gate")
+    assert rollout["phase"] == "WaitingForModel" and "waiting for the canary to be ready" in rollout["reason"], rollout
+    sdep = json.loads(kubectl(kubeconfig, "-n", namespace, "get", "seldondeployment", "digits", "-o", "json").stdout)
+    state = json.loads(sdep["metadata"]["annotations"]["forge.dev/rollout"])
+    assert state["phase"] == "WaitingForModel" and state["canary"] and state["canary"] != state["stable"]
+    metrics = replica.get("/metrics")[1]
+    assert 'forge_controller_rollout_phase{endpoint="digits",phase="WaitingForModel",source="quickstart"} 1.0' in metrics
