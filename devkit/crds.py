@@ -1,5 +1,5 @@
 """The real CustomResourceDefinitions of Argo Workflows, Seldon Core v1, the Prometheus Operator, the
-Gateway API (standard channel) and (optionally) the Kubeflow Training Operator: fetched with ``go mod download`` (or taken from a
+Gateway API (standard channel), Kueue and (optionally) the Kubeflow Training Operator: fetched with ``go mod download`` (or taken from a
 reference copy with the same sha256), patched as upstream's install does, converted to compact JSON
 (cached by hash)."""
 
@@ -71,6 +71,22 @@ CRD_SOURCES: tuple[CrdSource, ...] = (
             ("grpcroutes", "dc114a794b2bf2565489c3182d4b173590ea01348f986daf42c7bc0505521d26"),
             ("referencegrants", "3a59dcc699c2d01b19f13233943597f69de25420495ab3d4af7de7997bd807cc"),
             ("backendtlspolicies", "59d7cf1d99e1337e6d6a19c6306172d8f7ff2d9f920142a88ef9ba597d6d97bb"),
+        )
+    ),
+    # Kueue v0.17.0: a Compute pool with a queue renders its ResourceFlavor, ClusterQueue, LocalQueue and
+    # WorkloadPriorityClasses (renderers/queues.py), judged by these CRDs' OpenAPI schemas and CEL rules; the
+    # Workload and Cohort CRDs are what its controller reads and writes. Upstream's install adds a conversion
+    # webhook (v1beta1 <-> v1beta2) served by Kueue itself: left out here, where no Kueue runs, so the API
+    # server serves v1beta2, the storage version Forge writes, as is. No reference copy: the proxy serves it.
+    *(
+        CrdSource("KUEUE_MODULE", "KUEUE_VERSION", f"config/components/crd/bases/kueue.x-k8s.io_{n}.yaml", h)
+        for n, h in (
+            ("resourceflavors", "19e339c47e9ca3fa2c9eeddd27715a512f765c4794ed859733408a9715720173"),
+            ("clusterqueues", "666f5466bf85ace8c494a9a790ba87c4c18ddf3ab3eb9f18c878927d396869f3"),
+            ("localqueues", "5c5768caeb499bb869bb8f90e4f5293170b183a4a74b618f1f182264d9ce4437"),
+            ("workloadpriorityclasses", "b6c089d45938adf9afd21da05a6c613f29408989aa66afc09db189eb724db5a3"),
+            ("workloads", "d4f5c22bff5074b8801412011d6d2fd68050e2868ce4dd0bba2ad523431af36d"),
+            ("cohorts", "25fce81a539c3c22a031a501c3c9382f763221016f624c7e227eb47d3abb6f59"),
         )
     ),
     # v1.9.4, the version of the PyTorchJob webhook forge-judge runs (judges/go.mod).

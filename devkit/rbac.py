@@ -26,18 +26,19 @@ def forgectl_rbac_documents() -> list[dict[str, Any]]:
 
 
 def install_forgectl_rbac(cluster: Cluster) -> None:
-    """Create the ClusterRoles from docs/rbac/forgectl-role.yaml and bind the namespace reader
-    cluster-wide to the ``forgectl`` user (the workload role is bound per namespace)."""
+    """Create the ClusterRoles from docs/rbac/forgectl-role.yaml and bind the namespace reader and
+    the queue writer (Kueue's cluster-scoped objects) cluster-wide to the ``forgectl`` user (the
+    workload role is bound per namespace)."""
     raw = cluster.raw_client()
     for doc in forgectl_rbac_documents():
         apply(raw, doc)
-    apply(raw, {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "forgectl-namespace-reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "forgectl-namespace-reader"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": FORGECTL_USER}],
-    })
+    for role in ("forgectl-namespace-reader", "forgectl-queues"):
+        apply(raw, {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": FORGECTL_USER}],
+        })
 
 
 def bind_forgectl(cluster: Cluster, namespace: str) -> None:

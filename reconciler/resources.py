@@ -17,6 +17,11 @@ class Resource:
     kind: str
     plural: str
     namespaced: bool = True
+    #: Cluster-scoped and shared by environments (Kueue's ResourceFlavor: the hardware): listed by
+    #: Forge's managed-by label alone, kept only where the environment's own objects name it
+    #: (:func:`shared_in_use`), applied rather than created-only, pruned by none (the renderer
+    #: marks it `forge.dev/prune: disabled`).
+    shared: bool = False
 
     @property
     def api_version(self) -> str:
@@ -39,6 +44,13 @@ OWNED: tuple[Resource, ...] = (
     Resource("", "v1", "ServiceAccount", "serviceaccounts"),
     Resource("rbac.authorization.k8s.io", "v1", "Role", "roles"),
     Resource("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings"),
+    # Kueue, for a Compute pool with a queue (renderers/queues.py): ClusterQueues and
+    # WorkloadPriorityClasses carry the environment's namespace in their names and its ownership
+    # labels, so each environment lists and prunes only its own; a ResourceFlavor is shared.
+    Resource("kueue.x-k8s.io", "v1beta2", "ResourceFlavor", "resourceflavors", namespaced=False, shared=True),
+    Resource("kueue.x-k8s.io", "v1beta2", "WorkloadPriorityClass", "workloadpriorityclasses", namespaced=False),
+    Resource("kueue.x-k8s.io", "v1beta2", "ClusterQueue", "clusterqueues", namespaced=False),
+    Resource("kueue.x-k8s.io", "v1beta2", "LocalQueue", "localqueues"),
     Resource("argoproj.io", "v1alpha1", "Workflow", "workflows"),
     Resource("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors"),
     Resource("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules"),
@@ -47,6 +59,19 @@ OWNED: tuple[Resource, ...] = (
     Resource("", "v1", "ConfigMap", "configmaps"),  # Grafana dashboards (renderers/dashboards.py)
 )
 BY_KIND: dict[str, Resource] = {r.kind: r for r in OWNED}
+#: The kinds whose objects name the shared objects an environment uses: its ClusterQueues name
+#: their ResourceFlavors. A target reads them whole, for :func:`shared_in_use`.
+SHARED_REFERRERS = frozenset({"ClusterQueue"})
+
+
+def shared_in_use(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``objects`` (an environment's live objects) without the shared ones (:attr:`Resource.shared`)
+    that none of its own ClusterQueues names: another team's hardware is none of this
+    environment's business, so its plan neither shows nor reads it."""
+    named = {flavor.get("name") for obj in objects if obj.get("kind") == "ClusterQueue"
+             for group in (obj.get("spec") or {}).get("resourceGroups") or [] for flavor in group.get("flavors") or []}
+    return [obj for obj in objects
+            if not (obj.get("kind") in BY_KIND and BY_KIND[obj["kind"]].shared) or obj["metadata"]["name"] in named]
 LEASE = Resource("coordination.k8s.io", "v1", "Lease", "leases")
 EVENT = Resource("", "v1", "Event", "events")
 #: Read only: the rollout controller asks whether a canary's pods are Ready.

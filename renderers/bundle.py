@@ -11,7 +11,9 @@ from renderers.dashboards import render_dashboard
 from renderers.gateway import render_route
 from renderers.labels import ENVIRONMENT, GIT_REVISION, MANAGED_BY, MANAGER, PRUNE, TRAINING_STAGE
 from renderers.monitoring import render_podmonitor, render_rules
+from renderers.pods import TRAINING_PRIORITY
 from renderers.prerequisites import workflow_rbac, workspace_claim
+from renderers.queues import queued, render_queues
 from renderers.seldon import ServingState, experiment_serving, render_seldon
 from renderers.versions import model_version
 from renderers.workflow import RenderedWorkflow, render_workflow
@@ -24,12 +26,17 @@ KIND_ORDER = {
     "ServiceAccount": 2,
     "Role": 3,
     "RoleBinding": 4,
-    "Workflow": 5,
-    "PodMonitor": 6,
-    "PrometheusRule": 7,
-    "SeldonDeployment": 8,
-    "HTTPRoute": 9,  # after the predictors whose Services it routes to
-    "ConfigMap": 10,
+    # Kueue (renderers/queues.py): the queues exist before a Workflow submits to them.
+    "ResourceFlavor": 5,
+    "WorkloadPriorityClass": 6,
+    "ClusterQueue": 7,
+    "LocalQueue": 8,
+    "Workflow": 9,
+    "PodMonitor": 10,
+    "PrometheusRule": 11,
+    "SeldonDeployment": 12,
+    "HTTPRoute": 13,  # after the predictors whose Services it routes to
+    "ConfigMap": 14,
 }
 TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
 
@@ -106,6 +113,10 @@ def _render(specs: SpecSet, ctx: RenderContext) -> Rendered:
         owned = {"labels": dict(sorted(base_labels.items())),
                  **({"annotations": {GIT_REVISION: ctx.revision}} if ctx.revision else {})}
         manifests.extend(workflow_rbac(env, ns, owned))
+    # The queued pools' Kueue objects, and the workload priorities their training runs at.
+    priorities = {TRAINING_PRIORITY[c.spec.priority] for m in specs.of(Model)
+                  if queued(c := specs.compute_of(m, env), env)}
+    manifests.extend(render_queues(specs, env, ns, ctx.revision, priorities))
     workflows: dict[str, RenderedWorkflow] = {}
     versions: dict[str, str] = {}
     for model in specs.of(Model):

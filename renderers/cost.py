@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from renderers.queues import admission_ceiling, queued
 from renderers.scheduling import (
     GIB,
     USABLE_FRACTION,
@@ -454,6 +455,15 @@ def capacity_problems(specs: SpecSet, env: Environment, est: Estimate) -> list[C
             problems.append(CapacityProblem("Model", t.model, ("spec", "computeRef"), t.error,
                                             ("Compute", t.pool, ("spec", "maxGpus"))))
             continue
+        compute = specs.get(Compute, t.pool)
+        ceiling = admission_ceiling(compute) if compute is not None and queued(compute, env) else None
+        if ceiling is not None and t.gpus > ceiling:
+            queue = compute.spec.queue if compute is not None else None
+            borrow = " plus its borrowing limit" if queue is not None and queue.cohort is not None else ""
+            problems.append(CapacityProblem(
+                "Model", t.model, ("spec", "computeRef"),
+                f"model `{t.model}` trains on {t.gpus} × {t.accelerator} in one gang; pool `{t.pool}`'s queue admits at most "
+                f"{ceiling} (its quota{borrow}): Kueue would never admit it", ("Compute", t.pool, ("spec", "queue", "quota", "gpus"))))
         if not local or not t.gpus:
             continue
         if t.schedule.multi_node:

@@ -171,6 +171,10 @@ _CRDS = {
     "PrometheusRule": ("prometheusrules.monitoring.coreos.com", "/apis/monitoring.coreos.com/v1",
                        "the Prometheus Operator loads the rollout alerts"),
     "PyTorchJob": ("pytorchjobs.kubeflow.org", "/apis/kubeflow.org/v1", "the Kubeflow Training Operator runs multi-node training"),
+    # A Compute pool with a queue (renderers/queues.py, docs/queues.md).
+    **{kind: (f"{plural}.kueue.x-k8s.io", "/apis/kueue.x-k8s.io/v1beta2", "Kueue admits the queued pools' training by quota")
+       for kind, plural in (("ResourceFlavor", "resourceflavors"), ("ClusterQueue", "clusterqueues"),
+                            ("LocalQueue", "localqueues"), ("WorkloadPriorityClass", "workloadpriorityclasses"))},
 }
 
 

@@ -27,6 +27,7 @@ from renderers.hardware import TENSORRT_IMAGE, apply_placement, hardware_steps
 from renderers.labels import MODEL_VERSION, STEP, TRAINING_STAGE, digest, owner_metadata
 from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, TRAINING_PRIORITY, placement, scratch_volumes, secured, shm_volume
 from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
+from renderers.queues import queue_labels
 from renderers.scheduling import Schedule, schedule_resources
 from renderers.stepargs import decode_step_config, step_args
 from renderers.versions import model_version, step_key
@@ -335,7 +336,8 @@ def workflow_steps(workflow: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             for name, (memoize, run) in task_templates(workflow).items() if memoize and "container" in run}
 
 
-def _pytorchjob(step: Step, schedule: Schedule, model: Model, pod_spec: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
+def _pytorchjob(step: Step, schedule: Schedule, model: Model, pod_spec: dict[str, Any], namespace: str, name: str,
+                labels: dict[str, str]) -> dict[str, Any]:
     """A Kubeflow Training Operator PyTorchJob for multi-node training: its rendezvous is the
     engine, so Forge writes none of its own.
 
@@ -343,7 +345,11 @@ def _pytorchjob(step: Step, schedule: Schedule, model: Model, pod_spec: dict[str
     rank and the rendezvous address from the `PET_*` variables the operator sets; running the
     step directly would start one process per pod in a world of nodes × GPUs, and hang.
     `elasticPolicy.nProcPerNode` is deprecated and refused by the operator's webhook together
-    with `spec.nprocPerNode`, so only the latter is set."""
+    with `spec.nprocPerNode`, so only the latter is set.
+
+    ``labels`` (a queued pool's, renderers/queues.py) hand the job to Kueue's Kubeflow
+    integration: its webhook suspends the job on create and Kueue resumes it once every replica
+    fits the quota at once."""
     container = dict(pod_spec["containers"][0])
     container["name"] = "pytorch"  # the operator finds its container by this name
     container["command"] = ["torchrun", "-m", "runtimes"]
@@ -356,7 +362,8 @@ def _pytorchjob(step: Step, schedule: Schedule, model: Model, pod_spec: dict[str
     if model.spec.distributed.elastic:
         spec["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": 1, "maxReplicas": schedule.nodes}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "metadata": {"generateName": f"{name}-", "namespace": namespace}, "spec": spec}
+            "metadata": {"generateName": f"{name}-", "namespace": namespace, **({"labels": labels} if labels else {})},
+            "spec": spec}
 
 
 def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: str, revision: str | None) -> RenderedWorkflow:
@@ -365,6 +372,8 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
     compute = specs.compute_of(model, env)
     name = workflow_name(model.name, version)
     train_placement = placement(compute, TRAINING_PRIORITY[compute.spec.priority])
+    # A queued pool's training waits for its quota (Kueue; renderers/queues.py): the labels of its queue.
+    queue = queue_labels(compute, env, namespace, TRAINING_PRIORITY[compute.spec.priority])
     templates: list[dict[str, Any]] = []
     tasks: list[dict[str, Any]] = []
     light = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
@@ -391,7 +400,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             pod = {**train_placement, "securityContext": SECURITY_CONTEXT, "containers": [container],
                    "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}},
                                shm_volume(compute.spec.node.memory), *scratch_volumes()]}
-            job = _pytorchjob(step, schedule, model, pod, namespace, name)
+            job = _pytorchjob(step, schedule, model, pod, namespace, name, queue)
             template["resource"] = {
                 "action": "create",
                 "setOwnerReference": True,
@@ -403,6 +412,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
         else:
             if heavy:
                 template.update(train_placement)
+                template["metadata"] = {"labels": {**template["metadata"]["labels"], **queue}}
             if multi_process:
                 template["volumes"] = [shm_volume(compute.spec.node.memory)]
             template["container"] = container

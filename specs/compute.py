@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from specs.base import Quantity, SpecModel, check_label_value, check_qualified_name, check_selector
+from specs.queue import Queue
 
 #: Most accelerators one pool may offer a job (and so the most `plan` ever considers).
 MAX_GPUS = 4096
@@ -140,6 +141,9 @@ class ComputeSpec(SpecModel):
         default_factory=list, max_length=MAX_TOLERATIONS, description="Taints the pods tolerate."
     )
     node: NodeResources = Field(default_factory=NodeResources, description="CPU and memory per node.")
+    queue: Queue | None = Field(
+        default=None, description="Admit the pool's training through a Kueue queue (quota, borrowing, lending, "
+        "preemption; specs/queue.py, docs/queues.md); unset: pods are scheduled as they come.")
 
     @field_validator("node_selector")
     @classmethod
@@ -163,3 +167,45 @@ class ComputeSpec(SpecModel):
                 f"maxGpus ({self.max_gpus}) must be a whole number of nodes of {self.gpus_per_node} GPUs"
             )
         return self
+
+
+def queue_problems(spec: ComputeSpec) -> list[tuple[tuple[str | int, ...], str]]:
+    """(field path, message) of each way the pool's queue could never admit its own jobs: no GPU
+    quota on an accelerator pool, a GPU quota on a CPU pool, a quota below `minGpus` (every job of
+    the pool asks at least that many, so none would be admitted without borrowing, and a borrowed
+    admission is the first reclaimed)."""
+    queue = spec.queue
+    if queue is None:
+        return []
+    at: tuple[str | int, ...] = ("spec", "queue", "quota", "gpus")
+    gpus = queue.quota.gpus
+    if spec.accelerator.type == "cpu":
+        problems = [(at, "a `cpu` pool has no GPUs: remove `queue.quota.gpus`")] if gpus is not None else []
+        for key, limit in (("borrowingLimit", queue.borrowing_limit), ("lendingLimit", queue.lending_limit)):
+            if limit is not None and limit.gpus is not None:
+                problems.append((("spec", "queue", key, "gpus"), f"a `cpu` pool has no GPUs: remove `queue.{key}.gpus`"))
+        return problems + _flavor_problems(spec)
+    if gpus is None:
+        return [(("spec", "queue", "quota"), "an accelerator pool's queue needs `quota.gpus`: the GPUs its training "
+                 f"may hold at once (at least minGpus, {spec.min_gpus})")]
+    if gpus < spec.min_gpus:
+        return [(at, f"queue quota of {gpus} GPU{'s' if gpus != 1 else ''} is below the pool's minGpus ({spec.min_gpus}): "
+                 "every job of the pool asks at least minGpus, so none would ever be admitted on the quota alone")]
+    return _flavor_problems(spec)
+
+
+#: Kueue's ResourceFlavor holds at most 8 node labels and 8 taints (its CRD's maxProperties/maxItems).
+MAX_FLAVOR_ENTRIES = 8
+
+
+def _flavor_problems(spec: ComputeSpec) -> list[tuple[tuple[str | int, ...], str]]:
+    """A queued pool's node selector and tainting tolerations must fit one Kueue ResourceFlavor."""
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    if len(spec.node_selector) > MAX_FLAVOR_ENTRIES:
+        problems.append((("spec", "nodeSelector"), f"a queued pool's nodeSelector becomes its Kueue ResourceFlavor's "
+                         f"nodeLabels, which hold at most {MAX_FLAVOR_ENTRIES}; this one has {len(spec.node_selector)}"))
+    taints = [t for t in spec.tolerations if t.key is not None and t.effect is not None]
+    if len(taints) > MAX_FLAVOR_ENTRIES:
+        problems.append((("spec", "tolerations"), f"a queued pool's tolerations with a key and an effect become its "
+                         f"Kueue ResourceFlavor's nodeTaints, which hold at most {MAX_FLAVOR_ENTRIES}; this one has {len(taints)}"))
+    return problems

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from specs.compression import Distill
+from specs.compute import queue_problems
 from specs.documents import (
     KINDS,
     Compression,
@@ -152,6 +153,9 @@ def check_references(specs: SpecSet) -> list[ReferenceProblem]:
                 ReferenceProblem("Model", model.name, ("spec",),
                                  "no `computeRef`, and not every Environment sets `defaults.computeRef`")
             )
+
+    for compute in specs.of(Compute):
+        problems.extend(ReferenceProblem("Compute", compute.name, path, message) for path, message in queue_problems(compute.spec))
 
     for comp in specs.of(Compression):
         for vi, variant in enumerate(comp.spec.variants):

@@ -23,6 +23,7 @@ from reconciler.load.gitrepo import Repository, open_repository
 from reconciler.load.loader import LoadResult
 from reconciler.plan.diff import value_diff
 from reconciler.plan.plan import Cost, DocumentChange, Plan, ServingBase, ServingCost, TrainingBase, TrainingCost
+from reconciler.plan.queues import queue_notes
 from reconciler.plan.risks import (
     FLAGS,
     UNSATISFIABLE,
@@ -31,6 +32,7 @@ from reconciler.plan.risks import (
     locate,
     metric_risks,
     prune_risks,
+    quota_risks,
     regression_risks,
     spec_risks,
 )
@@ -161,7 +163,7 @@ def annotate(plan: Plan, head: LoadResult, env: Environment, *, base: LoadResult
     if base is not None:
         risks += spec_risks(base.specs, head.specs, base_env, env)
     risks += fault_injection_risks(head.specs, base.specs if base is not None else None)
-    risks += prune_risks(plan.changes)
+    risks += prune_risks(plan.changes) + quota_risks(plan.changes)
     gate_notes: list[str] = []
     if records:
         risks += metric_risks(plan.changes, list(records))
@@ -175,7 +177,7 @@ def annotate(plan: Plan, head: LoadResult, env: Environment, *, base: LoadResult
         risks=tuple(_order(locate(risks, head.raws, base_raws))),
         spec_changes=tuple(_spec_changes(base, head)) if base is not None else (),
         cost=_cost(est, before),
-        notes=(*plan.notes, *gate_notes, *_pod_security_notes(env)),
+        notes=(*plan.notes, *gate_notes, *_pod_security_notes(env), *queue_notes(plan.changes)),
     )
 
 

@@ -46,6 +46,8 @@ FLAGS: dict[str, str] = {
                                "worse than the live version on the same held-out data by more than its margin",
     "compression-bound-widened": "a compressed or exported variant may lose more accuracy than before",
     "prune-live-traffic": "an object serving traffic is deleted",
+    "queue-quota-lowered": "a pool's Kueue quota (ClusterQueue nominal quota) is lowered; running work above the new "
+                           "quota is preempted or never re-admitted",
 }
 #: The flag of a plan the target cannot run (a blocker, not a risk: the plan fails).
 UNSATISFIABLE = "unsatisfiable"
@@ -379,6 +381,33 @@ def prune_risks(changes: Iterable[Change]) -> list[Finding]:
         out.append(Finding("prune-live-traffic", f"SeldonDeployment {change.ref.namespace}/{change.ref.name} is deleted "
                            f"while serving traffic ({shares}): its endpoint goes down", labels.get(KIND, ""),
                            labels.get(NAME, ""), "spec", keys=("spec",), in_old=True))
+    return out
+
+
+def quota_risks(changes: Iterable[Change]) -> list[Finding]:
+    """Updates of a ClusterQueue that lower a nominal quota (reconciler/plan/queues.py), one flag
+    per queue, saying how much is in use when the live status was read; a plan against the live
+    state and a pull request's both raise it."""
+    from reconciler.plan.queues import LoweredQuota, lowered_quotas
+    from specs.base import quantity_value
+
+    by_queue: dict[str, list[LoweredQuota]] = {}
+    for low in lowered_quotas(changes):
+        by_queue.setdefault(low.change.ref.name, []).append(low)
+    out = []
+    for name, lows in sorted(by_queue.items()):
+        # the accelerator first: cpu and memory usually follow it (derived from the GPU quota)
+        lows.sort(key=lambda low: (low.resource in ("cpu", "memory"), low.resource))
+        labels = _labels(lows[0].change.after)
+        moves = ", ".join(f"{low.resource} {low.old} → {low.new}" for low in lows)
+        running = [f"{low.in_use} {low.resource} in use now" + (", above the new quota"
+                   if quantity_value(low.in_use) > quantity_value(low.new) else "")
+                   for low in lows if low.in_use is not None]
+        first = lows[0].resource
+        keys: tuple[str | int, ...] = ("spec", "queue", "quota", first if first in ("cpu", "memory") else "gpus")
+        out.append(Finding("queue-quota-lowered", f"ClusterQueue {name}: quota lowered, {moves}"
+                           + (f"; {'; '.join(running)}" if running else ""), labels.get(KIND, ""), labels.get(NAME, ""),
+                           ".".join(str(k) for k in keys), keys=keys))
     return out
 
 

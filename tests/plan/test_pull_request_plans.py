@@ -95,7 +95,7 @@ def _compute_pool(plan: dict) -> None:
 
 def _beyond_max_gpus(plan: dict) -> None:
     [blocker] = plan["blockers"]
-    assert blocker["flag"] == "unsatisfiable" and (blocker["file"], blocker["line"]) == ("specs.yaml", 47)
+    assert blocker["flag"] == "unsatisfiable" and (blocker["file"], blocker["line"]) == ("specs.yaml", 60)
     assert "even on 8 GPUs" in blocker["message"] and "maxGpus 8" in blocker["message"]
     assert blocker["declaredAt"] == "specs.yaml:29"
     assert plan["changes"] == []
@@ -107,14 +107,14 @@ def _local_without_gpus(plan: dict) -> None:
     assert [b["spec"]["kind"] for b in plan["blockers"]] == ["Model", "Endpoint"]
     model, endpoint = plan["blockers"]
     assert "needs 8 × nvidia-h100-80gb" in model["message"] and "declares 0 GPUs" in model["message"]
-    assert (model["file"], model["line"], model["declaredAt"]) == ("specs.yaml", 47, "environments.yaml:7")
-    assert (endpoint["file"], endpoint["line"]) == ("specs.yaml", 116)
+    assert (model["file"], model["line"], model["declaredAt"]) == ("specs.yaml", 60, "environments.yaml:7")
+    assert (endpoint["file"], endpoint["line"]) == ("specs.yaml", 129)
 
 
 def _compression_bound(plan: dict) -> None:
     assert _risk_flags(plan) == ["compression-bound-widened"]
     [risk] = plan["risks"]
-    assert (risk["path"], risk["file"], risk["line"]) == ("spec.maxAccuracyDrop", "specs.yaml", 92)
+    assert (risk["path"], risk["file"], risk["line"]) == ("spec.maxAccuracyDrop", "specs.yaml", 103)
     assert "1.5 → 3 points" in risk["message"]
 
 

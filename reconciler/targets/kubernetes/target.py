@@ -44,7 +44,7 @@ from reconciler.errors import (
     UnreachableError,
 )
 from reconciler.registry.records import Record
-from reconciler.resources import BY_KIND, LEASE, OWNED, ObjectRef, Resource
+from reconciler.resources import BY_KIND, LEASE, OWNED, SHARED_REFERRERS, ObjectRef, Resource, shared_in_use
 from reconciler.rollout.controller import RolloutState
 from reconciler.targets.base import (
     ClusterAPI,
@@ -61,7 +61,7 @@ from reconciler.targets.kubernetes.lease import LeaseFence
 from reconciler.targets.kubernetes.records import records_from_workflows
 from reconciler.targets.kubernetes.rollout import KubernetesRolloutBackend, rollout_state_of
 from reconciler.targets.kubernetes.workflow_status import steps_of
-from renderers.labels import ENDPOINT, MANAGER, owner_selector
+from renderers.labels import ENDPOINT, MANAGED_BY, MANAGER, owner_selector
 from specs import Environment, SpecSet
 
 #: Statuses worth retrying. A 500 is retried only with a timeout reason: the API server also answers
@@ -201,8 +201,13 @@ class KubernetesTarget:
         response held at once stays bounded however many objects there are, and the pages are
         one consistent snapshot. A continue token that expired meanwhile (410) restarts the LIST.
         ``accept``: the representation asked for (:data:`PARTIAL_METADATA` for metadata only)."""
-        # The environment's Namespace is found by name: Forge ensures it exists, never owns it.
-        query = [("labelSelector", selector)] if resource.namespaced else [("fieldSelector", f"metadata.name={self.namespace}")]
+        # The environment's Namespace is found by name: Forge ensures it exists, never owns it. A
+        # shared kind (Kueue's ResourceFlavor) by Forge's label alone; the other cluster-scoped
+        # kinds (Kueue's) cluster-wide by the ownership labels.
+        if resource.kind == "Namespace":
+            query = [("fieldSelector", f"metadata.name={self.namespace}")]
+        else:
+            query = [("labelSelector", f"{MANAGED_BY}={MANAGER}" if resource.shared else selector)]
         items: list[dict[str, Any]] = []
         token = ""
         restarts = 0
@@ -248,7 +253,7 @@ class KubernetesTarget:
 
         def one(resource: Resource) -> list[dict[str, Any]]:
             try:
-                if resource.kind in whole:
+                if resource.kind in whole or resource.kind in SHARED_REFERRERS:
                     return self.list_kind(resource, selector)
                 return self.list_metadata(resource, selector)
             except TargetError as exc:
@@ -259,7 +264,9 @@ class KubernetesTarget:
         # The LISTs are independent: run them side by side (the client's pool is thread-safe).
         with ThreadPoolExecutor(max_workers=len(OWNED)) as pool:
             objects = [obj for items in pool.map(one, OWNED) for obj in items]
-        partial = {ObjectRef.of(o) for o in objects if o["kind"] not in whole}
+        # The shared Kueue flavors listed are every environment's: keep those this one's queues name.
+        objects = shared_in_use(objects)
+        partial = {ObjectRef.of(o) for o in objects if o["kind"] not in whole and o["kind"] not in SHARED_REFERRERS}
         return LiveRead(objects, frozenset(partial))
 
     def read_whole(self, refs: Collection[ObjectRef]) -> list[dict[str, Any]]:
@@ -303,7 +310,9 @@ class KubernetesTarget:
         compares with what the write would store)."""
         ref = ObjectRef.of(obj)
         obj = with_desired_digest(obj)  # what a later plan compares from the metadata alone
-        if precondition is not None and precondition.absent and not dry_run:
+        # A shared object (a Kueue flavor: the same name is the same content, whoever renders it)
+        # may exist though this environment's plan did not list it yet: applied, not create-only.
+        if precondition is not None and precondition.absent and not dry_run and not ref.resource.shared:
             return self._create_only(ref, obj)
         version = precondition.resource_version if precondition is not None else None
         body = dict(obj)
