@@ -106,9 +106,33 @@ def check_untrusted_commands(data: dict[str, Any], context: str | None, where: s
                                      "repository under review")
 
 
+#: In a pod: the ServiceAccount's token and the cluster's CA, mounted by the kubelet.
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+IN_CLUSTER_CA = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+
+
+def in_cluster() -> bool:
+    """Whether this process runs in a pod with a ServiceAccount token, and nothing names a kubeconfig
+    (no `--kubeconfig`, no $KUBECONFIG, no ~/.kube/config): then the pod's own credentials are used,
+    as client-go's `rest.InClusterConfig` does (the in-cluster controller)."""
+    return (not os.environ.get("KUBECONFIG") and not Path("~/.kube/config").expanduser().exists()
+            and bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and IN_CLUSTER_TOKEN.is_file())
+
+
 def load_client_config(explicit: str | None, context: str | None, *,
                        untrusted_root: Path | None = None) -> k8s.Configuration:
-    """A client configuration from a kubeconfig (see module docstring). Never writes the file back."""
+    """A client configuration from a kubeconfig (see module docstring), or, in a pod where nothing
+    names one, from the pod's ServiceAccount (:func:`in_cluster`). Never writes the file back."""
+    if explicit is None and context is None and untrusted_root is None and in_cluster():
+        from kubernetes.config.incluster_config import InClusterConfigLoader
+
+        cfg = k8s.Configuration()
+        try:
+            InClusterConfigLoader(token_filename=str(IN_CLUSTER_TOKEN), cert_filename=str(IN_CLUSTER_CA)).load_and_set(cfg)
+        except (ConfigException, OSError, ValueError) as exc:
+            raise TargetNotAvailable(f"cannot use the pod's ServiceAccount ({IN_CLUSTER_TOKEN}): "
+                                     f"{printable(str(exc))[:300]}") from exc
+        return cfg
     path = kubeconfig_path(explicit)
     data = read_kubeconfig(path, untrusted_root=untrusted_root)
     where = printable(str(path))
