@@ -17,7 +17,7 @@ CASES = [
     # --- Kubernetes-strict scalars -------------------------------------------------------------
     ("quoted-yes-bool", doc("Environment", "default: 'yes'\ndefaults: {computeRef: cpu}\n"), 6,
      "expected true or false, got 'yes'"),
-    ("quoted-true-bool", doc("Model", MODEL + "gradientCheckpointing: 'true'\n"), 8, "expected true or false, got 'true'"),
+    ("quoted-true-bool", doc("Model", MODEL + "compile: 'true'\n"), 8, "expected true or false, got 'true'"),
     ("quoted-int", doc("Model", MODEL + "hyperparameters: {epochs: '30'}\n"), 8, "expected an integer, got '30'"),
     ("float-for-int", doc("Model", MODEL + "hyperparameters: {epochs: 30.0}\n"), 8, "expected an integer, got 30.0"),
     ("bool-for-int", doc("Model", MODEL + "hyperparameters: {epochs: true}\n"), 8, "expected an integer, got True"),
