@@ -15,8 +15,11 @@ rendered objects are never changed. The stages run in order and share the cluste
 2. a `learningRate` change → `plan` names the cache hit and Argo's memoization hits (the memoized
    task's `memoizationStatus.hit`, no pod); `reconcile --watch` promotes the healthy canary through
    every step on Prometheus's figures.
-3. an evaluation threshold no model meets → Argo does not retry the evaluation (its permanent
-   exit code); the rollout is refused on the offline gate, and `status` shows it.
+3. an evaluation threshold no model meets, and the training's first attempt killed → Argo
+   retries the training (its exit 137, a killed process) and does not retry the evaluation (its
+   permanent exit code); the rollout is refused on the offline gate, and `status` shows both. The
+   kill is the step's own (`faultInjection.killFirstAttempt`, a drill): deterministic, where
+   deleting a running pod raced Argo, which re-created the pod instead of recording an attempt.
 4. back to the first version with an injected fault → every step a cache hit; the canary fails
    its analysis and `reconcile --watch` rolls it back, the reason in `rollout status`.
 5. `down` deletes what Forge owns: the controllers remove the pods they made.
@@ -26,9 +29,13 @@ before Forge applies anything): the API server's own PodSecurity admission refus
 it, the pods Argo and the Seldon operator make from Forge's objects included, so every stage runs
 under it (issue 32).
 
-Without Istio or Ambassador, Seldon v1 does not weigh predictors (it writes `traffic` only into
-their routes): the test's traffic goes to the predictors' Services split by the live weights, as a
-mesh would (devkit.rollout.Traffic).
+Traffic goes through a real gateway: Traefik v3 with its Kubernetes Gateway provider
+(devkit.node.traefik) runs on the node, and the `cluster` Environment routes by the Gateway API
+(`traffic.router: gatewayAPI`, its Gateway as `parentRef`: what the test commits to the
+quick-start's copy, as the cluster's platform team would). Forge renders an HTTPRoute per Endpoint
+and the rollout controller moves its weights; the test only sends requests to the gateway and
+reads who answered them from the predictors' own metrics in Prometheus, never splitting traffic
+itself (issue 29).
 Needs root; never skips.
 """
 
@@ -51,9 +58,9 @@ import pytest
 from kubernetes import client, dynamic
 
 from devkit.cluster import Cluster
-from devkit.node import argo, promop, runtime_image, seldon
+from devkit.node import argo, promop, runtime_image, seldon, traefik
 from devkit.node.node import Node
-from devkit.rollout import BODY, Traffic
+from devkit.rollout import BODY
 from reconciler.targets.kubernetes.workflow_status import task_nodes
 from tests.cluster.nodekit import node_cluster
 from tests.polling import wait_until
@@ -80,9 +87,9 @@ def _quiet(msg: str) -> None:
 
 class _Stack:
     def __init__(self, cluster: Cluster, node: Node, archive: Path, refs: list[str], prometheus_url: str,
-                 times: dict[str, float]) -> None:
+                 gateway: traefik.TraefikGateway, times: dict[str, float]) -> None:
         self.cluster, self.node, self.archive, self.refs = cluster, node, archive, refs
-        self.prometheus_url, self.times = prometheus_url, times
+        self.prometheus_url, self.gateway, self.times = prometheus_url, gateway, times
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +98,7 @@ def stack(pytestconfig: pytest.Config) -> Iterator[_Stack]:
 
     def images() -> list[tuple[str, str]]:
         built["archive"], built["refs"], _ = runtime_image.build()
+        traefik.ensure_binary()  # the first time: a long build (docs/test-cluster.md)
         return [argo.executor_image(), *promop.images()] + [(str(built["archive"]), r) for r in built["refs"]]
 
     t0 = time.monotonic()
@@ -100,12 +108,13 @@ def stack(pytestconfig: pytest.Config) -> Iterator[_Stack]:
         t = time.monotonic()
         argo.start(cluster, node, ["default"], die_with_parent=True, log=_quiet)
         seldon.start(cluster, node, die_with_parent=True, log=_quiet)
+        gateway = traefik.start(cluster, node, die_with_parent=True, log=_quiet)
         operator = promop.start(cluster, node, die_with_parent=True, log=_quiet)
         url = promop.deploy_prometheus(node, controller=operator, log=_quiet)
         times["controllers"] = time.monotonic() - t
         times["total"] = time.monotonic() - t0
         print("\nstack up:", json.dumps({k: round(v, 1) for k, v in times.items()}))
-        yield _Stack(cluster, node, built["archive"], built["refs"], url, times)
+        yield _Stack(cluster, node, built["archive"], built["refs"], url, gateway, times)
 
 
 class Quickstart:
@@ -119,6 +128,7 @@ class Quickstart:
         dyn = dynamic.DynamicClient(self.api)
         self.workflows = dyn.resources.get(api_version="argoproj.io/v1alpha1", kind="Workflow")
         self.sdeps = dyn.resources.get(api_version="machinelearning.seldon.io/v1", kind="SeldonDeployment")
+        self.routes = dyn.resources.get(api_version="gateway.networking.k8s.io/v1", kind="HTTPRoute")
         self.versions: dict[str, str] = {}
 
     def git(self, *args: str) -> None:
@@ -167,6 +177,10 @@ class Quickstart:
         (self.work.parent / f"workflow-{version}-{wf['status']['phase']}.json").write_text(json.dumps(wf, indent=1))
         return wf
 
+    def route(self) -> dict[str, Any]:
+        """The Endpoint's HTTPRoute, as Forge rendered it and the gateway reported on it."""
+        return self.routes.get(namespace=NS, name="digits").to_dict()
+
     def sdep(self) -> dict[str, Any]:
         return self.sdeps.get(namespace=NS, name="digits").to_dict()
 
@@ -179,6 +193,14 @@ class Quickstart:
             (s for s in self.core.list_namespaced_service(NS).items if s.metadata.name == f"digits-{predictor}"), None))
         return f"http://{svc.spec.cluster_ip}:9000"
 
+    def served(self, window_s: float) -> dict[tuple[str, str], float]:
+        """Requests the predictors answered in the last ``window_s`` seconds, by (role, HTTP code),
+        from their own counters (`forge_requests_total`, scraped by Prometheus through the rendered
+        PodMonitor): who answered what, never the client's guess."""
+        rows = self.query(f'sum by (forge_role, code) (increase(forge_requests_total{{forge_endpoint="digits",'
+                          f'forge_namespace="{NS}"}}[{max(int(window_s), 30)}s]))')
+        return {(r["metric"].get("forge_role", ""), r["metric"].get("code", "")): float(r["value"][1]) for r in rows}
+
     def query(self, promql: str) -> list[dict[str, Any]]:
         url = f"{self.stack.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
         with urllib.request.urlopen(url, timeout=10) as resp:
@@ -190,7 +212,11 @@ class Quickstart:
 
 
 def _infer(url: str) -> int:
-    req = urllib.request.Request(url + "/v2/models/digits-mlp/infer", data=BODY,
+    return _infer_at(url + "/v2/models/digits-mlp/infer")
+
+
+def _infer_at(url: str) -> int:
+    req = urllib.request.Request(url, data=BODY,
                                  headers={"content-type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
@@ -213,34 +239,58 @@ def _attempts(wf: dict[str, Any], task: str) -> list[dict[str, Any]]:
     return [dict(a) for a in task_nodes(wf)[task].attempts]
 
 
-def _rollout(q: Quickstart, reason: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Traffic]:
-    """Traffic to the stable and canary Services split by the live weights, and `forgectl
-    reconcile --watch` until the rollout settles; its output, `rollout status` and the traffic."""
+class GatewayTraffic:
+    """Requests to the Endpoint through the gateway, each logged with its time and HTTP status (0:
+    no answer). The gateway chooses the predictor; this client never does."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url + "/v2/models/digits-mlp/infer"
+        self.log: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+
+    def run(self, rate: float = 20.0) -> None:
+        while not self.stop.is_set():
+            self.log.append((time.monotonic(), _infer_at(self.url)))
+            time.sleep(1.0 / rate)
+
+    def codes(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for _, code in list(self.log):
+            out[code] = out.get(code, 0) + 1
+        return out
+
+
+def _rollout(q: Quickstart, reason: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], GatewayTraffic,
+                                                  dict[tuple[str, str], float]]:
+    """Traffic to the Endpoint through the gateway, and `forgectl reconcile --watch` until the
+    rollout settles; its output, `rollout status`, the client's log and who answered (by role and
+    code, from the predictors' own counters)."""
     assert _wait("the canary predictor", lambda: "canary" in q.predictors(), timeout=120)
-    traffic = Traffic(q.service_url("stable"), q.service_url("canary"))
-    _wait("the canary's server to answer", lambda: _infer(traffic.canary_url) in (200, 500), timeout=300, every=2)
-
-    def follow() -> None:  # what the mesh would do: the live weights, read back from the cluster
-        while not traffic.stop.is_set():
-            try:
-                traffic.weight = int(q.predictors().get("canary", {}).get("traffic") or 0)
-            except Exception:  # noqa: BLE001 - a failed read keeps the last weight; the next one retries
-                pass
-            time.sleep(0.5)
-
-    threads = [threading.Thread(target=traffic.run, daemon=True), threading.Thread(target=follow, daemon=True)]
-    for t in threads:
-        t.start()
+    _wait("the canary's server to answer", lambda: _infer(q.service_url("canary")) in (200, 500), timeout=300, every=2)
+    traffic = GatewayTraffic(q.stack.gateway.url)
+    _wait("the gateway to route the Endpoint", lambda: _infer_at(traffic.url) in (200, 500), timeout=60)
+    thread = threading.Thread(target=traffic.run, daemon=True)
+    t0 = time.monotonic()
+    thread.start()
     try:
         watch = q.forgectl("reconcile", "--env", "cluster", "--watch", "--until-settled", "--timeout", "420",
                            "--prometheus-url", q.stack.prometheus_url, timeout=480, check=False)
     finally:
         traffic.stop.set()
-        for t in threads:
-            t.join(timeout=10)
+        thread.join(timeout=10)
+    # the last requests' counters are scraped within a scrape interval or two
+    window = time.monotonic() - t0 + 40
+    time.sleep(35)
+    served = q.served(window)
     status = q.json("rollout", "status", "digits", "--prometheus-url", q.stack.prometheus_url)
-    print(f"\n{reason}: reconcile → {watch.returncode}\n{watch.stdout[-3000:]}\n{json.dumps(status['rollout'], indent=1)[:3000]}")
-    return watch, status, traffic
+    print(f"\n{reason}: reconcile → {watch.returncode}\n{watch.stdout[-3000:]}\n"
+          f"{json.dumps(status['rollout'], indent=1)[:3000]}\nclient codes {traffic.codes()}; served {served}")
+    return watch, status, traffic, served
+
+
+def _answered(served: dict[tuple[str, str], float], role: str, ok: bool) -> float:
+    """Requests ``role`` answered with a 2xx (``ok``) or anything else."""
+    return sum(n for (r, code), n in served.items() if r == role and code.startswith("2") is ok)
 
 
 @pytest.fixture(scope="module")
@@ -249,6 +299,15 @@ def qs(stack: _Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quic
     shutil.copytree(QUICKSTART, work)
     q = Quickstart(stack, work)
     q.git("init", "-q")
+    # the cluster's platform team routes by the Gateway API, through the gateway running on it
+    ref = stack.gateway.parent_ref()
+    envs = work / "environments.yaml"
+    text = envs.read_text()
+    anchor = "    namespace: forge-quickstart\n"
+    assert anchor in text
+    envs.write_text(text.replace(anchor, anchor + "  traffic:\n    router: gatewayAPI\n    parentRef:\n"
+                                 f"      name: {ref['name']}\n      namespace: {ref['namespace']}\n"
+                                 f"      sectionName: {ref['sectionName']}\n", 1))
     q.git("add", ".")
     q.git("commit", "-qm", "quick-start")
     # the platform team's namespace, enforcing `restricted` before Forge applies into it (Forge only
@@ -302,6 +361,13 @@ def test_1_apply_trains_serves_and_is_scraped(qs: Quickstart) -> None:
     stable = qs.service_url("stable")
     _wait("the stable predictor to answer", lambda: _infer(stable) == 200, timeout=60)
     assert all(_infer(stable) == 200 for _ in range(30))
+    # ... and through the gateway, by the HTTPRoute Forge rendered, which the gateway admitted
+    route = qs.route()
+    parents = route.get("status", {}).get("parents") or []
+    conditions = {c["type"]: c["status"] for p in parents for c in p.get("conditions") or []}
+    assert conditions.get("Accepted") == "True" and conditions.get("ResolvedRefs") == "True", parents
+    gateway = qs.stack.gateway.url
+    _wait("the gateway to route to the stable predictor", lambda: _infer(gateway) == 200, timeout=60)
 
     # Prometheus, configured by the operator from the rendered PodMonitor, scrapes that pod
     def scraped() -> float:
@@ -345,12 +411,19 @@ def test_2_a_learning_rate_change_hits_the_cache_and_promotes(qs: Quickstart) ->
     assert shown["prepare-data"]["status"] == "cached" and shown["train"]["attempts"] == 1, shown
 
     # the healthy canary is promoted through every step on Prometheus's figures
-    watch, status, traffic = _rollout(qs, "healthy canary")
+    watch, status, traffic, served = _rollout(qs, "healthy canary")
     assert watch.returncode == 0, watch.stdout[-3000:] + watch.stderr[-3000:]
     assert status["rollout"]["phase"] == "Promoted", status["rollout"]["reason"]
     assert [h["weight"] for h in status["rollout"]["history"] if "/3: canary" in h["reason"]] == [10, 50, 100]
     assert status["serving"]["stable"] == v2 and status["serving"]["canary"] is None
-    assert traffic.count("canary", ok=True) > 0 and traffic.count("stable", ok=False) == 0
+    # the gateway sent the canary its share, and neither predictor failed a request
+    assert _answered(served, "canary", ok=True) > 0, served
+    assert _answered(served, "canary", ok=False) == 0 and _answered(served, "stable", ok=False) == 0, served
+    codes = traffic.codes()
+    assert codes.get(200, 0) >= 0.99 * len(traffic.log), codes
+    route = qs.route()
+    assert [b["name"] for r in route["spec"]["rules"] if r.get("name") == "split" for b in r["backendRefs"]] == \
+        ["digits-stable"], route["spec"]["rules"]
     _wait("the operator to drop the old predictor", lambda: set(qs.predictors()) == {"stable"}, timeout=60)
     labels = qs.predictors()["stable"]["labels"]
     assert labels[MODEL_VERSION] == v2, labels
@@ -358,6 +431,8 @@ def test_2_a_learning_rate_change_hits_the_cache_and_promotes(qs: Quickstart) ->
 
 def test_3_a_failed_evaluation_is_not_retried(qs: Quickstart) -> None:
     qs.edit("model.yaml", "min: 0.95", "min: 0.9999", "a threshold no model meets")
+    qs.edit("model.yaml", "  datasetRef: digits\n", "  datasetRef: digits\n  faultInjection: {killFirstAttempt: true}\n",
+            "a drill: the training's first attempt is killed")
     qs.forgectl("apply", "--env", "cluster", "--auto-approve")
     v3 = qs.versions["v3"] = qs.version()
 
@@ -365,10 +440,9 @@ def test_3_a_failed_evaluation_is_not_retried(qs: Quickstart) -> None:
     assert wf["status"]["phase"] == "Failed", wf["status"]
     nodes = _nodes(wf)
     train = _attempts(wf, "train")
-    # The deleted-pod retry drill is out of this stage: with the first attempt held, Argo v4.0.5
-    # re-created the deleted pod under the same node instead of recording `Error: pod deleted`
-    # (CI, this stop), so the drill tested nothing reliably; it returns with a trigger Argo reads.
-    assert [a["phase"] for a in train] == ["Succeeded"], train
+    # the first attempt was killed (SIGKILL: exit 137, not a permanent code): Argo retried it
+    assert [a["phase"] for a in train] == ["Failed", "Succeeded"], train
+    assert train[0]["outputs"]["exitCode"] == "137", train[0]
     # the data did not change: a cache hit (a new version trains again: its outputs are its own);
     # the evaluation failed once, permanently (exit 2-5), and nothing after it ran
     assert (nodes["prepare-data"].get("memoizationStatus") or {}).get("hit") is True, nodes["prepare-data"]
@@ -384,12 +458,13 @@ def test_3_a_failed_evaluation_is_not_retried(qs: Quickstart) -> None:
     assert "offline evaluation failed" in status["rollout"]["reason"], status["rollout"]["reason"]
     assert status["serving"]["stable"] == qs.versions["v2"]
     shown = {s["step"]: s for w in qs.json("status")["workflows"] if w["version"] == v3 for s in w["steps"]}
-    assert shown["train"]["attempts"] == 1 and shown["train"]["status"] == "succeeded", shown["train"]
+    assert shown["train"]["attempts"] == 2 and shown["train"]["status"] == "succeeded", shown["train"]
     assert shown["evaluate"]["attempts"] == 1 and shown["evaluate"]["status"] == "failed", shown["evaluate"]
 
 
 def test_4_a_faulty_canary_is_rolled_back(qs: Quickstart) -> None:
     qs.edit("model.yaml", "min: 0.9999", "min: 0.95", "threshold back")
+    qs.edit("model.yaml", "  faultInjection: {killFirstAttempt: true}\n", "", "no more killed attempts")
     qs.edit("model.yaml", "learningRate: 0.003", "learningRate: 0.002", "learning rate back")
     qs.edit("endpoint.yaml", "  protocol: v2\n", "  protocol: v2\n  faultInjection:\n    errorRate: 0.5\n",
             "a drill: the canary fails half its requests")
@@ -401,12 +476,19 @@ def test_4_a_faulty_canary_is_rolled_back(qs: Quickstart) -> None:
     # everything this version ran before is in Argo's cache (its Workflow was pruned after stage 2)
     assert all((nodes[s].get("memoizationStatus") or {}).get("hit") for s in ("prepare-data", "train", "evaluate")), nodes
 
-    watch, status, traffic = _rollout(qs, "faulty canary")
+    watch, status, traffic, served = _rollout(qs, "faulty canary")
     assert watch.returncode != 0 or status["rollout"]["phase"] == "RolledBack", watch.stdout[-3000:]
     assert status["rollout"]["phase"] == "RolledBack", status["rollout"]
     assert "success-rate" in status["rollout"]["reason"], status["rollout"]["reason"]
     assert status["serving"]["stable"] == qs.versions["v2"] and status["serving"]["weights"]["canary"] == 0
-    assert traffic.count("canary", ok=False) > 0 and traffic.count("stable", ok=False) == 0
+    # the gateway sent the faulty canary requests, which it failed; the stable answered every one of its own
+    assert _answered(served, "canary", ok=False) > 0 and _answered(served, "stable", ok=False) == 0, served
+    assert _answered(served, "stable", ok=True) > 0, served
+    # after the rollback the gateway sends the canary nothing: every request answered by the stable
+    weights = {b["name"]: b["weight"] for r in qs.route()["spec"]["rules"] if r.get("name") == "split"
+               for b in r["backendRefs"]}
+    assert weights.get("digits-canary", 0) == 0 and weights["digits-stable"] == 100, weights
+    assert all(_infer(qs.stack.gateway.url) == 200 for _ in range(50))
     _wait("the operator to drop the canary", lambda: set(qs.predictors()) == {"stable"}, timeout=60)
 
 
