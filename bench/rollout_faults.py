@@ -435,6 +435,19 @@ def drill_kill(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
 
 # -- drill 2: Prometheus stopped -------------------------------------------------------------------
 
+def _moved_during(h: Harness, ctl: ControllerProc, first: RolloutState, seconds: float, when: str) -> list[str]:
+    """Watch the rollout for ``seconds`` while Prometheus cannot answer: it must stay at ``first``'s
+    step and weight, neither promoted nor rolled back; the first move seen, in words (or none)."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        ctl.check()
+        s = h.live.state
+        if s is not None and (s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK) or s.weight != first.weight or s.step != 0):
+            return [f"{when}: {s.phase.value} step {s.step + 1} at {s.weight} %: {s.reason}"]
+        time.sleep(0.1)
+    return []
+
+
 def drill_prometheus(h: Harness, runs: int, ctl: ControllerProc, outage: float) -> dict[str, Any]:
     results = []
     for run in range(1, runs + 1):
@@ -447,14 +460,7 @@ def drill_prometheus(h: Harness, runs: int, ctl: ControllerProc, outage: float) 
             first = h.live.wait(lambda s: s.canary == canary and s.phase is Phase.PROGRESSING and s.step == 0, 90, "step 1")  # noqa: B023
             time.sleep(duration_seconds("2s"))  # the step's pause: its analysis starts
             h.prom.pause()
-            t_down = time.monotonic()
-            while time.monotonic() < t_down + outage:
-                ctl.check()
-                s = h.live.state
-                if s is not None and (s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK) or s.weight != first.weight or s.step != 0):
-                    problems.append(f"while Prometheus was down: {s.phase.value} step {s.step + 1} at {s.weight} %: {s.reason}")
-                    break
-                time.sleep(0.1)
+            problems += _moved_during(h, ctl, first, outage, "while Prometheus was down")
             held = h.live.state
             assert held is not None
             if not problems and held.phase is not Phase.HOLDING:
@@ -629,13 +635,7 @@ def drill_hung(h: Harness, runs: int, ctl: ControllerProc, outage: float) -> dic
             first = h.live.wait(counted_at_step_1(canary), 90, "a measurement at step 1")
             h.prom.freeze()
             t_hang = time.monotonic()
-            while time.monotonic() < t_hang + outage:
-                ctl.check()
-                s = h.live.state
-                if s is not None and (s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK) or s.weight != first.weight or s.step != 0):
-                    problems.append(f"while Prometheus hung: {s.phase.value} step {s.step + 1} at {s.weight} %: {s.reason}")
-                    break
-                time.sleep(0.1)
+            problems += _moved_during(h, ctl, first, outage, "while Prometheus hung")
             held = h.live.state
             assert held is not None
             if not problems and (held.phase is not Phase.HOLDING or causes(held).get("success-rate") != "unreachable"):
