@@ -26,6 +26,15 @@ def judge() -> Path:
 
 
 @pytest.fixture(scope="session")
+def seldon_judge() -> Path:
+    """seldon-judge, built on first use (about two minutes; its log is on stderr)."""
+    try:
+        return upstream.seldon_judge_binary()
+    except upstream.UpstreamError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
 def promtool() -> str:
     """promtool from Debian's prometheus package (installed by the test set-up when missing)."""
     try:

@@ -21,7 +21,7 @@ from reconciler.load.loader import load_or_raise
 from reconciler.targets.local import upstream
 from renderers import RenderContext, ServingState, render
 from renderers.seldon import SERVE_PORT
-from tests.judges.test_seldon_judge import of_kind, seldon_judge  # noqa: F401 - the fixture
+from tests.judges.test_seldon_judge import of_kind
 
 pytestmark = pytest.mark.judges
 
@@ -37,14 +37,14 @@ def _sdeps(env: str, serving: dict[str, ServingState] | None = None) -> list[dic
 
 
 @pytest.mark.parametrize("env", ["local", "cluster"])
-def test_arms_and_shadow_pass_the_webhook(env: str, seldon_judge: Path) -> None:  # noqa: F811
+def test_arms_and_shadow_pass_the_webhook(env: str, seldon_judge: Path) -> None:
     sds = _sdeps(env)
     assert {sd["metadata"]["name"] for sd in sds} == {"digits-ab", "digits-conversions"}
     for sd in sds:
         assert upstream.seldon_validate(sd) == [], sd["metadata"]["name"]
 
 
-def test_istio_weighs_the_arms_and_mirrors_to_the_shadow(seldon_judge: Path) -> None:  # noqa: F811
+def test_istio_weighs_the_arms_and_mirrors_to_the_shadow(seldon_judge: Path) -> None:
     sds = _sdeps("cluster")
     for sd, objs in zip(sds, upstream.seldon_render_many(sds, ingress="istio"), strict=True):  # a short answer fails
         name, ns = sd["metadata"]["name"], sd["metadata"]["namespace"]
@@ -64,7 +64,7 @@ def test_istio_weighs_the_arms_and_mirrors_to_the_shadow(seldon_judge: Path) -> 
             assert "mirror" not in rest
 
 
-def test_after_a_decision_the_winner_serves_alone(seldon_judge: Path) -> None:  # noqa: F811
+def test_after_a_decision_the_winner_serves_alone(seldon_judge: Path) -> None:
     decided = {"digits-ab": ServingState("0123456789ab", stable_variant="int8"),
                "digits-conversions": ServingState("0123456789ab")}
     sds = _sdeps("cluster", decided)
@@ -75,13 +75,13 @@ def test_after_a_decision_the_winner_serves_alone(seldon_judge: Path) -> None:  
         ("stable", 100, "int8"), ("shadow", 100, "pruned")]
 
 
-def test_the_webhook_rejects_arms_that_do_not_sum_to_100(seldon_judge: Path) -> None:  # noqa: F811
+def test_the_webhook_rejects_arms_that_do_not_sum_to_100(seldon_judge: Path) -> None:
     sd = next(sd for sd in _sdeps("cluster") if sd["metadata"]["name"] == "digits-ab")
     sd["spec"]["predictors"][0]["traffic"] = 40
     assert any("Traffic must sum to 100" in e for e in upstream.seldon_validate(sd))
 
 
-def test_the_webhook_rejects_two_shadows(seldon_judge: Path) -> None:  # noqa: F811
+def test_the_webhook_rejects_two_shadows(seldon_judge: Path) -> None:
     sd = next(sd for sd in _sdeps("cluster") if sd["metadata"]["name"] == "digits-ab")
     second = copy.deepcopy(sd["spec"]["predictors"][-1])
     second["name"] = "shadow-2"

@@ -17,13 +17,6 @@ from tests.renderers.test_gateway import ROUTING, STATES, quickstart
 pytestmark = pytest.mark.judges
 
 
-@pytest.fixture(scope="session")
-def seldon_judge() -> Path:
-    try:
-        return upstream.seldon_judge_binary()
-    except upstream.UpstreamError as exc:
-        pytest.fail(str(exc))
-
 
 def _rendered(name: str, case: str) -> tuple[dict, dict]:
     specs, env, endpoint = quickstart(ROUTING)

@@ -42,14 +42,6 @@ EXECUTOR = {"securityContext": ARGO_EXECUTOR_SECURITY_CONTEXT}
 KINDS = ("Workflow", "SeldonDeployment")
 
 
-@pytest.fixture(scope="session")
-def seldon_judge() -> Path:
-    """seldon-judge, built on first use (about two minutes; its log is on stderr)."""
-    try:
-        return upstream.seldon_judge_binary()
-    except upstream.UpstreamError as exc:
-        pytest.fail(str(exc))
-
 
 def _objects(case: str) -> list[dict[str, Any]]:
     return [m for kind in KINDS for m in manifests(case, kind)]

@@ -47,14 +47,6 @@ CANARY_WEIGHT = 10
 ENGINE = "seldon-container-engine"  # the executor container the operator adds without no-engine
 
 
-@pytest.fixture(scope="session")
-def seldon_judge() -> Path:
-    """seldon-judge, built on first use (about two minutes; its log is on stderr)."""
-    try:
-        return upstream.seldon_judge_binary()
-    except upstream.UpstreamError as exc:
-        pytest.fail(str(exc))
-
 
 def _specs(example: str) -> SpecSet:
     return load_or_raise([str(ROOT / "examples" / example)]).specs
