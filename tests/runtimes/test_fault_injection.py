@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,22 @@ from tests.polling import holds_for
 from tests.runtimes.helpers import ROOT, events
 
 HOLD = 600  # far longer than the test takes to see the hold and kill the attempt
+
+
+def _drill_config(output: str, faults: dict[str, Any]) -> dict[str, Any]:
+    """The digits train step's config for a short run with ``faults`` as its faultInjection."""
+    spec = copy.deepcopy(DIGITS_MODEL)
+    spec["hyperparameters"]["epochs"] = 2
+    spec["faultInjection"] = faults
+    return train_config(output, spec)
+
+
+def _retry_trains(digits: Runner, config: dict[str, Any], event: str) -> None:
+    """The retry (the same config, as Argo's next attempt runs it) finds the first attempt's
+    marker, so no ``event`` this time, and trains to the end."""
+    retry = digits.run("train", config, timeout=600)
+    kinds = [e["event"] for e in events(retry.stdout)]
+    assert event not in kinds and kinds[-1] == "done", kinds
 
 
 def test_the_first_caller_holds_and_a_later_one_does_not(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -36,10 +53,7 @@ def test_the_first_caller_holds_and_a_later_one_does_not(tmp_path: Path, capsys:
 
 @pytest.mark.runtime
 def test_a_held_training_is_killed_while_it_holds_and_the_retry_trains(digits: Runner) -> None:
-    spec = copy.deepcopy(DIGITS_MODEL)
-    spec["hyperparameters"]["epochs"] = 2
-    spec["faultInjection"] = {"holdFirstAttemptSeconds": HOLD}
-    config = train_config("models/held", spec)
+    config = _drill_config("models/held", {"holdFirstAttemptSeconds": HOLD})
     proc = subprocess.Popen(digits.command("train", config), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env=digits.env(), cwd=ROOT)
     try:
@@ -58,10 +72,7 @@ def test_a_held_training_is_killed_while_it_holds_and_the_retry_trains(digits: R
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
 
-    # the retry (the same config, as Argo's next attempt runs it) finds the marker and trains
-    retry = digits.run("train", config, timeout=600)
-    kinds = [e["event"] for e in events(retry.stdout)]
-    assert "hold" not in kinds and kinds[-1] == "done", kinds
+    _retry_trains(digits, config, "hold")
     metrics = digits.read("models/held/metrics.json")
     assert metrics["resumedFromStep"] == 0 and metrics["steps"] > 0
 
@@ -75,10 +86,7 @@ def test_one_first_attempt_whoever_asks(tmp_path: Path) -> None:
 
 @pytest.mark.runtime
 def test_the_first_training_attempt_kills_itself_and_the_retry_trains(digits: Runner) -> None:
-    spec = copy.deepcopy(DIGITS_MODEL)
-    spec["hyperparameters"]["epochs"] = 2
-    spec["faultInjection"] = {"killFirstAttempt": True}
-    config = train_config("models/killed", spec)
+    config = _drill_config("models/killed", {"killFirstAttempt": True})
     first = subprocess.run(digits.command("train", config), capture_output=True, text=True, env=digits.env(), cwd=ROOT,
                            timeout=300)
     # killed by the kernel's signal, as the OOM killer ends a process: a container reports 137
@@ -87,8 +95,5 @@ def test_the_first_training_attempt_kills_itself_and_the_retry_trains(digits: Ru
     assert kill["event"] == "kill" and Path(kill["marker"]).exists(), kill
     assert not (digits.workspace / "models/killed/metrics.json").exists()
 
-    # the retry (the same config, as Argo's next attempt runs it) finds the marker and trains
-    retry = digits.run("train", config, timeout=600)
-    kinds = [e["event"] for e in events(retry.stdout)]
-    assert "kill" not in kinds and kinds[-1] == "done", kinds
+    _retry_trains(digits, config, "kill")
     assert digits.read("models/killed/metrics.json")["steps"] > 0
