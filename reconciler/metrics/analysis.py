@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
+from statistics import median
 
 from specs import duration_seconds
 from specs.rollout import Metric
@@ -236,14 +237,17 @@ def canary_down(live: Liveness) -> str | None:
         return f"its series are stale (a staleness marker: the last scrape did not return {{{labels}}})"
     # The `up` answer carries Prometheus's evaluation time: a series whose newest sample is more
     # than two scrape intervals older missed its last scrapes (a Prometheus that stopped scraping
-    # the target without a staleness marker, e.g. across its own restart).
+    # the target without a staleness marker, e.g. across its own restart). The interval is the
+    # median gap, not the smallest: a Prometheus resumed after a pause scrapes at once, and that
+    # one short gap is not its interval.
     evaluated = max((s.samples[-1][0] for s in live.up if s.samples), default=None)
     for series in live.counted:
         times = sorted(t for t, _ in series.samples)
         gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
-        if evaluated is not None and gaps and evaluated - times[-1] > 2 * min(gaps):
+        interval = median(gaps) if gaps else None
+        if evaluated is not None and interval is not None and evaluated - times[-1] > 2 * interval:
             return (f"its last sample is {evaluated - times[-1]:.3g} s old, more than two scrape intervals "
-                    f"({min(gaps):.3g} s): the last scrapes did not reach it")
+                    f"({interval:.3g} s): the last scrapes did not reach it")
     oldest = min(t for s in live.counted for t, _ in s.samples)
     if oldest < live.since:
         return (f"a sample the query counts was scraped {live.since - oldest:.3g} s before the step began or its weight "

@@ -448,6 +448,18 @@ def test_canary_down_names_each_reason() -> None:
     assert "more than two scrape intervals" in (canary_down(_live(up=(Series(dict(TARGET), ((113.5, 1.0),)),))) or "")
 
 
+def test_a_prometheus_resumed_after_a_pause_is_not_taken_for_a_missed_scrape() -> None:
+    # The CI failure this guards: Prometheus resumed from a pause scrapes at once, 0.3 s after its
+    # last regular scrape, and the next regular scrape is 0.85 s away. That one short gap is not
+    # the scrape interval (1 s): the last sample is fresh.
+    times = (*range(101, 110), 109.3)
+    series = {"__name__": "forge_requests_total", "forge_role": "canary", **TARGET}
+    resumed = (Series(series, tuple((float(t), 1.0) for t in times)),)
+    assert canary_down(_live(counted=resumed, up=(Series(dict(TARGET), ((110.15, 1.0),)),))) is None
+    # ... while two missed 1 s scrapes are still seen, whatever the one short gap.
+    assert "more than two scrape intervals" in (
+        canary_down(_live(counted=resumed, up=(Series(dict(TARGET), ((111.5, 1.0),)),))) or "")
+
 def test_reach_is_the_window_or_the_longest_range_the_query_counts() -> None:
     from specs.rollout import Metric
 
