@@ -57,8 +57,9 @@ Succeeded; rollouts follow one another in one namespace, the servers keep their 
 * ``two`` (issue 35): two `forgectl reconcile --watch` on the same environment and endpoints for
   a whole rollout. Counted: the rollout-state writes (the SeldonDeployment's resourceVersion
   changes the mesh follower saw), and the state transitions each controller printed; "exactly one
-  acts" holds when only one of them printed a transition. Not yet a failure (see bench/README.md:
-  the CLI's watch takes no Lease yet).
+  acts" holds when only one of them printed a transition (the other says it follows: the watch
+  holds the environment's Lease). A failure when both acted: a count that went back, measurements
+  closer than the metric's interval, a step entered twice, or transitions printed by both.
 
 Every request of the traffic is counted per role and window (sent, answered, failed by reason,
 skipped ticks: ``devkit.rollout``'s ``Tally``); a failure to stable is a lost request.
@@ -814,11 +815,16 @@ def drill_two(h: Harness, runs: int, ctl: ControllerProc, second: ControllerProc
         steps = entered_steps(final, canary) if final else []
         lines = {c.name: sum(1 for line in (c.workdir / f"{c.name}-{c.starts}.log").read_text(errors="replace").splitlines()
                              if line.startswith("digits:")) for c in (ctl, second)}
-        both = bool(regressions or close or steps != sorted(set(steps)))
+        followed = {c.name: "following, nothing written" in (c.workdir / f"{c.name}-{c.starts}.log").read_text(errors="replace")
+                    for c in (ctl, second)}
+        both = bool(regressions or close or steps != sorted(set(steps)) or all(lines.values()))
+        if both:
+            problems.append(f"both controllers acted: {regressions} count regressions, measurements {close} s apart, "
+                            f"steps entered {steps}, transitions printed {lines}")
         counts = tallies(h, t0, t_end)
         res = {"run": run, "phase": final.phase.value if final else None, "state_writes": len(states),
                "count_regressions": regressions, "measurements_closer_than_interval": close, "steps_entered": steps,
-               "lines_printed": lines, "both_acted": both, "stable_lost": counts["stable"]["failed"], "requests": counts,
+               "lines_printed": lines, "said_following": followed, "both_acted": both, "stable_lost": counts["stable"]["failed"], "requests": counts,
                "failed": bool(problems), "problems": problems, "rollout_s": round(t_end - t0, 1)}
         results.append(res)
         log(f"two-controllers drill, run {run}: {res['phase']}, {len(states)} state writes, {regressions} count regressions, "

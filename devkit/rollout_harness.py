@@ -49,6 +49,11 @@ class Rollout:
         plan, _ = make_plan(result.specs, env, target, self.namespace, revision_of([str(self.specs_dir)], None, repository=self.specs_dir))
         apply_plan(plan, target)
 
+    def version(self) -> str:
+        """The model version the specs want now."""
+        result, env = self.load()
+        return model_version(result.specs, result.specs.get(Model, "digits-mlp"), env)
+
     def controller(self, on_rollback=None):
         result, env = self.load()
         target = open_target(env, TargetOptions(kubeconfig=self.kubeconfig, namespace=self.namespace))

@@ -24,7 +24,7 @@ from forgectl.experiment_cli import app as experiment_app
 from forgectl.experiment_cli import experiment_lines
 from forgectl.models_cli import app as models_app
 from forgectl.options import NO_OVERRIDES, EndpointArg, EnvOpt, PathsArg, RevOpt, SpecsOpt, TargetFlags, with_target_flags
-from forgectl.shell import err, load_for, one_endpoint, open_environment, out, rollout_controllers, safe, target_options
+from forgectl.shell import controllers_of, err, load_for, one_endpoint, open_environment, out, safe, target_options
 from reconciler.diagnostics import ForgeError, SpecError, render_diagnostics
 from reconciler.load.loader import load
 from renderers.errors import RenderError
@@ -295,15 +295,22 @@ def reconcile(
     passes: Annotated[int, typer.Option("--passes", help="With --watch, stop after this many passes (0: never).")] = 0,
     until_settled: Annotated[bool, typer.Option("--until-settled", help="With --watch, stop once no rollout is in progress.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="With --watch, give up after this many seconds (0: never).")] = 0.0,
+    lease_duration: Annotated[float, typer.Option("--lease-duration", min=3.0, help=(
+        "Seconds the environment's Lease lasts while this reconcile holds it (kubernetes target): another "
+        "watch takes over this long after the holder stops renewing it."))] = 15.0,
     output: Annotated[PlanOutput, typer.Option("--output", "-o", help="text or json.")] = PlanOutput.text,
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
-    """Run the rollout controller: one pass over every endpoint, or continuously with --watch."""
+    """Run the rollout controller: one pass over every endpoint, or continuously with --watch.
+    Only the holder of the environment's lock (the one an apply takes) acts: a second watch waits
+    and takes over when the first is gone."""
+    from reconciler.controller.leadership import Leadership, default_holder, watch_lease
     from reconciler.controller.watch import WatchOptions, run
     from reconciler.load.endpoints import desired_endpoints
     from reconciler.rollout.controller import RolloutState
 
-    result, environment, controllers = rollout_controllers(paths, env, flags)
+    ctx = open_environment(paths, None, env, flags, lease=watch_lease(lease_duration))
+    controllers = controllers_of(ctx, paths, flags)
 
     def print_line(line: str) -> None:
         out.print(line, markup=False)
@@ -311,8 +318,9 @@ def reconcile(
     def print_pass(states: dict[str, RolloutState]) -> None:
         print(json.dumps({k: v.to_json() for k, v in states.items()}))
 
-    code = run(controllers, desired_endpoints(result.specs, environment),
+    code = run(controllers, desired_endpoints(ctx.result.specs, ctx.environment),
                WatchOptions(watch, interval, passes, until_settled, timeout),
+               leadership=Leadership(ctx.target.lock, default_holder()),
                on_line=print_line if output is PlanOutput.text else None,
                on_pass=print_pass if output is PlanOutput.json else None)
     raise typer.Exit(code)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from reconciler.load.endpoints import DesiredEndpoint
     from reconciler.load.loader import LoadResult
     from reconciler.plan.session import TargetOptions
-    from reconciler.targets.base import Target
+    from reconciler.targets.base import LeaseTiming, Target
     from specs import Environment
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -65,36 +65,43 @@ class Opened:
 
 
 def open_environment(paths: list[str] | None, rev: str | None, env_name: str | None,
-                     flags: TargetFlags = NO_OVERRIDES) -> Opened:
+                     flags: TargetFlags = NO_OVERRIDES, lease: LeaseTiming | None = None) -> Opened:
     """Load the specs under ``paths`` (at ``rev``), pick the environment ``env_name`` names and
-    open its target with the command line's overrides (see :class:`Opened`)."""
+    open its target with the command line's overrides (see :class:`Opened`); its lock held as
+    ``lease`` says (None: as an apply holds it)."""
+    import dataclasses
+
     from reconciler.plan.session import namespace_of, open_target
 
     result, environment = load_for(paths, rev, env_name)
-    options = target_options(flags)
+    options = dataclasses.replace(target_options(flags), lease=lease)
     return Opened(result, environment, open_target(environment, options), namespace_of(environment, options))
 
 
-def rollout_controllers(paths: list[str] | None, env_name: str | None,
-                        flags: TargetFlags) -> tuple[LoadResult, Environment, Controllers]:
-    """Specs, environment, and the rollout and experiment controllers on the target's rollout
-    backend, measuring with the Prometheus that :func:`reconciler.controller.watch.prometheus_for`
-    chooses (``--prometheus-url`` first)."""
+def controllers_of(ctx: Opened, paths: list[str] | None, flags: TargetFlags) -> Controllers:
+    """The rollout and experiment controllers of an environment already opened, on its target's
+    rollout backend, measuring with the Prometheus that
+    :func:`reconciler.controller.watch.prometheus_for` chooses (``--prometheus-url`` first)."""
     from reconciler.controller.watch import controllers_for, prometheus_for
     from reconciler.load.sources import revision_of
 
-    ctx = open_environment(paths, None, env_name, flags)
     backend = ctx.target.rollout_backend(ctx.result.specs, ctx.environment, revision_of(paths or ["."], None))
     url = prometheus_for(ctx.environment, ctx.target, flags.prometheus_url)
-    return ctx.result, ctx.environment, controllers_for(ctx.result, ctx.environment, backend, url, ctx.namespace)
+    return controllers_for(ctx.result, ctx.environment, backend, url, ctx.namespace)
 
 
 def one_endpoint(paths: list[str] | None, env_name: str | None, flags: TargetFlags,
                  endpoint: str) -> tuple[Controllers, DesiredEndpoint]:
     """The controllers (their backend freshly read) and the Endpoint named ``endpoint`` with
     what the specs want it to serve; :class:`ForgeError` when the specs have no such Endpoint."""
+    return endpoint_in(open_environment(paths, None, env_name, flags), paths, flags, endpoint)
+
+
+def endpoint_in(ctx: Opened, paths: list[str] | None, flags: TargetFlags,
+                endpoint: str) -> tuple[Controllers, DesiredEndpoint]:
+    """:func:`one_endpoint` of an environment already opened."""
     from reconciler.load.endpoints import find_endpoint
 
-    result, environment, controllers = rollout_controllers(paths, env_name, flags)
+    controllers = controllers_of(ctx, paths, flags)
     controllers.backend.refresh()
-    return controllers, find_endpoint(result.specs, environment, endpoint)
+    return controllers, find_endpoint(ctx.result.specs, ctx.environment, endpoint)

@@ -5,6 +5,10 @@ A pass reconciles every endpoint once: an endpoint with an `experiment` is the e
 controller's (it decides what serves), every other one the rollout controller's. The loop repeats
 passes until one of the stop rules holds; what a pass changed reaches the caller as lines (only
 when an endpoint's line differs from its last one) and as the states of the pass.
+
+With a :class:`~reconciler.controller.leadership.Leadership`, only the watch holding the
+environment's lock acts; another one reads the states each pass (for its stop rules) and waits to
+take the lock over (see :mod:`reconciler.controller.leadership`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from reconciler.controller.leadership import Leadership
 from reconciler.diagnostics import ForgeError
+from reconciler.errors import LeaseLost, LockHeldError
 from reconciler.experiment.controller import FINAL as EXPERIMENT_FINAL
 from reconciler.experiment.controller import ExperimentController, ExperimentState
 from reconciler.load.endpoints import DesiredEndpoint
@@ -92,6 +98,19 @@ def reconcile_pass(controllers: Controllers, endpoints: list[DesiredEndpoint]) -
     return states, lines
 
 
+def observe_pass(controllers: Controllers, endpoints: list[DesiredEndpoint]) -> dict[str, RolloutState]:
+    """Refresh the backend and read each endpoint's rollout state without acting or writing: what
+    a watch that does not hold the environment's lock sees while another one acts."""
+    controllers.backend.refresh()
+    states: dict[str, RolloutState] = {}
+    for endpoint, model, version, _policy in endpoints:
+        state = (controllers.backend.load_state(endpoint.name) if endpoint.spec.experiment is not None
+                 else controllers.rollouts.observe(endpoint, version, model))
+        if state is not None:
+            states[endpoint.name] = state
+    return states
+
+
 def settled(states: Mapping[str, RolloutState]) -> bool:
     """No rollout in progress: each at rest, and each experiment decided, inconclusive or stopped."""
     return all(st.phase in AT_REST and (not st.experiment or st.experiment.get("phase") in EXPERIMENT_FINAL)
@@ -120,6 +139,7 @@ class WatchOptions:
 
 
 def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: WatchOptions, *,
+        leadership: Leadership | None = None,
         on_line: Callable[[str], None] | None = None,
         on_pass: Callable[[dict[str, RolloutState]], None] | None = None,
         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> int:
@@ -127,23 +147,51 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
     `until_settled` and a rollout failed, else :data:`EXIT_OK`. ``on_line`` gets an endpoint's line
     when it differs from the last one it got for that endpoint; ``on_pass`` gets each pass's
     states. Raises :class:`ForgeError` past the timeout, naming the rollouts still in progress.
+
+    With ``leadership``, a pass acts only while it holds the environment's lock (taken when free,
+    let go for good once a write finds it lost); otherwise the pass only reads the states, and
+    ``on_line`` hears whenever this watch starts or stops leading. A single pass (no `watch`) that
+    cannot take the lock raises :class:`LockHeldError`. The lock is let go on return.
     ``clock`` and ``sleep`` are injectable for tests."""
     last: dict[str, str] = {}
     count = 0
     began = clock()
-    while True:
-        states, lines = reconcile_pass(controllers, endpoints)
-        for name, line in lines.items():
-            if last.get(name) != line:
-                last[name] = line
-                if on_line is not None:
-                    on_line(line)
-        if on_pass is not None:
-            on_pass(states)
-        count += 1
-        if not options.watch or (options.passes and count >= options.passes) or (options.until_settled and settled(states)):
-            return EXIT_ROLLED_BACK if options.until_settled and failed(states) else EXIT_OK
-        if options.timeout and clock() - began > options.timeout:
-            raise ForgeError(f"rollouts still in progress after {options.timeout:.0f} s: "
-                             + ", ".join(f"{n} {st.phase.value}" for n, st in states.items()))
-        sleep(options.interval)
+
+    def say(key: str, line: str) -> None:
+        if last.get(key) != line:
+            last[key] = line
+            if on_line is not None:
+                on_line(line)
+
+    try:
+        while True:
+            if leadership is None or leadership.leading():
+                if leadership is not None:
+                    say("", f"{leadership.holder}: leading — this watch alone moves the rollouts")
+                try:
+                    states, lines = reconcile_pass(controllers, endpoints)
+                except LeaseLost as exc:
+                    if leadership is None:
+                        raise
+                    leadership.deposed(str(exc))
+                    states, lines = observe_pass(controllers, endpoints), {}
+            elif not options.watch:
+                raise LockHeldError(f"not reconciled: {leadership.waiting}")
+            else:
+                states, lines = observe_pass(controllers, endpoints), {}
+            if leadership is not None and leadership.waiting is not None:
+                say("", f"{leadership.holder}: following, nothing written — {leadership.waiting}")
+            for name, line in lines.items():
+                say(name, line)
+            if on_pass is not None:
+                on_pass(states)
+            count += 1
+            if not options.watch or (options.passes and count >= options.passes) or (options.until_settled and settled(states)):
+                return EXIT_ROLLED_BACK if options.until_settled and failed(states) else EXIT_OK
+            if options.timeout and clock() - began > options.timeout:
+                raise ForgeError(f"rollouts still in progress after {options.timeout:.0f} s: "
+                                 + ", ".join(f"{n} {st.phase.value}" for n, st in states.items()))
+            sleep(options.interval)
+    finally:
+        if leadership is not None:
+            leadership.release()

@@ -124,6 +124,14 @@ class Controller:
             self.backend.save_state(endpoint.name, state)
         return state
 
+    def observe(self, endpoint: Endpoint, desired: str, model: str) -> RolloutState | None:
+        """The state a pass would start from, without acting or writing anything (what a watch that
+        does not hold the environment's lock reports while another one acts)."""
+        serving = self.backend.serving(endpoint.name)
+        if serving is None:
+            return None
+        return machine.observe(self.backend.load_state(endpoint.name), endpoint.name, serving, desired, model, self.clock())
+
     def _advance(self, endpoint: Endpoint, model: str, policy: RolloutPolicy | None, state: RolloutState, now: float) -> RolloutState:
         steps = policy_steps(policy)
         if state.phase is Phase.WAITING:

@@ -4,13 +4,17 @@ server, no waiting)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from reconciler.controller.leadership import Leadership
 from reconciler.controller.watch import EXIT_OK, EXIT_ROLLED_BACK, Controllers, WatchOptions, failed, reconcile_pass, run, settled
 from reconciler.diagnostics import ForgeError
+from reconciler.errors import LeaseLost, LockHeldError
 from reconciler.experiment.controller import ExperimentState
 from reconciler.rollout.controller import Controller, Phase, RolloutState
 from renderers.seldon import ServingState
@@ -140,3 +144,126 @@ def test_settled_and_failed_by_phase(phase: Phase, at_rest: bool, has_failed: bo
     states = {"digits": RolloutState("digits", V1, V2, phase)}
     assert settled(states) is at_rest
     assert failed(states) == (["digits"] if has_failed else [])
+
+
+# -- two watches: only the lock's holder acts (issue 35) -------------------------------------------
+
+@dataclass
+class FakeFence:
+    held: bool = True
+    deadline: float | None = None
+
+    def check(self, what: str) -> None:
+        if not self.held:
+            raise LeaseLost(f"{what}: not sent")
+
+
+@dataclass
+class FakeLock:
+    """One environment lock shared by several watches: taken when free, refused naming its holder."""
+
+    holder: str | None = None
+    fence: FakeFence | None = None
+
+    def lock(self, holder: str | None = None) -> Iterator[FakeFence]:
+        @contextmanager
+        def held() -> Iterator[FakeFence]:
+            if self.holder is not None:
+                raise LockHeldError(f"environment 'dev' is locked by {self.holder}")
+            self.holder, self.fence = holder, FakeFence()
+            try:
+                yield self.fence
+            finally:
+                if self.fence.held:  # a lost one is not ours to release
+                    self.holder = None
+        return held()  # type: ignore[return-value]
+
+
+class FencedBackend(FakeBackend):
+    """Every write checked against the lock's fence first, as a target does; the fence is lost
+    while the first pass reads (the process paused there past its Lease, another took it)."""
+
+    def __init__(self, lock: FakeLock, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.the_lock = lock
+
+    def refresh(self) -> None:
+        super().refresh()
+        if self.refreshes == 1 and self.the_lock.fence is not None:
+            self.the_lock.fence.held = False
+            self.the_lock.holder = "the new leader"
+
+    def save_state(self, endpoint: str, state: RolloutState) -> None:
+        self._fenced(f"save {endpoint}")
+        super().save_state(endpoint, state)
+
+    def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
+        self._fenced(f"move {endpoint.name}")
+        super().set_serving(endpoint, state)
+
+    def _fenced(self, what: str) -> None:
+        assert self.the_lock.fence is not None
+        self.the_lock.fence.check(what)
+
+
+def test_a_watch_that_cannot_take_the_lock_follows_and_writes_nothing() -> None:
+    lock = FakeLock(holder="the other watch")
+    backend = FakeBackend({"digits": ServingState(V1, V2, 0)})
+    code, lines, passes = _run_led(_controllers(backend), desired_of(an_endpoint("digits"), version=V2),
+                                   WatchOptions(watch=True, passes=3), Clock(), Leadership(lock.lock, "me"))
+    assert code == EXIT_OK and backend.saved == {} and backend.serving_now["digits"] == ServingState(V1, V2, 0)
+    # it still reads what the holder does (its stop rules need the states): a canary waiting
+    assert passes == [{"digits": "WaitingForModel"}] * 3
+    assert lines == ["me: following, nothing written — environment 'dev' is locked by the other watch"]
+
+
+def test_a_follower_takes_the_lock_over_when_it_is_free_and_releases_it_at_the_end() -> None:
+    lock = FakeLock(holder="the other watch")
+    backend = FakeBackend({"digits": ServingState(V1, V2, 0)})
+    clock = Clock()
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        lock.holder = None  # the holder is gone after the first pass
+
+    lines: list[str] = []
+    code = run(_controllers(backend), desired_of(an_endpoint("digits"), version=V2),
+               WatchOptions(watch=True, until_settled=True), leadership=Leadership(lock.lock, "me"),
+               on_line=lines.append, clock=clock, sleep=sleep)
+    assert code == EXIT_OK and RolloutState.from_json(backend.saved["digits"]).phase is Phase.PROMOTED
+    assert lines[0].startswith("me: following") and lines[1] == "me: leading — this watch alone moves the rollouts"
+    assert lock.holder is None  # released on return
+
+
+def test_a_deposed_watch_stops_writing_follows_and_does_not_release_the_lock() -> None:
+    lock = FakeLock()
+    backend = FencedBackend(lock, {"digits": ServingState(V1, V2, 0)})
+    leadership = Leadership(lock.lock, "me")
+    code, lines, passes = _run_led(_controllers(backend), desired_of(an_endpoint("digits"), version=V2),
+                                   WatchOptions(watch=True, passes=2), Clock(), leadership)
+    # the first pass's first write found the fence lost: nothing moved, nothing saved
+    assert code == EXIT_OK and backend.saved == {} and backend.serving_now["digits"] == ServingState(V1, V2, 0)
+    assert lines[0] == "me: leading — this watch alone moves the rollouts"
+    assert lines[1].startswith("me: following, nothing written — lost the environment's lock: move digits: not sent")
+    assert lines[2] == "me: following, nothing written — environment 'dev' is locked by the new leader"
+    assert passes == [{"digits": "WaitingForModel"}] * 2
+    assert lock.holder == "the new leader" and leadership.fence is None
+
+
+def test_a_single_pass_refuses_while_another_holds_the_lock() -> None:
+    lock = FakeLock(holder="a watch")
+    backend = FakeBackend({"digits": ServingState(V1, V2, 0)})
+    with pytest.raises(LockHeldError, match="not reconciled: environment 'dev' is locked by a watch"):
+        _run_led(_controllers(backend), desired_of(an_endpoint("digits"), version=V2), WatchOptions(), Clock(),
+                 Leadership(lock.lock, "me"))
+    assert backend.saved == {}
+
+
+def _run_led(controllers: Controllers, endpoints: list[Any], options: WatchOptions, clock: Clock,
+             leadership: Leadership) -> tuple[int, list[str], list[dict[str, str]]]:
+    lines: list[str] = []
+    passes: list[dict[str, str]] = []
+    code = run(controllers, endpoints, options, leadership=leadership, on_line=lines.append,
+               on_pass=lambda states: passes.append({k: v.phase.value for k, v in states.items()}),
+               clock=clock, sleep=clock.sleep)
+    return code, lines, passes

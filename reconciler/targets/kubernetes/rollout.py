@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from reconciler.errors import TargetError
+from reconciler.errors import LeaseLost, TargetError
 from reconciler.resources import BY_KIND, EVENT, POD, ObjectRef, Resource
 from reconciler.rollout.controller import STATE_ANNOTATION, Readiness, RolloutState
 from reconciler.targets.base import Target
@@ -53,6 +53,11 @@ class ClusterAccess(Target, Protocol):
 
     def get(self, ref: ObjectRef) -> dict[str, Any] | None:
         """GET one object (None when absent): an HTTPRoute's status after a weight move."""
+        ...
+
+    @property
+    def holder(self) -> str | None:
+        """Who holds the environment's Lease through this target now (None outside its lock)."""
         ...
 
 
@@ -154,10 +159,13 @@ class KubernetesRolloutBackend:
             "reason": reason, "message": message[:1000], "type": kind,
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
             "source": {"component": "forgectl-rollout"},
-            "reportingComponent": "forgectl-rollout", "reportingInstance": "forgectl",
+            # who moved: the Lease's holder (one of several watches), as a controller names its replica
+            "reportingComponent": "forgectl-rollout", "reportingInstance": (self.target.holder or "forgectl")[:128],
         }
         try:
             self.target.create(EVENT, body)
+        except LeaseLost:
+            raise  # not ours to write any more: the pass stops here
         except TargetError:
             pass  # an event is a courtesy; the state annotation holds the record
 

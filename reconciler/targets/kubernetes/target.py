@@ -412,6 +412,12 @@ class KubernetesTarget:
             raise
 
     # -- locking ------------------------------------------------------------------------------
+    @property
+    def holder(self) -> str | None:
+        """Who holds the environment's Lease through this target now (None outside :meth:`lock`)."""
+        fence = self._fence
+        return fence.holder if fence is not None else None
+
     def _lease_path(self, name: str | None = None) -> str:
         return LEASE.path(self.namespace, name)
 
