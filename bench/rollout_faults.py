@@ -10,7 +10,7 @@ and outcome. Each server has a Pod in the API server whose Ready condition follo
 weight rises. The controller is the real ``forgectl reconcile --watch --interval 0.5`` as a
 subprocess.
 
-    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,hung,baddata,skew,two]
+    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,hung,baddata,skew,two,late]
         [--kill-runs 10] [--prometheus-runs 3] [--canary-runs 5] [--outage 20] [--runs N]
         [--out bench/results/rollout-faults-DATE.json]
 
@@ -61,6 +61,11 @@ Succeeded; rollouts follow one another in one namespace, the servers keep their 
   holds the environment's Lease). A failure when both acted: a count that went back, measurements
   closer than the metric's interval, a step entered twice, or transitions printed by both.
 
+* ``late`` (issue 35): a canary that degrades late — its server healthy for its first
+  ``--late-after`` requests (`faultInjection.afterRequests`, default 150: through step 1 at 10 %),
+  then failing ``--late-error-rate`` of them (default 5 %). Fails unless it is rolled back from
+  the step where its first request failed, with its weight never raised after that failure.
+
 Every request of the traffic is counted per role and window (sent, answered, failed by reason,
 skipped ticks: ``devkit.rollout``'s ``Tally``); a failure to stable is a lost request.
 
@@ -104,7 +109,7 @@ from devkit.prometheus_faults import BadDataPrometheus, Fault  # noqa: E402
 from devkit.rollout import PacedTraffic  # noqa: E402
 from devkit.rollout_harness import Rollout  # noqa: E402
 from devkit.runtime_steps import Runner, Server  # noqa: E402
-from reconciler.rollout.controller import Phase, RolloutState  # noqa: E402
+from reconciler.rollout.controller import Phase, RolloutState, policy_steps  # noqa: E402
 from reconciler.targets.kubernetes.rollout import rollout_state_of  # noqa: E402
 from reconciler.traffic.serving import serving_states  # noqa: E402
 from specs import duration_seconds  # noqa: E402
@@ -241,8 +246,9 @@ class Harness:
         for t in self.threads:
             t.start()
 
-    def start_server(self, role: str) -> None:
-        """Start (or start again, on the same port: the traffic and Prometheus keep its URL) ``role``'s server."""
+    def start_server(self, role: str, faults: dict[str, Any] | None = None) -> None:
+        """Start (or start again, on the same port: the traffic and Prometheus keep its URL) ``role``'s
+        server, with ``faults`` (an Endpoint's `faultInjection`) when given."""
         old = self.servers.get(role)
         if old is not None:
             old.stop()
@@ -250,6 +256,8 @@ class Harness:
                                   "version": self.r.stable, "variant": "base", "role": role, "modelDir": "models/base",
                                   "host": "127.0.0.1", "port": int(old.url.rsplit(":", 1)[1]) if old is not None else 0,
                                   "batching": {"enabled": True, "maxBatchSize": 8, "maxLatencyMs": 2}}
+        if faults:
+            config["faultInjection"] = faults
         s = Server(self.runner, "serve", config)
         s.__enter__()
         drain(s)
@@ -834,15 +842,74 @@ def drill_two(h: Harness, runs: int, ctl: ControllerProc, second: ControllerProc
             "samples": results}
 
 
+def drill_late(h: Harness, runs: int, ctl: ControllerProc, after_requests: int, error_rate: float) -> dict[str, Any]:
+    """A canary healthy for its first ``after_requests`` requests (`faultInjection.afterRequests`),
+    then failing ``error_rate`` of them: it must be rolled back at the step where it began failing,
+    its weight never raised after its first failure."""
+    results = []
+    for run in range(1, runs + 1):
+        h.start_server("canary", {"errorRate": error_rate, "afterRequests": after_requests})
+        canary = h.new_version()
+        t0 = time.monotonic()
+        ctl.start()
+        problems: list[str] = []
+        try:
+            final = h.live.wait(lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 180,  # noqa: B023
+                                "the end of the rollout")
+        except TimeoutError as exc:
+            problems.append(str(exc))
+            final = h.live.state
+        finally:
+            ctl.kill()
+        t_end = time.monotonic()
+        failed = [r for r in list(h.traffic.log) if r.role == "canary" and not r.ok and t0 <= r.at < t_end]
+        degraded = failed[0].at if failed else None
+        weights = [(t, w) for t, c, w in h.live.weights if c == canary]
+        at_degradation = next((w for t, w in reversed(weights) if degraded is not None and t <= degraded), None)
+        after = [w for t, w in weights if degraded is not None and t > degraded]
+        steps = entered_steps(final, canary) if final else []
+        weights_of_steps = [st.weight for st in policy_steps(h.policy)]
+        rolled_back_at = weights_of_steps[final.step] if final and 0 <= final.step < len(weights_of_steps) else None
+        if degraded is None:
+            problems.append("the canary never failed: it was not asked past its healthy requests")
+        elif final is None or final.phase is not Phase.ROLLED_BACK:
+            problems.append(f"not rolled back: {final.phase.value if final else None}: {final.reason if final else ''}")
+        elif rolled_back_at != at_degradation:
+            problems.append(f"degraded at {at_degradation} %, rolled back from the step at {rolled_back_at} %: {final.reason}")
+        if degraded is not None and any(w > (at_degradation or 0) for w in after):
+            problems.append(f"the weight rose after the canary began failing: {after}")
+        counts = tallies(h, t0, t_end)
+        lost = counts["stable"]["failed"]
+        if lost:
+            problems.append(f"{lost} requests to stable failed: {counts['stable']['reasons']}")
+        res = {"run": run, "phase": final.phase.value if final else None, "reason": final.reason if final else None,
+               "steps_entered": steps, "weight_when_degraded": at_degradation, "rolled_back_from_weight": rolled_back_at,
+               "canary_healthy_before": h.traffic.count("canary", since=t0, until=degraded) if degraded is not None else None,
+               "weights_after_degraded": after, "degraded_to_rollback_s":
+                   round(next((t for t, w in weights if degraded is not None and t > degraded and w == 0), t_end) - degraded, 2)
+                   if degraded is not None else None,
+               "stable_lost": lost, "requests": counts, "failed": bool(problems), "problems": problems}
+        results.append(res)
+        log(f"late drill, run {run}: degraded at {at_degradation} %, {res['phase']} from {rolled_back_at} % "
+            f"{res['degraded_to_rollback_s']} s later{'; ' + '; '.join(problems) if problems else ''}")
+        h.start_server("canary")  # healthy again for what follows
+    worst = [r["degraded_to_rollback_s"] for r in results if r["degraded_to_rollback_s"] is not None]
+    return {"runs": len(results), "failures": sum(r["failed"] for r in results), "max_converge_s": max(worst) if worst else None,
+            "stable_lost": sum(r["stable_lost"] for r in results), "samples": results}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--drills", default="kill,prometheus,canary,hung,baddata,skew,two",
-                        help="comma-separated: kill, prometheus, canary, hung, baddata, skew, two")
+    parser.add_argument("--drills", default="kill,prometheus,canary,hung,baddata,skew,two,late",
+                        help="comma-separated: kill, prometheus, canary, hung, baddata, skew, two, late")
     parser.add_argument("--hang", type=float, default=30.0,
                         help="seconds the hung drill keeps Prometheus stopped (default 30: a pass waits out two queries "
                              "of two 5 s attempts each before it saves)")
     parser.add_argument("--skew", type=float, default=5.0, help="seconds the skew drill's controller clock is ahead (default 5)")
-    parser.add_argument("--runs", type=int, default=1, help="runs of each of hung, baddata and two (default 1)")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each of hung, baddata, two and late (default 1)")
+    parser.add_argument("--late-after", type=int, default=150,
+                        help="the late drill's canary answers this many requests healthy first (default 150: through step 1 at 10 %%)")
+    parser.add_argument("--late-error-rate", type=float, default=0.05, help="then fails this fraction (default 0.05)")
     parser.add_argument("--out", type=Path, default=None,
                         help="result file (default bench/results/rollout-faults-<date>.json)")
     parser.add_argument("--kill-runs", type=int, default=10, help="controller kills (one per step; default 10)")
@@ -852,7 +919,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second, split by the live weights (default 40)")
     args = parser.parse_args()
     drills = [d.strip() for d in args.drills.split(",") if d.strip()]
-    unknown = set(drills) - {"kill", "prometheus", "canary", "hung", "baddata", "skew", "two"}
+    unknown = set(drills) - {"kill", "prometheus", "canary", "hung", "baddata", "skew", "two", "late"}
     if unknown:
         parser.error(f"unknown drills: {sorted(unknown)}")
     for name in ("kill_runs", "prometheus_runs", "canary_runs", "runs"):
@@ -893,6 +960,8 @@ def main() -> None:
                         out[name] = drill_skew(harness, args.runs, skewed, args.skew)
                     finally:
                         skewed.kill()
+                elif name == "late":
+                    out[name] = drill_late(harness, args.runs, ctl, args.late_after, args.late_error_rate)
                 elif name == "two":
                     second = ControllerProc(harness.r, tmp, "second")
                     try:

@@ -95,9 +95,10 @@ class TelemetryMiddleware:
             await send(message)
 
         try:
-            if tel.added_latency_s:
+            faulty = tel.faulty()  # counted here: `afterRequests` delays the faults
+            if faulty and tel.added_latency_s:
                 await asyncio.sleep(tel.added_latency_s)
-            if tel.inject_error():
+            if faulty and tel.inject_error():
                 body = json.dumps({"error": "injected fault (faultInjection.errorRate)"}).encode()
                 await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "http.response.body", "body": body})

@@ -70,9 +70,10 @@ def build_app(config: ServeConfig) -> Any:
         if not telemetry.is_inference(request.path):
             return None
         g.forge_start = time.perf_counter()
-        if telemetry.added_latency_s:
+        faulty = telemetry.faulty()  # counted here: `afterRequests` delays the faults
+        if faulty and telemetry.added_latency_s:
             time.sleep(telemetry.added_latency_s)
-        if telemetry.inject_error():
+        if faulty and telemetry.inject_error():
             response = jsonify({"status": {"code": 500, "info": "injected fault (faultInjection.errorRate)", "status": "FAILURE"}})
             response.status_code = 500
             return response

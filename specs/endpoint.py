@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from specs.base import Name, Quantity, SpecModel
+from specs.base import Duration, Name, Quantity, SpecModel
 from specs.experiment import Experiment, Shadow
 from specs.traffic import TrafficRouting
 
@@ -101,6 +101,31 @@ class FaultInjection(SpecModel):
 
     error_rate: float = Field(default=0.0, ge=0, le=1, description="Fraction of requests answered with HTTP 500.")
     added_latency_ms: float = Field(default=0.0, ge=0, le=60_000, description="Latency added to every request.")
+    after: Duration | None = Field(
+        default=None, description="A canary that degrades late: each server is healthy for this long after it started "
+        "serving, then the faults begin (with `afterRequests`, whichever comes last). Unset: from the start.",
+    )
+    after_requests: int | None = Field(
+        default=None, ge=1, le=1_000_000_000,
+        description="A canary that degrades late: each server answers this many inference requests healthy, then the "
+        "faults begin (with `after`, whichever comes last). Unset: from the first request.",
+    )
+
+    @model_validator(mode="after")
+    def _delays_a_fault(self) -> FaultInjection:
+        if (self.after is not None or self.after_requests is not None) and not (self.error_rate or self.added_latency_ms):
+            raise ValueError("`after` and `afterRequests` delay a fault: set `errorRate` or `addedLatencyMs` too")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Unset, the delays stay out of the dump: existing Endpoints keep their rendered objects.
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("after", "afterRequests", "after_requests"):
+                if data.get(key) is None:
+                    data.pop(key, None)
+        return data
 
 
 class EndpointSpec(SpecModel):

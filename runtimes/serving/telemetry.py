@@ -25,16 +25,24 @@ The metric names are part of Forge's contract: the rollout gates' PromQL templat
 not "no data", and a server failing every request has a success rate of 0, so the gates and the
 ``compareToStable`` alerts measure them instead of holding for want of a series.
 
+Fault injection (an Endpoint's ``faultInjection``, for drills): ``addedLatencyMs`` and
+``errorRate`` from the first inference request, or — a canary that degrades late — only once
+the server has answered ``afterRequests`` inference requests and/or served for ``after`` since its
+model was loaded (whichever comes last): healthy for the first steps of a rollout, then failing.
+
 Works with prometheus-client 0.8 (the seldon environment) and current releases.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
+import time
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from specs.base import duration_seconds
 from specs.rollout import SERIES_LABELS
 
 LABELS = tuple(SERIES_LABELS[k] for k in ("endpoint", "namespace", "version", "variant", "role"))
@@ -72,6 +80,11 @@ class Telemetry:
         faults = config.fault_injection
         self.error_rate = float(faults.error_rate) if faults else 0.0
         self.added_latency_s = float(faults.added_latency_ms) / 1000.0 if faults else 0.0
+        #: The faults begin after this many inference requests and this long after the model was loaded.
+        self.faults_after_requests = (faults.after_requests or 0) if faults else 0
+        self.faults_after_s = duration_seconds(faults.after) if faults and faults.after else 0.0
+        self._serving_since = time.monotonic()
+        self._inference_requests = itertools.count(1)  # next() is atomic: the seldon server's threads share it
         self._rng = random.Random()
 
     def observe_request(self, code: int, seconds: float) -> None:
@@ -89,8 +102,15 @@ class Telemetry:
 
     def set_serving(self, serving: dict[str, Any]) -> None:
         self.serving = serving
+        self._serving_since = time.monotonic()  # the model is loaded: `after` counts from here
         self._info.labels(**self.labels, backend=str(serving.get("backend")), served_variant=str(serving.get("variant")),
                           threads=str(serving.get("threads")), batcher=str(serving.get("batcher"))).set(1)
+
+    def faulty(self) -> bool:
+        """Count one inference request and say whether the injected faults apply to it: always
+        without a delay, else once ``afterRequests`` were answered and ``after`` has passed."""
+        seen = next(self._inference_requests)
+        return seen > self.faults_after_requests and time.monotonic() - self._serving_since >= self.faults_after_s
 
     def inject_error(self) -> bool:
         """True for the fraction ``error_rate`` of requests (answered with HTTP 500)."""

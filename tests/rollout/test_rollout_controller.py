@@ -68,18 +68,21 @@ def rollout(kube_cluster, namespace, prometheus, digits, tmp_path) -> Rollout:  
     return r
 
 
-def serve(r: Rollout, server_factory, role: str, version: str, error_rate: float = 0.0):  # noqa: F811
+def serve(r: Rollout, server_factory, role: str, version: str, error_rate: float = 0.0,  # noqa: F811
+          delay: dict[str, object] | None = None):
+    """A model server of ``role``; ``error_rate`` injected, after ``delay`` (`after`, `afterRequests`) when given."""
     config = {"endpoint": "digits", "namespace": r.namespace, "model": "digits-mlp", "version": version, "variant": "base",
               "role": role, "modelDir": "models/base", "host": "127.0.0.1", "port": 0,
               "batching": {"enabled": True, "maxBatchSize": 8, "maxLatencyMs": 2}}
     if error_rate:
-        config["faultInjection"] = {"errorRate": error_rate, "addedLatencyMs": 0}
+        config["faultInjection"] = {"errorRate": error_rate, "addedLatencyMs": 0, **(delay or {})}
     return server_factory(r.runner, "serve", config)
 
 
-def start_traffic(r: Rollout, server_factory, canary_error_rate: float = 0.0) -> Traffic:  # noqa: F811
+def start_traffic(r: Rollout, server_factory, canary_error_rate: float = 0.0,  # noqa: F811
+                  canary_delay: dict[str, object] | None = None) -> Traffic:
     stable = serve(r, server_factory, "stable", r.stable)
-    canary = serve(r, server_factory, "canary", r.canary, canary_error_rate)
+    canary = serve(r, server_factory, "canary", r.canary, canary_error_rate, canary_delay)
     # Their pods, Ready while they answer (the kubelet's part: no node runs here): the controller
     # raises the canary's weight only while its pods are Ready.
     for role, version, server in (("stable", r.stable, stable), ("canary", r.canary, canary)):

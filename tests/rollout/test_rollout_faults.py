@@ -14,6 +14,9 @@ the real model servers every second, and the traffic split by the live weights.
 * **Clock skew**: the controller's clock 5 s ahead of Prometheus's (its injectable clock; the bench
   drill runs the CLI under Debian's libfaketime): the windows cannot be lined up with the step, so
   the skew is detected and named (`clock-skew`, inconclusive) and the rollout holds at its weight.
+* **A canary that degrades late**: healthy for its first 120 requests (`faultInjection.afterRequests`,
+  so through step 1), then 5 % errors early in step 2: rolled back at step 2, where it degraded —
+  never a weight above 50 % after its first failure.
 
 The faults are set when the rollout reaches a state (a measurement counted at step 1), never at a
 time; each wait is bounded. The goal of each: 0 requests to stable lost, 0 wrong promotions.
@@ -187,5 +190,37 @@ def test_a_skewed_controller_clock_is_named_and_holds_the_weight(rollout: Rollou
     assert "s before the controller's clock" in held.reason and "clocks out of step" in held.reason
     assert held.runs["success-rate"].measurements == 0  # nothing counted on a misaligned window
     assert set(d.weights_since(entered)) == {10}
+    tally = stable_lost(traffic)
+    assert tally["failed"] == 0, tally
+
+
+#: The canary's inference requests answered healthy before it degrades: at 10 % of the traffic
+#: (about 3 a second) step 1 takes some 15 s, so well under this; at 50 % (about 15 a second) the
+#: rest goes within seconds of step 2's start, before its first measurement's window closes.
+LATE_AFTER_REQUESTS = 120
+
+
+def test_a_canary_that_degrades_late_is_caught_at_the_step_where_it_degrades(rollout: Rollout, server_factory) -> None:  # noqa: F811
+    rollout.finish_workflow(rollout.canary)
+    # 5 % errors, from its 121st request on (faultInjection.afterRequests): healthy through step 1
+    traffic = start_traffic(rollout, server_factory, canary_error_rate=0.05, canary_delay={"afterRequests": LATE_AFTER_REQUESTS})
+    d = Driver(rollout, traffic)
+    try:
+        done = d.until(lambda s: s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 150, "the end of the rollout")
+    finally:
+        traffic.stop.set()
+    canary = [s for s in list(traffic.log) if s.role == "canary"]
+    failed = [s for s in canary if not s.ok]
+    assert failed, "the canary never failed: it was not asked past its healthy requests"
+    degraded = failed[0].at
+    # the weight the traffic went by when the canary began failing: the one of the pass before it
+    at_degradation = [w for t, w in d.weights if t <= degraded][-1]
+    assert sum(1 for s in canary if s.at < degraded) >= LATE_AFTER_REQUESTS  # healthy until then
+    assert at_degradation == 50, f"degraded at {at_degradation} %, not late in the rollout (step 2)"
+    assert any(h["reason"].startswith("step 1 passed") for h in done.history), "step 1 passed on healthy data"
+    # caught there: rolled back from step 2 on success-rate, never a weight above 50 % after it began failing
+    assert done.phase is Phase.ROLLED_BACK and done.step == 1, done.reason
+    assert "success-rate" in done.reason and "failureLimit 1" in done.reason, done.reason
+    assert max(d.weights_since(degraded)) <= 50 and max(s.step for s in d.states) == 1, d.weights_since(degraded)
     tally = stable_lost(traffic)
     assert tally["failed"] == 0, tally
