@@ -45,7 +45,7 @@ from tests.polling import wait_until
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-NS = "forge-quickstart"  # the quick-start's `cluster` Environment, whose route Forge renders
+NS = "forge-gateway-test"  # where the route Forge renders for the quick-start's Endpoint is applied (the module's own)
 NAME = "digits"  # the Endpoint, so the SeldonDeployment and the route
 GROUP, VERSION, PLURAL = "machinelearning.seldon.io", "v1", "seldondeployments"
 REQUESTS = 4000
@@ -54,18 +54,20 @@ PATH = "/index.html"  # what the test asks; the readiness probe asks /ready.txt,
 STABLE, CANARY = "aaaaaaaaaaaa", "bbbbbbbbbbbb"  # the versions the route's state names (not read by the route)
 
 
-@pytest.fixture(scope="module")
-def env(pytestconfig: pytest.Config) -> Iterator[tuple[Cluster, Node, traefik.TraefikGateway]]:
-    def build() -> None:
-        seldon.ensure_binary()
-        traefik.ensure_binary()  # the first time: a long build (docs/test-cluster.md)
+def node_images() -> list[tuple[str, str]]:
+    """No images of its own; Seldon's operator and Traefik built the first time (Traefik: a long
+    build, docs/test-cluster.md)."""
+    seldon.ensure_binary()
+    traefik.ensure_binary()
+    return []
 
-    with nodekit.node_cluster(pytestconfig, "forge-gateway-test", node_prefix="forge-gateway-test-node-",
-                              wait_for_other=900, build=build) as (cluster, n):
-        with nodekit.shown(pytestconfig):
-            seldon.start(cluster, n, die_with_parent=True)
-            gateway = traefik.start(cluster, n, die_with_parent=True)
-        yield cluster, n, gateway
+
+@pytest.fixture(scope="module")
+def env(shared_node: nodekit.SharedNode) -> Iterator[tuple[Cluster, Node, traefik.TraefikGateway]]:
+    shared_node.seldon()
+    gateway = shared_node.gateway()
+    with shared_node.namespace(NS):
+        yield shared_node.cluster, shared_node.node, gateway
 
 
 def _predictor(name: str, image: str, traffic: int) -> dict[str, Any]:
@@ -165,7 +167,6 @@ def test_a_canary_splits_through_the_gateway_at_10_50_and_100_percent(env, capsy
     _, node, gateway = env
     api = node.api()
     core, apps, crd = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
     image = node.images["busybox"][1]
     sdep = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SeldonDeployment", "metadata": {"name": NAME, "namespace": NS},
             "spec": {"protocol": "v2", "predictors": [_predictor("stable", image, 100), _predictor("canary", image, 0)]}}

@@ -1,7 +1,7 @@
 """The one-node cluster (devkit.node): pods really run.
 
-A cluster of its own (etcd + kube-apiserver, no CRDs) plus the node: containerd, runc and CNI from
-Debian, kubelet, kube-scheduler, kube-controller-manager and kube-proxy built from the pinned
+The session's cluster (etcd + kube-apiserver, tests/cluster/conftest.py's ``shared_node``) plus the
+node: containerd, runc and CNI from Debian, kubelet, kube-scheduler, kube-controller-manager and kube-proxy built from the pinned
 k8s.io/kubernetes, images built here without a registry. Checked: a Pod runs to Succeeded and its
 log comes back through the API server; a Deployment's pod serves HTTP that the host reaches at the
 pod IP, the Service's ClusterIP (kube-proxy) and a NodePort on 127.0.0.1; a pod reaches the API
@@ -38,14 +38,16 @@ def _wait(what: str, fn: Callable[[], Any], timeout: float = 90.0, every: float 
     return wait_until(fn, timeout, what, interval=every)
 
 
+def node_images() -> list[tuple[str, str]]:
+    """Argo's executor image (its binaries built the first time: a few minutes)."""
+    return [argo.executor_image()]
+
+
 @pytest.fixture(scope="module")
-def node_cluster(pytestconfig: pytest.Config) -> Iterator[tuple[Cluster, Node]]:
-    # the CRDs (for Argo's Workflow) come from the cached etcd snapshot; node=True keeps the
-    # ServiceAccount admission plugin on, so pods get a token
-    with nodekit.node_cluster(pytestconfig, "forge-node-test", wait_for_other=600,
-                              # builds Argo's binaries the first time (a few minutes)
-                              build=lambda: [argo.executor_image()]) as cluster_and_node:
-        yield cluster_and_node
+def node_cluster(shared_node: nodekit.SharedNode) -> tuple[Cluster, Node]:
+    # the session's node (tests/cluster/conftest.py); the CRDs (for Argo's Workflow) come from the
+    # cached etcd snapshot; node=True keeps the ServiceAccount admission plugin on, so pods get a token
+    return shared_node.cluster, shared_node.node
 
 
 @pytest.fixture(scope="module")
@@ -212,14 +214,14 @@ spec:
 """
 
 
-def test_argo_runs_a_two_step_workflow_passing_an_output(node_cluster: tuple[Cluster, Node],
+def test_argo_runs_a_two_step_workflow_passing_an_output(shared_node: nodekit.SharedNode,
                                                          core: client.CoreV1Api) -> None:
     import yaml
     from kubernetes import dynamic
 
-    cluster, node = node_cluster
+    cluster, node = shared_node.cluster, shared_node.node
     assert argo.in_cluster_clients_supported(cluster) == []
-    ctl = argo.start(cluster, node, ["default"], die_with_parent=True, log=lambda m: None)
+    ctl = shared_node.argo()  # kept running for the modules after this one
     try:
         wfs = dynamic.DynamicClient(core.api_client).resources.get(api_version="argoproj.io/v1alpha1",
                                                                    kind="Workflow")
@@ -247,7 +249,6 @@ def test_argo_runs_a_two_step_workflow_passing_an_output(node_cluster: tuple[Clu
     finally:
         with contextlib.suppress(Exception):
             wfs.delete(name="two-steps", namespace="default")
-        ctl.stop()
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -340,6 +341,7 @@ def test_forgectl_doctor_on_the_node_cluster(node: Node) -> None:
     assert findings[("StorageClass", "(default)")]["detail"] == f"default class {nodemod.STORAGE_CLASS!r}"
 
 
+@pytest.mark.stops_shared_node
 def test_stop_gives_everything_back(node: Node) -> None:
     sd = Path(node.state_dir)
     pids = dict(node.pids)

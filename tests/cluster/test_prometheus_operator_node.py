@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart"
 # what the canary's server would expose; the rule's expressions name these labels
-METRICS = ('forge_requests_total{forge_endpoint="digits",forge_namespace="forge-quickstart",'
+METRICS = ('forge_requests_total{forge_endpoint="digits",forge_namespace="forge-promop-test",'
            'forge_role="canary",code="200"} 5\n')
 # Prometheus 3 refuses a scrape without a Content-Type it knows ("non-compliant scrape target sending
 # blank Content-Type and no fallback_scrape_protocol"), and busybox httpd sends none for a file
@@ -42,11 +42,19 @@ METRICS = ('forge_requests_total{forge_endpoint="digits",forge_namespace="forge-
 CGI = '#!/bin/sh\nprintf "Content-Type: text/plain; version=0.0.4\\r\\n\\r\\n"\nexec cat /www/forge.prom\n'
 
 
+NS = "forge-promop-test"  # the module's own namespace; the quick-start's `cluster` Environment renders into it
+
+
 def _rendered(env: str = "cluster") -> list[dict[str, Any]]:
+    """The quick-start as Forge renders it for ``env``, moved into :data:`NS` (as a platform team
+    would point the Environment at another namespace)."""
     from reconciler.load.environments import load_environment
     from renderers import RenderContext, render
 
     result, environment = load_environment([str(QUICKSTART)], None, env)
+    assert environment.spec.kubernetes is not None
+    kube = environment.spec.kubernetes.model_copy(update={"namespace": NS})
+    environment = environment.model_copy(update={"spec": environment.spec.model_copy(update={"kubernetes": kube})})
     return render(result.specs, RenderContext(environment)).manifests
 
 
@@ -55,15 +63,16 @@ class _Stack:
         self.cluster, self.node, self.operator, self.url = cluster, node, operator, url
 
 
+def node_images() -> list[tuple[str, str]]:
+    """The operator's reloader and Prometheus (built the first time, with the operator)."""
+    return promop.images()
+
+
 @pytest.fixture(scope="module")
-def stack(pytestconfig: pytest.Config) -> Iterator[_Stack]:
-    # promop.images() builds the operator, the reloader and Prometheus the first time
-    with nodekit.node_cluster(pytestconfig, "forge-promop-test", wait_for_other=900,
-                              build=promop.images) as (cluster, n):
-        with nodekit.shown(pytestconfig):
-            operator = promop.start(cluster, n, die_with_parent=True)
-            url = promop.deploy_prometheus(n, controller=operator)
-        yield _Stack(cluster, n, operator, url)
+def stack(shared_node: nodekit.SharedNode) -> Iterator[_Stack]:
+    operator, url = shared_node.prometheus()
+    with shared_node.namespace(NS, create=False):  # the test applies it, as rendered
+        yield _Stack(shared_node.cluster, shared_node.node, operator, url)
 
 
 def _get(url: str) -> dict[str, Any]:
@@ -95,7 +104,7 @@ def test_the_rendered_podmonitor_and_rule_reach_prometheus(stack: _Stack) -> Non
             readiness_probe=client.V1Probe(http_get=client.V1HTTPGetAction(path="/metrics/", port=8080),
                                            period_seconds=1))]))
     core.create_namespaced_pod(namespace, pod)
-    # exactly as rendered (their namespace is the quick-start's, where the pod runs)
+    # exactly as rendered (their namespace is the Environment's, where the pod runs)
     apply_docs(node, monitors)
 
     def scraped() -> list[dict[str, Any]]:
@@ -111,7 +120,7 @@ def test_the_rendered_podmonitor_and_rule_reach_prometheus(stack: _Stack) -> Non
     assert t["discoveredLabels"]["__meta_kubernetes_pod_label_forge_dev_endpoint"] == "digits", t
     assert t["scrapeUrl"].endswith(":8080/metrics"), t
 
-    q = urllib.parse.quote('forge_requests_total{forge_endpoint="digits",forge_role="canary"}')
+    q = urllib.parse.quote(f'forge_requests_total{{forge_endpoint="digits",forge_role="canary",namespace="{NS}"}}')
     result = wait_until(lambda: _get(f"{url}/api/v1/query?query={q}")["result"], 60, "the scraped series", interval=1)
     assert result[0]["value"][1] == "5", result
     assert result[0]["metric"]["pod"] == "digits-canary" and result[0]["metric"]["code"] == "200", result

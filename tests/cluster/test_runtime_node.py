@@ -58,11 +58,11 @@ import pytest
 from kubernetes import client, dynamic
 
 from devkit.cluster import Cluster
-from devkit.node import argo, promop, runtime_image, seldon, traefik
+from devkit.node import argo, promop, runtime_image, traefik
 from devkit.node.node import Node
 from devkit.rollout import BODY
 from reconciler.targets.kubernetes.workflow_status import task_nodes
-from tests.cluster.nodekit import node_cluster
+from tests.cluster import nodekit
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -81,10 +81,6 @@ def _wait(what: str, fn: Callable[[], Any], timeout: float = 120.0, every: float
     return wait_until(fn, timeout, what, interval=every)
 
 
-def _quiet(msg: str) -> None:
-    pass
-
-
 class _Stack:
     def __init__(self, cluster: Cluster, node: Node, archive: Path, refs: list[str], prometheus_url: str,
                  gateway: traefik.TraefikGateway, times: dict[str, float]) -> None:
@@ -92,29 +88,29 @@ class _Stack:
         self.prometheus_url, self.gateway, self.times = prometheus_url, gateway, times
 
 
+#: What :func:`node_images` built: the runtime images' archive and refs.
+_BUILT: dict[str, Any] = {}
+
+
+def node_images() -> list[tuple[str, str]]:
+    """The runtime images, Argo's executor and the Prometheus Operator's images (each built the
+    first time; Traefik too, a long build: docs/test-cluster.md)."""
+    _BUILT["archive"], _BUILT["refs"], _ = runtime_image.build()
+    traefik.ensure_binary()
+    return [argo.executor_image(), *promop.images()] + [(str(_BUILT["archive"]), r) for r in _BUILT["refs"]]
+
+
 @pytest.fixture(scope="module")
-def stack(pytestconfig: pytest.Config) -> Iterator[_Stack]:
-    built: dict[str, Any] = {}
-
-    def images() -> list[tuple[str, str]]:
-        built["archive"], built["refs"], _ = runtime_image.build()
-        traefik.ensure_binary()  # the first time: a long build (docs/test-cluster.md)
-        return [argo.executor_image(), *promop.images()] + [(str(built["archive"]), r) for r in built["refs"]]
-
-    t0 = time.monotonic()
-    with node_cluster(pytestconfig, "forge-rt-test", node_prefix="forge-rt-test-node-", wait_for_other=900,
-                      build=images) as (cluster, node):
-        times = {"node": time.monotonic() - t0}
-        t = time.monotonic()
-        argo.start(cluster, node, ["default"], die_with_parent=True, log=_quiet)
-        seldon.start(cluster, node, die_with_parent=True, log=_quiet)
-        gateway = traefik.start(cluster, node, die_with_parent=True, log=_quiet)
-        operator = promop.start(cluster, node, die_with_parent=True, log=_quiet)
-        url = promop.deploy_prometheus(node, controller=operator, log=_quiet)
-        times["controllers"] = time.monotonic() - t
-        times["total"] = time.monotonic() - t0
-        print("\nstack up:", json.dumps({k: round(v, 1) for k, v in times.items()}))
-        yield _Stack(cluster, node, built["archive"], built["refs"], url, gateway, times)
+def stack(shared_node: nodekit.SharedNode) -> _Stack:
+    t = time.monotonic()
+    # the controllers the modules before this one started are kept; the others start now
+    shared_node.argo()
+    shared_node.seldon()
+    gateway = shared_node.gateway()
+    _, url = shared_node.prometheus()
+    times = {"controllers": time.monotonic() - t}
+    print("\nstack up:", json.dumps({k: round(v, 1) for k, v in times.items()}))
+    return _Stack(shared_node.cluster, shared_node.node, _BUILT["archive"], _BUILT["refs"], url, gateway, times)
 
 
 class Quickstart:
@@ -294,7 +290,7 @@ def _answered(served: dict[tuple[str, str], float], role: str, ok: bool) -> floa
 
 
 @pytest.fixture(scope="module")
-def qs(stack: _Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quickstart]:
+def qs(stack: _Stack, shared_node: nodekit.SharedNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quickstart]:
     work = tmp_path_factory.mktemp("e2e") / "quickstart"
     shutil.copytree(QUICKSTART, work)
     q = Quickstart(stack, work)
@@ -312,9 +308,9 @@ def qs(stack: _Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quic
     q.git("commit", "-qm", "quick-start")
     # the platform team's namespace, enforcing `restricted` before Forge applies into it (Forge only
     # ensures a namespace exists: its apply leaves these labels, which are not its own, alone)
-    q.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS, labels=PSA_RESTRICTED)))
     try:
-        yield q
+        with shared_node.namespace(NS, PSA_RESTRICTED):
+            yield q
     finally:
         q.api.close()
 

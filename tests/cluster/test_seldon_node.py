@@ -35,17 +35,16 @@ NAME = "iris"
 GROUP, VERSION, PLURAL = "machinelearning.seldon.io", "v1", "seldondeployments"
 
 
-@pytest.fixture(scope="module")
-def env(pytestconfig: pytest.Config) -> Iterator[tuple[Cluster, Node, HostController]]:
-    def build() -> None:
-        seldon.ensure_binary()  # the first time: a build (see the docs for how long)
+def node_images() -> list[tuple[str, str]]:
+    """No images of its own; Seldon's operator built the first time (see the docs for how long)."""
+    seldon.ensure_binary()
+    return []
 
+
+@pytest.fixture(scope="module")
+def env(shared_node: nodekit.SharedNode) -> tuple[Cluster, Node, HostController]:
     # the CRDs (SeldonDeployment among them) come from the cached etcd snapshot
-    with nodekit.node_cluster(pytestconfig, "forge-seldon-test", node_prefix="forge-seldon-test-node-",
-                              wait_for_other=900, build=build) as (cluster, n):
-        with nodekit.shown(pytestconfig):
-            ctl = seldon.start(cluster, n, die_with_parent=True)
-        yield cluster, n, ctl
+    return shared_node.cluster, shared_node.node, shared_node.seldon()
 
 
 @pytest.fixture(scope="module")
