@@ -20,11 +20,22 @@ import typer
 
 from forgectl.controller_cli import app as controller_app
 from forgectl.controller_cli import install as controller_install
+from forgectl.controller_cli import uninstall as controller_uninstall
 from forgectl.experiment_cli import app as experiment_app
 from forgectl.experiment_cli import experiment_lines
 from forgectl.models_cli import app as models_app
 from forgectl.options import NO_OVERRIDES, EndpointArg, EnvOpt, PathsArg, RevOpt, SpecsOpt, TargetFlags, with_target_flags
-from forgectl.shell import controllers_of, err, load_for, one_endpoint, open_environment, out, safe, target_options
+from forgectl.shell import (
+    controllers_of,
+    endpoint_in,
+    err,
+    load_for,
+    one_endpoint,
+    open_environment,
+    out,
+    safe,
+    target_options,
+)
 from reconciler.diagnostics import ForgeError, SpecError, render_diagnostics
 from reconciler.load.loader import load
 from renderers.errors import RenderError
@@ -283,6 +294,7 @@ app.add_typer(models_app, name="models")  # the registry, lineage, leaderboard
 app.add_typer(experiment_app, name="experiment")  # A/B experiments
 app.add_typer(controller_app, name="controller")  # the in-cluster controller (docs/controller.md)
 app.command("install")(controller_install)  # the controller's manifests (docs/controller.md)
+app.command("uninstall")(controller_uninstall)
 
 
 @app.command()
@@ -336,17 +348,25 @@ def rollout_status(
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
     """Step, weights, last analysis values and the reason for the last transition."""
+    from reconciler.observe.syncs import read_syncs, sync_lines
     from reconciler.rollout.steering import status_data
 
-    controllers, desired = one_endpoint(specs_paths, env, flags, endpoint)
+    ctx = open_environment(specs_paths, None, env, flags)
+    controllers, desired = endpoint_in(ctx, specs_paths, flags, endpoint)
     backend = controllers.backend
     # the shadow's figures: the local router's mirror (docs/experiments.md)
     data = status_data(desired, backend.serving(endpoint), backend.load_state(endpoint), backend.shadow_stats)
+    api = ctx.target.cluster_api()
+    if api is not None:  # a cluster: what its controller says of the endpoint (docs/controller.md)
+        data["controller"] = read_syncs(api, ctx.environment.name, ctx.namespace).to_json()
     if output is PlanOutput.json:
         print(json.dumps(data, indent=2))
         return
     from reconciler.present import views
     out.print(views.rollout_text(data))
+    if "controller" in data:
+        out.print("[bold]Controller[/bold]")
+        out.print("\n".join(sync_lines(data["controller"], endpoint)))
     for line in experiment_lines(data):
         out.print(line, markup=False)
 

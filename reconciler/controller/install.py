@@ -1,7 +1,8 @@
 """What `forgectl install` puts in a cluster, as plain manifests (like `flux install --export`):
 the `forge-system` Namespace, the Sync CRD, the controller's ServiceAccount and RBAC, a Deployment
 of two replicas (probes, resources, non-root, read-only root filesystem), its metrics and webhook
-Service and a PodDisruptionBudget. Pure: options in, objects out; `deploy/` holds them rendered
+Service, a PodDisruptionBudget, and for the Prometheus Operator a PodMonitor and a PrometheusRule
+(sync failing, rollout stuck, no leader). Pure: options in, objects out; `deploy/` holds them rendered
 with the defaults (a test keeps it equal).
 
 Least privilege: the controller does in an environment's namespace what `forgectl apply` does,
@@ -39,6 +40,8 @@ class InstallOptions:
     replicas: int = 2
     #: Namespaces the controller applies to (a RoleBinding to ClusterRole `forgectl` in each).
     manage: tuple[str, ...] = field(default_factory=tuple)
+    #: The Prometheus Operator's PodMonitor and PrometheusRule for the controller (its CRDs needed).
+    monitoring: bool = True
 
 
 def sync_crd() -> dict[str, Any]:
@@ -54,6 +57,10 @@ def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
         meta["namespace"] = namespace
     meta["labels"] = dict(LABELS)
     return meta
+
+
+def _labelled(obj: dict[str, Any]) -> dict[str, Any]:
+    return {**obj, "metadata": {**obj["metadata"], "labels": {**(obj["metadata"].get("labels") or {}), **LABELS}}}
 
 
 def _subject(options: InstallOptions) -> list[dict[str, str]]:
@@ -124,12 +131,69 @@ def deployment(options: InstallOptions) -> dict[str, Any]:
     }
 
 
+#: How long a Sync may stay not Ready before `ForgeSyncFailing` fires (a fetch retried every interval, an
+#: invalid revision waiting for the next commit).
+SYNC_FAILING_FOR = "10m"
+#: How long a rollout may stay at one step in Progressing or Holding before `ForgeRolloutStuck` fires
+#: (the quick-start's three steps take under a minute each; a policy with long pauses raises it).
+ROLLOUT_DEADLINE = "30m"
+#: How long every replica may follow before `ForgeControllerNoLeader` fires (a failover takes ≤ 17 s).
+NO_LEADER_FOR = "1m"
+#: Only the leader's series speak for a source: a deposed replica keeps its last values.
+_LEADER = "on (namespace, pod, source) (forge_controller_leader == 1)"
+
+
+def pod_monitor(options: InstallOptions) -> dict[str, Any]:
+    """The Prometheus Operator's PodMonitor scraping every replica's `/metrics` (each replica's own
+    series: whether it leads, what it last did)."""
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": _meta(NAME, options.namespace),
+            "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+                     "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]}}
+
+
+def prometheus_rule(options: InstallOptions) -> dict[str, Any]:
+    """The controller's alerts: a Sync failing (not Ready for :data:`SYNC_FAILING_FOR`), a rollout
+    stuck at one step past :data:`ROLLOUT_DEADLINE`, no replica leading a source's environment
+    (or no replica up at all) for :data:`NO_LEADER_FOR`."""
+    rules = [
+        {"alert": "ForgeSyncFailing",
+         "expr": f"(forge_controller_sync_ready == 0) and {_LEADER}",
+         "for": SYNC_FAILING_FOR, "labels": {"severity": "warning"},
+         "annotations": {"summary": "Forge source {{ $labels.source }}: sync failing",
+                         "description": f"The Sync {{{{ $labels.source }}}} has not been Ready for {SYNC_FAILING_FOR}: "
+                                        "`kubectl get sync {{ $labels.source }} -o yaml` (or `forgectl status`) says why "
+                                        "(FetchFailed, ValidationFailed with file:line, Blocked, ApplyFailed)."}},
+        {"alert": "ForgeRolloutStuck",
+         "expr": f'(forge_controller_rollout_phase{{phase=~"Progressing|Holding"}} == 1) and {_LEADER} '
+                 f"unless on (namespace, pod, source, endpoint) (changes(forge_controller_rollout_step[{ROLLOUT_DEADLINE}]) > 0)",
+         "for": "5m", "labels": {"severity": "warning"},
+         "annotations": {"summary": "Forge rollout of {{ $labels.endpoint }} stuck",
+                         "description": f"The rollout of endpoint {{{{ $labels.endpoint }}}} (source {{{{ $labels.source }}}}) "
+                                        f"has been {{{{ $labels.phase }}}} at one step for over {ROLLOUT_DEADLINE}: "
+                                        "`forgectl rollout status` shows the last analysis."}},
+        {"alert": "ForgeControllerNoLeader",
+         "expr": 'sum by (source) (forge_controller_leader) == 0 or absent(up{job=~".*' + NAME + '.*"} == 1)',
+         "for": NO_LEADER_FOR, "labels": {"severity": "critical"},
+         "annotations": {"summary": "No Forge controller leads",
+                         "description": "No replica has held the environment Lease for " + NO_LEADER_FOR + ": nothing "
+                                        "pulls git and no rollout is walked (a breached canary keeps its traffic)."}},
+    ]
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": _meta(NAME, options.namespace),
+            "spec": {"groups": [{"name": "forge-controller", "rules": rules}]}}
+
+
+def config_map(namespace: str, text: str) -> dict[str, Any]:
+    """The ConfigMap holding the controller's configuration file (``text``: a ControllerConfig,
+    checked by :func:`reconciler.controller.config.load_config` before it is put here)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(CONFIG_MAP, namespace), "data": {"config.yaml": text}}
+
+
 def install_objects(options: InstallOptions = InstallOptions()) -> list[dict[str, Any]]:
     """Everything `forgectl install` applies, in apply order."""
     ns = options.namespace
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns)},
-        sync_crd(),
+        _labelled(sync_crd()),  # so that uninstall knows it for its own
         *rbac(options),
         deployment(options),
         {"apiVersion": "v1", "kind": "Service", "metadata": _meta(NAME, ns), "spec": {
@@ -137,4 +201,5 @@ def install_objects(options: InstallOptions = InstallOptions()) -> list[dict[str
             "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]}},
         {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(NAME, ns), "spec": {
             "minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}}}},
+        *((pod_monitor(options), prometheus_rule(options)) if options.monitoring else ()),
     ]

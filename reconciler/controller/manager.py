@@ -71,9 +71,14 @@ def lease_timing(config: ControllerConfig) -> LeaseTiming:
 def environment_of(source: Source) -> Environment:
     """The environment as far as the controller's configuration names it (a cluster namespace): what
     the Lease and the Sync status need before any revision has been read."""
+    return environment_named(source.environment, source.namespace)
+
+
+def environment_named(name: str, namespace: str) -> Environment:
+    """A cluster Environment known by its name and namespace alone (no specs read)."""
     return Environment.model_validate({"apiVersion": "forge.dev/v1alpha1", "kind": "Environment",
-                                       "metadata": {"name": source.environment},
-                                       "spec": {"target": "kubernetes", "kubernetes": {"namespace": source.namespace}}})
+                                       "metadata": {"name": name},
+                                       "spec": {"target": "kubernetes", "kubernetes": {"namespace": namespace}}})
 
 
 @dataclass
@@ -206,6 +211,8 @@ class Worker:
         name = self.source.name
         self.metrics.sync_seconds.labels(name, outcome.reason).observe(time.monotonic() - began)
         self.metrics.syncs.labels(name, outcome.reason).inc()
+        if outcome.reason != "Progressing":  # the Sync's Ready condition, for the SyncFailing alert
+            self.metrics.ready.labels(name).set(1 if outcome.reason == "Succeeded" else 0)
         if outcome.reason != "Succeeded":
             self.metrics.errors.labels(name, outcome.reason).inc()
             log.warning("%s: %s: %s", name, outcome.reason, outcome.message)

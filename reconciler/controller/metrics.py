@@ -30,6 +30,8 @@ class ControllerMetrics:
         self.errors = Counter("forge_controller_errors", "Errors by source and typed cause.", ["source", "cause"], registry=r)
         self.applied = Info("forge_controller_last_applied_revision", "The revision last applied, by source.", ["source"],
                             registry=r)
+        self.ready = Gauge("forge_controller_sync_ready", "1 while the source's Sync is Ready (its last sync succeeded), "
+                           "0 while it is not; written by the leader.", ["source"], registry=r)
         self.leader = Gauge("forge_controller_leader", "1 while this replica holds the source's environment Lease.",
                             ["source"], registry=r)
         self.rollout_phase = Gauge("forge_controller_rollout_phase", "1 for the endpoint's current rollout phase.",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from reconciler.observe.syncs import read_syncs, sync_lines
 from reconciler.targets.base import Target
 from reconciler.traffic.serving import serving_states
 from renderers.labels import ENDPOINT, MODEL_VERSION, NAME
@@ -30,6 +31,9 @@ def collect(specs: SpecSet, env: Environment, target: Target) -> dict[str, Any]:
         if not any(w["name"] == run.name for w in data["workflows"]):
             data["workflows"].append({"name": run.name, "phase": run.phase, "steps": [], "message": run.message})
     data["models"] = list(details.models)
+    api = target.cluster_api()
+    if api is not None:  # a cluster: what its controller (if one applies this environment) says
+        data["controller"] = read_syncs(api, env.name, target.namespace).to_json()
     states = serving_states(live)
     backend = target.rollout_backend(specs, env, None)
     for sd in (o for o in live if o["kind"] == "SeldonDeployment"):
@@ -68,7 +72,10 @@ def served_backend(url: str | None) -> dict[str, Any] | None:
 def render_text(data: dict[str, Any]) -> str:
     """Rich markup of the status."""
     style = {"succeeded": "green", "cached": "cyan", "failed": "red", "running": "yellow", "Succeeded": "green", "Failed": "red", "Running": "yellow"}
-    lines = [f"[bold]Environment[/bold] {data['environment']} ({data['target']})", "", "[bold]Workflows[/bold]"]
+    lines = [f"[bold]Environment[/bold] {data['environment']} ({data['target']})"]
+    if "controller" in data:
+        lines += ["", "[bold]Controller[/bold]", *sync_lines(data["controller"])]
+    lines += ["", "[bold]Workflows[/bold]"]
     for wf in data["workflows"] or [{"name": "none", "phase": "", "steps": []}]:
         phase = wf.get("phase", "")
         lines.append(f"  {wf['name']}  [{style.get(phase, 'white')}]{phase}[/{style.get(phase, 'white')}]")

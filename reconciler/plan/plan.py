@@ -24,6 +24,7 @@ from reconciler.plan.diff import field_diff, same_after_apply
 from reconciler.plan.reasons import reasons_for, workflows_by_model
 from reconciler.plan.risks import Finding
 from reconciler.resources import ObjectRef
+from reconciler.rollout.preview import PlannedRollout
 from renderers.bundle import sort_key
 from renderers.labels import PRUNE
 
@@ -195,6 +196,8 @@ class Plan:
     head: str | None = None
     #: Pull-request mode against a cluster: the plan of the head's specs against the live state.
     live: Plan | None = None
+    #: The rollouts applying it starts, as the rollout controller will walk them.
+    rollouts: tuple[PlannedRollout, ...] = ()
 
     @property
     def has_changes(self) -> bool:
@@ -225,6 +228,7 @@ class Plan:
             "specChanges": [c.to_json() for c in self.spec_changes],
             "cost": self.cost.to_json() if self.cost is not None else None,
             "notes": list(self.notes),
+            "rollouts": [r.to_json() for r in self.rollouts],
             "changes": [c.to_json(spent) for c in self.changes],
         }
         if self.base is not None or self.head is not None:
@@ -252,6 +256,7 @@ class Plan:
             data.get("base"),
             data.get("head"),
             Plan.from_json(data["live"]) if data.get("live") is not None else None,
+            tuple(PlannedRollout.from_json(r) for r in data.get("rollouts", [])),
         )
 
 

@@ -36,6 +36,7 @@ from reconciler.plan.risks import (
     regression_risks,
     spec_risks,
 )
+from reconciler.plan.rollouts import planned_rollouts
 from reconciler.registry.records import Record
 from reconciler.specdiff import ABSENT, spec_diff
 from reconciler.targets.base import Target
@@ -173,6 +174,7 @@ def annotate(plan: Plan, head: LoadResult, env: Environment, *, base: LoadResult
     before = estimate(base.specs, base_env, dict(base_sizes or {})) if base is not None and base_env is not None else None
     return replace(
         plan,
+        rollouts=planned_rollouts(plan.changes, head.specs, env),
         blockers=tuple(_order(locate(blockers, head.raws, base_raws))),
         risks=tuple(_order(locate(risks, head.raws, base_raws))),
         spec_changes=tuple(_spec_changes(base, head)) if base is not None else (),
@@ -329,6 +331,7 @@ def reviewed_git_plan(old: LoadResult, old_env: Environment, new: LoadResult, ne
     tree when None), no cluster involved, reviewed against the base's specs."""
     from reconciler.diagnostics import ForgeError
     from reconciler.plan.plan import build_plan
+    from reconciler.plan.session import TargetOptions, desired_state, namespace_of
     from renderers import RenderContext, SchedulingError, render
 
     sizes = measure_data(new.specs, new_env, head)
@@ -341,7 +344,10 @@ def reviewed_git_plan(old: LoadResult, old_env: Environment, new: LoadResult, ne
         old_rendered = render(old.specs, RenderContext(old_env))
     except SchedulingError as exc:
         raise ForgeError(f"at the base revision {base}: {exc}") from exc
-    new_rendered = render(new.specs, RenderContext(new_env))
+    # The head rendered as an apply over the base would render it: an endpoint whose model has a
+    # new version keeps its stable one and gets the new one as a canary at 0 % (desired_state,
+    # the apply's own render), so the plan shows the rollout that will run, not a replaced stable.
+    new_rendered = desired_state(new.specs, new_env, namespace_of(new_env, TargetOptions()), None, old_rendered.manifests)
     plan = build_plan(new_rendered.manifests, old_rendered.manifests, environment=new_env.name, target="git",
                       revision=revision, exact=True)
     return annotate(plan, new, new_env, base=old, base_env=old_env, sizes=sizes, base_sizes=base_sizes)

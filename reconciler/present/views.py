@@ -160,6 +160,13 @@ def text(plan: Mapping[str, Any], *, verbose: bool = False) -> str:
             else:
                 mark, style = {"add": ("+", "green"), "remove": ("-", "red")}.get(entry["op"], ("~", "yellow"))
                 lines.append(f"    [{style}]{mark}[/{style}] {_escape(_spec_change_text(entry))}{at}")
+    rollouts = plan.get("rollouts") or []
+    if rollouts:
+        lines += ["", f"[bold]Rollouts the controller will run ({len(rollouts)}):[/bold]"]
+        for rollout in rollouts:
+            first, *rest = rollout["lines"]
+            lines.append(f"  Endpoint {_escape(rollout['endpoint'])}: {_escape(first)}")
+            lines += [f"    {_escape(line)}" for line in rest]
     groups = _cost_groups(plan)
     if groups:
         lines += ["", f"[bold]GPU arithmetic and cost[/bold] ({_escape(cost_summary(plan))}):"]
@@ -378,6 +385,15 @@ def markdown(plan: Mapping[str, Any], *, title: str = "Forge plan", limit: int =
     if spec_changes:
         sections.append((f"spec changes ({len(spec_changes)})",
                          _details(f"Spec changes ({len(spec_changes)})", _spec_changes_md(spec_changes), open_=True), None))
+    rollouts = plan.get("rollouts") or []
+    if rollouts:
+        body = []
+        for rollout in rollouts:
+            first, *rest = rollout["lines"]
+            body.append(f"- Endpoint {_md_code(rollout['endpoint'])}: {md_text(first)}")
+            body += [f"  - {md_text(line)}" for line in rest]
+        sections.append((f"rollouts ({len(rollouts)})",
+                         _details(f"Rollouts the controller will run ({len(rollouts)})", body, open_=True), None))
     if _cost_groups(plan):
         sections.append(("GPU arithmetic and cost",
                          _details(f"GPU arithmetic and cost — {md_text(cost_summary(plan))}", _cost_md(plan)), None))

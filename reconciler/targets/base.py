@@ -123,13 +123,18 @@ class LeaseTiming:
 
 class ControllerAPI(Protocol):
     """What the in-cluster controller (reconciler/controller/) writes besides the objects it
-    applies: its own status objects and their Events, in any namespace. Fenced like every write
-    of the target while its lock is held."""
+    applies: its own status objects and their Events, in any namespace; and what `forgectl
+    install`/`uninstall` write: the controller's own objects. Fenced like every write of the
+    target while its lock is held."""
 
     def apply_object(self, resource: Resource, obj: Mapping[str, Any], *, manager: str,
-                     subresource: str | None = None) -> dict[str, Any]:
+                     subresource: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         """Server-side apply ``obj`` (forced, field manager ``manager``), or its ``subresource``
-        (`status`); the object as stored."""
+        (`status`); the object as stored (as it would be, with ``dry_run``: nothing written)."""
+        ...
+
+    def delete_object(self, resource: Resource, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        """Delete one object (while its uid is ``uid``, when given); False when it was not there."""
         ...
 
     def create_object(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -163,6 +163,14 @@ def live_versions(kubeconfig: str, namespace: str) -> dict[str, str]:
     return {f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"] for o in json.loads(done.stdout)["items"]}
 
 
+def forgectl(kubeconfig: str, work: Path, *args: str) -> str:
+    """A read-only forgectl command on the host (status, rollout status), its stdout."""
+    done = subprocess.run([*FORGECTL, *args], capture_output=True, text=True, cwd=work, timeout=120,
+                          env={**os.environ, "KUBECONFIG": kubeconfig, "NO_COLOR": "1", "COLUMNS": "200"})
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return done.stdout
+
+
 def lease_holder(kubeconfig: str, namespace: str) -> str | None:
     done = kubectl(kubeconfig, "-n", namespace, "get", "lease", "forgectl-cluster", "-o", "json", check=False)
     return json.loads(done.stdout)["spec"].get("holderIdentity") if done.returncode == 0 else None
@@ -204,6 +212,12 @@ def test_the_controller_applies_pushed_revisions_and_refuses_an_invalid_one(kube
     stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
     assert stalled["status"] == "True"
     assert live_versions(kubeconfig, namespace) == before  # nothing was written
+    # `forgectl status` reads what the controller wrote: the refusal, its file:line, both revisions
+    # (run on the example's own specs: the pushed working tree holds the typo)
+    shown = forgectl(kubeconfig, ROOT, "status", "examples/quickstart", "--env", "cluster", "-n", namespace)
+    assert f"sync/{SOURCE} ({namespace})  Ready=False ValidationFailed" in shown, shown
+    assert "model.yaml:15:" in shown and f"applied {first}  attempted {bad}" in shown, shown
+    assert "Stalled=True" in shown and f"leader {replica.identity}" in shown, shown
     events = json.loads(kubectl(kubeconfig, "-n", namespace, "get", "events", "--field-selector",
                                 f"involvedObject.kind=Sync,involvedObject.name={SOURCE}", "-o", "json").stdout)["items"]
     assert any(e["reason"] == "ValidationFailed" and "model.yaml:15:" in e["message"] for e in events), events
@@ -393,3 +407,19 @@ def test_the_controller_alone_walks_the_rollout_of_a_pushed_version(kube_cluster
     assert state["phase"] == "WaitingForModel" and state["canary"] and state["canary"] != state["stable"]
     metrics = replica.get("/metrics")[1]
     assert 'forge_controller_rollout_phase{endpoint="digits",phase="WaitingForModel",source="quickstart"} 1.0' in metrics
+
+    # `forgectl status` and `forgectl rollout status` read the Sync the controller wrote
+    data = json.loads(forgectl(kubeconfig, git_server.work, "status", ".", "--env", "cluster", "-n", namespace, "-o", "json"))
+    [sync] = data["controller"]["syncs"]
+    assert sync["name"] == SOURCE and sync["lastAppliedRevision"] == second == sync["lastAttemptedRevision"], sync
+    assert {c["type"]: c["status"] for c in sync["conditions"]} == {"Ready": "True", "Reconciling": "False", "Stalled": "False"}
+    assert sync["leader"] == replica.identity and sync["plan"]["created"] > 0, sync
+    [line] = [r for r in sync["rollouts"] if r["endpoint"] == "digits"]
+    assert line["phase"] == "WaitingForModel" and "offline gate passed" in line["reason"], line
+    steered = json.loads(forgectl(kubeconfig, git_server.work, "rollout", "status", "digits", "--env", "cluster", "-n",
+                                  namespace, "-o", "json"))
+    assert steered["rollout"]["phase"] == "WaitingForModel" and steered["rollout"]["canary"] == state["canary"]
+    assert [(r["endpoint"], r["phase"]) for r in steered["controller"]["syncs"][0]["rollouts"]] == [("digits", "WaitingForModel")]
+    text = forgectl(kubeconfig, git_server.work, "rollout", "status", "digits", "--env", "cluster", "-n", namespace)
+    assert f"sync/{SOURCE} ({namespace})  Ready=True Succeeded" in text, text
+    assert "rollout digits: WaitingForModel, no step yet, canary 0 %" in text, text

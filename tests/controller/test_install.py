@@ -1,6 +1,8 @@
 """`forgectl install --dry-run -o yaml`: the committed deploy/ is what it renders, and the real API
 server takes every object (server-side dry run), the controller's pod included under Pod Security
-`restricted` as the API server's own admission enforces it."""
+`restricted` as the API server's own admission enforces it. `forgectl install` applies them and
+`forgectl uninstall` takes them away again, keeping the workloads the real controller applied (or,
+with --remove-workloads, only those Forge owns), both idempotent."""
 
 from __future__ import annotations
 
@@ -36,12 +38,7 @@ def test_deploy_is_what_install_renders() -> None:
     assert body(ROOT / "deploy" / "crds" / "syncs.forge.dev.yaml") == to_yaml(sync_crd())
     kinds = [d["kind"] for d in yaml.safe_load_all(install())]
     assert kinds == ["Namespace", "CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "ClusterRoleBinding",
-                     "Deployment", "Service", "PodDisruptionBudget"]
-
-
-def test_install_without_dry_run_says_what_to_do() -> None:
-    done = subprocess.run([*FORGECTL, "install"], capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})
-    assert done.returncode == 1 and "--dry-run -o yaml" in done.stderr
+                     "Deployment", "Service", "PodDisruptionBudget", "PodMonitor", "PrometheusRule"]
 
 
 def kubectl(kubeconfig: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -88,3 +85,111 @@ def test_manage_binds_the_forgectl_role_in_each_namespace() -> None:
     assert [b["metadata"]["namespace"] for b in bindings] == ["team-a", "team-b"]
     assert all(b["subjects"] == [{"kind": "ServiceAccount", "name": "forge-controller", "namespace": "forge-system"}]
                for b in bindings)
+
+
+def forgectl(kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*FORGECTL, *args], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "KUBECONFIG": kubeconfig, "NO_COLOR": "1", "COLUMNS": "200"})
+
+
+def exists(kubeconfig: str, namespace: str, *refs: str) -> dict[str, bool]:
+    return {ref: kubectl(kubeconfig, "-n", namespace, "get", ref, "-o", "name").returncode == 0 for ref in refs}
+
+
+#: What install applies into the controller's namespace (the test's own).
+INSTALLED = ("deployment/forge-controller", "service/forge-controller", "poddisruptionbudget/forge-controller",
+             "podmonitor/forge-controller", "prometheusrule/forge-controller", "serviceaccount/forge-controller",
+             "role/forge-controller", "rolebinding/forge-controller", "rolebinding/forge-controller-forgectl",
+             "configmap/forge-controller-config")
+
+
+def controller_config(tmp_path: Path, namespace: str, url: str) -> Path:
+    path = tmp_path / "controller.yaml"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "forge.dev/v1alpha1", "kind": "ControllerConfig", "namespace": namespace,
+        "http": {"address": "0.0.0.0", "port": 8080},
+        "sources": [{"name": "quickstart", "url": url, "branch": "main", "path": ".", "environment": "cluster",
+                     "namespace": namespace, "interval": "2s"}]}))
+    return path
+
+
+def restore_sync_crd(kubeconfig: str) -> None:
+    """The session's API server keeps the Sync CRD for the tests after this one."""
+    kubectl(kubeconfig, "wait", "--for=delete", "crd/syncs.forge.dev", "--timeout=60s")
+    done = kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "deploy" / "crds" / "syncs.forge.dev.yaml"))
+    assert done.returncode == 0, done.stderr
+    waited = kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/syncs.forge.dev", "--timeout=60s")
+    assert waited.returncode == 0, waited.stderr
+
+
+def test_install_applies_and_uninstall_keeps_what_the_controller_applied(kube_cluster, namespace, tmp_path) -> None:
+    from devkit.gitserver import start_git_server
+    from tests.controller.test_controller import Controllers, applied, live_versions
+    from tests.polling import wait_until
+
+    kubeconfig = kube_cluster.kubeconfig
+    roles = kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "docs" / "rbac" / "forgectl-role.yaml"))
+    assert roles.returncode == 0, roles.stderr
+    git_server = start_git_server(tmp_path)
+    try:
+        config = controller_config(tmp_path, namespace, git_server.url)
+        # a bad configuration: its file:line, nothing applied
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(config.read_text().replace("interval: 2s", "interval: soon"))
+        refused = forgectl(kubeconfig, "install", "-n", namespace, "--manage", namespace, "--config", str(bad))
+        assert refused.returncode == 1 and "bad.yaml:" in refused.stderr and "interval" in refused.stderr, refused.stderr
+        assert not any(exists(kubeconfig, namespace, *INSTALLED).values())
+
+        done = forgectl(kubeconfig, "install", "-n", namespace, "--manage", namespace, "--config", str(config))
+        assert done.returncode == 0, done.stderr
+        assert all(exists(kubeconfig, namespace, *INSTALLED).values()), exists(kubeconfig, namespace, *INSTALLED)
+        version = kubectl(kubeconfig, "-n", namespace, "get", "deployment/forge-controller", "-o", "jsonpath={.metadata.resourceVersion}").stdout
+        again = forgectl(kubeconfig, "install", "-n", namespace, "--manage", namespace, "--config", str(config))
+        assert again.returncode == 0, again.stderr
+        assert kubectl(kubeconfig, "-n", namespace, "get", "deployment/forge-controller", "-o",
+                       "jsonpath={.metadata.resourceVersion}").stdout == version  # applying again changes nothing
+
+        # no node runs the Deployment here: the controller runs as a process, and writes its Sync
+        first = git_server.push("quick-start")
+        made = Controllers(tmp_path, kubeconfig, namespace, git_server.url, interval="2s")
+        try:
+            made.start("a")
+            wait_until(lambda: applied(kubeconfig, namespace, first), timeout=120, what="the revision applied")
+        finally:
+            made.close()  # SIGTERM: the Lease given back
+        workloads = live_versions(kubeconfig, namespace)
+        assert "SeldonDeployment/digits" in workloads
+        mine = kubectl(kubeconfig, "-n", namespace, "create", "configmap", "not-forges", "--from-literal=a=b")
+        assert mine.returncode == 0, mine.stderr
+
+        try:
+            gone = forgectl(kubeconfig, "uninstall", "-n", namespace, "--auto-approve")
+            assert gone.returncode == 0, gone.stderr
+            assert not any(exists(kubeconfig, namespace, *INSTALLED).values()), exists(kubeconfig, namespace, *INSTALLED)
+            assert "deleted CustomResourceDefinition syncs.forge.dev" in gone.stderr, gone.stderr  # its Syncs with it
+            assert live_versions(kubeconfig, namespace) == workloads  # the workloads stay, untouched
+            assert f"left Namespace {namespace} (anything else in it" in gone.stderr, gone.stderr
+            twice = forgectl(kubeconfig, "uninstall", "-n", namespace, "--auto-approve")
+            assert twice.returncode == 0 and "0 objects deleted" in twice.stdout, (twice.stdout, twice.stderr)
+        finally:
+            restore_sync_crd(kubeconfig)
+
+        # --remove-workloads: the environments the Syncs name are torn down, only what Forge owns
+        assert forgectl(kubeconfig, "install", "-n", namespace, "--manage", namespace, "--config", str(config)).returncode == 0
+        made = Controllers(tmp_path, kubeconfig, namespace, git_server.url, interval="2s")
+        try:
+            made.start("b")
+            wait_until(lambda: applied(kubeconfig, namespace, first), timeout=120, what="the revision applied again")
+        finally:
+            made.close()
+        try:
+            gone = forgectl(kubeconfig, "uninstall", "-n", namespace, "--remove-workloads", "--auto-approve")
+            assert gone.returncode == 0, gone.stderr
+            assert f"removed the workloads of environment cluster in namespace {namespace}" in gone.stderr, gone.stderr
+            assert live_versions(kubeconfig, namespace) == {}
+            assert exists(kubeconfig, namespace, "configmap/not-forges") == {"configmap/not-forges": True}
+            assert not any(exists(kubeconfig, namespace, *INSTALLED).values())
+        finally:
+            restore_sync_crd(kubeconfig)
+    finally:
+        git_server.stop()

@@ -79,7 +79,7 @@ def normalize(text: str) -> str:
 def review_json(plan: dict[str, Any]) -> str:
     """The review part of a plan's JSON (what the golden files pin), normalized."""
     keep = {k: plan.get(k) for k in ("environment", "target", "base", "head", "summary", "blockers", "risks",
-                                     "specChanges", "cost")}
+                                     "specChanges", "cost", "rollouts")}
     return normalize(json.dumps(keep, indent=2, ensure_ascii=False, sort_keys=False)) + "\n"
 
 

@@ -81,7 +81,16 @@ def _commands(group: Any, prefix: str = "") -> dict[str, Any]:
 
 def test_every_command_with_target_flags_has_the_same_four() -> None:
     commands = _commands(get_command(forgectl_app))
-    with_flags = sorted(name for name, c in commands.items() if any(p.name == "kubeconfig" for p in c.params))
+    # install and uninstall name the cluster by --kubeconfig and --context alone (no Environment):
+    # the same two options, and their -n is the controller's namespace
+    for name in ("install", "uninstall"):
+        params = {p.name: p for p in commands[name].params}
+        for flag in ("--kubeconfig", "--context"):
+            option = params[flag.removeprefix("--")]
+            assert option.opts[0] == flag and option.help == FLAG_HELP[flag] and option.default is None, (name, flag)
+        assert params["namespace"].default == "forge-system" and "prometheus_url" not in params
+    with_flags = sorted(name for name, c in commands.items() if any(p.name == "kubeconfig" for p in c.params)
+                        and name not in ("install", "uninstall"))
     assert with_flags == ["apply", "diff", "doctor", "down", "experiment status", "experiment stop", "models diff", "models list",
                           "models report", "models show", "plan", "reconcile", "rollout abort", "rollout promote",
                           "rollout retry", "rollout status", "status"]

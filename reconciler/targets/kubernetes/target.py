@@ -581,18 +581,34 @@ class KubernetesTarget:
 
     # -- the controller's own objects (ControllerAPI) ---------------------------------------------
     def apply_object(self, resource: Resource, obj: Mapping[str, Any], *, manager: str,
-                     subresource: str | None = None) -> dict[str, Any]:
+                     subresource: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         """Server-side apply of one object of ``resource`` (or its ``subresource``), forced, as
-        ``manager``; fenced by the held Lease like every write."""
+        ``manager``; fenced by the held Lease like every write (a ``dry_run`` writes nothing)."""
         meta = obj.get("metadata") or {}
         namespace, name = meta.get("namespace") or "", meta["name"]
         path = resource.path(namespace, name) + (f"/{subresource}" if subresource else "")
         ref = f"{resource.kind} {namespace}/{name}" + (f" ({subresource})" if subresource else "")
+        query = [("fieldManager", manager), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
         stored: dict[str, Any] = self._call(
             "PATCH", path, verb="patch", ref=ref, namespace=namespace or None,
-            query=[("fieldManager", manager), ("force", "true")], body=json.dumps(dict(obj)),
-            content_type="application/apply-patch+yaml", fenced=True)
+            query=query, body=json.dumps(dict(obj)),
+            content_type="application/apply-patch+yaml", fenced=not dry_run)
         return stored
+
+    def delete_object(self, resource: Resource, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        """Delete one object of ``resource`` (only while its uid is ``uid``, when given); False when
+        it was not there. Fenced."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self._call("DELETE", resource.path(namespace, name), verb="delete", ref=f"{resource.kind} {namespace}/{name}",
+                       namespace=namespace or None, body=body, fenced=True)
+        except TargetError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     def create_object(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST ``body`` into the namespace its metadata names; fenced."""
