@@ -1,4 +1,9 @@
-"""The node tests' one cluster with a node per session (tests/cluster/nodekit.py says how modules use it)."""
+"""The node tests' one cluster with a node (tests/cluster/nodekit.py says how modules use it).
+
+All node tests live in this package, so the fixture is package-scoped: started by the first test
+that asks, stopped after the package's last test, so the rest of the suite does not run beside an
+idle node and its controllers.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import pytest
 from tests.cluster import nodekit
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def shared_node(pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> Iterator[nodekit.SharedNode]:
     """One cluster with a node for every node test of the session, started on first use."""
     with nodekit.shared_node(pytestconfig, request.session.items) as shared:
@@ -17,7 +22,12 @@ def shared_node(pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that stops the shared node runs after every other test (the node is theirs first)."""
+    """A test that stops the shared node runs right after the last other test that uses it (the
+    node is theirs first)."""
     last = [item for item in items if item.get_closest_marker("stops_shared_node")]
-    if last:
-        items[:] = [item for item in items if item not in last] + last
+    if not last:
+        return
+    rest = [item for item in items if item not in last]
+    users = [i for i, item in enumerate(rest) if "shared_node" in getattr(item, "fixturenames", ())]
+    at = users[-1] + 1 if users else len(rest)
+    items[:] = rest[:at] + last + rest[at:]

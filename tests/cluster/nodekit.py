@@ -17,8 +17,8 @@ namespaces of its own, which it deletes when it is done::
 
 The root check comes first (these tests fail without root, they do not skip); the builds run next,
 their output shown (a first build takes minutes); then the cluster (with the CRDs, ``node=True`` so
-the ServiceAccount admission plugin is on) and the node start. At the end of the session the node
-stops, then the cluster, whatever happened.
+the ServiceAccount admission plugin is on) and the node start. After the package's last test the
+node stops, then the cluster, whatever happened.
 """
 
 from __future__ import annotations
