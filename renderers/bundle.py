@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from renderers.dashboards import render_dashboard
 from renderers.gateway import render_route
@@ -17,7 +17,9 @@ from renderers.queues import queued, render_queues
 from renderers.seldon import ServingState, experiment_serving, render_seldon
 from renderers.versions import model_version
 from renderers.workflow import RenderedWorkflow, render_workflow
-from specs import Endpoint, Environment, Model, SpecSet
+from specs import Document, Endpoint, Environment, Model, SpecSet
+
+D = TypeVar("D", bound=Document)
 
 #: Apply order: prerequisites first, endpoints last (a sort key, not control flow).
 KIND_ORDER = {
@@ -62,8 +64,65 @@ class Rendered:
     """The manifests of a SpecSet, plus what plans and targets want to know about them."""
 
     manifests: list[dict[str, Any]]
-    workflows: dict[str, RenderedWorkflow]
+    workflows: Mapping[str, RenderedWorkflow]
     versions: dict[str, str]
+
+
+#: The documents one render unit read from the SpecSet: (kind, name) of each `get`, in order.
+Used = tuple[tuple[str, str], ...]
+
+
+class RenderMemo(Protocol):
+    """Remembers what a *render unit* rendered — one Model's Workflow, one Endpoint's objects — so
+    an unchanged unit is looked up instead of rendered (``render(..., memo=)``; the plan's render
+    cache, :mod:`reconciler.plan.rendercache`, is one).
+
+    :meth:`recall` is asked first with the unit's document, the facts of the render that are not in
+    the specs (``facts``: the namespace, the revision, the serving state…) and the SpecSet; it
+    answers the objects stored for them, or None. On None the unit is rendered and :meth:`keep`
+    gets, besides, the documents the render read (``used``): an implementation keys its entry by
+    all of that — a document the unit read that changed since must not be answered. A unit that
+    read more than single documents (every Model, say) is rendered and not kept."""
+
+    def recall(self, unit: Document, facts: Mapping[str, Any], specs: SpecSet) -> tuple[list[dict[str, Any]], Any] | None:
+        """The objects and the note kept for this unit with these facts, if still valid."""
+
+    def keep(self, unit: Document, facts: Mapping[str, Any], used: Used, objects: list[dict[str, Any]], note: Any,
+             specs: SpecSet) -> None:
+        """Remember what the unit rendered from ``specs`` (``note``: a JSON value the caller wants
+        back with it)."""
+
+
+@dataclass(frozen=True)
+class _Recording(SpecSet):
+    """A SpecSet that writes down which documents are read, for :class:`RenderMemo` (one per
+    render; :meth:`reading` starts a unit). Reading every document of a kind (`of`, iteration)
+    makes the unit's dependencies unbounded: it is then not kept."""
+
+    log: list[tuple[str, str]] = field(default_factory=list, compare=False, repr=False)
+    wide: list[bool] = field(default_factory=lambda: [False], compare=False, repr=False)
+
+    def get(self, kind: type[D], name: str | None) -> D | None:
+        if name is not None:
+            self.log.append((kind.__name__, name))
+        return super().get(kind, name)
+
+    def of(self, kind: type[D]) -> list[D]:
+        self.wide[0] = True
+        return super().of(kind)
+
+    def __iter__(self) -> Iterator[Document]:
+        self.wide[0] = True
+        return super().__iter__()
+
+    def reading(self) -> None:
+        """Start a new unit: forget what the last one read."""
+        self.log.clear()
+        self.wide[0] = False
+
+    def used(self) -> Used | None:
+        """What the unit read since :meth:`reading`; None when it read a whole kind."""
+        return None if self.wide[0] else tuple(dict.fromkeys(self.log))
 
 
 def sort_key(obj: Mapping[str, Any]) -> tuple[int, int, str, str, str]:
@@ -79,24 +138,29 @@ def _ordered(obj: dict[str, Any]) -> dict[str, Any]:
     return {**{k: obj[k] for k in TOP_KEYS if k in obj}, **{k: v for k, v in sorted(obj.items()) if k not in TOP_KEYS}}
 
 
-def render(specs: SpecSet, ctx: RenderContext) -> Rendered:
+def render(specs: SpecSet, ctx: RenderContext, memo: RenderMemo | None = None) -> Rendered:
     """Every manifest for ``ctx.environment``: the namespace and workspace volume, one Workflow per
     Model version, and per Endpoint a SeldonDeployment (and its HTTPRoute, when the Gateway API
     splits its traffic), a PodMonitor, a PrometheusRule and a Grafana dashboard ConfigMap.
 
     Runs with the cyclic garbage collector paused (restored after): the manifests are acyclic and
     all stay alive, and with thousands of endpoints the collector's repeated rescans of the heap
-    cost more than the render itself (10,000 endpoints: 16.9 s of CPU with it, 7.3 s without)."""
+    cost more than the render itself (10,000 endpoints: 16.9 s of CPU with it, 7.3 s without).
+
+    With a ``memo`` (:class:`RenderMemo`) each Model's Workflow and each Endpoint's objects are
+    looked up there first and rendered only when it has none for the same documents and facts; the
+    manifests are the same either way (`Rendered.workflows` renders a recalled Workflow's steps
+    again when asked)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _render(specs, ctx)
+        return _render(specs, ctx, memo)
     finally:
         if enabled:
             gc.enable()
 
 
-def _render(specs: SpecSet, ctx: RenderContext) -> Rendered:
+def _render(specs: SpecSet, ctx: RenderContext, memo: RenderMemo | None) -> Rendered:
     env = ctx.environment
     ns = ctx.namespace
     base_labels = {MANAGED_BY: MANAGER, ENVIRONMENT: env.name}
@@ -117,26 +181,82 @@ def _render(specs: SpecSet, ctx: RenderContext) -> Rendered:
     priorities = {TRAINING_PRIORITY[c.spec.priority] for m in specs.of(Model)
                   if queued(c := specs.compute_of(m, env), env)}
     manifests.extend(render_queues(specs, env, ns, ctx.revision, priorities))
-    workflows: dict[str, RenderedWorkflow] = {}
+    recording = _Recording(specs.documents, specs._index) if memo is not None else None
+
+    def unit(doc: Document, facts: Mapping[str, Any], make: Callable[[SpecSet], tuple[list[dict[str, Any]], Any]]
+             ) -> tuple[list[dict[str, Any]], Any]:
+        """The objects (and note) of one render unit: recalled from the memo, else rendered."""
+        if memo is None or recording is None:
+            return make(specs)
+        facts = {"namespace": ns, "revision": ctx.revision, **facts}
+        recalled = memo.recall(doc, facts, specs)
+        if recalled is not None:
+            return recalled
+        recording.reading()
+        objects, note = make(recording)
+        used = recording.used()
+        if used is not None:
+            memo.keep(doc, facts, used, objects, note, specs)
+        return objects, note
+
+    fresh: dict[str, RenderedWorkflow] = {}
     versions: dict[str, str] = {}
     for model in specs.of(Model):
-        wf = render_workflow(specs, model, env, ns, ctx.revision)
-        workflows[model.name] = wf
-        versions[model.name] = wf.version
-        manifests.append(wf.manifest)
+
+        def workflow(s: SpecSet, model: Model = model) -> tuple[list[dict[str, Any]], Any]:
+            wf = render_workflow(s, model, env, ns, ctx.revision)
+            fresh[model.name] = wf
+            return [wf.manifest], wf.version
+
+        objects, versions[model.name] = unit(model, {"unit": "Workflow"}, workflow)
+        manifests.extend(objects)
     for endpoint in specs.of(Endpoint):
         model = specs.model_of(endpoint)
         desired = versions.get(model.name) or model_version(specs, model, env)
         state = ctx.serving.get(endpoint.name) or (
             experiment_serving(endpoint, desired) if endpoint.spec.experiment else ServingState(stable=desired))
-        route = render_route(endpoint, env, ns, ctx.revision, state)  # None unless its router is gatewayAPI
-        manifests.append(render_seldon(specs, endpoint, env, ns, ctx.revision, state,
-                                       router="gatewayAPI" if route is not None else None))
-        if route is not None:
-            manifests.append(route)
-        policy = specs.policy_of(endpoint, env)
-        manifests.append(render_podmonitor(endpoint, env, ns, ctx.revision, policy))
-        if policy is not None and policy.spec.metrics:
-            manifests.append(render_rules(endpoint, policy, env, ns, ctx.revision))
-        manifests.append(render_dashboard(endpoint, policy, env, ns, ctx.revision))  # Grafana, via its sidecar
+
+        def serving(s: SpecSet, endpoint: Endpoint = endpoint, state: ServingState = state) -> tuple[list[dict[str, Any]], Any]:
+            return _endpoint_objects(s, endpoint, env, ns, ctx.revision, state), None
+
+        manifests.extend(unit(endpoint, {"unit": "Endpoint", "serving": asdict(state)}, serving)[0])
+    workflows = _Workflows(fresh, {m.name: m for m in specs.of(Model)}, specs, env, ns, ctx.revision)
     return Rendered(sorted((_ordered(m) for m in manifests), key=sort_key), workflows, versions)
+
+
+def _endpoint_objects(specs: SpecSet, endpoint: Endpoint, env: Environment, ns: str, revision: str | None,
+                      state: ServingState) -> list[dict[str, Any]]:
+    """An Endpoint's objects: its SeldonDeployment (and HTTPRoute, when the Gateway API splits its
+    traffic), PodMonitor, PrometheusRule (when its policy has metrics) and dashboard ConfigMap."""
+    route = render_route(endpoint, env, ns, revision, state)  # None unless its router is gatewayAPI
+    out = [render_seldon(specs, endpoint, env, ns, revision, state, router="gatewayAPI" if route is not None else None)]
+    if route is not None:
+        out.append(route)
+    policy = specs.policy_of(endpoint, env)
+    out.append(render_podmonitor(endpoint, env, ns, revision, policy))
+    if policy is not None and policy.spec.metrics:
+        out.append(render_rules(endpoint, policy, env, ns, revision))
+    out.append(render_dashboard(endpoint, policy, env, ns, revision))  # Grafana, via its sidecar
+    return out
+
+
+class _Workflows(Mapping[str, RenderedWorkflow]):
+    """`Rendered.workflows`: each Model's RenderedWorkflow — the one rendered in this render, or,
+    for a Workflow a memo recalled, rendered again (pure: the same manifest, version and steps) when
+    a caller asks for it; the plan never does."""
+
+    def __init__(self, fresh: dict[str, RenderedWorkflow], models: dict[str, Model], specs: SpecSet, env: Environment,
+                 ns: str, revision: str | None) -> None:
+        self._fresh, self._models, self._args = fresh, models, (specs, env, ns, revision)
+
+    def __getitem__(self, name: str) -> RenderedWorkflow:
+        if name not in self._fresh:
+            specs, env, ns, revision = self._args
+            self._fresh[name] = render_workflow(specs, self._models[name], env, ns, revision)
+        return self._fresh[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._models)
+
+    def __len__(self) -> int:
+        return len(self._models)

@@ -21,6 +21,7 @@ from pydantic.alias_generators import to_camel
 from reconciler.budgets import MAX_DOCUMENTS, Spent, spec_budgets
 from reconciler.diagnostics import Diagnostic, SpecError, clip
 from reconciler.heap import gc_paused
+from reconciler.load.parsecache import ParseCache
 from reconciler.load.sources import SourceFile, files_from_git, files_from_paths
 from reconciler.load.yamlsource import RawDocument, _dotted, decode, parse_documents
 from specs import API_VERSION, KINDS, Dataset, Document, Environment, SpecSet, check_references
@@ -55,10 +56,13 @@ class LoadResult:
 
 def load(paths: list[str], rev: str | None = None) -> LoadResult:
     """Load the specs under ``paths`` from the working tree, or at git revision ``rev``; from the
-    working tree, also check that the data files the specs name stay inside their root."""
+    working tree, also check that the data files the specs name stay inside their root, and skip
+    parsing the files an earlier run parsed cleanly (:mod:`reconciler.load.parsecache`)."""
     if rev:
         return load_files(files_from_git(paths, rev))
-    result = load_files(files_from_paths(paths))
+    cache = ParseCache(paths)
+    result = load_files(files_from_paths(paths), cache)
+    cache.save()
     extra = check_local_paths(result, Path.cwd())
     if extra:
         result.diagnostics = sorted(set(result.diagnostics) | set(extra))
@@ -116,14 +120,16 @@ def load_or_raise(paths: list[str], rev: str | None = None) -> LoadResult:
     return result
 
 
-def load_files(files: Iterable[SourceFile]) -> LoadResult:
+def load_files(files: Iterable[SourceFile], cache: ParseCache | None = None) -> LoadResult:
     """Load already-read spec files (pure apart from CPU: no I/O happens here), with the cyclic
-    garbage collector paused (:func:`reconciler.heap.gc_paused`: thousands of documents)."""
+    garbage collector paused (:func:`reconciler.heap.gc_paused`: thousands of documents). With a
+    ``cache`` (read already), a file parsed cleanly before is not parsed again; its documents are
+    validated all the same."""
     with gc_paused():
-        return _load_files(files)
+        return _load_files(files, cache)
 
 
-def _load_files(files: Iterable[SourceFile]) -> LoadResult:
+def _load_files(files: Iterable[SourceFile], cache: ParseCache | None) -> LoadResult:
     diagnostics: list[Diagnostic] = []
     documents: list[Document] = []
     raws: dict[tuple[str, str], RawDocument] = {}
@@ -137,12 +143,20 @@ def _load_files(files: Iterable[SourceFile]) -> LoadResult:
         if source.problem is not None:
             diagnostics.append(Diagnostic(source.path, 1, 1, source.problem, hint=source.hint))
             continue
-        text, problems = decode(source.data, source.path)
-        diagnostics += problems
-        if text is None:
-            continue
-        parsed, problems = parse_documents(text, source.path, spent)
-        diagnostics += problems
+        recalled = cache.recall(source, spent) if cache is not None else None
+        if recalled is not None:
+            parsed = recalled
+        else:
+            text, problems = decode(source.data, source.path)
+            diagnostics += problems
+            if text is None:
+                continue
+            before = (spent.values, spent.alias_values, spent.documents)
+            parsed, parse_problems = parse_documents(text, source.path, spent)
+            diagnostics += parse_problems
+            if cache is not None and not problems and not parse_problems:
+                cache.keep(source, parsed, (spent.values - before[0], spent.alias_values - before[1],
+                                            spent.documents - before[2]))
         for raw in parsed:
             doc = _validate(raw, diagnostics)
             if doc is None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.diagnostics import ForgeError
+from reconciler.heap import gc_paused
 from reconciler.load.loader import LoadResult
 from reconciler.load.sources import revision_of
 from reconciler.plan.plan import Plan, build_plan
@@ -25,9 +26,11 @@ def live_plan(result: LoadResult, environment: Environment, target: Target, name
               rev: str | None, *, refresh: bool = False) -> Plan:
     """The reviewed plan of the specs under ``paths`` (at git revision ``rev``, else the working
     tree) against what ``target`` has live in ``namespace``; ``refresh``: every live object read
-    whole and compared (the full compare), not only those whose recorded digest differs."""
-    return reviewed_live_plan(result, environment, target, namespace, revision_of(paths or ["."], rev), rev=rev,
-                              refresh=refresh)
+    whole and compared (the full compare), not only those whose recorded digest differs. Runs with
+    the cyclic garbage collector paused (:func:`reconciler.heap.gc_paused`), the review included."""
+    with gc_paused():
+        return reviewed_live_plan(result, environment, target, namespace, revision_of(paths or ["."], rev), rev=rev,
+                                  refresh=refresh)
 
 
 def plan_json(plan: Plan, environment: Environment, target: Target) -> dict[str, Any]:
@@ -35,12 +38,14 @@ def plan_json(plan: Plan, environment: Environment, target: Target) -> dict[str,
     JSON), with, where the target has a cluster (:meth:`Target.cluster_api`), a note for each
     prerequisite the rendered objects need and the cluster lacks (checked read-only). The objects
     are the plan's own desired ones: rendering the specs a second time for this was a fifth of a
-    10,000-endpoint plan."""
-    api = target.cluster_api()
-    if api is not None:
-        desired = [c.after for c in plan.changes if c.after is not None]
-        plan = replace(plan, notes=(*plan.notes, *missing_notes(check(api, cluster_requirements(desired)))))
-    return plan.to_json()
+    10,000-endpoint plan. Runs with the cyclic garbage collector paused (a few dicts per change,
+    tens of thousands of them at scale, all alive until the output is printed)."""
+    with gc_paused():
+        api = target.cluster_api()
+        if api is not None:
+            desired = [c.after for c in plan.changes if c.after is not None]
+            plan = replace(plan, notes=(*plan.notes, *missing_notes(check(api, cluster_requirements(desired)))))
+        return plan.to_json()
 
 
 def saved_plan(paths: list[str] | None) -> Plan | None:

@@ -321,7 +321,7 @@ def reviewed_live_plan(result: LoadResult, environment: Environment, target: Tar
     blocked = blocked_plan(environment.name, target.name, result, environment, sizes=sizes, revision=revision)
     if blocked is not None:
         return blocked
-    plan, _ = make_plan(result.specs, environment, target, namespace, revision, refresh=refresh)
+    plan, _ = make_plan(result.specs, environment, target, namespace, revision, refresh=refresh, cache=True)
     return annotate(plan, result, environment, sizes=sizes, records=registry_records(plan, target))
 
 

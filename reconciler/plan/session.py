@@ -13,12 +13,13 @@ from reconciler.applied import desired_digest, recorded_digest
 from reconciler.errors import StalePlanError
 from reconciler.heap import gc_paused
 from reconciler.plan.plan import Action, Plan, build_plan, fingerprint, settle
+from reconciler.plan.rendercache import RenderCache
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
 from reconciler.targets.base import LeaseTiming, LiveRead, Target
 from reconciler.traffic.serving import desired_serving, serving_states, with_namespace
 from renderers import RenderContext, render
-from renderers.bundle import Rendered
+from renderers.bundle import Rendered, RenderMemo
 from renderers.labels import MODEL_VERSION, NAME
 from specs import Environment, SpecSet
 
@@ -70,11 +71,13 @@ def open_target(env: Environment, options: TargetOptions = TargetOptions()) -> T
 
 
 def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: str | None,
-                  live: Iterable[Mapping[str, Any]], rollouts: Mapping[str, RolloutState] | None = None) -> Rendered:
+                  live: Iterable[Mapping[str, Any]], rollouts: Mapping[str, RolloutState] | None = None,
+                  memo: RenderMemo | None = None) -> Rendered:
     """Render the specs against what is live: each endpoint serves what
-    :func:`reconciler.traffic.serving.desired_serving` decides from its live state and rollout state."""
+    :func:`reconciler.traffic.serving.desired_serving` decides from its live state and rollout state
+    (unchanged units looked up in ``memo``, see :func:`renderers.render`)."""
     serving = desired_serving(specs, env, serving_states(live), rollouts or {})
-    return render(specs, RenderContext(with_namespace(env, namespace), revision, serving))
+    return render(specs, RenderContext(with_namespace(env, namespace), revision, serving), memo)
 
 
 #: What :func:`make_plan` calls around each of its phases ("read live", "rollout states", "render",
@@ -93,7 +96,8 @@ RENDER_INPUTS = frozenset({"SeldonDeployment"})
 
 
 def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
-              *, dry_run: bool = True, refresh: bool = False, phase: PhaseHook = _no_phase) -> tuple[Plan, Rendered]:
+              *, dry_run: bool = True, refresh: bool = False, phase: PhaseHook = _no_phase,
+              cache: bool = False) -> tuple[Plan, Rendered]:
     """Read live, render, diff, and settle apparent updates by dry run (unless ``dry_run`` is
     false: pull-request mode holds a read-only credential and uses no write verb).
 
@@ -104,25 +108,30 @@ def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, 
     compare with — are read whole and diffed field by field (:func:`complete_live`). With
     ``refresh`` every object is read whole and compared (the full compare: drift made outside
     Forge, which keeps the digest, shows only there; `forgectl diff` and `plan --refresh`).
-    ``phase(name)`` wraps each phase (see :data:`PhaseHook`). Runs with the cyclic garbage
-    collector paused (:func:`reconciler.heap.gc_paused`: tens of thousands of objects)."""
+    ``phase(name)`` wraps each phase (see :data:`PhaseHook`). With ``cache`` an unchanged unit's
+    objects and recorded digests come from the render cache (:mod:`reconciler.plan.rendercache`,
+    on disk outside the tree) instead of a render. Runs with the cyclic garbage collector paused
+    (:func:`reconciler.heap.gc_paused`: tens of thousands of objects)."""
     with gc_paused():
-        return _make_plan(specs, env, target, namespace, revision, dry_run=dry_run, refresh=refresh, phase=phase)
+        return _make_plan(specs, env, target, namespace, revision, dry_run=dry_run, refresh=refresh, phase=phase,
+                          cache=RenderCache(env, namespace) if cache else None)
 
 
 def _make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
-               *, dry_run: bool, refresh: bool, phase: PhaseHook) -> tuple[Plan, Rendered]:
+               *, dry_run: bool, refresh: bool, phase: PhaseHook, cache: RenderCache | None) -> tuple[Plan, Rendered]:
     with phase("read live"):
         read = LiveRead(target.read_live()) if refresh else target.read_live_metadata(RENDER_INPUTS)
         live = read.objects
     with phase("rollout states"):
         rollouts = target.rollout_states(live)
     with phase("render"):
-        rendered = desired_state(specs, env, namespace, revision, live, rollouts)
+        rendered = desired_state(specs, env, namespace, revision, live, rollouts, cache)
+        if cache is not None:
+            cache.save()
     unchanged: frozenset[ObjectRef] = frozenset()
     if read.partial:
         with phase("read changed"):
-            live, unchanged = complete_live(target, read, rendered.manifests)
+            live, unchanged = complete_live(target, read, rendered.manifests, cache.digests if cache is not None else {})
     with phase("diff"):
         plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision,
                           keep=in_use(live, {ObjectRef.of(m) for m in rendered.manifests}), unchanged=unchanged)
@@ -138,14 +147,16 @@ def _make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str,
     return settled, rendered
 
 
-def complete_live(target: Target, read: LiveRead, desired: Iterable[Mapping[str, Any]]
-                  ) -> tuple[list[dict[str, Any]], frozenset[ObjectRef]]:
+def complete_live(target: Target, read: LiveRead, desired: Iterable[Mapping[str, Any]],
+                  digests: Mapping[ObjectRef, str] | None = None) -> tuple[list[dict[str, Any]], frozenset[ObjectRef]]:
     """The live objects a plan diffs, from a read with metadata-only objects (``read.partial``),
     and the refs known unchanged. A partial object is unchanged when its recorded digest equals
     its desired manifest's; every other one is read whole (:meth:`Target.read_whole`): a digest
     that differs or is missing (written before digests, or by hand), an object no longer desired
     (deleted or kept: its body is the plan's `before`), and the live Workflows of a model that gets
-    a new one (its reasons compare the steps with theirs). One gone meanwhile is left out."""
+    a new one (its reasons compare the steps with theirs). One gone meanwhile is left out.
+    ``digests``: desired digests known already (the render cache's), by ref."""
+    known = digests or {}
     wanted = {ObjectRef.of(m): m for m in desired}
     by_ref = {ObjectRef.of(o): o for o in read.objects}
     new_models = {(m["metadata"].get("labels") or {}).get(NAME) for ref, m in wanted.items()
@@ -156,7 +167,7 @@ def complete_live(target: Target, read: LiveRead, desired: Iterable[Mapping[str,
         obj, want = by_ref[ref], wanted.get(ref)
         recorded = recorded_digest(obj)
         compares_with = ref.kind == "Workflow" and (obj["metadata"].get("labels") or {}).get(NAME) in new_models
-        if want is not None and recorded is not None and not compares_with and recorded == desired_digest(want):
+        if want is not None and recorded is not None and not compares_with and recorded == (known.get(ref) or desired_digest(want)):
             unchanged.add(ref)
         else:
             stale.append(ref)

@@ -1,0 +1,191 @@
+"""The plan's render cache (reconciler/plan/rendercache.py) and the spec files' parse cache
+(reconciler/load/parsecache.py): what their keys hold, shown by changing each input.
+
+Every render through the cache is compared with a render without it: the cache may only ever save
+work, never change a manifest."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.applied import desired_digest
+from reconciler.load.loader import load, load_files, load_or_raise
+from reconciler.load.parsecache import ParseCache
+from reconciler.load.sources import files_from_paths
+from reconciler.packcache import Pack
+from reconciler.plan import rendercache
+from reconciler.plan.rendercache import RenderCache
+from reconciler.resources import ObjectRef
+from renderers import RenderContext, render
+from specs import Compression, Compute, Dataset, Document, Endpoint, Environment, Model, RolloutPolicy, SpecSet
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart"
+
+
+def _changed(doc: Any, **spec: Any) -> Any:
+    return doc.model_copy(update={"spec": doc.spec.model_copy(update=spec)})
+
+
+def _with(specs: SpecSet, *docs: Document) -> SpecSet:
+    new = {(d.kind, d.name): d for d in docs}
+    kept = tuple(new.pop((d.kind, d.name), d) for d in specs.documents)
+    return SpecSet(kept + tuple(new.values()))
+
+
+@pytest.fixture
+def specs() -> SpecSet:
+    """The quick-start, plus a second endpoint serving its model."""
+    base = load_or_raise([str(QUICKSTART)]).specs
+    endpoint = base.get(Endpoint, "digits")
+    assert endpoint is not None
+    second = endpoint.model_copy(update={"metadata": endpoint.metadata.model_copy(update={"name": "digits-two"})})
+    return _with(base, second)
+
+
+def _cluster(specs: SpecSet) -> Environment:
+    env = specs.get(Environment, "cluster")
+    assert env is not None
+    return env
+
+
+def _render(specs: SpecSet, folder: Path, env: Environment | None = None) -> tuple[list[dict[str, Any]], RenderCache]:
+    env = env or _cluster(specs)
+    cache = RenderCache(env, "forge", folder)
+    out = render(specs, RenderContext(env, None), cache)
+    cache.save()
+    assert out.manifests == render(specs, RenderContext(env, None)).manifests  # the cache never changes a manifest
+    for obj in out.manifests:
+        ref = ObjectRef.of(obj)
+        if ref in cache.digests:
+            assert cache.digests[ref] == desired_digest(obj)
+    return out.manifests, cache
+
+
+def _units(specs: SpecSet) -> int:
+    return len(specs.of(Model)) + len(specs.of(Endpoint))
+
+
+def test_unchanged_specs_render_nothing(specs: SpecSet, tmp_path: Path) -> None:
+    _, cold = _render(specs, tmp_path)
+    assert (cold.recalled, cold.kept) == (0, _units(specs))
+    manifests, warm = _render(specs, tmp_path)
+    assert (warm.recalled, warm.kept) == (_units(specs), 0)
+    owned = [o for o in manifests if o["kind"] in ("Workflow", "SeldonDeployment", "PodMonitor", "PrometheusRule", "ConfigMap")]
+    assert {ObjectRef.of(o) for o in owned} <= set(warm.digests)
+
+
+def test_a_changed_endpoint_renders_only_its_objects(specs: SpecSet, tmp_path: Path) -> None:
+    _render(specs, tmp_path)
+    endpoint = specs.get(Endpoint, "digits-two")
+    manifests, cache = _render(_with(specs, _changed(endpoint, replicas=3)), tmp_path)
+    assert (cache.recalled, cache.kept) == (_units(specs) - 1, 1)
+    sdep = next(o for o in manifests if o["kind"] == "SeldonDeployment" and o["metadata"]["name"] == "digits-two")
+    assert sdep["spec"]["predictors"][0]["replicas"] == 3
+
+
+# Each kind a Model or an Endpoint refers to, changed: the units that read it render again (the
+# number of units that miss), the others are recalled; the manifests equal a render without cache.
+REFERENCED = [
+    pytest.param(lambda s: _changed(s.get(Dataset, "digits"), digest="sha256:" + "1" * 64), 3, id="Dataset"),
+    pytest.param(lambda s: _changed(s.get(Compute, "cpu"), priority="high"), 1, id="Compute"),
+    pytest.param(lambda s: s.get(RolloutPolicy, "three-step-canary").model_copy(update={"spec": s.get(
+        RolloutPolicy, "three-step-canary").spec.model_copy(update={"on_prometheus_unreachable": "rollback"})}), 2,
+        id="RolloutPolicy"),
+    pytest.param(lambda s: _changed(s.get(Compression, "digits-compact"), variants=s.get(
+        Compression, "digits-compact").spec.variants[:1]), 3, id="Compression"),
+]
+
+
+@pytest.mark.parametrize(("change", "rerendered"), REFERENCED)
+def test_a_changed_reference_renders_what_reads_it(specs: SpecSet, tmp_path: Path, change: Any, rerendered: int) -> None:
+    _render(specs, tmp_path)
+    changed = _with(specs, change(specs))
+    assert changed != specs
+    _, cache = _render(changed, tmp_path)
+    assert (cache.recalled, cache.kept) == (_units(specs) - rerendered, rerendered)
+
+
+def test_a_new_renderer_or_environment_renders_everything(specs: SpecSet, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _render(specs, tmp_path)
+    env = _cluster(specs)
+    other = env.model_copy(update={"spec": env.spec.model_copy(update={"image_tag": "9.9.9"})})
+    _, cache = _render(_with(specs, other), tmp_path, other)
+    assert (cache.recalled, cache.kept) == (0, _units(specs))
+    monkeypatch.setattr(rendercache, "code_version", lambda: "another-renderer")
+    _, cache = _render(specs, tmp_path)
+    assert (cache.recalled, cache.kept) == (0, _units(specs))
+
+
+def test_a_damaged_pack_is_ignored(specs: SpecSet, tmp_path: Path) -> None:
+    _, cold = _render(specs, tmp_path)
+    data = bytearray(cold.pack.path.read_bytes())
+    at = data.index(b'"replicas":') + len(b'"replicas":')
+    data[at:at + 1] = b"7"  # a value changed under a valid-looking pack
+    cold.pack.path.write_bytes(bytes(data))
+    _, cache = _render(specs, tmp_path)
+    assert (cache.recalled, cache.kept) == (0, _units(specs))
+    cold.pack.path.write_bytes(b"forge-pack-1 truncated")
+    _, cache = _render(specs, tmp_path)
+    assert cache.recalled == 0
+
+
+def test_concurrent_writers_leave_a_whole_pack(tmp_path: Path) -> None:
+    def write(i: int) -> None:
+        pack = Pack(tmp_path, {"scope": 1}, "v")
+        for k in range(200):
+            pack.put(f"{i}-{k}", {"value": "x" * 500})
+        pack.save()
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pack = Pack(tmp_path, {"scope": 1}, "v")
+    found = [pack.get(f"{i}-0") for i in range(6)]
+    assert sum(v is not None for v in found) == 1  # one writer's whole pack, never a mix
+    assert not list(tmp_path.glob(".pack-*"))
+
+
+# -- the parse cache --------------------------------------------------------------------------------
+
+
+def test_unchanged_files_are_not_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORGE_CACHE", str(tmp_path / "cache"))
+    first = load([str(QUICKSTART)])
+    cache = ParseCache([str(QUICKSTART)])
+    again = load_files(files_from_paths([str(QUICKSTART)]), cache)
+    assert cache.pack.misses == 0 and cache.pack.hits == first.files
+    assert again.specs == first.specs and again.diagnostics == first.diagnostics
+    assert again.origins == first.origins
+    # positions come back (parsed again on demand): the same line for a field as the first load's
+    key = ("Model", "digits-mlp")
+    assert again.raws[key].position(("spec", "hyperparameters")) == first.raws[key].position(("spec", "hyperparameters"))
+
+
+def test_bad_input_keeps_its_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORGE_CACHE", str(tmp_path / "cache"))
+    tree = tmp_path / "specs"
+    tree.mkdir()
+    for f in QUICKSTART.glob("*.yaml"):
+        (tree / f.name).write_text(f.read_text())
+    assert load([str(tree)]).ok
+    model = tree / "model.yaml"
+    text = model.read_text()
+    model.write_text(text.replace("learningRate:", "learningRat:"))  # parses, fails validation
+    for _ in range(2):  # the clean parse is cached; the schema error is reported every time, with its line
+        bad = load([str(tree)])
+        assert not bad.ok
+        [diag] = [d for d in bad.diagnostics if d.severity.value == "error"]
+        line = text.splitlines().index(next(x for x in text.splitlines() if "learningRate:" in x)) + 1
+        assert (Path(diag.file).name, diag.line, "learningRat" in diag.message) == ("model.yaml", line, True)
+    model.write_text(text.replace("learningRate:", "learningRate: [\n"))  # a syntax error is never cached
+    for _ in range(2):
+        broken = load([str(tree)])
+        assert not broken.ok and any(Path(d.file).name == "model.yaml" and "YAML" in d.message for d in broken.diagnostics)
