@@ -19,8 +19,10 @@ For each N (default 100, 1,000, 5,000 and 10,000) this
    process that also times where the plan's time goes, and writes them one JSON file per object
    into a folder (see `write_manifests` for why not YAML);
 6. times, `--repeats` times each (median reported), interleaved: `forgectl plan` (metadata first,
-   digests compared, only what differs read whole), `forgectl plan --refresh` (the full compare:
-   every object read whole and diffed, the path before issue 34) and
+   digests compared, only what differs read whole) with a warm cache — `$FORGE_CACHE`: the spec
+   files' parses and the render cache as the plans before the change left them, restored before
+   each run — and with a cold (empty) one, which must print the same plan; `forgectl plan
+   --refresh` (the full compare: every object read whole and diffed, the path before issue 34) and
    `kubectl diff --server-side --field-manager forgectl --force-conflicts -f FOLDER` on the same
    objects — kubectl killed after `--kubectl-bound` seconds, and not run at a larger N when its
    time at a smaller one, scaled linearly, already exceeds the bound;
@@ -31,7 +33,8 @@ Every forgectl process is the real CLI (`forgectl.cli.main`) with its API reques
 RSS (the child's own VmHWM). On a shared machine wall time follows the load: judge by CPU time.
 `uptime` is recorded at the start, per N and at the end.
 
-It prints a table, the growth exponents of forgectl's times with N (least squares on log-log),
+It prints a table, the ratios against a baseline (`--baseline`, default the newest earlier result
+file), the growth exponents of forgectl's times with N (least squares on log-log),
 and as its LAST line one JSON object: the largest N's figures at top level plus every N under
 "runs", also written to bench/results/plan-scale-<UTC date>.json (`--results`). `--profile` adds
 a cProfile of one `forgectl plan` at the largest N.
@@ -613,8 +616,20 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
         generate_specs(spec_dir, n, namespace)
     forge = forgectl_cmd()
     target_args = ["--env", ENV_NAME, "--kubeconfig", kubeconfig]
+    # forgectl's caches (the spec files' parses, the render cache: $FORGE_CACHE) — one warm folder
+    # that every plan and apply of this N shares, as a user's ~/.cache/forge; a cold run gets an
+    # empty one of its own.
+    warm_dir = work / f"cache-{n}"
+    shutil.rmtree(warm_dir, ignore_errors=True)
+    warm_env = {**env, "FORGE_CACHE": str(warm_dir)}
+    colds = iter(range(1_000_000))
 
-    validate = run_measured([*forge, "validate", str(spec_dir)], (0,), env)
+    def cold_env() -> dict[str, str]:
+        folder = work / f"cache-{n}-cold-{next(colds)}"
+        shutil.rmtree(folder, ignore_errors=True)
+        return {**env, "FORGE_CACHE": str(folder)}
+
+    validate = run_measured([*forge, "validate", str(spec_dir)], (0,), cold_env())
     log(f"N={n}: forgectl validate: {validate.stdout.strip()} ({validate.wall_s:.2f} s, CPU {validate.cpu_s:.2f} s)")
 
     if setup == "bulk":
@@ -631,13 +646,13 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
                        "objects_per_s": round(created / first.wall_s, 1) if created else None,
                        "summary": first.stdout.strip().splitlines()[-1]}
 
-    def plan(ok: tuple[int, ...], *extra: str) -> Measured:
+    def plan(ok: tuple[int, ...], *extra: str, cache: dict[str, str] | None = None) -> Measured:
         cmd, counts = forgectl_counted(work, "plan", str(spec_dir), *target_args, "--detailed-exitcode", *extra)
-        return run_measured(cmd, ok, env, counted=counts)
+        return run_measured(cmd, ok, cache or warm_env, counted=counts)
 
     def apply() -> Measured:
         cmd, counts = forgectl_counted(work, "apply", str(spec_dir), *target_args, "--auto-approve")
-        return run_measured(cmd, (0,), env, counted=counts)
+        return run_measured(cmd, (0,), warm_env, counted=counts)
 
     nochange = [plan((0,)) for _ in range(repeats)]  # exit 0: no changes right after the apply
     log(f"N={n}: plan, 0 % changed: {nochange[-1].stdout.strip().splitlines()[-1]} "
@@ -650,8 +665,21 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
     log(f"N={n}: changed learningRate of {len(indices)} model(s): {', '.join(model_name(i) for i in indices[:5])}"
         + (" …" if len(indices) > 5 else ""))
 
+    # The warm cache as the change finds it (what the plans before it left): restored before each
+    # warm run, so every repeat sees the 1 % as new, not the entries the previous repeat stored.
+    snapshot = work / f"cache-{n}-before-change"
+    shutil.rmtree(snapshot, ignore_errors=True)
+    if warm_dir.exists():
+        shutil.copytree(warm_dir, snapshot)
+
+    def warm_again() -> dict[str, str]:
+        shutil.rmtree(warm_dir, ignore_errors=True)
+        if snapshot.exists():
+            shutil.copytree(snapshot, warm_dir)
+        return warm_env
+
     manifest_dir = work / f"rendered-{n}"
-    breakdown = breakdown_subprocess(spec_dir, kubeconfig, manifest_dir, env)
+    breakdown = breakdown_subprocess(spec_dir, kubeconfig, manifest_dir, cold_env())
     objects, canaried = breakdown["objects_compared"], breakdown["canary_objects_vs_plain_render"]
     log(f"N={n}: instrumented plan {breakdown['plan']}, make_plan {breakdown['make_plan_s']} s, "
         f"{breakdown['api_requests_total']} API requests; wrote {objects} manifests to {manifest_dir}")
@@ -659,17 +687,22 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
     diff_cmd = [kubectl, "--kubeconfig", kubeconfig, "diff", "--server-side", "--field-manager", "forgectl",
                 "--force-conflicts", "-f", str(manifest_dir)]
     changed: list[Measured] = []
+    cold: list[Measured] = []
     full: list[Measured] = []
     kubectl_runs: list[Measured] = []
     kubectl_changed = 0
     for r in range(repeats):  # interleaved, so all see the same machine and server state
-        changed.append(plan((2,)))
-        full.append(plan((2,), "--refresh"))
+        changed.append(plan((2,), cache=warm_again()))
+        cold.append(plan((2,), cache=cold_env()))
+        full.append(plan((2,), "--refresh", cache=warm_again()))
+        if cold[-1].stdout != changed[-1].stdout:
+            raise SystemExit(f"N={n}: the plan with a cold cache and with a warm one differ")
         if full[-1].stdout.strip().splitlines()[-1] != changed[-1].stdout.strip().splitlines()[-1]:
             raise SystemExit(f"N={n}: the full compare and the fast plan disagree: {full[-1].stdout.strip().splitlines()[-1]!r} "
                              f"vs {changed[-1].stdout.strip().splitlines()[-1]!r}")
         line = (f"N={n}: run {r + 1}/{repeats}: forgectl plan {changed[-1].wall_s:.2f} s (CPU {changed[-1].cpu_s:.2f} s, "
-                f"{changed[-1].peak_rss_bytes / 2**20:.0f} MiB), plan --refresh {full[-1].wall_s:.2f} s "
+                f"{changed[-1].peak_rss_bytes / 2**20:.0f} MiB; cold cache {cold[-1].wall_s:.2f} s, CPU {cold[-1].cpu_s:.2f} s, "
+                f"{cold[-1].peak_rss_bytes / 2**20:.0f} MiB), plan --refresh {full[-1].wall_s:.2f} s "
                 f"(CPU {full[-1].cpu_s:.2f} s, {full[-1].peak_rss_bytes / 2**20:.0f} MiB)")
         if kubectl_bound is not None and not any(k.timed_out for k in kubectl_runs):
             k = run_measured(diff_cmd, (0, 1), env, timeout=kubectl_bound)
@@ -681,6 +714,7 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
     kubectl_done = [k for k in kubectl_runs if not k.timed_out]
     kubectl_requests = count_kubectl_requests(diff_cmd, env) if count_requests and kubectl_done else None
 
+    warm_again()
     changed_apply = apply()
     log(f"N={n}: apply of the {pct:g} % change: {changed_apply.stdout.strip().splitlines()[-1]} "
         f"({changed_apply.writes} writes, {changed_apply.wall_s:.2f} s, CPU {changed_apply.cpu_s:.2f} s)")
@@ -702,6 +736,12 @@ def bench_one(n: int, pct: float, repeats: int, work: Path, kubeconfig: str, kub
         "forge_cpu_s": med(changed, "cpu_s"),
         "forge_peak_rss_mib": round(max(m.peak_rss_bytes for m in changed) / 2**20, 1),
         "forge_runs": [m.figures() for m in changed],
+        "forge_cold_s": med(cold, "wall_s"),
+        "forge_cold_cpu_s": med(cold, "cpu_s"),
+        "forge_cold_peak_rss_mib": round(max(m.peak_rss_bytes for m in cold) / 2**20, 1),
+        "forge_cold_runs": [m.figures() for m in cold],
+        "cold_over_warm_cpu": round(med(cold, "cpu_s") / med(changed, "cpu_s"), 2) if med(changed, "cpu_s") else None,
+        "cache_bytes": sum(f.stat().st_size for f in warm_dir.rglob("*") if f.is_file()) if warm_dir.exists() else 0,
         "full_compare_s": full_s,
         "full_compare_cpu_s": med(full, "cpu_s"),
         "full_compare_peak_rss_mib": round(max(m.peak_rss_bytes for m in full) / 2**20, 1),
@@ -794,17 +834,45 @@ def profile_plan(plan_cmd: list[str], work: Path, env: dict[str, str], top: int 
     return text.replace(str(REPO) + "/", "")
 
 
+def against_baseline(runs: list[dict[str, Any]], path: Path | None) -> dict[str, Any] | None:
+    """This run's figures over an earlier result file's, per N both measured: the plan with 1 %
+    changed (wall, CPU, peak RSS; the baseline's plan had no cache), the 0 % plan's CPU, the no-op
+    apply's CPU."""
+    if path is None or not path.exists():
+        return None
+    before = {r["n"]: r for r in json.loads(path.read_text()).get("runs", [])}
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a and b else None
+
+    ratios: dict[str, dict[str, float | None]] = {}
+    for r in runs:
+        b = before.get(r["n"])
+        if b is None:
+            continue
+        ratios[str(r["n"])] = {
+            "plan_1pct_wall": ratio(r["forge_s"], b.get("forge_s")),
+            "plan_1pct_cpu": ratio(r["forge_cpu_s"], b.get("forge_cpu_s")),
+            "plan_1pct_cold_cache_cpu": ratio(r.get("forge_cold_cpu_s"), b.get("forge_cpu_s")),
+            "plan_1pct_peak_rss": ratio(r["forge_peak_rss_mib"], b.get("forge_peak_rss_mib")),
+            "plan_0pct_cpu": ratio(r["forge_nochange_cpu_s"], b.get("forge_nochange_cpu_s")),
+            "noop_apply_cpu": ratio(r["noop_apply"]["cpu_s"], (b.get("noop_apply") or {}).get("cpu_s")),
+        }
+    return {"file": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path), "ratios": ratios}
+
+
 def table(runs: list[dict[str, Any]]) -> str:
     def cell(wall: float | None, cpu: float | None) -> str:
         return "—" if wall is None else f"{wall:.2f} / {cpu:.2f}"
 
-    rows = [("N", "objects", "plan 1 % (wall/CPU s)", "plan 0 %", "peak RSS", "plan --refresh 1 %", "its RSS", "no-op apply",
-             "writes", "apply 1 %", "set-up", "objects/s", "kubectl diff", "API req")]
+    rows = [("N", "objects", "plan 1 % (wall/CPU s)", "plan 0 %", "peak RSS", "cold cache 1 %", "its RSS", "plan --refresh 1 %",
+             "its RSS", "no-op apply", "writes", "apply 1 %", "set-up", "objects/s", "kubectl diff", "API req")]
     for r in runs:
         kd = (f"> {r['kubectl_diff_bound_s']:.0f} (bound)" if r["kubectl_diff_exceeded_bound"]
               else "not run" if r["kubectl_diff_s"] is None else cell(r["kubectl_diff_s"], r["kubectl_diff_cpu_s"]))
         rows.append((str(r["n"]), str(r["objects"]), cell(r["forge_s"], r["forge_cpu_s"]),
                      cell(r["forge_nochange_s"], r["forge_nochange_cpu_s"]), f"{r['forge_peak_rss_mib']:.0f} MiB",
+                     cell(r.get("forge_cold_s"), r.get("forge_cold_cpu_s")), f"{r.get('forge_cold_peak_rss_mib') or 0:.0f} MiB",
                      cell(r["full_compare_s"], r["full_compare_cpu_s"]), f"{r['full_compare_peak_rss_mib']:.0f} MiB",
                      cell(r["noop_apply"]["wall_s"], r["noop_apply"]["cpu_s"]), str(r["noop_apply"].get("writes", 0)),
                      cell(r["changed_apply"]["wall_s"], r["changed_apply"]["cpu_s"]),
@@ -843,8 +911,12 @@ def main() -> int:
                          "default) or apply (`forgectl apply`, measured)")
     ap.add_argument("--setup-parallel", type=int, default=32, help="writes in flight in the bulk set-up (default 32)")
     ap.add_argument("--results", type=Path, default=REPO / "bench" / "results",
-                    help="folder the JSON line is also written to, as plan-scale-<UTC date>.json (default bench/results)")
+                    help="folder the JSON line is also written to, as plan-scale-<UTC date>.json (-<time> when that "
+                         "exists; default bench/results)")
+    ap.add_argument("--baseline", type=Path, help="an earlier result file to print ratios against (default: the newest "
+                    "plan-scale-*.json in --results before this run)")
     args = ap.parse_args()
+    baseline_path = args.baseline or max(args.results.glob("plan-scale-*.json"), key=lambda f: f.stat().st_mtime, default=None)
 
     from devkit.cluster import Cluster
 
@@ -935,6 +1007,11 @@ def main() -> int:
         print("  where forgectl plan's time goes (one instrumented run in a fresh process, wall / CPU s): "
               + ", ".join(f"{k} {v:.2f}/{(r['forge_phases_cpu_s'] or {}).get(k, 0):.2f}"
                           for k, v in r["forge_phases_s"].items()))
+    baseline = against_baseline(runs, baseline_path)
+    if baseline:
+        print(f"\nagainst the baseline {baseline['file']} (this run / baseline; < 1 is faster or smaller):")
+        for n_, ratios in baseline["ratios"].items():
+            print(f"  N={n_}: " + ", ".join(f"{k} {v}" for k, v in ratios.items()))
     print(f"\ngrowth exponents (log-log least squares over N = {ns}): {growth}")
     print(f"total bench time {total:.0f} s (cluster start, generation, first applies included)")
     if profile:
@@ -947,6 +1024,7 @@ def main() -> int:
     summary["repeats"] = [args.repeats, args.repeats_large]
     summary["changed_pct"] = args.changed_pct
     summary["growth_exponents"] = growth
+    summary["baseline"] = baseline
     summary["uptime"] = [uptime_start, uptime_end]
     summary["targets"] = {
         "plan_1000_wall_le_2s": next((r["forge_s"] <= 2 for r in runs if r["n"] == 1000), None),
@@ -963,6 +1041,8 @@ def main() -> int:
     if args.results:
         args.results.mkdir(parents=True, exist_ok=True)
         out = args.results / f"plan-scale-{time.strftime('%Y-%m-%d', time.gmtime())}.json"
+        if out.exists():  # an earlier run of the day (the baseline, perhaps) is kept
+            out = out.with_name(f"plan-scale-{time.strftime('%Y-%m-%d-%H%M', time.gmtime())}.json")
         out.write_text(line + "\n")
         log(f"wrote {out}")
     print(line)
