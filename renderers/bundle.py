@@ -183,29 +183,34 @@ def _render(specs: SpecSet, ctx: RenderContext, memo: RenderMemo | None) -> Rend
     manifests.extend(render_queues(specs, env, ns, ctx.revision, priorities))
     recording = _Recording(specs.documents, specs._index) if memo is not None else None
 
-    def unit(doc: Document, facts: Mapping[str, Any], make: Callable[[SpecSet], tuple[list[dict[str, Any]], Any]]
-             ) -> tuple[list[dict[str, Any]], Any]:
-        """The objects (and note) of one render unit: recalled from the memo, else rendered."""
+    Make = Callable[[SpecSet, str | None], tuple[list[dict[str, Any]], Any]]
+
+    def unit(doc: Document, facts: Mapping[str, Any], make: Make) -> tuple[list[dict[str, Any]], Any]:
+        """The objects (and note) of one render unit: recalled from the memo, else rendered. Through
+        a memo a unit is rendered without the git revision, which is stamped on after
+        (:func:`_stamped`): a new commit re-renders nothing."""
         if memo is None or recording is None:
-            return make(specs)
-        facts = {"namespace": ns, "revision": ctx.revision, **facts}
+            return make(specs, ctx.revision)
+        facts = {"namespace": ns, **facts}
         recalled = memo.recall(doc, facts, specs)
-        if recalled is not None:
-            return recalled
-        recording.reading()
-        objects, note = make(recording)
-        used = recording.used()
-        if used is not None:
-            memo.keep(doc, facts, used, objects, note, specs)
-        return objects, note
+        if recalled is None:
+            recording.reading()
+            objects, note = make(recording, None)
+            used = recording.used()
+            if used is not None:
+                memo.keep(doc, facts, used, objects, note, specs)
+            recalled = objects, note
+        objects, note = recalled
+        return [_stamped(o, ctx.revision) for o in objects] if ctx.revision else objects, note
 
     fresh: dict[str, RenderedWorkflow] = {}
     versions: dict[str, str] = {}
     for model in specs.of(Model):
 
-        def workflow(s: SpecSet, model: Model = model) -> tuple[list[dict[str, Any]], Any]:
-            wf = render_workflow(s, model, env, ns, ctx.revision)
-            fresh[model.name] = wf
+        def workflow(s: SpecSet, revision: str | None, model: Model = model) -> tuple[list[dict[str, Any]], Any]:
+            wf = render_workflow(s, model, env, ns, revision)
+            if revision == ctx.revision:
+                fresh[model.name] = wf
             return [wf.manifest], wf.version
 
         objects, versions[model.name] = unit(model, {"unit": "Workflow"}, workflow)
@@ -216,8 +221,9 @@ def _render(specs: SpecSet, ctx: RenderContext, memo: RenderMemo | None) -> Rend
         state = ctx.serving.get(endpoint.name) or (
             experiment_serving(endpoint, desired) if endpoint.spec.experiment else ServingState(stable=desired))
 
-        def serving(s: SpecSet, endpoint: Endpoint = endpoint, state: ServingState = state) -> tuple[list[dict[str, Any]], Any]:
-            return _endpoint_objects(s, endpoint, env, ns, ctx.revision, state), None
+        def serving(s: SpecSet, revision: str | None, endpoint: Endpoint = endpoint,
+                    state: ServingState = state) -> tuple[list[dict[str, Any]], Any]:
+            return _endpoint_objects(s, endpoint, env, ns, revision, state), None
 
         manifests.extend(unit(endpoint, {"unit": "Endpoint", "serving": asdict(state)}, serving)[0])
     workflows = _Workflows(fresh, {m.name: m for m in specs.of(Model)}, specs, env, ns, ctx.revision)
@@ -238,6 +244,15 @@ def _endpoint_objects(specs: SpecSet, endpoint: Endpoint, env: Environment, ns: 
         out.append(render_rules(endpoint, policy, env, ns, revision))
     out.append(render_dashboard(endpoint, policy, env, ns, revision))  # Grafana, via its sidecar
     return out
+
+
+def _stamped(obj: dict[str, Any], revision: str) -> dict[str, Any]:
+    """``obj`` (a copy: the memo's stays as it is) with the git revision annotation a render with
+    ``revision`` gives it: a unit's objects carry the revision only there (`labels.owner_metadata`,
+    annotations sorted), so this is that render's object."""
+    meta = obj["metadata"]
+    annotations = {**(meta.get("annotations") or {}), GIT_REVISION: revision}
+    return {**obj, "metadata": {**meta, "annotations": dict(sorted(annotations.items()))}}
 
 
 class _Workflows(Mapping[str, RenderedWorkflow]):

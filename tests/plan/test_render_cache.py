@@ -53,12 +53,17 @@ def _cluster(specs: SpecSet) -> Environment:
     return env
 
 
-def _render(specs: SpecSet, folder: Path, env: Environment | None = None) -> tuple[list[dict[str, Any]], RenderCache]:
+def _render(specs: SpecSet, folder: Path, env: Environment | None = None, revision: str | None = None
+            ) -> tuple[list[dict[str, Any]], RenderCache]:
     env = env or _cluster(specs)
     cache = RenderCache(env, "forge", folder)
-    out = render(specs, RenderContext(env, None), cache)
+    out = render(specs, RenderContext(env, revision), cache)
     cache.save()
-    assert out.manifests == render(specs, RenderContext(env, None)).manifests  # the cache never changes a manifest
+    plain = render(specs, RenderContext(env, revision))
+    assert out.manifests == plain.manifests  # the cache never changes a manifest
+    assert [list(o["metadata"].get("annotations") or {}) for o in out.manifests] == [
+        list(o["metadata"].get("annotations") or {}) for o in plain.manifests]  # nor the order of its annotations
+    assert {k: w.manifest for k, w in out.workflows.items()} == {k: w.manifest for k, w in plain.workflows.items()}
     for obj in out.manifests:
         ref = ObjectRef.of(obj)
         if ref in cache.digests:
@@ -77,6 +82,16 @@ def test_unchanged_specs_render_nothing(specs: SpecSet, tmp_path: Path) -> None:
     assert (warm.recalled, warm.kept) == (_units(specs), 0)
     owned = [o for o in manifests if o["kind"] in ("Workflow", "SeldonDeployment", "PodMonitor", "PrometheusRule", "ConfigMap")]
     assert {ObjectRef.of(o) for o in owned} <= set(warm.digests)
+
+
+def test_a_new_commit_renders_nothing(specs: SpecSet, tmp_path: Path) -> None:
+    _render(specs, tmp_path, revision="1111111")
+    manifests, cache = _render(specs, tmp_path, revision="2222222")  # stamped on, not rendered again
+    assert (cache.recalled, cache.kept) == (_units(specs), 0)
+    assert all(o["metadata"]["annotations"]["forge.dev/git-revision"] == "2222222"
+               for o in manifests if o["kind"] in ("Workflow", "SeldonDeployment", "ConfigMap"))
+    _, cache = _render(specs, tmp_path)  # and without a revision, none
+    assert (cache.recalled, cache.kept) == (_units(specs), 0)
 
 
 def test_a_changed_endpoint_renders_only_its_objects(specs: SpecSet, tmp_path: Path) -> None:
@@ -189,3 +204,11 @@ def test_bad_input_keeps_its_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     for _ in range(2):
         broken = load([str(tree)])
         assert not broken.ok and any(Path(d.file).name == "model.yaml" and "YAML" in d.message for d in broken.diagnostics)
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").iterdir() if p.is_dir()))
+def test_every_example_renders_the_same_through_the_cache(example: str, tmp_path: Path) -> None:
+    specs = load_or_raise([str(ROOT / "examples" / example)]).specs
+    for env in specs.of(Environment):
+        for revision in ("1111111", "2222222", None):  # cold, then recalled and stamped, then unstamped
+            _render(specs, tmp_path / env.name, env, revision)
