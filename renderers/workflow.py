@@ -45,6 +45,8 @@ from specs.stepconfig import (
     PickBestConfig,
     PrepareConfig,
     RegisterConfig,
+    SearchStudy,
+    StudyTrial,
     TrainConfig,
 )
 
@@ -104,11 +106,16 @@ def registry_dir(model: str, version: str, variant: str = "") -> str:
 
 def search_trials(model: Model) -> list[dict[str, float | int | str]]:
     """The hyperparameter sets of a search, generated deterministically from the spec: grid takes
-    combinations in order; random draws from a generator seeded by the spec's own digest."""
+    combinations in order; random draws from a generator seeded by the spec's own digest; tpe
+    renders empty sets (its trials ask the study)."""
     search = model.spec.search
     if search is None:
         return []
     names = sorted(search.space)
+    if search.algorithm == "tpe":
+        # Each trial asks the study for its values when it starts (runtimes/study.py): TPE learns
+        # from the trials done by then, so nothing is drawn here.
+        return [{} for _ in range(search.trials)]
     if search.algorithm == "grid":
         grids = [dim.values for dim in (search.space[n] for n in names) if isinstance(dim, Choice)]
         assert len(grids) == len(names)  # the spec's validator allows only `choice` dimensions in a grid
@@ -129,6 +136,35 @@ def search_trials(model: Model) -> list[dict[str, float | int | str]]:
                 trial[name] = float(f"{rng.uniform(dim.min, dim.max):.6g}")
         trials.append(trial)
     return trials
+
+
+def search_study(model: Model, version: str) -> SearchStudy | None:
+    """The Optuna study of a search that needs one (`tpe`, or early stopping): a SQLite file in the
+    version's folder on the workspace volume, which every trial pod mounts; its sampler seeded from
+    the spec's digest, like the random trials."""
+    search = model.spec.search
+    if search is None or not search.uses_study:
+        return None
+    seed = int(digest(model.spec.model_dump(mode="json", by_alias=True))[:8], 16)
+    return SearchStudy(storage=f"{version_dir(model.name, version)}/search/study.db", name=f"{model.name}-{version}",
+                       search=search, seed=seed)
+
+
+def search_reasons(steps: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The plan's line for a search (from a Workflow's step configs): the algorithm, early
+    stopping, the trials and how many run at a time, and where the study is kept."""
+    trials = [s.get("config") or {} for n, s in steps.items() if n.startswith("train-trial-")]
+    search = ((trials[0].get("spec") or {}).get("search") or {}) if trials else {}
+    if not search:
+        return []
+    stopping = search.get("earlyStopping", "none")
+    line = (f"search: {search.get('algorithm')}, {'no early stopping' if stopping == 'none' else f'early stopping {stopping}'}"
+            f" — {len(trials)} trials, {search.get('parallelism')} at a time, best {search.get('metric')} "
+            f"({search.get('goal')}) picked")
+    study = (trials[0].get("trial") or {}).get("study") or {}
+    if study:
+        line += f" from the study {study.get('storage')}"
+    return [line]
 
 
 def _config_json(config: Any) -> dict[str, Any]:
@@ -177,15 +213,17 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
     trials = search_trials(model)
     if trials:
         names = []
+        study = search_study(model, version)
         for i, overrides in enumerate(trials):
             cfg = TrainConfig(model=model.name, version=version, spec=model.spec, overrides=overrides, data=data,
-                              output=f"{vdir}/trials/{i}", deepspeed=ds)
+                              output=f"{vdir}/trials/{i}", deepspeed=ds,
+                              trial=StudyTrial(study=study, index=i) if study else None)
             names.append(add(f"train-trial-{i}", "train", cfg, train_image, ("prepare-data",)).name)
         search = model.spec.search
         assert search is not None
         add("pick-best", "pick-best",
             PickBestConfig(model=model.name, trials=[f"{vdir}/trials/{i}" for i in range(len(trials))],
-                           metric=search.metric, goal=search.goal, output=f"{vdir}/train"),
+                           metric=search.metric, goal=search.goal, output=f"{vdir}/train", study=study),
             train_image, tuple(names))
         trained = "pick-best"
     else:

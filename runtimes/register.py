@@ -2,7 +2,9 @@
 
 Copies each variant's bundle into ``output/<variant>/`` (``base`` included) and writes
 ``output/registry.json``: model, version, and per variant its folder, weights sha256, size,
-parameters and the metrics/report it came with. ``metrics.json`` repeats the summary.
+parameters and the metrics/report it came with. ``metrics.json`` repeats the summary. A version
+trained by a search also records it (``search``: the pick-best step's ``trials.json`` — the study's
+trials, best trial, pruned count and the epochs pruning saved).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         # Built artifacts that are not servable bundles (TensorRT engines): recorded, built or not.
         registry["artifacts"] = {name: read_json(in_workspace(folder) / "report.json")
                                  for name, folder in sorted(config.artifacts.items())}
+    search = _search(config)
+    if search is not None:
+        registry["search"] = search
     write_json(out / "registry.json", registry)
     # The Workflow's `metrics` output parameter (what a cluster's registry view reads): a summary
     # small enough for Argo's parameter limits.
@@ -48,9 +53,36 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "metrics.json", {"model": config.model, "version": config.version, "variants": sorted(entries),
                                       "registry": summary, "hardware": registry.get("hardware"),
                                       "artifacts": {n: {"built": a.get("built"), "reason": a.get("reason")}
-                                                    for n, a in (registry.get("artifacts") or {}).items()}})
+                                                    for n, a in (registry.get("artifacts") or {}).items()},
+                                      **({"search": _search_summary(search)} if search is not None else {})})
     log.info("registered %s %s with variants %s", config.model, config.version, ", ".join(sorted(entries)))
     return 0
+
+
+#: Trials a search's summary in ``metrics.json`` lists (the best first): the Workflow's output
+#: parameter it becomes must stay small (Argo keeps it in the Workflow's status).
+SUMMARY_TRIALS = 50
+
+
+def _search(config: RegisterConfig) -> dict[str, Any] | None:
+    """The search that trained the base variant: the pick-best step's ``trials.json`` beside its bundle."""
+    base = config.variants.get("base")
+    trials = in_workspace(base) / "trials.json" if base else None
+    return read_json(trials) if trials is not None and trials.is_file() else None
+
+
+def _search_summary(search: dict[str, Any]) -> dict[str, Any]:
+    """``search`` with its study's trials cut to the best :data:`SUMMARY_TRIALS` (``trialsTotal``
+    says how many there were) and, with a study, without the per-folder values its trials repeat."""
+    study = search.get("study")
+    if not study:
+        return search
+    rows = study.get("trials") or []
+    sign = -1 if search.get("goal") == "maximize" else 1
+    ranked = sorted(rows, key=lambda r: (r.get("value") is None, sign * (r.get("value") or 0.0), r.get("number", 0)))
+    summary = {k: v for k, v in search.items() if k != "values"}
+    summary["study"] = {**study, "trials": ranked[:SUMMARY_TRIALS], "trialsTotal": len(rows)}
+    return summary
 
 
 def _register_variant(name: str, src: Path, dst: Path, path: str) -> dict[str, Any]:

@@ -37,14 +37,17 @@ from typing import Any
 
 from runtimes._step import emit, hold_first_attempt, in_workspace, kill_first_attempt, parse_config, run_step, write_json
 from runtimes.errors import StepFailed
+from runtimes.study import TrialRun
 from specs.model import Hyperparameters
 from specs.stepconfig import TrainConfig
 
 log = logging.getLogger("forge.train")
 
 
-def effective_hyperparameters(config: TrainConfig) -> Hyperparameters:
-    values = {**config.spec.hyperparameters.to_yaml_dict(), **config.overrides}
+def effective_hyperparameters(config: TrainConfig, asked: dict[str, float | int | str] | None = None) -> Hyperparameters:
+    """The spec's hyperparameters with a search trial's: the rendered ``overrides``, then the values
+    ``asked`` of the study (TPE)."""
+    values = {**config.spec.hyperparameters.to_yaml_dict(), **config.overrides, **(asked or {})}
     for key in ("batchSize", "epochs", "maxSteps", "warmupSteps", "gradientAccumulationSteps", "seed"):
         if isinstance(values.get(key), float) and float(values[key]).is_integer():
             values[key] = int(values[key])
@@ -70,8 +73,10 @@ def _single_process_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
-def _config_fingerprint(config: TrainConfig) -> str:
+def _config_fingerprint(config: TrainConfig, asked: dict[str, float | int | str] | None = None) -> str:
     data = config.model_dump(mode="json", by_alias=True, exclude={"checkpoint_every", "output"})
+    if asked:
+        data["asked"] = asked
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -387,7 +392,14 @@ class Trainer:
         from runtimes.data import load_prepared
 
         self.config = config
-        self.hp = effective_hyperparameters(config)
+        self.trial: TrialRun | None = None
+        if config.trial is not None:
+            from runtimes.study import start_trial
+
+            self.trial = start_trial(config.trial.study, config.trial.index, config.output, config.overrides)
+            log.info("search trial %d (task %d): %s", self.trial.number, config.trial.index,
+                     json.dumps(self.trial.params or config.overrides, sort_keys=True))
+        self.hp = effective_hyperparameters(config, self.trial.params if self.trial else None)
         self.strategy = config.spec.distributed.strategy
         self.out = in_workspace(config.output)
         self.data = load_prepared(in_workspace(config.data), ("train", "validation"))
@@ -395,7 +407,9 @@ class Trainer:
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cpu")
         self.rank, self.world = 0, 1
-        self.fingerprint = _config_fingerprint(config)
+        # A checkpoint fits only the values it was trained with: a trial's asked values are part of it.
+        self.fingerprint = _config_fingerprint(config, self.trial.params if self.trial else None)
+        self._validation: tuple[Any, Any] | None = None  # a search trial's validation split, once loaded
 
     # -- set-up -------------------------------------------------------------------------------
     def _init_distributed(self) -> None:
@@ -557,10 +571,36 @@ class Trainer:
             if state["step"] >= parts.total:
                 break
             self._epoch(w, data, parts, progress, epoch)
+            if self.trial is not None and self._report_epoch(w, data, epoch + 1):
+                break
         elapsed = time.perf_counter() - start
         throughput = progress.meter.summary()
         state["total"] = parts.total
         return _Outcome(self._final_weights(w.model, w.engine), state, resumed_from, elapsed, progress.samples, throughput)
+
+    def _report_epoch(self, w: _Wrapped, data: _Data, epoch: int) -> bool:
+        """A search trial's validation metric after ``epoch`` (1-based), reported to its study (the
+        pruner compares it with the other trials at that epoch); True when the trial is pruned and
+        the run stops here. Measured on the bare module's current weights, in eval mode."""
+        import torch
+
+        from runtimes.learn import measure, split_tensors
+
+        assert self.trial is not None
+        if self._validation is None:
+            self._validation = split_tensors(self.data.split("validation"), self.meta, data.ctx)
+        vx, vy = self._validation
+        try:
+            with torch.no_grad():
+                metrics = measure(w.model, vx, vy, data.task)
+        finally:
+            w.model.train()
+        pruned = self.trial.report(metrics, epoch)
+        value = metrics.get(self.trial.metric)
+        emit("trial", trial=self.trial.number, epoch=epoch, value=round(value, 6) if value is not None else None, pruned=pruned)
+        if pruned:
+            log.info("trial %d pruned after epoch %d (%s %.4g)", self.trial.number, epoch, self.trial.metric, value or float("nan"))
+        return pruned
 
     def _epoch(self, w: _Wrapped, data: _Data, parts: _Parts, progress: _Progress, epoch: int) -> None:
         """One epoch (the rest of it, when resuming inside one), ending early once the run's
@@ -671,6 +711,11 @@ class Trainer:
             info = self._bundle_info(data, clean)
             save_bundle(self.out, clean, info)
             metrics = self._metrics(outcome, val, train_metrics, info["parameters"])
+            if self.trial is not None:
+                # The study learns the trial's end before pick-best reads it (after every trial task).
+                metrics["trial"] = {"number": self.trial.number, "state": self.trial.finish(val),
+                                    "epochsTrained": self.trial.reported, "prunedAtEpoch": self.trial.pruned_at,
+                                    "asked": self.trial.params}
             write_json(self.out / "metrics.json", metrics)
             self._report_done(outcome, val)
         self._barrier()

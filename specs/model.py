@@ -202,10 +202,18 @@ _SEARCHABLE = set(Hyperparameters.model_fields) - {"seed"}
 class Search(SpecModel):
     """Hyperparameter search: a fan-out of trials and a pick-best step."""
 
-    algorithm: Literal["grid", "random"] = Field(
+    algorithm: Literal["grid", "random", "tpe"] = Field(
         default="random",
-        description="`grid` (every combination of `choice` values, at most `trials`) or `random` "
-        "(seeded, so the same spec always renders the same trials).",
+        description="`grid` (every combination of `choice` values, at most `trials`), `random` "
+        "(seeded, so the same spec always renders the same trials) or `tpe` (Optuna's Tree-structured "
+        "Parzen Estimator: each trial asks the study for values, learning from the trials done so far).",
+    )
+    early_stopping: Literal["asha", "median", "none"] = Field(
+        default="none",
+        description="Stop unpromising trials early: each trial reports its validation metric after every "
+        "epoch and stops when pruned — `asha` (Optuna's asynchronous successive halving: rungs at 1, 3, 9, … "
+        "epochs, the best third goes on), `median` (stop a trial below the median of the others at the same "
+        "epoch) or `none` (every trial trains to the end).",
     )
     trials: int = Field(default=4, ge=1, le=1000, description="Number of trials (grid: at most this many).")
     parallelism: int = Field(default=2, ge=1, le=256, description="Trials run at the same time.")
@@ -217,6 +225,18 @@ class Search(SpecModel):
     space: dict[str, SearchDimension] = Field(
         min_length=1, description="Hyperparameter (camelCase name) → range to search."
     )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = _omit_default(handler(self), "earlyStopping", "none")
+        return _omit_default(data, "early_stopping", "none")
+
+    @property
+    def uses_study(self) -> bool:
+        """Whether the trials run against an Optuna study (TPE asks it for values, a pruner reads
+        every trial's intermediate values from it); grid and random trials without early stopping
+        are rendered whole and need none."""
+        return self.algorithm == "tpe" or self.early_stopping != "none"
 
     @model_validator(mode="after")
     def _known_parameters(self) -> Search:
@@ -455,4 +475,20 @@ class ModelSpec(SpecModel):
             raise ValueError(
                 f"search.parallelism ({self.search.parallelism}) exceeds search.trials ({self.search.trials})"
             )
+        if self.search is not None and self.search.uses_study:
+            # Every process of a trial would ask the study for a trial of its own (different values
+            # per rank): a trial that runs against the study is one training process.
+            dist = self.distributed
+            if dist.strategy != "none" or max(dist.data_parallel or 1, dist.tensor_parallel, dist.pipeline_parallel) > 1:
+                raise ValueError(f"search.algorithm {self.search.algorithm} with earlyStopping {self.search.early_stopping} "
+                                 "runs each trial as one training process against the study: not with a distributed "
+                                 "strategy or parallel ranks")
+        if self.search is not None and self.search.early_stopping != "none":
+            # A pruner compares trials epoch by epoch: one epoch gives it nothing to stop.
+            if "epochs" not in self.search.space and self.hyperparameters.epochs < 2:
+                raise ValueError(f"search.earlyStopping {self.search.early_stopping} stops trials between epochs; "
+                                 "it needs `hyperparameters.epochs` of 2 or more")
+            if self.privacy is not None:
+                # DP-SGD trains in its own loop (runtimes/privacy.py), which reports no epoch to the pruner.
+                raise ValueError("search.earlyStopping reports each epoch of the training loop: not with privacy")
         return self

@@ -18,7 +18,7 @@ from specs.base import Name, SpecModel
 from specs.compression import Benchmark, HardwareTarget, OnnxInt8, TensorRT, Variant
 from specs.dataset import DatasetSpec
 from specs.endpoint import Batching, FaultInjection, ServingBackend
-from specs.model import Explanations, ModelSpec, ModelThreshold, Robustness
+from specs.model import Explanations, ModelSpec, ModelThreshold, Robustness, Search
 
 WORKSPACE_ENV = "FORGE_WORKSPACE"
 DEFAULT_WORKSPACE = "/forge/workspace"
@@ -70,6 +70,23 @@ class MergeLabelsConfig(StepConfig):
     output: str = Field(description="Folder for the merged source file and `merge.json` (with its digest).")
 
 
+class SearchStudy(SpecModel):
+    """The Optuna study of a search whose trials learn (`tpe`) or stop early (`asha`, `median`): an
+    RDB storage every trial reaches — a SQLite file on the workspace volume."""
+
+    storage: str = Field(description="The study's SQLite file (workspace-relative).")
+    name: str = Field(description="The study's name (the model and its version).")
+    search: Search = Field(description="The Model's search: algorithm, early stopping, metric, goal, space.")
+    seed: int = Field(ge=0, description="Seed of the sampler (from the spec's digest).")
+
+
+class StudyTrial(SpecModel):
+    """One trial task of a search that runs against its study."""
+
+    study: SearchStudy = Field(description="The study.")
+    index: int = Field(ge=0, description="The trial task's index in the fan-out (a retried task replaces its own trial).")
+
+
 class TrainConfig(StepConfig):
     """Train one Model (or one hyperparameter-search trial) on prepared data."""
 
@@ -84,6 +101,18 @@ class TrainConfig(StepConfig):
     output: str = Field(description="Folder for `model.pt`, `model.json`, `metrics.json` and checkpoints.")
     deepspeed: dict[str, Any] | None = Field(default=None, description="DeepSpeed config JSON (strategy deepspeed).")
     checkpoint_every: int = Field(default=50, ge=1, description="Optimizer steps between checkpoints.")
+    trial: StudyTrial | None = Field(
+        default=None, description="A search trial run against its study: the hyperparameters asked of it "
+        "(after `overrides`), the validation metric reported each epoch, stopped when pruned.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Unset, it stays out of the config: a model without a study keeps its step keys.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("trial") is None:
+            data.pop("trial", None)
+        return data
 
 
 class PickBestConfig(StepConfig):
@@ -95,6 +124,17 @@ class PickBestConfig(StepConfig):
     metric: str = Field(description="Validation metric to compare.")
     goal: Literal["maximize", "minimize"] = Field(description="Whether higher is better.")
     output: str = Field(description="Folder receiving the best trial's model.")
+    study: SearchStudy | None = Field(
+        default=None, description="The search's study: the best of its completed trials is picked (pruned ones "
+        "never are), and `trials.json` records every trial's state.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("study") is None:
+            data.pop("study", None)
+        return data
 
 
 class EvaluateConfig(StepConfig):

@@ -14,7 +14,7 @@ from reconciler.plan.change import Action, Change
 from reconciler.specdiff import spec_changes
 from renderers.hardware import export_reasons
 from renderers.labels import KIND, MODEL_VERSION, NAME, ROLE
-from renderers.workflow import workflow_steps
+from renderers.workflow import search_reasons, workflow_steps
 
 
 def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
@@ -48,7 +48,7 @@ def _workflow_reasons(change: Change, changes: Iterable[Change],
     version = _labels(change.after).get(MODEL_VERSION, "?")
     previous = next((c.before for c in siblings if c.before is not None), None)
     new_steps = workflow_steps(change.after)
-    exports = export_reasons(new_steps)  # which export each hardware target gets
+    exports = [*search_reasons(new_steps), *export_reasons(new_steps)]  # the search; which export each target gets
     if previous is None:
         return [f"new model `{model}` version {version}: " + " → ".join(new_steps) + " will run", *exports]
     old_steps = workflow_steps(previous)

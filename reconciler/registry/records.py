@@ -271,6 +271,10 @@ class Record:
     robustness: JSONObject | None = None
     #: The explain step's summary, when the Model has one.
     explanations: JSONObject | None = None
+    #: The hyperparameter search that trained it, when the Model has one: the pick-best step's
+    #: `trials.json` as the register step recorded it (metric, goal, best; with a study, its
+    #: algorithm, trials, states and the epochs pruning saved).
+    search: JSONObject | None = None
     #: Who serves this version; None when not asked (a target's records carry none).
     served_by: tuple[Served, ...] | None = None
 
@@ -286,7 +290,8 @@ class Record:
             "variants": {name: v.to_json() for name, v in self.variants.items()},
             "artifacts": self.artifacts,
         }
-        for key, value in (("privacy", self.privacy), ("robustness", self.robustness), ("explanations", self.explanations)):
+        for key, value in (("privacy", self.privacy), ("robustness", self.robustness), ("explanations", self.explanations),
+                           ("search", self.search)):
             if value is not None:
                 out[key] = value
         if self.served_by is not None:
@@ -301,7 +306,7 @@ class Record:
                    Lineage.from_json(data.get("lineage") or {}), dict(data.get("evaluation") or {}), data.get("hardware"),
                    {name: Variant.from_json(name, v) for name, v in (data.get("variants") or {}).items()},
                    data.get("artifacts") or {}, data.get("privacy"), data.get("robustness"), data.get("explanations"),
-                   None if served is None else tuple(Served.from_json(s) for s in served))
+                   data.get("search"), None if served is None else tuple(Served.from_json(s) for s in served))
 
 
 # -- building a record ----------------------------------------------------------------------------
@@ -399,6 +404,7 @@ def build_record(workflow: Mapping[str, Any], registry: JSONObject, evaluation: 
         privacy=privacy if isinstance(privacy, dict) else None,
         robustness=robustness if isinstance(robustness, dict) else None,
         explanations=dict(explanations) if isinstance(explanations, Mapping) and explanations else None,
+        search=registry["search"] if isinstance(registry.get("search"), Mapping) else None,
     )
 
 

@@ -8,9 +8,9 @@
   controller builds.
 
 Cases: every example in every environment, plus variants that reach the other render paths
-(multi-node training, elastic or not). The examples themselves cover blue-green (llm-finetune),
-compression with distillation and a search fan-out (edge-vision). Each judge is shown to bite
-with a known-bad mutant.
+(multi-node training, elastic or not; a TPE + ASHA search whose trials share an Optuna study). The
+examples themselves cover blue-green (llm-finetune), compression with distillation and a search
+fan-out (edge-vision). Each judge is shown to bite with a known-bad mutant.
 """
 
 from __future__ import annotations
@@ -62,9 +62,19 @@ def _multi_node(elastic: bool) -> Callable[[], SpecSet]:
     return make
 
 
+def _search_with_study() -> SpecSet:
+    """edge-vision's student searched by TPE with ASHA: every trial task carries the Optuna study."""
+    specs = _specs("edge-vision")
+    model = specs.get(Model, "vision-student")
+    assert model is not None and model.spec.search is not None
+    search = model.spec.search.model_copy(update={"algorithm": "tpe", "early_stopping": "asha"})
+    return _replace_model(specs, "vision-student", search=search)
+
+
 VARIANTS: dict[str, Callable[[], SpecSet]] = {
     "llm-finetune-multi-node-elastic": _multi_node(elastic=True),
     "llm-finetune-multi-node-static": _multi_node(elastic=False),
+    "edge-vision-tpe-asha": _search_with_study,
 }
 CASES = [f"{ex}/{env}" for ex in EXAMPLES for env in ENVIRONMENTS] + [
     f"{v}/{env}" for v in VARIANTS for env in ENVIRONMENTS

@@ -47,7 +47,8 @@ def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> Reco
             except ValueError:
                 when = 0.0
             registry = {"model": summary.get("model"), "version": summary.get("version"), "variants": variants,
-                        "hardware": summary.get("hardware"), "artifacts": summary.get("artifacts")}
+                        "hardware": summary.get("hardware"), "artifacts": summary.get("artifacts"),
+                        "search": summary.get("search")}
             evaluation = outputs.get("evaluate")
             explanations = outputs.get("explain")
             return build_record(workflow, registry, evaluation if isinstance(evaluation, dict) else None, when, environment,
