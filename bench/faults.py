@@ -5,10 +5,16 @@ Each drill is repeated and judged by what a user would check afterwards: a plain
 `forgectl apply` converges (`forgectl plan --detailed-exitcode` then reports no change, so nothing
 owned is orphaned, missing or duplicated) and the environment's Lease is released.
 
-* ``kill-apply`` — `forgectl apply` SIGKILLed at a random point (uniform over a measured full
-  apply). The desired state alternates between N endpoints and N/2 (so an apply both creates and
-  prunes). The rerun finds the dead holder's Lease: it must be refused *naming that holder*, and
-  succeed once the Lease has expired (the drill waits for the expiry the Lease states).
+* ``kill-apply`` — `forgectl apply` SIGKILLed inside its write phase: once the API server shows
+  the environment's Lease held by that apply (it plans, then takes the Lease, then writes), at a
+  uniform point of the write phase a full apply was measured to take (issue 35: a kill drawn over
+  the whole apply mostly landed before the Lease, where there is nothing to break). Where each kill
+  landed is recorded (seconds after the Lease was taken, the fraction of the write phase, whether
+  the Lease was still the killed apply's); a kill that found the apply already finished is not a
+  run: that apply is verified (the plan has no change) and the kill drawn again. The desired
+  state alternates between N endpoints and N/2 (so an apply both creates and prunes). The rerun
+  finds the dead holder's Lease: it must be refused *naming that holder* (the wait for its expiry
+  is reported per run), and succeed once the Lease has expired.
 * ``concurrent-apply`` — two `forgectl apply` started together: exactly one proceeds, the other is
   refused naming the holder.
 * ``apiserver-restart`` — the API server is stopped at a random point of an apply and started again
@@ -16,7 +22,8 @@ owned is orphaned, missing or duplicated) and the environment's Lease is release
   error naming the server, and the next apply converges.
 
 Prints a table and, as its LAST line, one JSON object: runs, failures, refusals that named the
-holder, and the maximum time to converge per fault.
+holder, the maximum time to converge per fault and where each kill landed; the same object is
+written to ``--out`` (default ``bench/results/faults-apply-<date>.json``) with the command.
 
     .venv/bin/python bench/faults.py                       # 20 / 10 / 5 runs, 40 endpoints
     .venv/bin/python bench/faults.py --kill-runs 3 --concurrent-runs 2 --restart-runs 1 --n 10
@@ -68,8 +75,10 @@ class Drill:
     missed: int = 0
     """Faults drawn after the apply had already finished (drawn again; not counted as runs)."""
     converge_s: list[float] = field(default_factory=list)
-    outcomes: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: Where each kill landed (kill-apply), one entry per run.
+    landed: list[dict[str, Any]] = field(default_factory=list)
 
     def fail(self, why: str) -> None:
         self.failures += 1
@@ -81,7 +90,7 @@ class Drill:
                 "missedDraws": self.missed,
                 "maxConvergeS": round(max(self.converge_s), 2) if self.converge_s else None,
                 "medianConvergeS": round(sorted(self.converge_s)[len(self.converge_s) // 2], 2) if self.converge_s else None,
-                "outcomes": self.outcomes, "notes": self.notes[:5]}
+                "outcomes": self.outcomes, "notes": self.notes[:5], **({"landed": self.landed} if self.landed else {})}
 
 
 class Bench:
@@ -125,6 +134,24 @@ class Bench:
                 return None
             raise
 
+    def holder_pid(self) -> int | None:
+        """The PID the Lease's holder names (`user@host:pid`), or None without a Lease."""
+        lease = self.lease()
+        holder = (lease or {}).get("spec", {}).get("holder_identity") or ""
+        match = re.search(r":(\d+)$", holder)
+        return int(match.group(1)) if match else None
+
+    def wait_for_lease(self, proc: subprocess.Popen[str], timeout: float = 300) -> float | None:
+        """Seconds until ``proc`` held the Lease (polled every 20 ms), or None if it exited first."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.holder_pid() == proc.pid:
+                return time.monotonic() - t0
+            if proc.poll() is not None:
+                return None
+            time.sleep(0.02)
+        raise TimeoutError(f"apply pid {proc.pid} did not take the Lease within {timeout:.0f} s")
+
     def lease_expires_in(self) -> float:
         """Seconds until the Lease expires by its own renewTime + leaseDurationSeconds (0 if none)."""
         lease = self.lease()
@@ -158,6 +185,8 @@ class Bench:
                     return None
                 wait = self.lease_expires_in()
                 log(f"{drill.name}: refused while the dead holder's Lease lives; waiting {wait:.0f} s for it to expire")
+                if drill.landed:
+                    drill.landed[-1]["leftover_lease_wait_s"] = round(wait, 1)
                 time.sleep(wait + 0.5)
                 continue
             drill.fail(f"rerun failed (exit {proc.returncode}): {message[-400:]}")
@@ -167,26 +196,51 @@ class Bench:
 
 
 def kill_apply(b: Bench, runs: int, drill: Drill) -> None:
-    """SIGKILL `forgectl apply` at a random point of a full apply, then converge."""
+    """SIGKILL `forgectl apply` at a uniform point of its write phase (after it took the Lease),
+    record where it landed, then converge."""
     assert b.apply(b.full).returncode == 0
     t0 = time.monotonic()
-    assert b.apply(b.half).returncode == 0  # prunes half: one measured full-size change
-    span = b.span = time.monotonic() - t0
-    log(f"kill-apply: a full change takes {span:.1f} s; killing at a uniform point of it")
+    proc = b.start_apply(b.half)  # prunes half: one measured full-size change
+    planning = b.wait_for_lease(proc)
+    proc.communicate(timeout=600)
+    assert proc.returncode == 0 and planning is not None, "the measured apply did not take the Lease and finish"
+    b.span = time.monotonic() - t0
+    writing = b.span - planning
+    log(f"kill-apply: a full change takes {b.span:.1f} s, {planning:.1f} s of it before the Lease is taken; "
+        f"killing at a uniform point of the {writing:.1f} s after")
     rng = random.Random(19)
     desired = b.full
-    for i in range(runs):
-        drill.runs += 1
+    while drill.runs < runs:
         proc = b.start_apply(desired)
-        at = rng.uniform(0.0, span)
-        time.sleep(at)
+        held_after = b.wait_for_lease(proc)
+        at = rng.uniform(0.0, writing)
+        if held_after is not None:
+            time.sleep(at)
+        if held_after is None or proc.poll() is not None:  # finished before the kill: not a run
+            drill.missed += 1
+            proc.communicate()
+            ok, tail = b.clean(desired)
+            if proc.returncode != 0 or not ok:
+                drill.fail(f"an apply that finished before its kill left changes (exit {proc.returncode}): {tail}")
+            desired = b.half if desired == b.full else b.full
+            continue
+        drill.runs += 1
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
-        log(f"kill-apply run {i + 1}/{runs}: killed pid {proc.pid} at {at:.2f} s (exit {proc.returncode})")
+        still_held = b.holder_pid() == proc.pid
+        drill.landed.append({"run": drill.runs, "lease_taken_after_s": round(held_after, 2), "killed_after_lease_s": round(at, 2),
+                             "fraction_of_write_phase": round(at / writing, 2) if writing > 0 else None,
+                             "lease_still_the_killed_apply": still_held})
+        log(f"kill-apply run {drill.runs}/{runs}: killed pid {proc.pid} {at:.2f} s after it took the Lease "
+            f"({at / writing:.0%} of the write phase; Lease still its own: {still_held})")
         took = b.converge(desired, drill, proc.pid)
         if took is not None:
             drill.converge_s.append(took)
         desired = b.half if desired == b.full else b.full
+    drill.outcomes["write_phase_s"] = round(writing, 2)
+    thirds = [sum(1 for k in drill.landed if k["fraction_of_write_phase"] is not None and lo <= k["fraction_of_write_phase"] < hi)
+              for lo, hi in ((0, 1 / 3), (1 / 3, 2 / 3), (2 / 3, 1.01))]
+    drill.outcomes["landed_in_thirds_of_write_phase"] = thirds
 
 
 def concurrent_apply(b: Bench, runs: int, drill: Drill) -> None:
@@ -257,6 +311,7 @@ def main() -> int:
     ap.add_argument("--concurrent-runs", type=int, default=10)
     ap.add_argument("--restart-runs", type=int, default=5)
     ap.add_argument("--down-seconds", type=float, default=3.0, help="how long the API server stays down")
+    ap.add_argument("--out", type=Path, default=None, help="result file (default bench/results/faults-apply-<date>.json)")
     args = ap.parse_args()
 
     started = time.monotonic()
@@ -276,7 +331,11 @@ def main() -> int:
         mx = f"{j['maxConvergeS']:.1f} s" if j["maxConvergeS"] is not None else "-"
         print(f"{d.name:<20} {d.runs:>5} {d.failures:>7} {d.named_holder:>13} {mx:>13}")
     result = {"target": "kubernetes", "endpoints": args.n, "at": datetime.now(UTC).isoformat(timespec="seconds"),
-              "seconds": round(time.monotonic() - started, 1), "faults": {k: d.to_json() for k, d in drills.items()}}
+              "seconds": round(time.monotonic() - started, 1), "command": " ".join(["bench/faults.py", *sys.argv[1:]]),
+              "faults": {k: d.to_json() for k, d in drills.items()}}
+    path = args.out or REPO / "bench" / "results" / f"faults-apply-{time.strftime('%Y-%m-%d')}.json"
+    path.write_text(json.dumps(result) + "\n")
+    log(f"wrote {path}")
     print(json.dumps(result))
     return 0 if all(d.failures == 0 for d in drills.values()) else 1
 

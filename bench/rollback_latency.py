@@ -369,6 +369,7 @@ def main() -> None:
     parser.add_argument("--scrape-interval", default="1s", help="Prometheus scrape interval (default 1s, as the test harness)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between controller passes (default 1, as `reconcile --watch`)")
     parser.add_argument("--run-timeout", type=float, default=180.0, help="give a run up to this many seconds (default 180)")
+    parser.add_argument("--out", type=Path, default=None, help="result file (default bench/results/rollback-latency-<date>.json)")
     args = parser.parse_args()
     if not 1 <= args.runs <= 50:
         parser.error("--runs must be between 1 and 50")
@@ -423,8 +424,13 @@ def main() -> None:
     print(f"median {median:.2f} s, max {worst:.2f} s over {len(samples)} runs   "
           f"(Flagger default: {FLAGGER_DEFAULT_S} s = interval 60 s × threshold 5; target ≤ {TARGET_S:g} s: "
           f"{'met' if worst <= TARGET_S else 'NOT met'})")
-    print(json.dumps({"runs": len(samples), "median_s": round(median, 2), "max_s": round(worst, 2),
-                      "flagger_default_s": FLAGGER_DEFAULT_S, "samples_s": samples}))
+    result = {"runs": len(samples), "median_s": round(median, 2), "max_s": round(worst, 2), "target_s": TARGET_S,
+              "flagger_default_s": FLAGGER_DEFAULT_S, "samples_s": samples,
+              "command": " ".join(["bench/rollback_latency.py", *sys.argv[1:]]), "samples": results}
+    path = args.out or Path(__file__).resolve().parents[1] / "bench" / "results" / f"rollback-latency-{time.strftime('%Y-%m-%d')}.json"
+    path.write_text(json.dumps(result) + "\n")
+    log(f"wrote {path}")
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
 
 
 if __name__ == "__main__":
