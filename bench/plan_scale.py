@@ -36,7 +36,8 @@ RSS (the child's own VmHWM). On a shared machine wall time follows the load: jud
 It prints a table, the ratios against a baseline (`--baseline`, default the newest earlier result
 file), the growth exponents of forgectl's times with N (least squares on log-log),
 and as its LAST line one JSON object: the largest N's figures at top level plus every N under
-"runs", also written to bench/results/plan-scale-<UTC date>.json (`--results`). `--profile` adds
+"runs", also written to bench/results/plan-scale-<UTC date>.json (`--results`; after each N
+with the rows so far and `"partial": true`, so a run stopped later keeps them). `--profile` adds
 a cProfile of one `forgectl plan` at the largest N.
 
     .venv/bin/python bench/plan_scale.py                        # N = 100, 1000, 5000, 10000
@@ -917,6 +918,13 @@ def main() -> int:
                     "plan-scale-*.json in --results before this run)")
     args = ap.parse_args()
     baseline_path = args.baseline or max(args.results.glob("plan-scale-*.json"), key=lambda f: f.stat().st_mtime, default=None)
+    # The result file, named now: written after each N ({"partial": true, "runs": [...]}) and whole at the end.
+    partial = None
+    if args.results:
+        args.results.mkdir(parents=True, exist_ok=True)
+        partial = args.results / f"plan-scale-{time.strftime('%Y-%m-%d', time.gmtime())}.json"
+        if partial.exists():  # an earlier run of the day (the baseline, perhaps) is kept
+            partial = partial.with_name(f"plan-scale-{time.strftime('%Y-%m-%d-%H%M', time.gmtime())}.json")
 
     from devkit.cluster import Cluster
 
@@ -956,6 +964,9 @@ def main() -> int:
                                   namespace_prefix=args.namespace_prefix, setup=args.setup, setup_parallel=args.setup_parallel))
             if bound is None:
                 runs[-1]["kubectl_diff_bound_s"] = args.kubectl_bound
+            if partial is not None and len(runs) < len(args.n):  # a run stopped later still leaves its rows
+                partial.write_text(json.dumps({"partial": True, "runs": [{k: v for k, v in r.items() if not k.startswith("_")}
+                                                                          for r in runs]}, ensure_ascii=False) + "\n")
         if args.profile:
             log(f"profiling one forgectl plan at N={runs[-1]['n']}")
             profile = profile_plan(runs[-1]["_plan_cmd"], work, env)
@@ -1038,13 +1049,9 @@ def main() -> int:
     }
     summary["runs"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]
     line = json.dumps(summary, ensure_ascii=False)
-    if args.results:
-        args.results.mkdir(parents=True, exist_ok=True)
-        out = args.results / f"plan-scale-{time.strftime('%Y-%m-%d', time.gmtime())}.json"
-        if out.exists():  # an earlier run of the day (the baseline, perhaps) is kept
-            out = out.with_name(f"plan-scale-{time.strftime('%Y-%m-%d-%H%M', time.gmtime())}.json")
-        out.write_text(line + "\n")
-        log(f"wrote {out}")
+    if partial is not None:
+        partial.write_text(line + "\n")
+        log(f"wrote {partial}")
     print(line)
     return 0
 
