@@ -1,15 +1,18 @@
 """A git server for the controller's tests and benchmark: a bare repository served by Debian's
 `git daemon` on 127.0.0.1 (git://), and a work tree the caller commits the specs in and pushes to
-it (file://)."""
+it (file://); or the same repository over smart HTTP by git's own `git http-backend`, behind Basic
+authentication (:func:`serve_http`)."""
 
 from __future__ import annotations
 
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 GIT_DAEMON = "/usr/lib/git-core/git-daemon"
@@ -89,3 +92,76 @@ def _serve(base: Path, port: int) -> subprocess.Popen[bytes]:
             raise RuntimeError(f"git daemon did not listen on 127.0.0.1:{port} within 10 s")
         time.sleep(0.05)
     return process
+
+
+GIT_HTTP_BACKEND = "/usr/lib/git-core/git-http-backend"
+
+
+@dataclass
+class HttpGitServer:
+    """Git's own `git http-backend` (smart HTTP) behind a small threaded HTTP server on 127.0.0.1
+    that refuses any request without the one Basic ``Authorization`` it was given (401, as a forge
+    asks for a token): ``url`` serves the repositories under ``base``."""
+
+    url: str
+    server: Any
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+def serve_http(base: Path, username: str, password: str) -> HttpGitServer:
+    """:class:`HttpGitServer` for the repositories under ``base``, accepting ``username``:``password``."""
+    import base64
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    wanted = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            pass
+
+        def _cgi(self) -> None:
+            if self.headers.get("Authorization") != wanted:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="forge-tests"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            path, _, query = self.path.partition("?")
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            env = {"PATH": "/usr/bin:/bin", "GIT_PROJECT_ROOT": str(base), "GIT_HTTP_EXPORT_ALL": "1",
+                   "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(base), "REQUEST_METHOD": self.command, "PATH_INFO": path,
+                   "QUERY_STRING": query, "CONTENT_TYPE": self.headers.get("Content-Type") or "",
+                   "CONTENT_LENGTH": str(len(body)), "REMOTE_USER": username, "REMOTE_ADDR": "127.0.0.1",
+                   "GIT_PROTOCOL": self.headers.get("Git-Protocol") or ""}
+            if self.headers.get("Content-Encoding"):
+                env["HTTP_CONTENT_ENCODING"] = self.headers["Content-Encoding"]
+            done = subprocess.run([GIT_HTTP_BACKEND], input=body, env=env, capture_output=True, timeout=60)
+            head, _, payload = done.stdout.partition(b"\r\n\r\n")
+            status = 200
+            headers = []
+            for line in head.decode(errors="replace").split("\r\n"):
+                key, _, value = line.partition(":")
+                if key.lower() == "status":
+                    status = int(value.strip().split()[0])
+                elif key:
+                    headers.append((key, value.strip()))
+            self.send_response(status)
+            for key, value in headers:
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = _cgi
+        do_POST = _cgi
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return HttpGitServer(f"http://127.0.0.1:{server.server_address[1]}", server, thread)

@@ -49,14 +49,17 @@ def install(
 
     if output != "yaml":
         raise ForgeError(f"--output {output!r}: only yaml is supported")
-    options = InstallOptions(namespace, image, replicas, tuple(manage or ()), monitoring)
+    secrets: tuple[str, ...] = ()
+    if config is not None:
+        from reconciler.controller.config import load_config
+
+        # a bad file: its file:line errors, nothing installed; its secretRefs: the Secrets the Role may get
+        secrets = tuple(sorted({s.secret_ref for s in load_config(config).sources if s.secret_ref}))
+    options = InstallOptions(namespace, image, replicas, tuple(manage or ()), monitoring, secrets)
     objects = install_objects(options)
     if config is not None:
         from pathlib import Path
 
-        from reconciler.controller.config import load_config
-
-        load_config(config)  # a bad file: its file:line errors, nothing installed
         objects.append(config_map(namespace, Path(config).read_text()))
     if dry_run:
         print(to_yaml_stream(objects), end="")

@@ -45,6 +45,9 @@ class Source(_Model):
     timeout: str = Field(default="60s", pattern=_DURATION, description="Bound of one fetch.")
     self_heal: bool = Field(default=False, description="Re-apply the applied revision every interval (drift is taken back).")
     rollout_interval: str = Field(default="2s", pattern=_DURATION, description="How often the rollouts are walked.")
+    secret_ref: str | None = Field(default=None, pattern=_NAME, description=(
+        "A Secret in the controller's namespace holding the fetch's credentials: `username` and `password`, or "
+        "`bearerToken` (http/https); `identity` and `known_hosts` (ssh)."))
 
     @property
     def interval_seconds(self) -> float:

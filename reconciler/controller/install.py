@@ -42,6 +42,8 @@ class InstallOptions:
     manage: tuple[str, ...] = field(default_factory=tuple)
     #: The Prometheus Operator's PodMonitor and PrometheusRule for the controller (its CRDs needed).
     monitoring: bool = True
+    #: Secrets (in its namespace) the sources' `secretRef`s name: the controller may get those alone.
+    secrets: tuple[str, ...] = field(default_factory=tuple)
 
 
 def sync_crd() -> dict[str, Any]:
@@ -77,6 +79,9 @@ def rbac(options: InstallOptions) -> list[dict[str, Any]]:
             {"apiGroups": ["forge.dev"], "resources": ["syncs"], "verbs": ["get", "list", "watch", "create", "patch"]},
             {"apiGroups": ["forge.dev"], "resources": ["syncs/status"], "verbs": ["get", "patch"]},
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+            # the git credentials its sources name, and no other Secret
+            *([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": sorted(options.secrets), "verbs": ["get"]}]
+              if options.secrets else []),
         ]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(NAME, ns),
          "roleRef": role_ref, "subjects": _subject(options)},

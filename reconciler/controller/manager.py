@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.controller.config import ControllerConfig, Source
+from reconciler.controller.credentials import read_credentials
 from reconciler.controller.metrics import ControllerMetrics
 from reconciler.controller.sync import Loaded, Outcome, apply_revision, diagnostics_message, inside, load_revision
 from reconciler.controller.syncstatus import MANAGER, RolloutLine, SyncReport, status_object, sync_object
@@ -172,7 +173,10 @@ class Worker:
         name = self.source.name
         began = time.monotonic()
         try:
-            revision = fetch_source(self.cache, self.source.url, self.source.branch, timeout=self.source.timeout_seconds)
+            credentials = (read_credentials(self.target.controller_api(), self.config.namespace, self.source.secret_ref)
+                           if self.source.secret_ref else None)
+            revision = fetch_source(self.cache, self.source.url, self.source.branch, timeout=self.source.timeout_seconds,
+                                    credentials=credentials)
         except ForgeError as exc:
             self.metrics.fetch_seconds.labels(name).observe(time.monotonic() - began)
             self._finish(Outcome("FetchFailed", f"fetching {self.source.branch} of {self.source.url}: {exc}", self.attempted or ""),

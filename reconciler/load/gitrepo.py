@@ -23,9 +23,12 @@ failed, on which revision), never a traceback.
 
 from __future__ import annotations
 
+import base64
 import os
+import shlex
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,10 +250,11 @@ class Repository:
     config: tuple[tuple[str, str], ...] = field(default=OVERRIDES, repr=False)
 
     def run(self, *args: str, what: str, input: bytes | None = None, env: dict[str, str] | None = None,
-            timeout: float = GIT_TIMEOUT) -> bytes:
-        """``git args`` on this repository (GIT_DIR and GIT_WORK_TREE set, no discovery again);
-        its output, or a GitError saying ``what`` failed and git's first line."""
-        done = _git(args, cwd=self.top, config=self.config, what=what, input=input, timeout=timeout,
+            timeout: float = GIT_TIMEOUT, config: Sequence[tuple[str, str]] = ()) -> bytes:
+        """``git args`` on this repository (GIT_DIR and GIT_WORK_TREE set, no discovery again), with
+        ``config`` after the repository's overrides; its output, or a GitError saying ``what``
+        failed and git's first line."""
+        done = _git(args, cwd=self.top, config=(*self.config, *config), what=what, input=input, timeout=timeout,
                     env={"GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(self.top), **(env or {})})
         if done.returncode != 0:
             raise GitError(f"{what}: {_first_line(done.stderr)}")
@@ -431,13 +435,56 @@ def _fetch_scheme(url: str) -> str:
     return scheme.lower()
 
 
-def fetch_source(cache: Path, url: str, branch: str, *, timeout: float) -> str:
+@dataclass(frozen=True)
+class GitCredentials:
+    """What a source's fetch authenticates with (from a Kubernetes Secret, never a spec): a user
+    name and password or a bearer token for http(s), a private key and the server's known host
+    keys for ssh. Never printed (``repr`` names which parts are set, not their values)."""
+
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+    bearer_token: str | None = field(default=None, repr=False)
+    identity: str | None = field(default=None, repr=False)
+    known_hosts: str | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        held = [n for n in ("username", "password", "bearer_token", "identity", "known_hosts") if getattr(self, n)]
+        return f"GitCredentials({', '.join(held) or 'none'})"
+
+
+def _authenticated(scheme: str, credentials: GitCredentials, folder: Path) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """The configuration and environment that hand ``credentials`` to git for a fetch over
+    ``scheme``: an `http.extraHeader` (Basic or Bearer) in the environment's GIT_CONFIG_*, or an
+    ssh command reading the key and known hosts from files in ``folder`` (0600) — never in argv."""
+    if scheme in ("http", "https"):
+        if credentials.bearer_token:
+            return [("http.extraHeader", f"Authorization: Bearer {credentials.bearer_token}")], {}
+        if credentials.password is not None:
+            pair = f"{credentials.username or 'git'}:{credentials.password}".encode()
+            return [("http.extraHeader", f"Authorization: Basic {base64.b64encode(pair).decode()}")], {}
+        raise GitError(f"credentials for an {scheme} source need a password (with a username) or a bearerToken")
+    if scheme == "ssh":
+        if not credentials.identity or not credentials.known_hosts:
+            raise GitError("credentials for an ssh source need an identity (private key) and known_hosts")
+        key, hosts = folder / "identity", folder / "known_hosts"
+        for path, text in ((key, credentials.identity), (hosts, credentials.known_hosts)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text if text.endswith("\n") else text + "\n")
+        command = ("ssh -o BatchMode=yes -o IdentitiesOnly=yes -o StrictHostKeyChecking=yes "
+                   f"-o UserKnownHostsFile={shlex.quote(str(hosts))} -i {shlex.quote(str(key))}")
+        return [], {"GIT_SSH_COMMAND": command}
+    raise GitError(f"a {scheme}:// source takes no credentials (https, http or ssh do)")
+
+
+def fetch_source(cache: Path, url: str, branch: str, *, timeout: float, credentials: GitCredentials | None = None) -> str:
     """Fetch ``branch`` of ``url`` into the cache repository at ``cache`` (made here, with no work
     tree checked out, the first time) and return the fetched commit. The in-cluster controller's
     one remote operation, as closed as everything else here: the repository and its configuration
     are Forge's own (nothing of the remote's configuration or hooks is ever read), the only
     transport allowed is the URL's own scheme, no tags, no submodules, no credential helper or
-    prompt, and the whole fetch is bounded by ``timeout`` seconds. The fetched revision is then read
+    prompt, and the whole fetch is bounded by ``timeout`` seconds. ``credentials`` (a Secret's,
+    :class:`GitCredentials`) reach git through its environment and files of this fetch alone. The fetched revision is then read
     like any other (:meth:`Repository.tree`, :meth:`Repository.blobs`: blobs by id, no checkout)."""
     scheme = _fetch_scheme(url)
     check_revision(branch)
@@ -450,7 +497,9 @@ def fetch_source(cache: Path, url: str, branch: str, *, timeout: float) -> str:
             raise GitError(f"making the cache repository {printable(str(cache))}: {_first_line(done.stderr)}")
     repo = open_repository(cache, needed_by="the controller's fetch")
     what = f"fetching {printable(branch)} of {printable(url)}"
-    repo.run("fetch", "--quiet", "--no-tags", "--no-recurse-submodules", "--no-write-fetch-head", "--force",
-             "--", url, f"+refs/heads/{branch}:{FETCHED_REF}", what=what, timeout=timeout,
-             env={"GIT_ALLOW_PROTOCOL": scheme, "GIT_SSH_COMMAND": "ssh -o BatchMode=yes"})
+    with tempfile.TemporaryDirectory(prefix="forge-fetch-") as folder:
+        config, env = _authenticated(scheme, credentials, Path(folder)) if credentials is not None else ([], {})
+        repo.run("fetch", "--quiet", "--no-tags", "--no-recurse-submodules", "--no-write-fetch-head", "--force",
+                 "--", url, f"+refs/heads/{branch}:{FETCHED_REF}", what=what, timeout=timeout, config=config,
+                 env={"GIT_ALLOW_PROTOCOL": scheme, "GIT_SSH_COMMAND": "ssh -o BatchMode=yes", **env})
     return repo.commit(FETCHED_REF)

@@ -83,9 +83,9 @@ class Controllers:
     """Starts replicas of one configuration; kills what is left at the end."""
 
     def __init__(self, tmp: Path, kubeconfig: str, namespace: str, url: str, *, interval: str,
-                 secret: bytes | None = None, self_heal: bool = False) -> None:
+                 secret: bytes | None = None, self_heal: bool = False, secret_ref: str | None = None) -> None:
         self.tmp, self.kubeconfig, self.namespace, self.url = tmp, kubeconfig, namespace, url
-        self.interval, self.secret, self.self_heal = interval, secret, self_heal
+        self.interval, self.secret, self.self_heal, self.secret_ref = interval, secret, self_heal, secret_ref
         self.replicas: list[Replica] = []
 
     def start(self, name: str) -> Replica:
@@ -96,7 +96,7 @@ class Controllers:
             "http": {"address": "127.0.0.1", "port": port},
             "sources": [{"name": SOURCE, "url": self.url, "branch": "main", "path": ".", "environment": "cluster",
                          "namespace": self.namespace, "interval": self.interval, "timeout": "30s",
-                         "selfHeal": self.self_heal}],
+                         "selfHeal": self.self_heal, **({"secretRef": self.secret_ref} if self.secret_ref else {})}],
         }
         if self.secret is not None:
             secret_file = self.tmp / "webhook-secret"

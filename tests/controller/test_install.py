@@ -193,3 +193,12 @@ def test_install_applies_and_uninstall_keeps_what_the_controller_applied(kube_cl
             restore_sync_crd(kubeconfig)
     finally:
         git_server.stop()
+
+
+def test_the_role_may_get_only_the_secrets_the_sources_name() -> None:
+    from reconciler.controller.install import InstallOptions
+
+    [role] = [o for o in install_objects(InstallOptions(secrets=("git-auth",))) if o["kind"] == "Role"]
+    assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["git-auth"], "verbs": ["get"]} in role["rules"]
+    [plain] = [o for o in install_objects() if o["kind"] == "Role"]
+    assert not any("secrets" in r["resources"] for r in plain["rules"])
