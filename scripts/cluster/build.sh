@@ -8,6 +8,7 @@
 #   scripts/cluster/build.sh promop   the Prometheus Operator and prometheus-config-reloader (PROMETHEUS_OPERATOR_VERSION),
 #                                     and the Prometheus it deploys by default (bin/prometheus-<version>/prometheus)
 #   scripts/cluster/build.sh traefik  Traefik (TRAEFIK_VERSION), its `go build ./cmd/traefik` in the module's own tree
+#   scripts/cluster/build.sh kueue    Kueue's manager (KUEUE_VERSION), its `go build ./cmd/kueue` in the module's own tree
 #   scripts/cluster/build.sh judge                        (prints the binary's path on stdout)
 #
 # Output: ${FORGE_CACHE:-$HOME/.cache/forge}/bin/<name>-<version>/<name>
@@ -353,6 +354,39 @@ for r in json.load(sys.stdin).get("Replace") or []:
   log "traefik $v: built $out/traefik"
 }
 
+# Kueue's manager (KUEUE_VERSION) from the module proxy: bin/kueue-<version>/kueue, upstream's
+# `go build ./cmd/kueue` (its Makefile's build target, cmd/kueue/main.go) in the module's own tree, so its
+# go.mod and go.sum apply exactly as upstream builds it (-mod=readonly); the tree is a hard-linked copy of the
+# verified module contents. ldflags as upstream's Makefile (LD_FLAGS) stamps them. The manager has no
+# --version flag: the check runs it with no cluster to reach and reads the version it logs first
+# ("Initializing", gitVersion), before it exits for want of its metrics certificate or a kubeconfig.
+# The proxy's .info for this module carries no Origin, so gitCommit is "unknown".
+build_kueue() {
+  local v="$KUEUE_VERSION" mod="$KUEUE_MODULE" out src gomod cached
+  proxy_wrapper kueue "$v" "$mod" kueue
+  [[ -z "$cached" ]] || return 0
+  if grep -q '^replace' "$gomod"; then echo "$mod@$v go.mod has replace directives; check them before building" >&2; exit 1; fi
+  local info; info="$(cd "$src" && go mod download -json "$mod@$v")"
+  local moddir; moddir="$(python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])' <<<"$info")"
+  local commit; commit="$(python3 -c 'import json,sys; print((json.load(sys.stdin).get("Origin") or {}).get("Hash",""))' <<<"$info")"
+  cp -al "$moddir" "$src/kueue"
+  local pv="$mod/pkg/version"
+  local ld="-s -w -X $pv.GitVersion=$v -X $pv.GitCommit=${commit:-unknown} -X $pv.BuildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  log "kueue $v${commit:+ ($commit)}: compiling ./cmd/kueue (heavy: tens of minutes on 2 loaded cores the first time)"
+  local tmp="$out.tmp.$$"; rm -rf "$tmp"; mkdir -p "$tmp"
+  local t0=$SECONDS
+  (cd "$src/kueue" && go build -mod=readonly -p "$jobs" -ldflags "$ld" -o "$tmp/kueue" ./cmd/kueue)
+  log "kueue $v: compiled in $((SECONDS - t0)) s"
+  local said; said="$(cd "$tmp" && KUBECONFIG="$tmp/no-kubeconfig" timeout 60 "$tmp/kueue" 2>&1 || true)"
+  if ! grep -q "\"gitVersion\": *\"$v\"" <<<"$said"; then
+    printf '%s\n' "$said" | head -20 >&2
+    echo "kueue $v: the built manager does not report gitVersion $v" >&2; exit 1
+  fi
+  grep -m1 '"Initializing"' <<<"$said" >&2 || true
+  finish "$tmp" "$out"
+  log "kueue $v: built $out/kueue"
+}
+
 judges="$(cd "$here/../.." && pwd)/judges"
 
 judge_key() {
@@ -402,11 +436,12 @@ case "$what" in
   promop) lock; build_promop; build_prometheus ;;
   promop-prometheus-version) promop_prometheus_version ;;
   traefik) lock; build_traefik ;;
+  kueue) lock; build_kueue ;;
   all) lock; build_etcd; build_kube_apiserver ;;
   judge)
     # A cached judge needs no lock: installs are atomic renames, and a kube-apiserver build
     # holding the lock for minutes must not stall every test that only asks for the path.
     if [[ ! -x "$(judge_out)/forge-judge" ]]; then lock; build_judge; fi
     echo "$(judge_out)/forge-judge" ;;
-  *) echo "usage: $0 [etcd|kube-apiserver|all|node|argo|promop|promop-prometheus-version|traefik|judge]" >&2; exit 2 ;;
+  *) echo "usage: $0 [etcd|kube-apiserver|all|node|argo|promop|promop-prometheus-version|traefik|kueue|judge]" >&2; exit 2 ;;
 esac
