@@ -10,7 +10,7 @@ and outcome. Each server has a Pod in the API server whose Ready condition follo
 weight rises. The controller is the real ``forgectl reconcile --watch --interval 0.5`` as a
 subprocess.
 
-    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,hung,baddata,skew,two,late]
+    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,hung,baddata,skew,two,late,two-watchers]
         [--kill-runs 10] [--prometheus-runs 3] [--canary-runs 5] [--outage 20] [--runs N]
         [--out bench/results/rollout-faults-DATE.json]
 
@@ -61,6 +61,12 @@ Succeeded; rollouts follow one another in one namespace, the servers keep their 
   holds the environment's Lease). A failure when both acted: a count that went back, measurements
   closer than the metric's interval, a step entered twice, or transitions printed by both.
 
+* ``two-watchers`` (issue 35): two watches on one rollout (Lease 6 s), hand-overs forced: the
+  leader SIGSTOPped past its Lease (the other must take it over and enter a step), SIGCONTed (it must say
+  it lost the lock and write nothing), the new leader SIGKILLed (the first must take over and
+  promote). Who moved what comes from the API server: each step's Event names its writer
+  (reportingInstance, the Lease's holder) and carries the writer's clock. Fails on an Event by the
+  first while paused or deposed, by the second outside its tenure, a step entered twice, no promotion.
 * ``late`` (issue 35): a canary that degrades late — its server healthy for its first
   ``--late-after`` requests (`faultInjection.afterRequests`, default 150: through step 1 at 10 %),
   then failing ``--late-error-rate`` of them (default 5 %). Fails unless it is rolled back from
@@ -178,10 +184,12 @@ class Live:
 class ControllerProc:
     """`forgectl reconcile --watch --interval 0.5` as a subprocess, killed by its PID."""
 
-    def __init__(self, r: Rollout, workdir: Path, name: str = "controller", prefix: list[str] | None = None) -> None:
+    def __init__(self, r: Rollout, workdir: Path, name: str = "controller", prefix: list[str] | None = None,
+                 lease: float | None = None) -> None:
         self.name = name
         self.cmd = [*(prefix or []), sys.executable, "-m", "forgectl", "reconcile", str(r.specs_dir), "--env", "cluster", "-n", r.namespace,
-                    "--kubeconfig", r.kubeconfig, "--watch", "--interval", "0.5"]
+                    "--kubeconfig", r.kubeconfig, "--watch", "--interval", "0.5",
+                    *(["--lease-duration", f"{lease:g}"] if lease else [])]
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -204,6 +212,18 @@ class ControllerProc:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the controller's process group (SIGSTOP, SIGCONT)."""
+        assert self.proc is not None and self.proc.poll() is None, f"{self.name} is not running"
+        os.killpg(self.proc.pid, sig)
+
+    def log_text(self) -> str:
+        return (self.workdir / f"{self.name}-{self.starts}.log").read_text(errors="replace")
+
+    def holds(self, holder: str | None) -> bool:
+        """Whether a Lease holder (or an Event's reportingInstance) names this controller's process."""
+        return self.proc is not None and holder is not None and holder.endswith(f":{self.proc.pid} (reconcile --watch)")
 
 
 class Harness:
@@ -898,10 +918,105 @@ def drill_late(h: Harness, runs: int, ctl: ControllerProc, after_requests: int, 
             "stable_lost": sum(r["stable_lost"] for r in results), "samples": results}
 
 
+def drill_handover(h: Harness, runs: int, a: ControllerProc, b: ControllerProc, lease: float) -> dict[str, Any]:
+    """Two watches on one rollout, hand-overs forced: the leader SIGSTOPped past its Lease (the other
+    must take over and act), SIGCONTed (it must write nothing and follow), the new leader SIGKILLed
+    (the first must take over and finish). Who moved what is read from the API server: each step's
+    Event names the Lease's holder (reportingInstance) and carries its writer's clock (ns)."""
+    raw = h.cluster.raw_client()
+
+    def holder() -> str | None:
+        status, body = raw.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{h.namespace}/leases/forgectl-cluster")
+        return (body.get("spec") or {}).get("holderIdentity") if status == 200 else None
+
+    def moves(canary: str) -> list[tuple[int, str, str]]:
+        status, body = raw.request("GET", f"/api/v1/namespaces/{h.namespace}/events")
+        return sorted((int(e["metadata"]["name"].rsplit(".", 1)[1], 16), e.get("reportingInstance") or "", e["reason"])
+                      for e in body.get("items", []) if e["reason"] in ("RolloutStep", "Promoted", "RolledBack")
+                      and canary in e.get("message", ""))
+
+    def until(pred: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+            time.sleep(0.1)
+
+    results = []
+    for run in range(1, runs + 1):
+        canary = h.new_version()
+        t0 = time.monotonic()
+        a.start()
+        b.start()
+        problems: list[str] = []
+        marks: dict[str, float] = {}
+        first = second = None
+        final = None
+        try:
+            h.live.wait(lambda s: s.canary == canary and s.phase is Phase.PROGRESSING, 120, "step 1")  # noqa: B023
+            leader = holder()
+            first, second = (a, b) if a.holds(leader) else (b, a)
+            first.signal(signal.SIGSTOP)
+            stopped, marks["stopped"] = time.time_ns(), time.monotonic() - t0
+            until(lambda: second.holds(holder()), 4 * lease + 30, "the second to take the Lease over")  # noqa: B023
+            marks["taken_over_after_stop_s"] = round(time.monotonic() - t0 - marks["stopped"], 2)
+            # it acts: a step entered by it (its Event), not only a measurement written
+            until(lambda: any(second.holds(who) for _, who, _ in moves(canary)), 90, "the second to enter a step")  # noqa: B023
+            marks["second_moved_after_stop_s"] = round(time.monotonic() - t0 - marks["stopped"], 2)
+            first.signal(signal.SIGCONT)
+            until(lambda: "lost the environment's lock" in first.log_text(), 30, "the resumed one to find its lock lost")  # noqa: B023
+            if not second.holds(holder()):
+                problems.append(f"the Lease left the second after the first resumed: {holder()}")
+            second.kill()
+            killed, marks["killed"] = time.time_ns(), time.monotonic() - t0
+            final = h.live.wait(lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 180,  # noqa: B023
+                                "the first to take over again and finish")
+            marks["finished_after_kill_s"] = round(time.monotonic() - t0 - marks["killed"], 2)
+        except (TimeoutError, AssertionError) as exc:
+            problems.append(str(exc))
+            final = final or h.live.state
+        finally:
+            for c in (a, b):
+                if c.proc is not None and c.proc.poll() is None:
+                    os.killpg(c.proc.pid, signal.SIGCONT)
+                c.kill()
+        t_end = time.monotonic()
+        events = moves(canary)
+        by = {"first": 0, "second": 0, "other": 0}
+        for t, who, _ in events:
+            if first is not None and first.holds(who):
+                by["first"] += 1
+                if "killed" in marks and stopped < t < killed:
+                    problems.append("the first wrote an Event while paused or deposed")
+            elif second is not None and second.holds(who):
+                by["second"] += 1
+                if "killed" in marks and not stopped < t < killed:
+                    problems.append("the second wrote an Event outside its tenure")
+            else:
+                by["other"] += 1
+        steps = entered_steps(final, canary) if final else []
+        if steps != sorted(set(steps)):
+            problems.append(f"a step entered twice: {steps}")
+        if final is None or final.phase is not Phase.PROMOTED:
+            problems.append(f"not promoted: {final.phase.value if final else None}")
+        counts = tallies(h, t0, t_end)
+        if counts["stable"]["failed"]:
+            problems.append(f"{counts['stable']['failed']} requests to stable failed")
+        res = {"run": run, "phase": final.phase.value if final else None, "steps_entered": steps, "moves_by": by,
+               "moves": [(who.rsplit(":", 1)[-1], why) for _, who, why in events], **marks,
+               "first_said_lost": first is not None and "lost the environment's lock" in first.log_text(),
+               "stable_lost": counts["stable"]["failed"], "requests": counts, "failed": bool(problems), "problems": problems}
+        results.append(res)
+        log(f"handover drill, run {run}: {res['phase']}, moves {by}, taken over {marks.get('taken_over_after_stop_s')} s after "
+            f"the SIGSTOP{'; ' + '; '.join(problems) if problems else ''}")
+    return {"runs": len(results), "failures": sum(r["failed"] for r in results), "max_converge_s": None,
+            "stable_lost": sum(r["stable_lost"] for r in results), "lease_s": lease, "samples": results}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--drills", default="kill,prometheus,canary,hung,baddata,skew,two,late",
-                        help="comma-separated: kill, prometheus, canary, hung, baddata, skew, two, late")
+    parser.add_argument("--drills", default="kill,prometheus,canary,hung,baddata,skew,two,late,two-watchers",
+                        help="comma-separated: kill, prometheus, canary, hung, baddata, skew, two, late, two-watchers")
     parser.add_argument("--hang", type=float, default=30.0,
                         help="seconds the hung drill keeps Prometheus stopped (default 30: a pass waits out two queries "
                              "of two 5 s attempts each before it saves)")
@@ -919,7 +1034,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second, split by the live weights (default 40)")
     args = parser.parse_args()
     drills = [d.strip() for d in args.drills.split(",") if d.strip()]
-    unknown = set(drills) - {"kill", "prometheus", "canary", "hung", "baddata", "skew", "two", "late"}
+    unknown = set(drills) - {"kill", "prometheus", "canary", "hung", "baddata", "skew", "two", "late", "two-watchers"}
     if unknown:
         parser.error(f"unknown drills: {sorted(unknown)}")
     for name in ("kill_runs", "prometheus_runs", "canary_runs", "runs"):
@@ -960,6 +1075,13 @@ def main() -> None:
                         out[name] = drill_skew(harness, args.runs, skewed, args.skew)
                     finally:
                         skewed.kill()
+                elif name == "two-watchers":
+                    pair = [ControllerProc(harness.r, tmp, f"watch-{k}", lease=6.0) for k in "ab"]
+                    try:
+                        out[name] = drill_handover(harness, args.runs, *pair, lease=6.0)
+                    finally:
+                        for c in pair:
+                            c.kill()
                 elif name == "late":
                     out[name] = drill_late(harness, args.runs, ctl, args.late_after, args.late_error_rate)
                 elif name == "two":
