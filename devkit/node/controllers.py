@@ -9,6 +9,7 @@ manifest names, so upstream's RBAC is what authorises it, and records its PID in
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,18 @@ class HostController:
 
     def log_tail(self, limit: int = 200000) -> str:
         return paths.log_tail(self.log_path, limit=limit)
+
+
+def ensure_built(target: str, path: Path, what: str, log: Callable[[str], None]) -> Path:
+    """``path``, built by ``scripts/cluster/build.sh <target>`` (niced) when it is not there yet;
+    :class:`NodeError` when the build fails."""
+    if not os.access(path, os.X_OK):
+        log(f"building {what} (first time only: a long build)")
+        t0 = time.monotonic()
+        if subprocess.run(["nice", "-n", "10", str(paths.BUILD_SH), target]).returncode != 0:
+            raise NodeError(f"scripts/cluster/build.sh {target} failed")
+        log(f"{what} built in {time.monotonic() - t0:.0f} s")
+    return path
 
 
 def service_account_kubeconfig(cluster: Any, node: Node, namespace: str, account: str, name: str) -> Path:
@@ -90,6 +103,42 @@ def spawn(node: Node, name: str, argv: Sequence[str], *, env: Mapping[str, str] 
     (records / f"{name}.json").write_text(json.dumps(asdict(ctl), indent=2) + "\n")
     log(f"{name} running (pid {ctl.pid}) after {ctl.start_seconds:.1f} s")
     return ctl
+
+
+#: Kinds kustomize's ``namespace:`` leaves without a namespace (cluster-scoped).
+CLUSTER_KINDS = ("Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                 "ValidatingWebhookConfiguration", "CustomResourceDefinition")
+
+
+def kustomized(docs: list[dict[str, Any]], namespace: str, prefix: str) -> list[dict[str, Any]]:
+    """What an upstream kustomization's ``namespace:`` and ``namePrefix:`` do to ``docs`` (in place):
+    ``prefix`` on names and on the names they refer to (roleRef, ServiceAccount subjects), ``namespace``
+    on namespaced objects and ServiceAccount subjects."""
+    for d in docs:
+        md = d["metadata"]
+        md["name"] = prefix + md["name"]
+        if d["kind"] in CLUSTER_KINDS:
+            md.pop("namespace", None)
+        else:
+            md["namespace"] = namespace
+        if "roleRef" in d:
+            d["roleRef"]["name"] = prefix + d["roleRef"]["name"]
+        for s in d.get("subjects") or []:
+            if s.get("kind") == "ServiceAccount":
+                s["name"] = prefix + s["name"]
+                s["namespace"] = namespace
+    return docs
+
+
+def serving_cert(directory: Path) -> Path:
+    """A self-signed serving certificate for 127.0.0.1 (``tls.crt``, ``tls.key``, where controller-runtime's
+    webhook server looks for them) in ``directory``; returns the certificate's path (its own CA)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(directory / "tls.key"), "-out", str(directory / "tls.crt")],
+                   check=True, capture_output=True)
+    return directory / "tls.crt"
 
 
 def kubectl(node: Node, *args: str, stdin: str | None = None) -> str:

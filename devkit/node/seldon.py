@@ -44,7 +44,15 @@ from typing import Any
 import yaml
 
 from devkit.node import paths
-from devkit.node.controllers import HostController, apply_docs, manifest_docs, service_account_kubeconfig, spawn
+from devkit.node.controllers import (
+    HostController,
+    apply_docs,
+    kustomized,
+    manifest_docs,
+    service_account_kubeconfig,
+    serving_cert,
+    spawn,
+)
 from devkit.node.node import Node, NodeError, _stderr_log
 
 NAMESPACE = "seldon-system"  # config/default/kustomization.yaml: namespace
@@ -57,8 +65,6 @@ EXECUTOR_BUILD_SH = REPO / "judges" / "seldon" / "build-executor.sh"
 # The controller-runtime log line that says the SeldonDeployment controller's workers run.
 READY_LINE = "Starting workers"
 WEBHOOK_LINE = "Serving webhook server"
-# Cluster-scoped kinds keep their namespace-less metadata when kustomize's namespace is applied.
-_CLUSTER_KINDS = ("Namespace", "ClusterRole", "ClusterRoleBinding")
 
 
 def source_dir() -> Path:
@@ -99,24 +105,6 @@ def ensure_executor(log: Callable[[str], None] = _stderr_log) -> Path:
     return _build(EXECUTOR_BUILD_SH, "Seldon executor", log)
 
 
-def _kustomized(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What ``config/default``'s kustomization does to these documents: namespace ``seldon-system``
-    on namespaced objects and ServiceAccount subjects, prefix ``seldon-`` on names and on the names
-    they refer to (roleRef, subjects)."""
-    for d in docs:
-        md = d["metadata"]
-        md["name"] = NAME_PREFIX + md["name"]
-        if d["kind"] not in _CLUSTER_KINDS:
-            md["namespace"] = NAMESPACE
-        if "roleRef" in d:
-            d["roleRef"]["name"] = NAME_PREFIX + d["roleRef"]["name"]
-        for s in d.get("subjects") or []:
-            if s.get("kind") == "ServiceAccount":
-                s["name"] = NAME_PREFIX + s["name"]
-                s["namespace"] = NAMESPACE
-    return docs
-
-
 def install_docs(src: Path) -> list[dict[str, Any]]:
     """Upstream's install objects for the operator, less its Deployment and webhook objects."""
     docs: list[dict[str, Any]] = []
@@ -126,7 +114,7 @@ def install_docs(src: Path) -> list[dict[str, Any]]:
     kust = yaml.safe_load((rbac / "kustomization.yaml").read_text())
     for f in kust["resources"]:  # the auth proxy's files are commented out there, as upstream installs
         docs += manifest_docs(rbac / f)
-    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}] + _kustomized(docs)
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}] + kustomized(docs, NAMESPACE, NAME_PREFIX)
 
 
 def manager_env(src: Path) -> dict[str, str]:
@@ -146,12 +134,7 @@ def manager_env(src: Path) -> dict[str, str]:
 
 def _webhook_cert(tmpdir: Path) -> None:
     """A self-signed serving certificate where controller-runtime's webhook server looks for it."""
-    d = tmpdir / "k8s-webhook-server" / "serving-certs"
-    d.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(d / "tls.key"), "-out", str(d / "tls.crt")],
-                   check=True, capture_output=True)
+    serving_cert(tmpdir / "k8s-webhook-server" / "serving-certs")
 
 
 def _guard_webhook_port(port: int) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from devkit.node import paths
 from devkit.node.controllers import (
     HostController,
     apply_docs,
+    ensure_built,
     kubectl,
     manifest_docs,
     service_account_kubeconfig,
@@ -66,14 +66,7 @@ def binary_path() -> Path:
 
 def ensure_binary(log: Callable[[str], None] = _stderr_log) -> Path:
     """Traefik's binary, built by ``scripts/cluster/build.sh traefik`` when missing (minutes)."""
-    path = binary_path()
-    if not os.access(path, os.X_OK):
-        log(f"building Traefik {version()} (first time only: several minutes)")
-        t0 = time.monotonic()
-        if subprocess.run(["nice", "-n", "10", str(paths.BUILD_SH), "traefik"]).returncode != 0:
-            raise NodeError("scripts/cluster/build.sh traefik failed")
-        log(f"Traefik built in {time.monotonic() - t0:.0f} s")
-    return path
+    return ensure_built("traefik", binary_path(), f"Traefik {version()}", log)
 
 
 def rbac_docs() -> list[dict[str, Any]]:

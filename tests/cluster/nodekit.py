@@ -36,7 +36,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devkit.cluster import Cluster
-from devkit.node import argo, promop, seldon, traefik
+from devkit.node import argo, kueue, promop, seldon, traefik
 from devkit.node.controllers import HostController
 from devkit.node.node import Node
 
@@ -109,6 +109,10 @@ class SharedNode:
             operator = promop.start(self.cluster, self.node, die_with_parent=True)
             return operator, promop.deploy_prometheus(self.node, controller=operator)
         return self.once("prometheus", start)
+
+    def kueue(self) -> kueue.KueueController:
+        """Kueue's controller manager (pods of namespaces labelled ``kueue.MANAGED_NAMESPACES`` are managed)."""
+        return self.once("kueue", lambda: kueue.start(self.cluster, self.node, die_with_parent=True))
 
     @contextlib.contextmanager
     def namespace(self, name: str, labels: Mapping[str, str] | None = None, *, create: bool = True,
