@@ -81,7 +81,8 @@ class Pack:
             return {}  # damaged: ignored, and replaced by the next save
         try:
             with gc_paused():  # a pack is tens of thousands of acyclic containers
-                entries = json.loads(body)
+                # surrogateescape: a file name that is not UTF-8 comes back as the same str
+                entries = json.loads(body.decode("utf-8", "surrogateescape"))
         except ValueError:
             return {}
         return entries if isinstance(entries, dict) else {}
@@ -123,7 +124,8 @@ class Pack:
                     with gc_paused():  # one entry at a time, each by the C encoder
                         for i, (key, value) in enumerate(self._used.items()):
                             out.write(b"{" if i == 0 else b",")
-                            out.write(json.dumps({key: value}, separators=(",", ":"), ensure_ascii=False)[1:-1].encode())
+                            out.write(json.dumps({key: value}, separators=(",", ":"), ensure_ascii=False)[1:-1]
+                                      .encode("utf-8", "surrogateescape"))
                             if out.tell() - start > MAX_PACK_BYTES:
                                 raise _TooLarge
                         out.write(b"}" if self._used else b"{}")

@@ -88,12 +88,13 @@ class ParseCache:
     :meth:`keep` after a clean parse, :meth:`save` at the end of the load)."""
 
     def __init__(self, paths: Sequence[str], folder: Path | None = None) -> None:
-        scope = {"paths": sorted(os.path.abspath(p) for p in paths)}
+        # A path need not be UTF-8 (a file name is bytes): the scope holds its bytes, in hex.
+        scope = {"paths": sorted(os.fsencode(os.path.abspath(p)).hex() for p in paths)}
         self.pack = Pack(folder or cache_root() / "specs", scope, parser_version())
 
     @staticmethod
     def _key(source: SourceFile) -> str:
-        return hashlib.sha256(source.path.encode() + b"\0" + source.data).hexdigest()
+        return hashlib.sha256(os.fsencode(source.path) + b"\0" + source.data).hexdigest()
 
     def recall(self, source: SourceFile, spent: Spent) -> list[RawDocument] | None:
         """The documents of ``source`` as an earlier clean parse made them, with the run's budgets
