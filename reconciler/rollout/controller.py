@@ -107,6 +107,9 @@ class Controller:
     #: The canary's readiness as observed in the current pass (endpoint, version) → Readiness: asked
     #: of the target at most once a pass, and never carried into the next one.
     _ready: dict[tuple[str, str], Readiness] = field(default_factory=dict, init=False, repr=False)
+    #: When each (endpoint, canary, step, metric) was last checked for a breach
+    #: (:func:`machine.breach_check_due`): in memory only, since a check without a breach writes nothing.
+    _breach_checked: dict[tuple[str, str | None, int, str], float] = field(default_factory=dict, init=False, repr=False)
 
     # -- one pass -------------------------------------------------------------------------
     def reconcile(self, endpoint: Endpoint, desired: str, model: str, policy: RolloutPolicy | None) -> RolloutState | None:
@@ -144,9 +147,15 @@ class Controller:
         # One metric at a time: a rollback stops the pass before the next metric is queried.
         for name in steps[state.step].analysis:
             metric = metrics[name]
-            if not machine.measurement_due(state, metric, now):
+            if machine.measurement_due(state, metric, now):
+                decision = machine.record(state, policy, metric, self._measure(metric, endpoint, state), now)
+            elif machine.breach_check_due(state, metric, now, self._breach_checked.get(check := (
+                    endpoint.name, state.canary, state.step, metric.name), -math.inf)):
+                self._breach_checked[check] = now
+                early = self._measure(metric, endpoint, state, since=-math.inf)
+                decision = machine.record_breach(state, policy, metric, early, now)
+            else:
                 continue
-            decision = machine.record(state, policy, metric, self._measure(metric, endpoint, state), now)
             if decision.state.phase in FINAL:
                 return self._carry_out(endpoint, decision)
             state = decision.state
@@ -175,7 +184,9 @@ class Controller:
                   if registered is not None else GateResult(None, "regression gate skipped: this target keeps no registry records"))
         return OfflineGate(finished, passed, detail, result)
 
-    def _measure(self, metric: Metric, endpoint: Endpoint, state: RolloutState) -> Measurement:
+    def _measure(self, metric: Metric, endpoint: Endpoint, state: RolloutState, *, since: float | None = None) -> Measurement:
+        """One measurement of ``metric``, judged with the canary's liveness; ``since``: from when its
+        samples count (default :func:`machine.since`; a breach check counts the previous step's too)."""
         assert state.canary is not None
         query = render_query(metric, endpoint=endpoint.name, namespace=self.namespace, version=state.canary, role="canary")
         at = self.clock()
@@ -186,7 +197,7 @@ class Controller:
             if value is not None and not math.isnan(value):
                 # A rate() over the window keeps answering from the samples scraped before the
                 # canary died: without this, a dead canary could pass its steps and be promoted.
-                live = self._liveness(metric, query, endpoint, state, asked=at)
+                live = self._liveness(metric, query, endpoint, state, asked=at, since=since)
                 # Clocks out of step first (a ready canary's window cannot be lined up with the
                 # step: its samples would read as old, or old ones as new); a canary not ready is
                 # down whatever the clocks say.
@@ -204,7 +215,8 @@ class Controller:
             return judge(metric, None, None, query=query, at=at, error=str(exc))
         return judge(metric, value, stable, query=query, at=at)
 
-    def _liveness(self, metric: Metric, query: str, endpoint: Endpoint, state: RolloutState, *, asked: float) -> Liveness:
+    def _liveness(self, metric: Metric, query: str, endpoint: Endpoint, state: RolloutState, *, asked: float,
+                  since: float | None = None) -> Liveness:
         """What the target and Prometheus say of the canary now, over the range ``query`` counts
         (``asked``: the clock before the measurement's first query; the clock after its last is
         taken here, so Prometheus's evaluation time can be compared with both)."""
@@ -214,7 +226,8 @@ class Controller:
         counted = tuple(self.prometheus.series(queries.counted))
         current = tuple(self.prometheus.series(queries.current))
         up = tuple(self.prometheus.series(queries.up))
-        return Liveness(ready, queries, counted, current, up, machine.since(state), asked=asked, answered=self.clock())
+        counted_since = machine.since(state) if since is None else since
+        return Liveness(ready, queries, counted, current, up, counted_since, asked=asked, answered=self.clock())
 
     def _carry_out(self, endpoint: Endpoint, decision: machine.Decision) -> RolloutState:
         """The decision's effects, in order: serving, event, write-back hook. Returns the new state

@@ -221,16 +221,59 @@ def analysis_due(state: RolloutState, steps: list[Step], now: float) -> bool:
     return now >= state.step_started + steps[state.step].pause
 
 
-def measurement_due(state: RolloutState, metric: Metric, now: float) -> bool:
-    """Whether ``metric`` needs a measurement now: fewer than `count` so far, `interval` elapsed,
-    and the whole range its query counts (:func:`~reconciler.metrics.analysis.reach`) lying after
-    :func:`since` — a window that reaches back before the step began would count samples of the
-    previous weight, or of a canary that has died since."""
+def _paced(state: RolloutState, metric: Metric, now: float) -> bool:
+    """Fewer than `count` measurements so far and `interval` elapsed since the last one."""
     run = state.runs.get(metric.name, MetricRun())
+    return run.measurements < metric.count and now >= run.last_at + duration_seconds(metric.interval)
+
+
+def _window_inside_step(state: RolloutState, metric: Metric, now: float) -> bool:
+    """Whether the whole range ``metric``'s query counts (:func:`~reconciler.metrics.analysis.reach`)
+    lies after :func:`since`."""
     # The ranges of a query do not depend on what fills its placeholders.
     counted = reach(metric, metric.render(endpoint="e", namespace="n", version="v", role="canary"))
-    return (run.measurements < metric.count and now >= run.last_at + duration_seconds(metric.interval)
-            and now >= since(state) + counted)
+    return now >= since(state) + counted
+
+
+def measurement_due(state: RolloutState, metric: Metric, now: float) -> bool:
+    """Whether ``metric`` needs a measurement now: fewer than `count` so far, `interval` elapsed,
+    and the whole range its query counts lying after :func:`since` — a window that reaches back
+    before the step began would count samples of the previous weight, or of a canary that has died
+    since, so it cannot pass the step."""
+    return _paced(state, metric, now) and _window_inside_step(state, metric, now)
+
+
+def breach_check_due(state: RolloutState, metric: Metric, now: float, last_checked: float) -> bool:
+    """Whether ``metric`` may be checked for a breach now, before :func:`measurement_due`: paced as
+    a measurement (``last_checked``: the controller's last check of it, kept in memory, as a check
+    that finds no breach writes nothing), while its window still reaches back before the step.
+    Such a check can only fail the step (:func:`record_breach`): a canary whose errors already break
+    the rule in a window that is partly the previous weight's breaks it now too, and waiting out a
+    whole window (2 m by default) before rolling it back would serve those errors all that time."""
+    return (_paced(state, metric, now) and now >= last_checked + duration_seconds(metric.interval)
+            and not _window_inside_step(state, metric, now))
+
+
+#: The causes of a breach: the value, of a live canary, broke a bound of the rule.
+BREACHES = frozenset({Cause.BELOW_MIN, Cause.ABOVE_MAX, Cause.ABOVE_STABLE, Cause.BELOW_STABLE})
+
+
+def record_breach(state: RolloutState, policy: RolloutPolicy | None, metric: Metric, m: Measurement, now: float) -> Decision:
+    """Count a check of :func:`breach_check_due`: a breach is a failed measurement toward
+    `failureLimit` (never toward `count`: the step completes only on whole windows inside it);
+    anything else — a pass, no data, a canary not demonstrably alive — changes nothing, and the
+    whole-window measurements decide."""
+    if m.cause not in BREACHES:
+        return Decision(state)
+    run = replace(state.runs.get(metric.name, MetricRun()), last_at=now)
+    run = replace(run, failures=run.failures + 1)
+    analysis = [a for a in state.last_analysis if a.get("metric") != metric.name] + [m.to_json()]
+    state = replace(state, runs={**state.runs, metric.name: run}, last_analysis=analysis)
+    if run.failures > metric.failure_limit:
+        return rollback(state, f"step {state.step + 1} at {state.weight} %: {m.metric} {m.detail} "
+                        f"({run.failures} failed measurements > failureLimit {metric.failure_limit}, the last "
+                        f"before its window lay inside the step); query: {m.query}", now, m)
+    return Decision(state)
 
 
 def record(state: RolloutState, policy: RolloutPolicy | None, metric: Metric, m: Measurement, now: float) -> Decision:

@@ -237,13 +237,44 @@ def test_the_first_measurement_waits_for_a_window_entirely_inside_the_step() -> 
     entered = r.drive(lambda s: s.phase is Phase.PROGRESSING and s.step == 0)
     since = machine.since(entered)
     assert since >= entered.step_started
-    r.prometheus.asked.clear()
     while r.clock.now < since + 10 - 0.5:  # the 2 s pause is over, the 10 s window is not
         r.clock.now += 0.5
-        assert r.reconcile().runs.get("success-rate") is None
-    assert r.prometheus.asked == []
+        run = r.reconcile().runs.get("success-rate")
+        # checked for a breach only (the canary is healthy): nothing counted, nothing failed
+        assert run is None or (run.measurements, run.failures) == (0, 0), run
     r.clock.now = since + 10
     assert r.reconcile().runs["success-rate"].measurements == 1
+
+
+def test_a_breach_rolls_back_before_a_whole_window_lies_inside_the_step() -> None:
+    # The canary's success rate falls below the rule at step 2: its window still reaches into
+    # step 1, yet the breach is acted on within two intervals, not after a whole window.
+    r = Rig(policy(window="60s"))
+    entered = r.drive(lambda s: s.phase is Phase.PROGRESSING and s.step == 1)
+    r.prometheus.value_now = 0.5
+    at = r.clock.now
+    state = r.drive(final)
+    assert state.phase is Phase.ROLLED_BACK and state.step == 1, state.reason
+    assert state.history[-1]["at"] - at <= 2 * 2 + 1, (state.history[-1]["at"] - at, state.reason)
+    assert state.history[-1]["at"] < machine.since(entered) + 60  # before a whole window lay inside the step
+    assert "before its window lay inside the step" in state.reason
+    assert r.backend.canary_weights(after=at + 0.1) == [0]  # straight back from 50 %: never 100 %
+
+
+def test_a_breach_check_never_completes_a_step() -> None:
+    # With failureLimit 1 a single breach is tolerated; it is not a measurement toward `count`,
+    # so the step still needs its three whole-window measurements before the weight rises.
+    r = Rig(policy(window="20s"))
+    entered = r.drive(lambda s: s.phase is Phase.PROGRESSING and s.step == 0)
+    since = machine.since(entered)
+    r.clock.now = since + 4
+    r.prometheus.value_now = 0.5
+    state = r.reconcile()
+    assert state.runs["success-rate"].failures == 1 and state.runs["success-rate"].measurements == 0
+    r.prometheus.value_now = 1.0
+    state = r.drive(lambda s: s.step == 1 or s.phase in (Phase.ROLLED_BACK, Phase.PROMOTED))
+    assert state.step == 1 and state.phase is Phase.PROGRESSING, state.reason
+    assert state.history[-1]["at"] >= since + 20 + 2 * 2  # three whole windows' measurements, 2 s apart
 
 
 # -- the faults: each a failure `canary-down`, and the weight never rises ----------------------------------

@@ -382,10 +382,18 @@ def test_the_analysis_waits_for_the_step_pause_then_for_each_interval() -> None:
     assert r.prometheus is not None
     entered = r.reconcile().step_started
     saves = r.backend.saves
-    for offset in (1.0, 2.5, 4.99, 9.99):  # inside the 5 s pause, then the 10 s window: nothing asked, nothing saved
+    for offset in (1.0, 2.5, 4.99):  # inside the 5 s pause: nothing asked, nothing saved
         r.clock.now = entered + offset
         assert r.reconcile().runs == {}
     assert r.prometheus.asked == [] and r.backend.saves == saves
+    # After the pause, while the 10 s window still reaches back before the step: each metric is
+    # checked for a breach, once an interval; a healthy canary's check counts and saves nothing.
+    for offset in (5.0, 6.9):
+        r.clock.now = entered + offset
+        assert r.reconcile().runs == {}
+    assert r.prometheus.asked == [r.prometheus.query("success-rate"), r.prometheus.query("latency-p99")]
+    assert r.backend.saves == saves
+    r.prometheus.asked.clear()
     r.clock.now = entered + WINDOW
     state = r.reconcile()
     assert r.prometheus.asked == [r.prometheus.query("success-rate"), r.prometheus.query("latency-p99")]
@@ -433,8 +441,11 @@ def test_failures_beyond_the_failure_limit_roll_back_with_the_numbers() -> None:
     r.prometheus.set("success-rate", 0.5)
     state = r.drive(phase_is(Phase.ROLLED_BACK, Phase.PROMOTED))
     assert state.phase is Phase.ROLLED_BACK and state.weight == 0 and state.stable == V1
+    # Caught by the breach checks, before a whole window lay inside the step: 5 s pause + 2 s interval.
     assert state.reason == (f"rolled back to {V1}, canary {V2} removed: step 1 at 10 %: success-rate 0.5 < 0.99 "
-                            f"(2 failed measurements > failureLimit 1); query: {r.prometheus.query('success-rate')}")
+                            f"(2 failed measurements > failureLimit 1, the last before its window lay inside the step); "
+                            f"query: {r.prometheus.query('success-rate')}")
+    assert state.history[-1]["at"] - state.history[1]["at"] == 5 + 2
     assert state.history[-1]["measurement"]["cause"] == "below-min"
     assert r.backend.applied[-1] == ServingState(V1) and r.backend.events[-1][:2] == ("Warning", "RolledBack")
     assert len(r.rollbacks) == 1 and state.writeback == "committed 0123456789ab on branch forge/rollback-digits"
