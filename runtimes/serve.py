@@ -162,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         max_batch_size=batching.max_batch_size if mode == "mlserver" else 0,
         max_batch_time=batching.max_latency_ms / 1000.0 if mode == "mlserver" else 0.0,
     )
+    # MLServer(settings) attaches its SIGTERM/SIGINT handlers (its graceful stop, which ends its
+    # gRPC server too) to the current event loop: the loop that serves must be that one, or a
+    # SIGTERM stops uvicorn only and the process waits on its gRPC server until it is killed.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     server = MLServer(settings)
     server._rest_server._app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     batcher = {"off": "off", "mlserver": f"mlserver (up to {batching.max_batch_size} rows / {batching.max_latency_ms:g} ms)",
@@ -193,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.get_running_loop().create_task(announce())
         await server.start([model_settings])
 
-    asyncio.run(serve())
+    try:
+        loop.run_until_complete(serve())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
     if not mlserver_model.STATE.get("ready"):
         raise StepFailed(f"the model at {config.model_dir} failed to load: {mlserver_model.STATE.get('error', 'see the log above')}")
     return 0
