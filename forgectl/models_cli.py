@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -28,6 +27,7 @@ from typer.core import TyperGroup
 
 from forgectl.options import NO_OVERRIDES, SpecsOpt, TargetFlags, with_target_flags
 from forgectl.shell import open_environment, out
+from specs.searchresult import SearchResult
 
 if TYPE_CHECKING:
     from reconciler.registry.leaderboard import Board
@@ -210,8 +210,9 @@ def show(
         console.print(f"  artifact {_e(name)}: {state}" + (f" — {_e(report.get('reason'))}" if report.get("reason") else
                                                            f" ({fmt_bytes(report.get('sizeBytes'))})"))
     if record.search:
-        console.print("  " + _e(search_line(record.search)))
-        console.print(trials_table(record.search))
+        search = SearchResult.from_json(record.search)
+        console.print("  " + _e(search_line(search)))
+        console.print(trials_table(search))
 
 
 def trust_lines(record: Record) -> list[str]:
@@ -242,43 +243,39 @@ def trust_lines(record: Record) -> list[str]:
     return lines
 
 
-def search_line(search: Mapping[str, Any]) -> str:
+def search_line(search: SearchResult) -> str:
     """`models show`'s line for the search that trained a version: the best trial, the count of
     each state (pruned ones among them) and, with early stopping, the epochs pruning saved."""
-    study = search.get("study") or {}
-    if not study:
-        values = search.get("values") or {}
-        return (f"{'search':<13} {len(values)} trials, best {search.get('metric')} ({search.get('goal')}) "
-                f"{_num(values.get(search.get('best')))} from {search.get('best')}")
-    states = study.get("states") or {}
-    line = (f"{'search':<13} {study.get('algorithm')}, early stopping {study.get('earlyStopping')}: "
+    study = search.study
+    if study is None:
+        best = search.values.get(search.best) if search.best is not None else None
+        return (f"{'search':<13} {len(search.values)} trials, best {search.metric} ({search.goal}) "
+                f"{_num(best)} from {search.best}")
+    states = study.states
+    line = (f"{'search':<13} {study.algorithm}, early stopping {study.early_stopping}: "
             f"{sum(states.values())} trials ({', '.join(f'{n} {k}' for k, n in sorted(states.items()))}); "
-            f"best trial {study.get('bestTrial')}, {search.get('metric')} {_num(study.get('bestValue'))} "
-            f"with {json.dumps(study.get('bestParams') or {}, sort_keys=True)}")
-    if study.get("epochsBudget"):
-        line += (f"; {study.get('epochsTrained')} of {study.get('epochsBudget')} trial-epochs trained, "
-                 f"{study.get('epochsSaved')} saved by pruning")
-    return line + f" — study {study.get('name')} in {study.get('storage')}"
+            f"best trial {study.best_trial}, {search.metric} {_num(study.best_value)} "
+            f"with {json.dumps(dict(study.best_params), sort_keys=True)}")
+    if study.epochs_budget:
+        line += (f"; {study.epochs_trained} of {study.epochs_budget} trial-epochs trained, "
+                 f"{study.epochs_saved} saved by pruning")
+    return line + f" — study {study.name} in {study.storage}"
 
 
-def trials_table(search: Mapping[str, Any]) -> Table:
+def trials_table(search: SearchResult) -> Table:
     """The search's trials, best first (pruned and failed trials after the completed ones)."""
-    study = search.get("study") or {}
-    rows = study.get("trials") or [{"number": i, "state": "complete", "value": v, "params": {}, "output": folder}
-                                   for i, (folder, v) in enumerate(sorted((search.get("values") or {}).items()))]
-    sign = -1 if search.get("goal") == "maximize" else 1
-    rows = sorted(rows, key=lambda r: (r.get("state") != "complete", r.get("value") is None,
-                                       sign * (r.get("value") or 0.0), r.get("number", 0)))
-    shown = f"{len(rows)} of {study['trialsTotal']}" if study.get("trialsTotal", len(rows)) != len(rows) else f"{len(rows)}"
-    table = Table(title=f"Search trials ({shown}): {search.get('metric')} ({search.get('goal')}), best first",
-                  title_justify="left")
-    for col in ("trial", "state", search.get("metric") or "value", "epochs", "pruned at", "hyperparameters"):
+    rows = search.rows()
+    total = search.study.trials_total if search.study is not None else len(rows)
+    shown = f"{len(rows)} of {total}" if total != len(rows) else f"{len(rows)}"
+    table = Table(title=f"Search trials ({shown}): {search.metric} ({search.goal}), best first", title_justify="left")
+    for col in ("trial", "state", search.metric or "value", "epochs", "pruned at", "hyperparameters"):
         table.add_column(_e(col), overflow="fold")
     for r in rows:
-        best = r.get("number") == study.get("bestTrial") if study else r.get("output") == search.get("best")
-        table.add_row(_e(f"{r.get('number')}{' *' if best else ''}"), _e(r.get("state")), _e(_num(r.get("value")) if r.get("value") is not None else "—"),
-                      _e(r.get("epochsTrained", "—")), _e(r.get("prunedAtEpoch") or "—"),
-                      _e(", ".join(f"{k} {_num(v)}" for k, v in sorted((r.get("params") or {}).items())) or r.get("output") or "—"))
+        params = ", ".join(f"{k} {_num(v)}" for k, v in sorted(r.params.items()))
+        table.add_row(_e(f"{r.number}{' *' if search.is_best(r) else ''}"), _e(r.state),
+                      _e(_num(r.value) if r.value is not None else "—"),
+                      _e("—" if r.epochs_trained is None else r.epochs_trained), _e(r.pruned_at or "—"),
+                      _e(params or r.output or "—"))
     return table
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from runtimes._step import in_workspace, parse_config, read_json, run_step, write_json
 from runtimes.errors import StepFailed
+from specs.searchresult import summarised
 from specs.stepconfig import RegisterConfig
 
 log = logging.getLogger("forge.register")
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "registry": summary, "hardware": registry.get("hardware"),
                                       "artifacts": {n: {"built": a.get("built"), "reason": a.get("reason")}
                                                     for n, a in (registry.get("artifacts") or {}).items()},
-                                      **({"search": _search_summary(search)} if search is not None else {})})
+                                      **({"search": summarised(search, SUMMARY_TRIALS)} if search is not None else {})})
     log.info("registered %s %s with variants %s", config.model, config.version, ", ".join(sorted(entries)))
     return 0
 
@@ -69,20 +70,6 @@ def _search(config: RegisterConfig) -> dict[str, Any] | None:
     base = config.variants.get("base")
     trials = in_workspace(base) / "trials.json" if base else None
     return read_json(trials) if trials is not None and trials.is_file() else None
-
-
-def _search_summary(search: dict[str, Any]) -> dict[str, Any]:
-    """``search`` with its study's trials cut to the best :data:`SUMMARY_TRIALS` (``trialsTotal``
-    says how many there were) and, with a study, without the per-folder values its trials repeat."""
-    study = search.get("study")
-    if not study:
-        return search
-    rows = study.get("trials") or []
-    sign = -1 if search.get("goal") == "maximize" else 1
-    ranked = sorted(rows, key=lambda r: (r.get("value") is None, sign * (r.get("value") or 0.0), r.get("number", 0)))
-    summary = {k: v for k, v in search.items() if k != "values"}
-    summary["study"] = {**study, "trials": ranked[:SUMMARY_TRIALS], "trialsTotal": len(rows)}
-    return summary
 
 
 def _register_variant(name: str, src: Path, dst: Path, path: str) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from typing import Any
 from runtimes._step import in_workspace
 from runtimes.errors import StepFailed
 from specs.model import Choice, IntRange, Search, Uniform
+from specs.searchresult import TrialRow
 from specs.stepconfig import SearchStudy
 
 log = logging.getLogger("forge.study")
@@ -176,26 +177,6 @@ def start_trial(study_config: SearchStudy, index: int, output: str, overrides: d
 
 
 @dataclass(frozen=True)
-class TrialRow:
-    """One trial of the study as `trials.json` records it (the leaderboard `models show` prints)."""
-
-    number: int
-    #: The trial task's index in the fan-out (None for a trial no task of this search started).
-    index: int | None
-    state: str
-    #: The final validation metric (complete), else the last one reported (pruned, running).
-    value: float | None
-    params: dict[str, Any]
-    epochs_trained: int
-    #: The epoch after which the pruner stopped it (pruned trials only).
-    pruned_at: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"number": self.number, "index": self.index, "state": self.state, "value": self.value,
-                "params": self.params, "epochsTrained": self.epochs_trained, "prunedAtEpoch": self.pruned_at}
-
-
-@dataclass(frozen=True)
 class StudySummary:
     """What the pick-best step reads of a study."""
 
@@ -244,10 +225,10 @@ def study_summary(study_config: SearchStudy) -> StudySummary:
         states[row.state] = states.get(row.state, 0) + 1
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None]
     values = {str(t.user_attrs.get("output")): float(t.value) for t in complete}
-    epochs = sum(row.epochs_trained for row in rows)
+    epochs = sum(row.epochs_trained or 0 for row in rows)
     if not complete:
         return StudySummary(None, None, None, {}, values, states, epochs, rows)
     pick = (max if study_config.search.goal == "maximize" else min)(complete, key=lambda t: float(t.value))
     best = next(row for row in rows if row.number == pick.number)
-    return StudySummary(str(pick.user_attrs.get("output")), float(pick.value), pick.number, best.params, values,
+    return StudySummary(str(pick.user_attrs.get("output")), float(pick.value), pick.number, dict(best.params), values,
                         states, epochs, rows)

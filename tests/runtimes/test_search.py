@@ -59,7 +59,7 @@ def _register(digits: Runner, steps: list[Any], pick: Any) -> dict[str, Any]:
     registry = digits.read(f"{register['output']}/registry.json")
     summary = digits.read(f"{register['output']}/metrics.json")
     assert summary["search"]["study"]["trials"] == sorted(summary["search"]["study"]["trials"], key=lambda r: (
-        r["value"] is None, -(r["value"] or 0.0), r["number"]))  # the best first
+        r["state"] != "complete", r["value"] is None, -(r["value"] or 0.0), r["number"]))  # the best first
     return registry
 
 
@@ -68,10 +68,12 @@ def _shown(search: dict[str, Any]) -> str:
     from rich.console import Console
 
     from forgectl.models_cli import search_line, trials_table
+    from specs.searchresult import SearchResult
 
     console = Console(width=200, record=True)
-    console.print(search_line(search))
-    console.print(trials_table(search))
+    result = SearchResult.from_json(search)
+    console.print(search_line(result))
+    console.print(trials_table(result))
     return console.export_text()
 
 
