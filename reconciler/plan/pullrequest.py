@@ -14,6 +14,7 @@ from typing import Any
 
 from reconciler.diagnostics import ForgeError
 from reconciler.errors import TargetError
+from reconciler.heap import gc_paused
 from reconciler.load.environments import load_environment
 from reconciler.load.sources import project_root, revision_of
 from reconciler.plan.plan import Plan
@@ -32,7 +33,17 @@ def pull_request_plan(paths: list[str] | None, base: str, head: str | None, env_
     Pull-request mode is inert: the cluster is reached only with the runner's credential (never a
     kubeconfig a spec names or one inside the checkout), at the coordinates the base revision's
     Environment gives (reviewed already), and with read verbs only. A cluster that does not answer
-    is a note, not an error."""
+    is a note, not an error.
+
+    Runs with the cyclic garbage collector paused, like the live plan (:func:`reconciler.heap.gc_paused`:
+    two revisions loaded, rendered and compared are millions of acyclic objects, all alive until
+    the plan is printed; the collector's rescans of them were most of a 10,000-endpoint review)."""
+    with gc_paused():
+        return _pull_request_plan(paths, base, head, env_name, overrides)
+
+
+def _pull_request_plan(paths: list[str] | None, base: str, head: str | None, env_name: str | None,
+                       overrides: TargetOptions | None) -> dict[str, Any]:
     start = (paths or ["."])[0]
     old, old_env = load_environment(paths, base, env_name)
     new, new_env = load_environment(paths, head, env_name)
