@@ -8,6 +8,9 @@ before it is sent (:mod:`reconciler.targets.kubernetes.lease`). Another watch wa
 lock over once its holder is gone (killed: its Lease expires; the local flock is freed with the
 process) or deposed (paused past its Lease). A deposed holder that resumes finds its fence lost:
 its next write raises :class:`~reconciler.errors.LeaseLost` unsent, and it follows from then on.
+A write checked just before a pause and sent after it is the API server's to refuse: traffic
+moves and rollout states carry the `resourceVersion` read and a new holder stamps its tenure
+first (:mod:`reconciler.targets.kubernetes.rollout`); the 409 deposes the paused one.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from reconciler.controller.sync import Loaded, Outcome, apply_revision, diagnost
 from reconciler.controller.syncstatus import MANAGER, RolloutLine, SyncReport, status_object, sync_object
 from reconciler.controller.watch import Controllers, controllers_for, prometheus_for, reconcile_pass
 from reconciler.diagnostics import ForgeError, SpecError
-from reconciler.errors import LeaseLost, LockHeldError, TargetError
+from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TargetError
 from reconciler.load.endpoints import desired_endpoints
 from reconciler.load.gitrepo import fetch_source
 from reconciler.plan.session import TargetOptions, open_target
@@ -167,6 +167,9 @@ class Worker:
         except LeaseLost as exc:
             log.warning("%s: %s", self.source.name, exc)
             self.metrics.errors.labels(self.source.name, "LeaseLost").inc()
+        except ConflictError as exc:  # a rollout write refused as stale (409): the next walk reads again
+            log.warning("%s: %s", self.source.name, exc)
+            self.metrics.errors.labels(self.source.name, "ConflictError").inc()
 
     def sync(self) -> None:
         """Fetch; load and apply a revision not applied yet (or every time, with selfHeal)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from reconciler.controller.leadership import Leadership
 from reconciler.diagnostics import ForgeError
-from reconciler.errors import LeaseLost, LockHeldError
+from reconciler.errors import ConflictError, LeaseLost, LockHeldError
 from reconciler.experiment.controller import FINAL as EXPERIMENT_FINAL
 from reconciler.experiment.controller import ExperimentController, ExperimentState
 from reconciler.load.endpoints import DesiredEndpoint
@@ -174,6 +174,13 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
                     if leadership is None:
                         raise
                     leadership.deposed(str(exc))
+                    states, lines = observe_pass(controllers, endpoints), {}
+                except ConflictError as exc:
+                    # A write refused as stale (409), the Lease still ours: never sent again as it
+                    # was — this pass ends, and the next one reads again and decides anew.
+                    if not options.watch:
+                        raise
+                    say("", f"{leadership.holder if leadership else 'reconcile'}: {exc}")
                     states, lines = observe_pass(controllers, endpoints), {}
             elif not options.watch:
                 raise LockHeldError(f"not reconciled: {leadership.waiting}")

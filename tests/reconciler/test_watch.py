@@ -14,7 +14,7 @@ import pytest
 from reconciler.controller.leadership import Leadership
 from reconciler.controller.watch import EXIT_OK, EXIT_ROLLED_BACK, Controllers, WatchOptions, failed, reconcile_pass, run, settled
 from reconciler.diagnostics import ForgeError
-from reconciler.errors import LeaseLost, LockHeldError
+from reconciler.errors import ConflictError, LeaseLost, LockHeldError
 from reconciler.experiment.controller import ExperimentState
 from reconciler.rollout.controller import Controller, Phase, RolloutState
 from renderers.seldon import ServingState
@@ -267,3 +267,36 @@ def _run_led(controllers: Controllers, endpoints: list[Any], options: WatchOptio
                on_pass=lambda states: passes.append({k: v.phase.value for k, v in states.items()}),
                clock=clock, sleep=clock.sleep)
     return code, lines, passes
+
+
+class RefusedOnceBackend(FakeBackend):
+    """The first traffic move is refused as stale (409: the object moved since the pass read it),
+    the Lease still this watch's; every later write goes through."""
+
+    refused: int = 0
+
+    def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise ConflictError(f"the traffic of {endpoint.name}: refused by the API server as stale (409)", status=409)
+        super().set_serving(endpoint, state)
+
+
+def test_a_write_refused_as_stale_ends_the_pass_and_the_next_one_reads_again_and_decides_anew() -> None:
+    lock = FakeLock()
+    backend = RefusedOnceBackend({"digits": ServingState(V1, V2, 0)})
+    code, lines, passes = _run_led(_controllers(backend), desired_of(an_endpoint("digits"), version=V2),
+                                   WatchOptions(watch=True, until_settled=True), Clock(), Leadership(lock.lock, "me"))
+    assert code == EXIT_OK and backend.refused == 1
+    assert RolloutState.from_json(backend.saved["digits"]).phase is Phase.PROMOTED  # decided again, and went on
+    assert lines[1] == "me: the traffic of digits: refused by the API server as stale (409)"
+    assert passes[0] == {"digits": "WaitingForModel"}  # the refused pass saved nothing
+    assert backend.refreshes >= 3  # the refused pass, then passes that read again
+
+
+def test_a_single_pass_whose_write_is_refused_as_stale_fails() -> None:
+    backend = RefusedOnceBackend({"digits": ServingState(V1, V2, 0)})
+    with pytest.raises(ConflictError, match="refused by the API server as stale"):
+        _run_led(_controllers(backend), desired_of(an_endpoint("digits"), version=V2), WatchOptions(), Clock(),
+                 Leadership(FakeLock().lock, "me"))
+    assert backend.saved == {}

@@ -15,17 +15,66 @@ write cannot land on an object another holder changed.
 Lost is final: a deadline passed, the Lease deleted or found with another holder, and this fence
 never holds again (a renewal that would still succeed is not made: the holder has been deposed in
 principle, and whoever took over may be writing).
+
+A holder's tenure is named by its :class:`FenceToken` — the Lease's uid, its `leaseTransitions`
+(one more at each take-over, as client-go counts them) and the holder — which the rollout backend
+stamps on the objects it writes (:mod:`reconciler.targets.kubernetes.rollout`), so that a new
+holder's first write bumps every rollout's `resourceVersion` before it acts.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from reconciler.errors import LeaseLost
+
+
+@dataclass(frozen=True)
+class FenceToken:
+    """One tenure of the environment's Lease: the Lease object (``lease``: its uid), how many times
+    it changed hands before this tenure began (``transitions``: its `spec.leaseTransitions`) and who
+    holds it. Tenures of one Lease object are ordered by ``transitions``; those of different Lease
+    objects (deleted and created again) are not comparable."""
+
+    lease: str
+    transitions: int
+    holder: str
+
+    @classmethod
+    def of(cls, stored: Mapping[str, Any]) -> FenceToken | None:
+        """The tenure a stored Lease records (None without a uid or holder)."""
+        uid = (stored.get("metadata") or {}).get("uid")
+        spec = stored.get("spec") or {}
+        holder = spec.get("holderIdentity")
+        if not uid or not holder:
+            return None
+        return cls(str(uid), int(spec.get("leaseTransitions") or 0), str(holder))
+
+    def to_text(self) -> str:
+        """The token as an annotation's value (compact JSON)."""
+        return json.dumps({"lease": self.lease, "transitions": self.transitions, "holder": self.holder},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_text(cls, text: str | None) -> FenceToken | None:
+        """The token :meth:`to_text` wrote (None when absent or unreadable)."""
+        if not text:
+            return None
+        try:
+            raw = json.loads(text)
+            return cls(str(raw["lease"]), int(raw["transitions"]), str(raw["holder"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    def supersedes(self, other: FenceToken) -> bool:
+        """Whether this tenure of the same Lease began after ``other``'s."""
+        return self.lease == other.lease and self.transitions > other.transitions
 
 
 class LeaseFence:
@@ -62,6 +111,12 @@ class LeaseFence:
                 self._lost = why
 
     # -- what the writers ask -------------------------------------------------------------------
+    @property
+    def token(self) -> FenceToken | None:
+        """This holder's tenure, as the Lease was last stored (None before it was)."""
+        with self._guard:
+            return FenceToken.of(self.stored)
+
     @property
     def deadline(self) -> float:
         """The monotonic time after which nothing may be sent."""

@@ -1,27 +1,61 @@
 """The rollout controller's view of a cluster: serving state and rollout state from each endpoint's
 SeldonDeployment (the state is its `forge.dev/rollout` annotation, written with the field
 manager `forgectl-rollout`), the offline gate from the model version's Workflow, the canary's
-readiness from its pods' `Ready` condition, and Events."""
+readiness from its pods' `Ready` condition, and Events.
+
+**Fencing.** Only the holder of the environment's Lease walks rollouts
+(:mod:`reconciler.controller.leadership`), and its target checks the Lease's fencing deadline
+before every request. That leaves the gap between that check and the request's arrival: a holder
+paused there (SIGSTOP, a GC pause) past its Lease would land its write after another holder took
+over. So every traffic move and rollout-state write is also refused by the API server itself once
+it is stale, as Kubernetes controllers do it — optimistic concurrency plus a fencing token:
+
+* each carries the `resourceVersion` of the object as this pass last read it (the
+  SeldonDeployment's in its server-side apply or the state's merge patch, the HTTPRoute's in its
+  apply): 409 once anyone wrote the object since;
+* right before it, the Lease is read again (:meth:`ClusterAccess.confirm_lease`): still ours, in
+  the same tenure, `renewTime` + duration not past — or the write is not sent;
+* a new holder's first pass stamps its tenure (:class:`~reconciler.targets.kubernetes.lease.FenceToken`:
+  the Lease's uid, `leaseTransitions`, holder) on the SeldonDeployment and HTTPRoute of every
+  rollout in progress (`forge.dev/rollout-fence`, a fenced merge patch) before it decides anything.
+  That write moves their `resourceVersion`s, so a delayed write of the previous holder — which
+  carries a version read before the stamp — is refused even where the new holder has nothing to
+  move yet. A token of a later tenure of the same Lease found on an object means this holder was
+  deposed: it writes nothing more.
+
+A refused write (409) is never sent again as it was: the pass stops, the Lease is read again (a
+holder found deposed raises :class:`~reconciler.errors.LeaseLost` and follows from then on), and
+the next pass reads the objects again and decides anew. The stamp costs one write per rollout in
+progress (two with an HTTPRoute) per change of holder; rollouts at rest are not stamped (a late
+write there can only start the rollout the specs ask for, which the new holder reads and carries on).
+Writes a controller makes to objects others also write (Seldon's status) can be refused for that
+reason too: such a pass is simply taken again.
+"""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
-from reconciler.errors import LeaseLost, TargetError
+from reconciler.errors import ConflictError, LeaseLost, TargetError
 from reconciler.resources import BY_KIND, EVENT, POD, ObjectRef, Resource
-from reconciler.rollout.controller import STATE_ANNOTATION, Readiness, RolloutState
-from reconciler.targets.base import Target
+from reconciler.rollout.controller import ACTIVE, STATE_ANNOTATION, Readiness, RolloutState
+from reconciler.targets.base import Precondition, Target
+from reconciler.targets.kubernetes.lease import FenceToken
 from reconciler.targets.kubernetes.workflow_status import failure_of
 from reconciler.traffic.serving import apply_serving, serving_states
+from renderers.gateway import gateway_routing
 from renderers.labels import ENDPOINT, MODEL_VERSION, NAME, ROLE, owner_selector
 from renderers.seldon import ServingState
 from specs import Endpoint, Environment, SpecSet
 
 ROLLOUT_MANAGER = "forgectl-rollout"
+_T = TypeVar("_T")
+#: The annotation carrying the tenure of the Lease holder that last fenced the object (its FenceToken).
+FENCE_ANNOTATION = "forge.dev/rollout-fence"
 
 
 def rollout_state_of(obj: dict[str, Any]) -> RolloutState | None:
@@ -35,6 +69,19 @@ def rollout_state_of(obj: dict[str, Any]) -> RolloutState | None:
         return None
 
 
+def fence_of(obj: Mapping[str, Any]) -> FenceToken | None:
+    """The tenure stamped on a live object (None when none is)."""
+    return FenceToken.from_text((obj.get("metadata", {}).get("annotations") or {}).get(FENCE_ANNOTATION))
+
+
+def as_read(obj: Mapping[str, Any] | None) -> Precondition:
+    """The precondition of a write based on ``obj`` as read: its `resourceVersion`, or create-only
+    when it was not there."""
+    if obj is None:
+        return Precondition(absent=True)
+    return Precondition(resource_version=obj["metadata"]["resourceVersion"])
+
+
 class ClusterAccess(Target, Protocol):
     """What the backend needs of the `kubernetes` target beyond the Target protocol (declared here,
     so this module does not import the target that imports it)."""
@@ -43,8 +90,10 @@ class ClusterAccess(Target, Protocol):
         """LIST one kind with a label selector."""
         ...
 
-    def merge_patch(self, ref: ObjectRef, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
-        """A JSON merge patch under field manager ``manager``."""
+    def merge_patch(self, ref: ObjectRef, body: Mapping[str, Any], manager: str, *,
+                    resource_version: str | None = None) -> dict[str, Any]:
+        """A JSON merge patch under field manager ``manager``, refused (409) unless the object is at
+        ``resource_version`` when one is given."""
         ...
 
     def create(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -60,6 +109,42 @@ class ClusterAccess(Target, Protocol):
         """Who holds the environment's Lease through this target now (None outside its lock)."""
         ...
 
+    @property
+    def fence_token(self) -> FenceToken | None:
+        """The tenure of the Lease held through this target now (None outside its lock)."""
+        ...
+
+    def confirm_lease(self, what: str) -> None:
+        """Read the held Lease again: :class:`LeaseLost` (``what`` unsent) unless it is still ours."""
+        ...
+
+
+class _FencedWriter:
+    """What :func:`~reconciler.traffic.serving.apply_serving` writes one traffic move through: the
+    target, each object applied with the precondition of its version as last read
+    (``preconditions``), what is stored or read back of each kept in ``seen``."""
+
+    def __init__(self, target: ClusterAccess, preconditions: Mapping[ObjectRef, Precondition]) -> None:
+        self.target = target
+        self.preconditions = preconditions
+        self.seen: dict[ObjectRef, dict[str, Any]] = {}
+
+    @property
+    def namespace(self) -> str:
+        return self.target.namespace
+
+    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        ref = ObjectRef.of(obj)
+        stored = self.target.apply(obj, dry_run=dry_run, precondition=None if dry_run else self.preconditions.get(ref))
+        self.seen[ref] = stored
+        return stored
+
+    def get(self, ref: ObjectRef) -> dict[str, Any] | None:
+        found = self.target.get(ref)
+        if found is not None:
+            self.seen[ref] = found  # the Gateway's status write moved its resourceVersion
+        return found
+
 
 class KubernetesRolloutBackend:
     """Backend of :class:`reconciler.rollout.controller.Controller` for the `kubernetes` target."""
@@ -70,17 +155,59 @@ class KubernetesRolloutBackend:
         self.env = env
         self.revision = revision
         self.deployments: dict[str, dict[str, Any]] = {}
+        #: Each endpoint's HTTPRoute as last read (only where one splits its traffic).
+        self.routes: dict[str, dict[str, Any]] = {}
         self.workflows: list[dict[str, Any]] = []
 
     def refresh(self) -> None:
-        """One LIST of SeldonDeployments and one of Workflows per controller pass."""
+        """One LIST of SeldonDeployments (and of HTTPRoutes, where an Endpoint routes through a
+        Gateway) and one of Workflows per controller pass; then, while this target holds the
+        environment's Lease, the tenure stamped on every rollout in progress (:meth:`fence`)."""
         selector = owner_selector(self.env.name)
         self.deployments = {}
         for obj in self.target.list_kind(BY_KIND["SeldonDeployment"], selector):
             endpoint = (obj["metadata"].get("labels") or {}).get(ENDPOINT)
             if endpoint:
                 self.deployments[endpoint] = obj
+        self.routes = {}
+        if any(gateway_routing(e, self.env) is not None for e in self.specs.of(Endpoint)):
+            for obj in self.target.list_kind(BY_KIND["HTTPRoute"], selector):
+                endpoint = (obj["metadata"].get("labels") or {}).get(ENDPOINT)
+                if endpoint:
+                    self.routes[endpoint] = obj
         self.workflows = self.target.list_kind(BY_KIND["Workflow"], selector)
+        self.fence()
+
+    def fence(self) -> None:
+        """Stamp this holder's tenure on each rollout in progress not stamped with it yet (see the
+        module docstring): the first pass of a new holder moves their `resourceVersion`s before it
+        decides anything. Nothing outside the Lease (a follower's pass, `rollout status`)."""
+        token = self.target.fence_token
+        if token is None:
+            return
+        for endpoint, obj in sorted(self.deployments.items()):
+            state = rollout_state_of(obj)
+            if state is None or state.phase not in ACTIVE:
+                continue
+            for objects in (self.deployments, self.routes):
+                current = objects.get(endpoint)
+                if current is None:
+                    continue
+                stamped = fence_of(current)
+                if stamped == token:
+                    continue
+                ref = ObjectRef.of(current)
+                if stamped is not None and stamped.supersedes(token):
+                    raise LeaseLost(f"{ref} is fenced by {stamped.holder} (leaseTransitions {stamped.transitions}), a "
+                                    f"later holder of the environment's Lease than this one ({token.transitions}): "
+                                    "deposed, nothing written", ref=ref)
+                objects[endpoint] = self._stamp(ref, current["metadata"]["resourceVersion"], token)
+
+    def _stamp(self, ref: ObjectRef, version: str, token: FenceToken) -> dict[str, Any]:
+        """Stamp ``token`` on ``ref`` if it is still at ``version``; the object as stored."""
+        body = {"metadata": {"annotations": {FENCE_ANNOTATION: token.to_text()}}}
+        return self._fenced_write(f"the fence on {ref}", lambda: self.target.merge_patch(
+            ref, body, ROLLOUT_MANAGER, resource_version=version))
 
     def serving(self, endpoint: str) -> ServingState | None:
         """What the endpoint's SeldonDeployment (as of the last refresh) serves."""
@@ -94,18 +221,60 @@ class KubernetesRolloutBackend:
 
     def save_state(self, endpoint: str, state: RolloutState) -> None:
         """Write the annotation alone, under its own field manager (a merge patch, so the
-        SeldonDeployment's fields owned by `forgectl` are not touched)."""
-        ref = ObjectRef("SeldonDeployment", self.target.namespace, self.deployments[endpoint]["metadata"]["name"])
-        body = {"metadata": {"annotations": {STATE_ANNOTATION: json.dumps(state.to_json(), separators=(",", ":"))}}}
-        stored = self.target.merge_patch(ref, body, ROLLOUT_MANAGER)
+        SeldonDeployment's fields owned by `forgectl` are not touched), at the SeldonDeployment's
+        `resourceVersion` as last read and with this holder's tenure (see the module docstring)."""
+        current = self.deployments[endpoint]
+        ref = ObjectRef("SeldonDeployment", self.target.namespace, current["metadata"]["name"])
+        annotations = {STATE_ANNOTATION: json.dumps(state.to_json(), separators=(",", ":"))}
+        token = self.target.fence_token
+        if token is not None:
+            annotations[FENCE_ANNOTATION] = token.to_text()
+        stored = self._fenced_write(f"the rollout state on {ref}", lambda: self.target.merge_patch(
+            ref, {"metadata": {"annotations": annotations}}, ROLLOUT_MANAGER,
+            resource_version=current["metadata"]["resourceVersion"]))
         if stored:
             self.deployments[endpoint] = stored
 
     def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
         """Move the endpoint's traffic (see :func:`reconciler.traffic.serving.apply_serving`; with an
-        HTTPRoute, the move counts once the Gateway reports it admitted, read back with GET)."""
-        self.deployments[endpoint.name] = apply_serving(self.target, self.specs, self.env, self.revision, endpoint, state,
-                                                        current=self.serving(endpoint.name), read_back=self.target.get)
+        HTTPRoute, the move counts once the Gateway reports it admitted, read back with GET): the
+        SeldonDeployment and the HTTPRoute each applied at its `resourceVersion` as last read."""
+        name = endpoint.name
+        deployment = ObjectRef("SeldonDeployment", self.target.namespace, name)
+        route = ObjectRef("HTTPRoute", self.target.namespace, name)
+        writer = _FencedWriter(self.target, {deployment: as_read(self.deployments.get(name)),
+                                             route: as_read(self.routes.get(name))})
+        try:
+            self._fenced_write(f"the traffic of {deployment}", lambda: apply_serving(
+                writer, self.specs, self.env, self.revision, endpoint, state, current=self.serving(name),
+                read_back=writer.get))
+        finally:  # what was written stays known, though the move stopped half-way
+            if deployment in writer.seen:
+                self.deployments[name] = writer.seen[deployment]
+            if route in writer.seen:
+                self.routes[name] = writer.seen[route]
+
+    def _fenced_write(self, what: str, write: Callable[[], _T]) -> _T:
+        """Confirm the Lease, then ``write`` (whose requests carry their preconditions). A write the
+        API server refuses as stale (409) is not sent again: the Lease is read once more — deposed,
+        :class:`LeaseLost` — and otherwise the :class:`ConflictError` ends the pass, whose next one
+        reads the objects again and decides anew."""
+        self.target.confirm_lease(what)
+        try:
+            return write()
+        except ConflictError as exc:
+            self._refused(what, exc)
+
+    def _refused(self, what: str, conflict: ConflictError) -> NoReturn:
+        # the API server's own words (the target wraps them in what the precondition was)
+        server = conflict.__cause__ if isinstance(conflict.__cause__, ConflictError) else conflict
+        try:
+            self.target.confirm_lease(f"{what} (after a 409)")
+        except LeaseLost as lost:
+            raise LeaseLost(f"{what}: refused by the API server as stale (409: {server}); then {lost}",
+                            status=409, ref=conflict.ref) from conflict
+        raise ConflictError(f"{what}: refused by the API server as stale (409: {server}); not sent again: the next "
+                            "pass reads the objects again and decides anew", status=409, ref=conflict.ref) from conflict
 
     def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
         """The offline gate: the phase of the version's Workflow."""

@@ -57,7 +57,7 @@ from reconciler.targets.base import (
     StepEvents,
 )
 from reconciler.targets.kubernetes.kubeconfig import load_client_config
-from reconciler.targets.kubernetes.lease import LeaseFence
+from reconciler.targets.kubernetes.lease import FenceToken, LeaseFence
 from reconciler.targets.kubernetes.records import records_from_workflows
 from reconciler.targets.kubernetes.rollout import KubernetesRolloutBackend, rollout_state_of
 from reconciler.targets.kubernetes.workflow_status import steps_of
@@ -139,6 +139,10 @@ class KubernetesTarget:
         self._fence: LeaseFence | None = None
         #: The monotonic clock its fencing deadlines are measured on (a paused process sees it jump).
         self.clock: Callable[[], float] = time.monotonic
+        #: Called with (method, what) right before each request goes out, after its fence check: where
+        #: a process paused between check and send (SIGSTOP, a GC pause, a frozen VM) stops. None in
+        #: use; a test hands a pause here to hold the request at that point for as long as it likes.
+        self.pause_before_send: Callable[[str, str], None] | None = None
 
     # -- transport --------------------------------------------------------------------------
     def _call(self, method: str, path: str, *, verb: str, ref: str, namespace: str | None,
@@ -152,6 +156,8 @@ class KubernetesTarget:
             fence = self._fence
             if fenced and fence is not None:
                 fence.check(f"{verb} {ref}")
+            if self.pause_before_send is not None:
+                self.pause_before_send(method, f"{verb} {ref}")
             try:
                 method_, url, headers, data, post = self.api.param_serialize(
                     method, path, query_params=query or [],
@@ -373,11 +379,24 @@ class KubernetesTarget:
         return self._call("POST", resource.path(self.namespace), verb="create", ref=resource.plural,
                           namespace=self.namespace, body=dict(body), fenced=True)
 
-    def merge_patch(self, ref: ObjectRef, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
-        """A JSON merge patch under field manager ``manager`` (the rollout state annotation)."""
-        return self._call("PATCH", ref.resource.path(ref.namespace, ref.name), verb="patch", ref=str(ref),
-                          namespace=ref.namespace or None, query=[("fieldManager", manager)], body=dict(body),
-                          content_type="application/merge-patch+json", fenced=True)
+    def merge_patch(self, ref: ObjectRef, body: Mapping[str, Any], manager: str, *,
+                    resource_version: str | None = None) -> dict[str, Any]:
+        """A JSON merge patch under field manager ``manager`` (the rollout state annotation). With
+        ``resource_version`` (the object as last read), the patch carries it as
+        `metadata.resourceVersion`, which the API server takes as a precondition: 409
+        (:class:`ConflictError`) once the object moved on, nothing written."""
+        body = dict(body)
+        if resource_version:
+            body["metadata"] = {**(body.get("metadata") or {}), "resourceVersion": resource_version}
+        try:
+            return self._call("PATCH", ref.resource.path(ref.namespace, ref.name), verb="patch", ref=str(ref),
+                              namespace=ref.namespace or None, query=[("fieldManager", manager)], body=body,
+                              content_type="application/merge-patch+json", fenced=True)
+        except ConflictError as exc:
+            if not resource_version:
+                raise
+            raise ConflictError(f"{ref}: changed since it was read (resourceVersion {resource_version} is not the "
+                                "current one): not written", status=409, ref=ref) from exc
 
     def delete(self, ref: ObjectRef, *, uid: str | None = None) -> None:
         """Delete one object, only while its uid matches (so a re-created object is never hit)."""
@@ -417,6 +436,44 @@ class KubernetesTarget:
         """Who holds the environment's Lease through this target now (None outside :meth:`lock`)."""
         fence = self._fence
         return fence.holder if fence is not None else None
+
+    @property
+    def fence_token(self) -> FenceToken | None:
+        """The tenure of the Lease this target holds now (None outside :meth:`lock`)."""
+        fence = self._fence
+        return fence.token if fence is not None else None
+
+    def confirm_lease(self, what: str) -> None:
+        """Re-read the held Lease right before ``what`` is written: it must still name this holder
+        in the same tenure (`leaseTransitions`) with a `renewTime` + `leaseDurationSeconds` not yet
+        past; otherwise the fence is lost for good and :class:`LeaseLost` is raised, ``what`` unsent.
+        The fence's own deadline is checked too. Outside :meth:`lock` nothing is checked (a write
+        by hand relies on its preconditions alone). What a pause after this check lets through is
+        the API server's to refuse: the write's `resourceVersion` (see :mod:`.rollout`)."""
+        fence = self._fence
+        if fence is None:
+            return
+        name = f"forgectl-{self.environment}"
+        try:
+            current = self._call("GET", self._lease_path(name), verb="get", ref=fence.ref, namespace=self.namespace)
+        except TargetError as exc:
+            if exc.status != 404:
+                raise
+            current = None
+        mine = fence.token
+        if current is None:
+            fence.lose("the Lease was deleted")
+        else:
+            spec = current.get("spec") or {}
+            found = FenceToken.of(current)
+            renewed = spec.get("renewTime") or spec.get("acquireTime")
+            duration = int(spec.get("leaseDurationSeconds") or 0)
+            if found is None or mine is None or found != mine:
+                who = found.holder if found is not None else "nobody"
+                fence.lose(f"taken over by {who} (leaseTransitions {found.transitions if found else '?'})")
+            elif renewed and _parse_micro(renewed) + timedelta(seconds=duration) <= _now():
+                fence.lose(f"expired: renewed last at {renewed}, for {duration} s")
+        fence.check(what)
 
     def _lease_path(self, name: str | None = None) -> str:
         return LEASE.path(self.namespace, name)
@@ -522,6 +579,10 @@ class KubernetesTarget:
                 "wait for that apply to finish, or delete the Lease if its holder is gone"
             )
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        # A new tenure: the fencing token's order (.lease.FenceToken). client-go counts a change of
+        # holder only; a holder taking its own expired Lease back counts too, since writes of its
+        # earlier tenure may still be in flight.
+        body["spec"]["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         sent = self.clock()
         try:  # optimistic concurrency: only one taker wins
             stored = self._call("PUT", self._lease_path(name), verb="update", ref=ref, namespace=self.namespace, body=body)
