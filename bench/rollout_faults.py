@@ -10,7 +10,7 @@ and outcome. Each server has a Pod in the API server whose Ready condition follo
 weight rises. The controller is the real ``forgectl reconcile --watch --interval 0.5`` as a
 subprocess.
 
-    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,hung,baddata,skew,two,late,two-watchers]
+    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,hung,baddata,skew,two,late,two-watchers,stale-write]
         [--kill-runs 10] [--prometheus-runs 3] [--canary-runs 5] [--outage 20] [--runs N]
         [--out bench/results/rollout-faults-DATE.json]
 
@@ -67,6 +67,18 @@ Succeeded; rollouts follow one another in one namespace, the servers keep their 
   promote). Who moved what comes from the API server: each step's Event names its writer
   (reportingInstance, the Lease's holder) and carries the writer's clock. Fails on an Event by the
   first while paused or deposed, by the second outside its tenure, a step entered twice, no promotion.
+* ``stale-write`` (issue 35): a leader paused between a write's Lease check and its send, past its
+  Lease (Lease 3 s). Two controllers in this process (each its own target and Lease, as two
+  `reconcile --watch`); the first's next rollout write once step 1 has counted a measurement is
+  held right before its send (``KubernetesTarget.pause_before_send``; its Lease renewer held too,
+  as SIGSTOP would), the second takes the Lease over, stamps its tenure and writes, then the first
+  is resumed and its write goes out with the resourceVersion it read. Fails unless the API server
+  refuses it (409, in the first's own log line), the first sends no other write after (its
+  requests after the resume are recorded before each send) and follows, the second's fencing
+  token is on the SeldonDeployment, no Event of the first's is dated after the hold, and the
+  second promotes with 0 stable requests lost. The held write is whichever rollout write came
+  next (a measurement's state, or a traffic move); tests/rollout/test_fenced_writes.py holds
+  each kind in turn.
 * ``late`` (issue 35): a canary that degrades late — its server healthy for its first
   ``--late-after`` requests (`faultInjection.afterRequests`, default 150: through step 1 at 10 %),
   then failing ``--late-error-rate`` of them (default 5 %). Fails unless it is rolled back from
@@ -339,6 +351,27 @@ def entered_steps(state: RolloutState, canary: str) -> list[int]:
     return out
 
 
+def ended(canary: str) -> Any:
+    """The rollout of ``canary`` promoted or rolled back."""
+    return lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK)
+
+
+def wait_for_the_end(h: Harness, canary: str, timeout: float, problems: list[str],
+                     *controllers: ControllerProc) -> tuple[RolloutState | None, float]:
+    """Wait up to ``timeout`` s for the rollout of ``canary`` to end; then kill ``controllers``,
+    whatever happened. A timeout is one of the run's ``problems`` (the last state seen stands for
+    the end). Returns the final state and the monotonic time once the controllers are dead."""
+    try:
+        final: RolloutState | None = h.live.wait(ended(canary), timeout, "the end of the rollout")
+    except TimeoutError as exc:
+        problems.append(str(exc))
+        final = h.live.state
+    finally:
+        for c in controllers:
+            c.kill()
+    return final, time.monotonic()
+
+
 def stable_shares(h: Harness, since: float, until: float) -> list[dict[str, Any]]:
     """Per interval of constant live weight in [since, until): stable's share of the answered
     requests vs its weight, and requests to stable that failed. The first 0.5 s after a change
@@ -423,13 +456,7 @@ def drill_kill(h: Harness, runs: int, ctl: ControllerProc) -> dict[str, Any]:
             if before is not None and after is not None and after.step < before.step:
                 problems.append(f"went back from step {before.step + 1} to {after.step + 1}")
             results.append(res)
-        try:
-            final = h.live.wait(lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 120, "the end of the rollout")  # noqa: B023
-        except TimeoutError as exc:
-            problems.append(str(exc))
-            final = h.live.state
-        ctl.kill()
-        t_end = time.monotonic()
+        final, t_end = wait_for_the_end(h, canary, 120, problems, ctl)
         assert final is not None
         steps = entered_steps(final, canary)
         if final.phase is not Phase.PROMOTED:
@@ -819,16 +846,7 @@ def drill_two(h: Harness, runs: int, ctl: ControllerProc, second: ControllerProc
         ctl.start()
         second.start()
         problems: list[str] = []
-        try:
-            final = h.live.wait(lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 180,  # noqa: B023
-                                "the end of the rollout")
-        except TimeoutError as exc:
-            problems.append(str(exc))
-            final = h.live.state
-        finally:
-            ctl.kill()
-            second.kill()
-        t_end = time.monotonic()
+        final, t_end = wait_for_the_end(h, canary, 180, problems, ctl, second)
         states = [s for t, s in h.live.states if t0 <= t <= t_end and s.canary == canary]
         # Evidence that both act: a count that went back (one controller's write over the other's),
         # measurements of one metric closer than its interval, a step entered twice.
@@ -873,15 +891,7 @@ def drill_late(h: Harness, runs: int, ctl: ControllerProc, after_requests: int, 
         t0 = time.monotonic()
         ctl.start()
         problems: list[str] = []
-        try:
-            final = h.live.wait(lambda s: s.canary == canary and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 180,  # noqa: B023
-                                "the end of the rollout")
-        except TimeoutError as exc:
-            problems.append(str(exc))
-            final = h.live.state
-        finally:
-            ctl.kill()
-        t_end = time.monotonic()
+        final, t_end = wait_for_the_end(h, canary, 180, problems, ctl)
         failed = [r for r in list(h.traffic.log) if r.role == "canary" and not r.ok and t0 <= r.at < t_end]
         degraded = failed[0].at if failed else None
         weights = [(t, w) for t, c, w in h.live.weights if c == canary]
@@ -1013,15 +1023,207 @@ def drill_handover(h: Harness, runs: int, a: ControllerProc, b: ControllerProc, 
             "stable_lost": sum(r["stable_lost"] for r in results), "lease_s": lease, "samples": results}
 
 
+# -- a leader paused between a write's Lease check and its send ------------------------------------
+
+@dataclass
+class HeldSend:
+    """The first replica's target paused between a request's fence check and its send
+    (``KubernetesTarget.pause_before_send``): once ``armed``, the first PATCH of the
+    SeldonDeployment — a rollout write — stops there, and so does every later request of that
+    target (its Lease renewer's too), as SIGSTOP would stop the process, until :meth:`resume`.
+    What it sends after that is recorded (method, what)."""
+
+    armed: threading.Event = field(default_factory=threading.Event)
+    holding: threading.Event = field(default_factory=threading.Event)
+    resumed: threading.Event = field(default_factory=threading.Event)
+    held: tuple[str, str] | None = None
+    sent_after: list[tuple[str, str]] = field(default_factory=list)
+
+    def __call__(self, method: str, what: str) -> None:
+        if self.resumed.is_set():
+            self.sent_after.append((method, what))
+            return
+        if not self.holding.is_set():
+            if not (self.armed.is_set() and method == "PATCH" and "SeldonDeployment" in what):
+                return
+            self.held = (method, what)
+            self.holding.set()
+        self.resumed.wait(300)
+        self.sent_after.append((method, what))
+
+    def resume(self) -> None:
+        self.resumed.set()
+
+
+class _Followed(Exception):
+    """Ends the first replica's watch once it follows."""
+
+
+def drill_stale_write(h: Harness, runs: int, lease: float) -> dict[str, Any]:
+    """Two in-process controllers (each its own target and Lease, as two `forgectl reconcile
+    --watch`): the first leads until a rollout write of step 1's analysis is held between its Lease
+    check and its send (:class:`HeldSend`), the second takes the expired Lease over, stamps its
+    tenure and moves the rollout on; then the first is resumed — its write goes out with the
+    resourceVersion it read. Fails unless the API server refuses it (409, in the first's own
+    words), the first then sends no other write (its requests after the resume, recorded before
+    each send) and follows, the Lease stays the second's, the second's token is on the
+    SeldonDeployment, no Event is the first's after the hold, and the second promotes with 0
+    stable requests lost."""
+    from reconciler.controller.leadership import Leadership, watch_lease
+    from reconciler.controller.watch import WatchOptions, controllers_for, prometheus_for
+    from reconciler.controller.watch import run as watch
+    from reconciler.load.endpoints import desired_endpoints
+    from reconciler.load.sources import revision_of
+    from reconciler.plan.session import TargetOptions, open_target
+    from reconciler.targets.kubernetes.rollout import fence_of
+    from reconciler.targets.kubernetes.target import KubernetesTarget
+
+    raw = h.cluster.raw_client()
+
+    def get(path: str) -> dict[str, Any]:
+        status, body = raw.request("GET", path)
+        return body if status == 200 else {}
+
+    def holder() -> str | None:
+        return (get(f"/apis/coordination.k8s.io/v1/namespaces/{h.namespace}/leases/forgectl-cluster").get("spec") or {}).get("holderIdentity")
+
+    def deployment() -> dict[str, Any]:
+        return get(f"/apis/machinelearning.seldon.io/v1/namespaces/{h.namespace}/seldondeployments/digits")
+
+    def replica(name: str) -> tuple[KubernetesTarget, Any, Leadership, Any]:
+        result, env = h.r.load()
+        target = open_target(env, TargetOptions(kubeconfig=h.r.kubeconfig, namespace=h.namespace, lease=watch_lease(lease)))
+        assert isinstance(target, KubernetesTarget)
+        backend = target.rollout_backend(result.specs, env, revision_of([str(h.r.specs_dir)], None, repository=h.r.specs_dir))
+        controllers = controllers_for(result, env, backend, prometheus_for(env, target), h.namespace)
+        return target, controllers, Leadership(target.lock, name), desired_endpoints(result.specs, env)
+
+    def until(pred: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+            time.sleep(0.1)
+
+    names = ("first@bench:1", "second@bench:2")
+    results = []
+    for run_no in range(1, runs + 1):
+        canary = h.new_version()
+        t0, wall0 = time.monotonic(), time.time_ns()
+        problems: list[str] = []
+        wall_hold: int | None = None
+        t_first, c_first, l_first, endpoints = replica(names[0])
+        _, c_second, l_second, _ = replica(names[1])
+        held = HeldSend()
+        t_first.pause_before_send = held
+        lines: dict[str, list[str]] = {"first": [], "second": []}
+        ends: dict[str, Any] = {}
+
+        def first_pass(states: dict[str, RolloutState]) -> None:
+            if counted_at_step_1(canary)(states.get("digits") or RolloutState("digits", "")):  # noqa: B023
+                held.armed.set()  # noqa: B023
+            if l_first.waiting is not None and "lost the environment's lock" in l_first.waiting:  # noqa: B023
+                raise _Followed
+
+        def drive(name: str, controllers: Any, leadership: Leadership, options: WatchOptions, on_pass: Any) -> None:
+            try:
+                ends[name] = watch(controllers, endpoints, options, leadership=leadership,  # noqa: B023
+                                   on_line=lines[name].append, on_pass=on_pass)  # noqa: B023
+            except BaseException as exc:  # noqa: BLE001 — _Followed, or what failed: judged below
+                ends[name] = exc  # noqa: B023
+
+        threads = {"first": threading.Thread(target=drive, daemon=True, args=(
+            "first", c_first, l_first, WatchOptions(watch=True, interval=0.5, timeout=240), first_pass))}
+        threads["first"].start()
+        marks: dict[str, Any] = {}
+        final = None
+        try:
+            until(held.holding.is_set, 120, "a rollout write of the first to be held between its check and its send")
+            t_hold, wall_hold = time.monotonic(), time.time_ns()
+            marks["held"] = held.held
+            marks["held_after_s"] = round(t_hold - t0, 2)
+            version_held = deployment()["metadata"]["resourceVersion"]
+            threads["second"] = threading.Thread(target=drive, daemon=True, args=(
+                "second", c_second, l_second, WatchOptions(watch=True, interval=0.5, until_settled=True, timeout=240), None))
+            threads["second"].start()
+            until(lambda: holder() == names[1], 4 * lease + 20, "the second to take the Lease over")
+            marks["taken_over_after_hold_s"] = round(time.monotonic() - t_hold, 2)
+            # it acts: its tenure stamped, and a rollout write of its own after the stamp
+            until(lambda: (f := fence_of(deployment())) is not None and f.holder == names[1], 30, "the second's stamp")
+            stamped = deployment()["metadata"]["resourceVersion"]
+            until(lambda v=stamped: deployment()["metadata"]["resourceVersion"] != v, 60, "a write of the second after its stamp")
+            version_at_resume = deployment()["metadata"]["resourceVersion"]
+            marks["second_wrote_after_hold_s"] = round(time.monotonic() - t_hold, 2)
+            held.resume()
+            threads["first"].join(60)
+            if threads["first"].is_alive():
+                problems.append("the first did not follow within 60 s of its resume")
+            final = h.live.wait(ended(canary), 180, "the second to finish the rollout")
+            threads["second"].join(30)
+            marks["resource_versions"] = {"when_held": version_held, "second_stamped": stamped,
+                                          "at_resume": version_at_resume}
+        except TimeoutError as exc:
+            problems.append(str(exc))
+            final = final or h.live.state
+        finally:
+            held.resume()
+            for t in threads.values():
+                t.join(60)
+            for leadership in (l_first, l_second):
+                leadership.release()
+        t_end = time.monotonic()
+        refusal = [x for x in lines["first"] if "following, nothing written" in x and "lost the environment's lock" in x]
+        if not (refusal and "refused by the API server as stale (409" in refusal[0] and "the object has been modified" in refusal[0]):
+            problems.append(f"the first's held write was not refused by the API server: {lines['first'][-3:]}")
+        if not isinstance(ends.get("first"), _Followed):
+            problems.append(f"the first did not end following: {ends.get('first')!r}")
+        writes = [(m, w) for m, w in held.sent_after if m != "GET"]
+        lease_writes = [(m, w) for m, w in writes if w.split(" ", 2)[1:2] == ["Lease"]]
+        other_writes = [x for x in writes if x != held.held and x not in lease_writes]
+        if other_writes:
+            problems.append(f"the first sent writes after its resume besides the held one: {other_writes}")
+        token = fence_of(deployment())
+        if token is None or token.holder != names[1]:
+            problems.append(f"the SeldonDeployment's fence is not the second's: {token}")
+        status, body = raw.request("GET", f"/api/v1/namespaces/{h.namespace}/events")
+        by_first_late = [e["reason"] for e in body.get("items", []) if e.get("reportingInstance") == names[0]
+                         and int(e["metadata"]["name"].rsplit(".", 1)[1], 16) > wall_hold] if wall_hold is not None else []
+        if by_first_late:
+            problems.append(f"Events by the first after its hold: {by_first_late}")
+        if holder() not in (names[1], None):
+            problems.append(f"the Lease left the second: {holder()}")
+        steps = entered_steps(final, canary) if final else []
+        if steps != sorted(set(steps)):
+            problems.append(f"a step entered twice: {steps}")
+        if final is None or final.phase is not Phase.PROMOTED:
+            problems.append(f"not promoted: {final.phase.value if final else None}: {final.reason if final else ''}")
+        counts = tallies(h, t0, t_end)
+        if counts["stable"]["failed"]:
+            problems.append(f"{counts['stable']['failed']} requests to stable failed: {counts['stable']['reasons']}")
+        res = {"run": run_no, "phase": final.phase.value if final else None, "steps_entered": steps, **marks,
+               "first_refused": refusal[0] if refusal else None, "first_sent_after_resume": held.sent_after,
+               "first_lease_writes_after_resume": lease_writes, "first_other_writes_after_resume": other_writes,
+               "fence_at_end": token.to_text() if token else None, "events_by_first_after_hold": by_first_late,
+               "second_lines": lines["second"], "stable_lost": counts["stable"]["failed"], "requests": counts,
+               "failed": bool(problems), "problems": problems, "rollout_s": round(t_end - t0, 1), "started_ns": wall0}
+        results.append(res)
+        log(f"stale-write drill, run {run_no}: held {marks.get('held')}, taken over {marks.get('taken_over_after_hold_s')} s "
+            f"after, first refused: {bool(refusal)}, {res['phase']}{'; ' + '; '.join(problems) if problems else ''}")
+    return {"runs": len(results), "failures": sum(r["failed"] for r in results), "max_converge_s": None,
+            "stable_lost": sum(r["stable_lost"] for r in results), "lease_s": lease,
+            "refused_by_the_api_server": sum(bool(r["first_refused"]) for r in results), "samples": results}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--drills", default="kill,prometheus,canary,hung,baddata,skew,two,late,two-watchers",
-                        help="comma-separated: kill, prometheus, canary, hung, baddata, skew, two, late, two-watchers")
+    parser.add_argument("--drills", default="kill,prometheus,canary,hung,baddata,skew,two,late,two-watchers,stale-write",
+                        help="comma-separated: kill, prometheus, canary, hung, baddata, skew, two, late, two-watchers, stale-write")
     parser.add_argument("--hang", type=float, default=30.0,
                         help="seconds the hung drill keeps Prometheus stopped (default 30: a pass waits out two queries "
                              "of two 5 s attempts each before it saves)")
     parser.add_argument("--skew", type=float, default=5.0, help="seconds the skew drill's controller clock is ahead (default 5)")
-    parser.add_argument("--runs", type=int, default=1, help="runs of each of hung, baddata, two and late (default 1)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="runs of each of hung, baddata, skew, two, late, two-watchers and stale-write (default 1)")
     parser.add_argument("--late-after", type=int, default=150,
                         help="the late drill's canary answers this many requests healthy first (default 150: through step 1 at 10 %%)")
     parser.add_argument("--late-error-rate", type=float, default=0.05, help="then fails this fraction (default 0.05)")
@@ -1034,7 +1236,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second, split by the live weights (default 40)")
     args = parser.parse_args()
     drills = [d.strip() for d in args.drills.split(",") if d.strip()]
-    unknown = set(drills) - {"kill", "prometheus", "canary", "hung", "baddata", "skew", "two", "late", "two-watchers"}
+    unknown = set(drills) - {"kill", "prometheus", "canary", "hung", "baddata", "skew", "two", "late", "two-watchers", "stale-write"}
     if unknown:
         parser.error(f"unknown drills: {sorted(unknown)}")
     for name in ("kill_runs", "prometheus_runs", "canary_runs", "runs"):
@@ -1082,6 +1284,8 @@ def main() -> None:
                     finally:
                         for c in pair:
                             c.kill()
+                elif name == "stale-write":
+                    out[name] = drill_stale_write(harness, args.runs, lease=3.0)
                 elif name == "late":
                     out[name] = drill_late(harness, args.runs, ctl, args.late_after, args.late_error_rate)
                 elif name == "two":
