@@ -20,13 +20,20 @@ owned is orphaned, missing or duplicated) and the environment's Lease is release
 * ``apiserver-restart`` — the API server is stopped at a random point of an apply and started again
   a few seconds later: the apply either completes (its retries bridge the gap) or fails with a clear
   error naming the server, and the next apply converges.
+* ``etcd-kill`` — etcd SIGKILLed at a uniform point of an apply's write phase (after the Lease) and
+  started again a few seconds later on the same data, the API server left running: the apply
+  completes or fails with an error naming the cause, and a plain rerun converges.
+* ``etcd-nospace`` — etcd out of space at a uniform point of the write phase: its NOSPACE alarm,
+  the state etcd enters by itself when its backend reaches the quota (writes refused with
+  "database space exceeded", reads served), raised until the apply ends, then disarmed: the apply
+  fails naming it, and a rerun converges (waiting out the Lease it could not give back).
 
 Prints a table and, as its LAST line, one JSON object: runs, failures, refusals that named the
 holder, the maximum time to converge per fault and where each kill landed; the same object is
 written to ``--out`` (default ``bench/results/faults-apply-<date>.json``) with the command.
 
     .venv/bin/python bench/faults.py                       # 20 / 10 / 5 runs, 40 endpoints
-    .venv/bin/python bench/faults.py --kill-runs 3 --concurrent-runs 2 --restart-runs 1 --n 10
+    .venv/bin/python bench/faults.py --kill-runs 3 --concurrent-runs 2 --restart-runs 1 --etcd-kill-runs 1 --etcd-space-runs 1 --n 10
 
 Not covered here (see bench/README.md): the rollout drills (controller killed mid-step, Prometheus
 stopped, canary server killed) and the local target's apply (its lock is an flock the kernel
@@ -45,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,6 +111,7 @@ class Bench:
         generate_specs(self.full, n, self.namespace)
         generate_specs(self.half, max(1, n // 2), self.namespace)
         self.span = 3.0  # seconds a full change takes (measured by the kill drill)
+        self.write_phase = 2.0  # seconds of it after the Lease is taken (measured by the kill drill)
         self.env = {**os.environ, "KUBECONFIG": cluster.kubeconfig, "NO_COLOR": "1", "COLUMNS": "200"}
 
     def apply_cmd(self, specs: Path) -> list[str]:
@@ -205,25 +214,17 @@ def kill_apply(b: Bench, runs: int, drill: Drill) -> None:
     proc.communicate(timeout=600)
     assert proc.returncode == 0 and planning is not None, "the measured apply did not take the Lease and finish"
     b.span = time.monotonic() - t0
-    writing = b.span - planning
+    writing = b.write_phase = b.span - planning
     log(f"kill-apply: a full change takes {b.span:.1f} s, {planning:.1f} s of it before the Lease is taken; "
         f"killing at a uniform point of the {writing:.1f} s after")
     rng = random.Random(19)
     desired = b.full
     while drill.runs < runs:
-        proc = b.start_apply(desired)
-        held_after = b.wait_for_lease(proc)
-        at = rng.uniform(0.0, writing)
-        if held_after is not None:
-            time.sleep(at)
-        if held_after is None or proc.poll() is not None:  # finished before the kill: not a run
-            drill.missed += 1
-            proc.communicate()
-            ok, tail = b.clean(desired)
-            if proc.returncode != 0 or not ok:
-                drill.fail(f"an apply that finished before its kill left changes (exit {proc.returncode}): {tail}")
+        started = _write_phase_point(b, drill, desired, rng)
+        if started is None:  # finished before the kill: not a run
             desired = b.half if desired == b.full else b.full
             continue
+        proc, held_after, at = started
         drill.runs += 1
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
@@ -304,25 +305,108 @@ def apiserver_restart(b: Bench, runs: int, drill: Drill, down_s: float) -> None:
         desired = b.half if desired == b.full else b.full
 
 
+def _write_phase_point(b: Bench, drill: Drill, desired: Path, rng: random.Random, at: float | None = None
+                       ) -> tuple[subprocess.Popen[str], float, float] | None:
+    """Start an apply of ``desired`` and wait until a uniform point of its write phase (after it
+    took the Lease), or ``at`` seconds into it: the running apply, when it took the Lease and where
+    in the phase it is; None (a missed draw, the finished apply verified) when it finished first."""
+    proc = b.start_apply(desired)
+    held_after = b.wait_for_lease(proc)
+    at = rng.uniform(0.0, b.write_phase) if at is None else at
+    if held_after is not None:
+        time.sleep(at)
+    if held_after is None or proc.poll() is not None:
+        drill.missed += 1
+        proc.communicate()
+        ok, tail = b.clean(desired)
+        if proc.returncode != 0 or not ok:
+            drill.fail(f"an apply that finished before its fault left changes (exit {proc.returncode}): {tail}")
+        return None
+    return proc, held_after, at
+
+
+def _etcd_fault(b: Bench, runs: int, drill: Drill, fault: Callable[[], None], recover: Callable[[], None],
+                clear: Callable[[str], bool], seed: int, at: float | None = None) -> None:
+    """One etcd fault per run at a uniform point of an apply's write phase: the apply completes or
+    fails with an error that names the cause (``clear``); nothing moves while writes fail; after
+    ``recover`` a plain rerun converges (waiting out the failed apply's Lease when it could not give
+    it back, as after a kill). ``at``: the fault that many seconds into the write phase, not drawn."""
+    desired = b.full if b.clean(b.half)[0] else b.half
+    rng = random.Random(seed)
+    while drill.runs < runs:
+        started = _write_phase_point(b, drill, desired, rng, at)
+        if started is None:
+            desired = b.half if desired == b.full else b.full
+            continue
+        proc, held_after, landed = started
+        drill.runs += 1
+        fault()
+        out, err = proc.communicate(timeout=600)
+        recover()
+        if proc.returncode == 0:
+            outcome = "completed"
+        elif clear(err + out):
+            outcome = "failed clearly"
+        else:
+            drill.fail(f"run {drill.runs}: the apply failed without naming the cause: {(err + out)[-400:]}")
+            outcome = "failed unclearly"
+        error = next((line.strip() for line in err.splitlines() if line.strip()), "") if proc.returncode else ""
+        drill.landed.append({"run": drill.runs, "lease_taken_after_s": round(held_after, 2), "fault_after_lease_s": round(landed, 2),
+                             "fraction_of_write_phase": round(landed / b.write_phase, 2), "outcome": outcome,
+                             # out of space, etcd still takes deletes: a shrinking apply (prunes only) may complete
+                             "apply": "creates" if desired == b.full else "prunes",
+                             "error": error[:240]})
+        drill.outcomes[outcome] = drill.outcomes.get(outcome, 0) + 1
+        took = b.converge(desired, drill, proc.pid if proc.returncode else None)
+        if took is not None:
+            drill.converge_s.append(took)
+        log(f"{drill.name} run {drill.runs}/{runs}: fault {landed:.2f} s into the write phase; the apply {outcome}; "
+            f"converged in {took} s")
+        desired = b.half if desired == b.full else b.full
+
+
+def etcd_kill(b: Bench, runs: int, drill: Drill, down_s: float, at: float | None = None) -> None:
+    """etcd SIGKILLed inside an apply's write phase and started again ``down_s`` later (same data,
+    the API server left running)."""
+    _etcd_fault(b, runs, drill, lambda: b.cluster.restart_etcd(down_seconds=down_s), lambda: None,
+                lambda text: any(k in text for k in ("etcdserver", "Timeout", "timed out", "did not answer", b.cluster.server)),
+                seed=35, at=at)
+
+
+def etcd_nospace(b: Bench, runs: int, drill: Drill, at: float | None = None) -> None:
+    """etcd out of space inside an apply's write phase: its NOSPACE alarm raised (writes refused,
+    reads served) until the apply has ended, then disarmed, as an operator does after compacting
+    or raising the quota (`etcdctl alarm disarm`)."""
+    def recover() -> None:
+        drill.outcomes.setdefault("alarms_disarmed", []).append(b.cluster.disarm_etcd_alarms())
+
+    _etcd_fault(b, runs, drill, b.cluster.raise_etcd_nospace, recover,
+                lambda text: "database space exceeded" in text, seed=36, at=at)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=40, help="endpoints in the full spec set (default 40)")
     ap.add_argument("--kill-runs", type=int, default=20)
     ap.add_argument("--concurrent-runs", type=int, default=10)
     ap.add_argument("--restart-runs", type=int, default=5)
-    ap.add_argument("--down-seconds", type=float, default=3.0, help="how long the API server stays down")
+    ap.add_argument("--etcd-kill-runs", type=int, default=3)
+    ap.add_argument("--etcd-space-runs", type=int, default=3)
+    ap.add_argument("--down-seconds", type=float, default=3.0, help="how long the API server (or etcd) stays down")
     ap.add_argument("--out", type=Path, default=None, help="result file (default bench/results/faults-apply-<date>.json)")
     args = ap.parse_args()
 
     started = time.monotonic()
     cluster = Cluster.start(Path(tempfile.mkdtemp(prefix="forge-faults-")), die_with_parent=True, log=log)
-    drills = {name: Drill(name) for name in ("kill-apply", "concurrent-apply", "apiserver-restart")}
+    drills = {name: Drill(name) for name in ("kill-apply", "concurrent-apply", "apiserver-restart", "etcd-kill", "etcd-nospace")}
     try:
         with tempfile.TemporaryDirectory(prefix="forge-faults-specs-") as tmp:
             b = Bench(cluster, Path(tmp), args.n)
             kill_apply(b, args.kill_runs, drills["kill-apply"])
             concurrent_apply(b, args.concurrent_runs, drills["concurrent-apply"])
             apiserver_restart(b, args.restart_runs, drills["apiserver-restart"], args.down_seconds)
+            etcd_kill(b, args.etcd_kill_runs, drills["etcd-kill"], args.down_seconds)
+            etcd_nospace(b, args.etcd_space_runs, drills["etcd-nospace"])
     finally:
         cluster.stop(quiet=True)
     print(f"{'fault':<20} {'runs':>5} {'failed':>7} {'named holder':>13} {'max converge':>13}")

@@ -11,6 +11,7 @@ import inspect
 import json
 import os
 import shutil
+import signal
 import ssl
 import time
 import urllib.request
@@ -38,6 +39,9 @@ def _spawn(argv: Sequence[str], log_path: Path, *, die_with_parent: bool) -> tup
         raise ClusterError(f"{argv[0]} exited at once; its log ({log_path}) ends with:\n" + log_tail(log_path))
     return record.pid, record.start_ticks
 
+
+#: etcd's backend quota (its default is 2 GiB; the Argo CRDs and the benches' 50,000 objects fit in 4).
+ETCD_QUOTA_BYTES = 4 * 1024**3
 
 # Bump when a change to the servers' flags or the CRD patches makes older snapshots wrong.
 # The snapshot holds etcd's data only (bootstrap objects + CRDs, saved before any node joins), so
@@ -206,6 +210,12 @@ class Cluster:
 
     def _spawn_servers(self) -> None:
         """Start etcd, then kube-apiserver, on this cluster's ports and data; wait for /readyz."""
+        self._spawn_etcd()
+        self._spawn_apiserver()
+
+    def _spawn_etcd(self, quota_bytes: int = ETCD_QUOTA_BYTES) -> None:
+        """Start etcd on this cluster's ports and data with a backend quota of ``quota_bytes``; wait
+        for its /health."""
         sd = Path(self.state_dir)
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"
         # etcd: plain HTTP on loopback only, as envtest does; big requests for the Argo CRDs
@@ -214,12 +224,71 @@ class Cluster:
             f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
             f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
             f"--initial-cluster=forge-dev={peer}",
-            "--max-request-bytes=8388608", "--quota-backend-bytes=4294967296",
+            "--max-request-bytes=8388608", f"--quota-backend-bytes={quota_bytes}",
             "--unsafe-no-fsync=true", "--log-level=warn",
         ], sd / "logs" / "etcd.log", die_with_parent=self.die_with_parent)
         self._save()
         self._wait_etcd(self, sd)
-        self._spawn_apiserver()
+
+    def restart_etcd(self, *, down_seconds: float = 0.0, quota_bytes: int = ETCD_QUOTA_BYTES) -> None:
+        """SIGKILL etcd (a crash: no clean shutdown, as a node losing power or the OOM killer
+        would), leave it down for ``down_seconds``, and start it again on the same data and ports
+        with a backend quota of ``quota_bytes``; the API server stays up and reconnects by itself.
+        For fault drills."""
+        if self.external:
+            raise ClusterError("restart_etcd needs the cluster's own etcd process")
+        pid, ticks = self.pids["etcd"], self.starts["etcd"]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        stop_pid(pid, ticks)  # reaped and gone before the port is bound again
+        time.sleep(down_seconds)
+        self._spawn_etcd(quota_bytes)
+
+    def etcd_db_size(self) -> int:
+        """The size of etcd's backend database file in bytes (its own metric), what its quota is
+        compared with."""
+        with urllib.request.urlopen(self.etcd_url + "/metrics", timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("etcd_mvcc_db_total_size_in_bytes "):
+                    return int(float(line.split()[1]))
+        raise ClusterError("etcd's /metrics has no etcd_mvcc_db_total_size_in_bytes")
+
+    def _etcd_alarm(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """etcd's Maintenance.Alarm through its gRPC gateway (what `etcdctl alarm` sends)."""
+        request = urllib.request.Request(self.etcd_url + "/v3/maintenance/alarm", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            alarms: list[dict[str, Any]] = json.loads(resp.read() or b"{}").get("alarms") or []
+            return alarms
+
+    def etcd_alarms(self) -> list[str]:
+        """The alarms etcd has raised (``NOSPACE`` once its backend reached the quota)."""
+        return sorted(str(a.get("alarm", "")) for a in self._etcd_alarm({"action": "GET"}))
+
+    def raise_etcd_nospace(self) -> None:
+        """Raise etcd's NOSPACE alarm, the state etcd enters by itself when its backend reaches the
+        quota: from then on it refuses every write ("etcdserver: mvcc: database space exceeded")
+        and serves reads, until the alarm is disarmed. Raised through the same Maintenance.Alarm
+        call so a drill can land it at a chosen moment."""
+        member = self._etcd_member_id()
+        self._etcd_alarm({"action": "ACTIVATE", "memberID": member, "alarm": "NOSPACE"})
+
+    def _etcd_member_id(self) -> str:
+        request = urllib.request.Request(self.etcd_url + "/v3/cluster/member/list", data=b"{}",
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            members = json.loads(resp.read()).get("members") or []
+        if len(members) != 1:
+            raise ClusterError(f"etcd lists {len(members)} members, expected this cluster's one")
+        return str(members[0]["ID"])
+
+    def disarm_etcd_alarms(self) -> list[str]:
+        """Deactivate every alarm etcd has raised, as `etcdctl alarm disarm` does after the space
+        problem is fixed (until then etcd refuses every write with NOSPACE); returns them."""
+        raised = self._etcd_alarm({"action": "GET"})
+        for alarm in raised:
+            self._etcd_alarm({"action": "DEACTIVATE", "memberID": alarm.get("memberID"), "alarm": alarm.get("alarm")})
+        return sorted(str(a.get("alarm", "")) for a in raised)
 
     def _spawn_apiserver(self) -> None:
         """Start kube-apiserver on this cluster's port, etcd and certificates; wait for /readyz."""
@@ -277,7 +346,9 @@ class Cluster:
             if not cluster._running("etcd"):
                 raise ClusterError("etcd exited:\n" + log_tail(sd / "logs" / "etcd.log"))
             with contextlib.suppress(OSError, ValueError):
-                with urllib.request.urlopen(cluster.etcd_url + "/health", timeout=1) as r:
+                # up is what is waited for: an etcd out of space (NOSPACE, raised at start when its
+                # database is over the quota) serves reads and deletes, and a fault drill starts it so
+                with urllib.request.urlopen(cluster.etcd_url + "/health?exclude=NOSPACE", timeout=1) as r:
                     if json.loads(r.read()).get("health") == "true":
                         return
             time.sleep(0.05)
