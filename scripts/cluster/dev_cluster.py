@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -39,6 +40,52 @@ def _prom_state(sd: Path) -> dict | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
+#: Where --controller's controller applies what is pushed (the quick-start's `cluster` namespace).
+CONTROLLER_TARGET = "forge-quickstart"
+GIT_NAMESPACE = "forge-git"
+
+
+def _install_controller(node: Node, image: str, sd: Path, *, monitoring: bool) -> None:
+    """A git server pod, then `forgectl install` of the controller (two pods in forge-system) with one
+    source: that server's ``main``, the `cluster` environment in :data:`CONTROLLER_TARGET`."""
+    import subprocess
+
+    import yaml
+    from kubernetes import client
+
+    from devkit.node import gitdaemon, paths
+
+    api = node.api()
+    core = client.CoreV1Api(api)
+    try:
+        for ns in (GIT_NAMESPACE, CONTROLLER_TARGET):
+            try:
+                core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+        server = gitdaemon.start(core, GIT_NAMESPACE, image)
+    finally:
+        api.close()
+    config = sd / "controller.yaml"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "forge.dev/v1alpha1", "kind": "ControllerConfig", "namespace": "forge-system",
+        "http": {"address": "0.0.0.0", "port": 8080},
+        "sources": [{"name": "quickstart", "url": server.url, "branch": "main", "path": ".", "environment": "cluster",
+                     "namespace": CONTROLLER_TARGET, "interval": "10s"}]}))
+    env = dict(os.environ, KUBECONFIG=node.kubeconfig)
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([str(paths.binary("kubectl")), "apply", "--server-side", "--force-conflicts", "-f",
+                    str(root / "docs" / "rbac" / "forgectl-role.yaml")], env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "forgectl", "install", "--manage", CONTROLLER_TARGET, "--config", str(config),
+                    *(() if monitoring else ("--no-monitoring",))], env=env, check=True, cwd=root, stdout=sys.stderr)
+    print(f"# Forge's controller runs in forge-system (config {config}); it applies the `cluster` environment of "
+          f"what is pushed to {server.push_url} (branch main) into {CONTROLLER_TARGET}, and `forgectl apply` there is "
+          "refused while it leads:\n#   cd <a copy of examples/quickstart> && git init -b main && git add -A && "
+          f"git commit -m specs && git push {server.push_url} HEAD:main\n"
+          "#   kubectl -n forge-system wait --for=condition=Ready sync/quickstart", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/dev-cluster", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -60,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--gateway", action="store_true",
                        help="with --node: also Traefik v3 with its Gateway API provider, its GatewayClass and the "
                             "Gateway traefik/forge (devkit/node/traefik.py) for `traffic.router: gatewayAPI`")
+    start.add_argument("--controller", action="store_true",
+                       help="with --node: also Forge's controller as pods (its image from "
+                            "devkit/node/controller_image.py, `forgectl install`), pulling a git server that runs "
+                            "on the node (devkit/node/gitdaemon.py) into namespace forge-quickstart")
     start.add_argument("--quickstart", action="store_true",
                        help="what `forgectl apply --env cluster` of examples/quickstart needs: --node --argo "
                             "--runtime-image --seldon --prometheus-operator --gateway")
@@ -91,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.node and (node_state_dir() / "state.json").exists():
                 Node.load(node_state_dir()).stop(quiet=True)  # left from a start that died
             cluster = Cluster.start(sd, install_crds=not args.no_crds, die_with_parent=False, node=args.node)
-            if (args.argo or args.runtime_image or args.seldon or args.prometheus_operator or args.gateway) \
-                    and not args.node:
-                raise ClusterError("--argo, --runtime-image, --seldon, --prometheus-operator and --gateway need --node")
+            if (args.argo or args.runtime_image or args.seldon or args.prometheus_operator or args.gateway
+                    or args.controller) and not args.node:
+                raise ClusterError("--argo, --runtime-image, --seldon, --prometheus-operator, --gateway and --controller "
+                                   "need --node")
             operated_url = gateway = None
             if args.node:
                 from devkit.node import argo, promop, runtime_image, seldon, traefik
@@ -104,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                 if args.runtime_image:
                     archive, refs, _ = runtime_image.build()
                     extra += [(str(archive), r) for r in refs]
+                if args.controller:
+                    from devkit.node import controller_image
+
+                    controller_archive, controller_ref, _ = controller_image.build()
+                    extra.append((str(controller_archive), controller_ref))
                 node = None
                 try:
                     node = Node.start(cluster, node_state_dir(), die_with_parent=False, extra_images=extra,
@@ -118,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                         operator = promop.start(cluster, node, die_with_parent=False)
                         operated_url = promop.deploy_prometheus(node, controller=operator)
                         (sd / "prometheus-operated.json").write_text(json.dumps({"url": operated_url}))
+                    if args.controller:
+                        _install_controller(node, controller_ref, sd, monitoring=not args.no_crds)
                 except BaseException:
                     if node is not None:
                         node.stop(quiet=True, keep_logs=True)
