@@ -369,7 +369,7 @@ def etcd_kill(b: Bench, runs: int, drill: Drill, down_s: float, at: float | None
     """etcd SIGKILLed inside an apply's write phase and started again ``down_s`` later (same data,
     the API server left running)."""
     _etcd_fault(b, runs, drill, lambda: b.cluster.restart_etcd(down_seconds=down_s), lambda: None,
-                lambda text: any(k in text for k in ("etcdserver", "Timeout", "timed out", "did not answer", b.cluster.server)),
+                lambda text: any(k in text for k in ("(etcd) did not answer", "etcdserver", "did not answer", b.cluster.server)),
                 seed=35, at=at)
 
 
@@ -381,7 +381,7 @@ def etcd_nospace(b: Bench, runs: int, drill: Drill, at: float | None = None) -> 
         drill.outcomes.setdefault("alarms_disarmed", []).append(b.cluster.disarm_etcd_alarms())
 
     _etcd_fault(b, runs, drill, b.cluster.raise_etcd_nospace, recover,
-                lambda text: "database space exceeded" in text, seed=36, at=at)
+                lambda text: "etcd is out of space" in text, seed=36, at=at)
 
 
 def main() -> int:

@@ -68,6 +68,13 @@ from specs import Environment, SpecSet
 #: 500 for objects it cannot convert (e.g. a server-side apply of a wrongly typed field).
 TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
 TRANSIENT_REASONS = frozenset({"ServerTimeout", "Timeout", "TooManyRequests"})
+#: A 500 is also retried when its message is the API server passing on that its storage (etcd) did
+#: not answer — etcd restarting, or electing a leader: etcd's gRPC `Unavailable` and its own
+#: transient errors, as the API server words them. etcd out of space is not among them: it refuses
+#: every write until an operator frees space and disarms the alarm, so it is named, not retried.
+TRANSIENT_STORAGE = ("code = Unavailable", "etcdserver: request timed out", "etcdserver: leader changed",
+                     "etcdserver: too many requests", "etcdserver: server stopped")
+STORAGE_FULL = "etcdserver: mvcc: database space exceeded"
 #: The environment Lease's duration, renewed every LEASE_RENEW_SECONDS while an apply holds it:
 #: an apply of any length keeps its lock, and the lock of a killed one is free again within
 #: LEASE_SECONDS (client-go's leader election uses 15 s / 10 s; an apply is not that critical).
@@ -198,6 +205,13 @@ class KubernetesTarget:
             return InvalidObjectError(f"{ref} rejected by the API server: {fields or message}", status=422)
         if status in TRANSIENT_STATUS or detail.get("reason") in TRANSIENT_REASONS:
             return TransientError(f"{ref}: HTTP {status}: {message}", status=status)
+        if status == 500 and any(m in message for m in TRANSIENT_STORAGE):
+            return TransientError(f"{verb} {ref}: HTTP 500: the API server's storage (etcd) did not answer: {message}",
+                                  status=status)
+        if status == 500 and STORAGE_FULL in message:
+            return TargetError(f"{verb} {ref}: HTTP 500: the cluster's etcd is out of space ({message}): it refuses "
+                               "every write until its operator frees space (compaction, defragmentation or a larger "
+                               "quota) and disarms its NOSPACE alarm; a plain rerun then converges", status=status)
         return TargetError(f"{verb} {ref}: HTTP {status}: {message}", status=status)
 
     # -- Target -------------------------------------------------------------------------------
