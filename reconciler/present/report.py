@@ -9,18 +9,22 @@ writing the SVG keeps the output byte-for-byte reproducible.
 
 Per leaderboard: accuracy (the ranking metric) against p50 latency and against size, both on log
 axes; colour = version, shape = runtime (● PyTorch, ◆ ONNX Runtime), a black ring = on the Pareto
-front; each point's tooltip gives its figures. Then the ranked table, then every version's lineage.
+front; each point's tooltip gives its figures. Then the ranked table; then, for each version a
+hyperparameter search trained, its trials (searchplot.py); then every version's lineage.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from reconciler.present.searchplot import search_section
+from reconciler.present.svg import esc as _esc
+from reconciler.present.svg import linear_ticks as _linear_ticks
 from reconciler.registry.leaderboard import Board, Row
 from reconciler.registry.records import JSONObject, Record
+from specs.searchresult import SearchResult
 
 #: Okabe–Ito: distinguishable with the common colour-vision deficiencies.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
@@ -38,10 +42,6 @@ th{background:#f6f8fa;font-weight:600}td.l,th.l{text-align:left}tr.front td{back
 .star{color:#bf8700}.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px;vertical-align:-1px}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}.note{color:#9a6700}
 """
-
-
-def _esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -81,20 +81,6 @@ def _log_ticks(lo: float, hi: float, binary: bool = False) -> list[float]:
 
 def _overlaps(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
-
-
-def _linear_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
-    span = hi - lo
-    raw = span / target
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step) * step
-    out = []
-    v = first
-    while v <= hi + step * 1e-9:
-        out.append(round(v, 12))
-        v += step
-    return out
 
 
 def scatter(points: list[dict[str, Any]], *, x_label: str, y_label: str, x_fmt: Callable[[float], str],
@@ -244,6 +230,9 @@ def html_report(boards: Sequence[Board], records: Sequence[Record], *, environme
     colors = {r.version: PALETTE[i % len(PALETTE)] for i, r in enumerate(records)}
     hardware = next((r.hardware for r in reversed(records) if r.hardware), None)
     sections = "".join(_board_html(i, b, colors, hardware) for i, b in enumerate(boards)) or "<p>No registered model versions yet.</p>"
+    searches = [search_section(r.model, r.version, SearchResult.from_json(r.search)) for r in records if r.search]
+    if searches:
+        sections += f'<section id="searches"><h2>Hyperparameter searches</h2>{"".join(searches)}</section>'
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
