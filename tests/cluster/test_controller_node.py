@@ -1,5 +1,5 @@
 """Forge's controller running in the cluster, as pods (issue 33, steps 1, 2 and 7 of its end-to-end
-test): the controller image built here (devkit.node.controller_image), imported into the node's
+test, and an idle failover): the controller image built here (devkit.node.controller_image), imported into the node's
 containerd under the name `forgectl install` renders, and installed through the CLI with the node
 cluster's admin kubeconfig, as a platform engineer would.
 
@@ -13,7 +13,10 @@ cluster's admin kubeconfig, as a platform engineer would.
    ClusterIP, the host pushes to the pod's IP) → the controller applies it: `kubectl wait
    --for=condition=Ready sync/quickstart` returns, the applied revision is the pushed commit, the
    Sync names the Lease holder as leader, the quick-start's objects are in NS.
-3. `forgectl uninstall` → the controller's pods are gone, the leader gave the Lease back on SIGTERM,
+3. The leader's pod deleted → the other replica holds the Lease within seconds (the deleted one gave
+   it back on SIGTERM), the Sync names it, nothing is applied again, and the Deployment's new pod
+   follows.
+4. `forgectl uninstall` → the controller's pods are gone, the leader gave the Lease back on SIGTERM,
    and what it applied stays (every object's resourceVersion as it was).
 
 No forgectl process runs on the host between the install and the uninstall; everything asserted
@@ -218,7 +221,7 @@ def test_install_runs_two_ready_replicas_with_one_leader(stack: Stack) -> None:
 
     holder = wait_until(stack.holder, 60, "the environment's Lease held", interval=1)
     # the holder identity is forge-controller/<pod name>:<pid> (the pod's host name)
-    leader = holder.removeprefix("forge-controller/").rsplit(":", 1)[0]
+    leader = _pod_of(holder)
     assert leader in names, (holder, names)
 
     def leader_gauges() -> dict[str, str] | None:
@@ -249,6 +252,38 @@ def test_the_controller_applies_the_specs_pushed_to_the_git_server(stack: Stack)
     live = stack.live_versions()
     assert "SeldonDeployment/digits" in live and any(k.startswith("Workflow/") for k in live), live
     _STATE["live"] = live
+
+
+def _pod_of(holder: str) -> str:
+    """The pod a holder identity names (forge-controller/<pod name>:<pid>: the pod's host name)."""
+    return holder.removeprefix("forge-controller/").rsplit(":", 1)[0]
+
+
+def test_the_other_replica_takes_over_when_the_leader_pod_is_deleted(stack: Stack) -> None:
+    if "live" not in _STATE:
+        pytest.fail("the apply test did not pass")
+    holder = _STATE["holder"]
+    leader = _pod_of(holder)
+    (other,) = {p.metadata.name for p in stack.pods()} - {leader}
+    t = time.monotonic()
+    # a delete as a drained node or `kubectl delete pod` makes it: SIGTERM, and the Lease given back
+    stack.core.delete_namespaced_pod(leader, CONTROLLER_NS)
+    new = wait_until(lambda: (h := stack.holder()) is not None and h != holder and h, 30, "another holder", interval=0.2)
+    took = time.monotonic() - t
+    print(f"\nleader pod deleted → the other replica holds the Lease: {took:.1f} s")
+    assert _pod_of(new) == other, (new, other)
+    # the new leader syncs at once, resuming from the Sync's status: the revision is not applied again
+    status = wait_until(lambda: (st := stack.sync().get("status", {})).get("leader") == new and st, 60,
+                        "the Sync naming the new leader", interval=1)
+    assert status["lastAppliedRevision"] == _STATE["revision"]
+    assert next(c for c in status["conditions"] if c["type"] == "Ready")["status"] == "True", status
+    assert stack.live_versions() == _STATE["live"]
+    # the Deployment replaces the deleted pod; it follows
+    wait_until(lambda: len([p for p in stack.pods() if p.metadata.deletion_timestamp is None and any(
+        c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())]) == 2, 120,
+               "two replicas Ready again", interval=1)
+    assert stack.holder() == new
+    _STATE["holder"] = new
 
 
 def test_uninstall_removes_the_controller_and_keeps_what_it_applied(stack: Stack) -> None:
