@@ -43,24 +43,24 @@ def install(
     """Install the controller (Namespace, Sync CRD, ServiceAccount, RBAC, Deployment, Service,
     PodDisruptionBudget, PodMonitor, PrometheusRule), server-side applied; with --dry-run print the
     manifests, as `deploy/` holds them rendered with the defaults (docs/controller.md)."""
-    from reconciler.controller.install import InstallOptions, config_map, install_objects
+    from reconciler.controller.install import InstallOptions, install_objects
     from reconciler.diagnostics import ForgeError
     from reconciler.present.manifests import to_yaml_stream
 
     if output != "yaml":
         raise ForgeError(f"--output {output!r}: only yaml is supported")
     secrets: tuple[str, ...] = ()
-    if config is not None:
-        from reconciler.controller.config import load_config
-
-        # a bad file: its file:line errors, nothing installed; its secretRefs: the Secrets the Role may get
-        secrets = tuple(sorted({s.secret_ref for s in load_config(config).sources if s.secret_ref}))
-    options = InstallOptions(namespace, image, replicas, tuple(manage or ()), monitoring, secrets)
-    objects = install_objects(options)
+    text: str | None = None
     if config is not None:
         from pathlib import Path
 
-        objects.append(config_map(namespace, Path(config).read_text()))
+        from reconciler.controller.config import load_config
+
+        # a bad file: its file:line errors, nothing installed; its secretRefs: the Secrets the Role may get
+        secrets = load_config(config).secret_refs()
+        text = Path(config).read_text()
+    options = InstallOptions(namespace, image, replicas, tuple(manage or ()), monitoring, secrets)
+    objects = install_objects(options, text)
     if dry_run:
         print(to_yaml_stream(objects), end="")
         return

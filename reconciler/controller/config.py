@@ -116,6 +116,11 @@ class ControllerConfig(_Model):
                                  "environment is one Lease, held by one source")
         return self
 
+    def secret_refs(self) -> tuple[str, ...]:
+        """The Secrets the sources' ``secretRef``s name (in the controller's namespace): the only
+        ones its Role may read."""
+        return tuple(sorted({s.secret_ref for s in self.sources if s.secret_ref}))
+
 
 def load_config(path: str | Path) -> ControllerConfig:
     """The configuration in ``path``; :class:`SpecError` (file:line per problem) or

@@ -193,8 +193,9 @@ def config_map(namespace: str, text: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(CONFIG_MAP, namespace), "data": {"config.yaml": text}}
 
 
-def install_objects(options: InstallOptions = InstallOptions()) -> list[dict[str, Any]]:
-    """Everything `forgectl install` applies, in apply order."""
+def install_objects(options: InstallOptions = InstallOptions(), config: str | None = None) -> list[dict[str, Any]]:
+    """Everything `forgectl install` applies, in apply order; with ``config`` (the text of a
+    ControllerConfig, already checked) its ConfigMap too, which the Deployment waits for."""
     ns = options.namespace
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns)},
@@ -207,4 +208,5 @@ def install_objects(options: InstallOptions = InstallOptions()) -> list[dict[str
         {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(NAME, ns), "spec": {
             "minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}}}},
         *((pod_monitor(options), prometheus_rule(options)) if options.monitoring else ()),
+        *((config_map(ns, config),) if config is not None else ()),
     ]
