@@ -10,7 +10,12 @@
 * ``kubelet``, ``kube-scheduler``, ``kube-controller-manager`` and ``kube-proxy`` (iptables
   mode) of the same ``k8s.io/kubernetes`` pin as the API server (``scripts/cluster/build.sh node``),
   each with a client certificate of its own identity signed by the cluster's client CA;
-* images from :mod:`devkit.node.images`, imported with ``ctr -n k8s.io images import``.
+* images from :mod:`devkit.node.images`, imported with ``ctr -n k8s.io images import``;
+* cluster DNS: CoreDNS (``scripts/cluster/build.sh coredns``) deployed as a cluster runs it, the
+  Deployment ``coredns`` behind the Service ``kube-dns`` at :data:`CLUSTER_DNS_IP`
+  (:mod:`devkit.node.coredns`), which the kubelet's ``clusterDNS`` gives every pod as its name server
+  (search path ``<namespace>.svc.cluster.local svc.cluster.local cluster.local``). ``Node.start``
+  returns once it answers.
 
 Every server listens on 127.0.0.1 (free ports). Host-wide things it touches, and gives back at
 :meth:`Node.stop`: a bridge ``forge0`` (the pods' network, its gateway address is the node's
@@ -50,6 +55,10 @@ POD_CIDR = os.environ.get("FORGE_NODE_POD_CIDR", "10.244.0.0/24")
 CLUSTER_CIDR = os.environ.get("FORGE_NODE_CLUSTER_CIDR", "10.244.0.0/16")
 SERVICE_CIDR = "10.0.0.0/24"  # the API server's --service-cluster-ip-range (devkit.cluster)
 KUBERNETES_SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service's ClusterIP (first of SERVICE_CIDR)
+# the kube-dns Service's ClusterIP (the kubelet's clusterDNS), the tenth address as kubeadm makes it; in the
+# range's low band, which the API server hands out only when asked for by address
+CLUSTER_DNS_IP = "10.0.0.10"
+CLUSTER_DOMAIN = "cluster.local"
 APISERVER_CHAIN = "FORGE-NODE-APISERVER"
 CGROUP_ROOT = "forge-node"
 # the v1 hierarchies, and cgroup2's "unified" one of a hybrid set-up (runc mirrors each container's
@@ -134,10 +143,14 @@ def ensure_binaries(log: Log = _stderr_log) -> dict[str, Path]:
 
 
 def ensure_images(log: Log = _stderr_log) -> dict[str, tuple[str, str]]:
-    """{role: (archive path, image ref)} of the node's own images."""
+    """{role: (archive path, image ref)} of the node's own images (CoreDNS's binary is built the first
+    time: several minutes)."""
+    from devkit.node import coredns  # imports this module
+
     pause = images.build_pause(log)
     busybox = images.build_busybox(log)
-    return {"pause": (str(pause[0]), pause[1]), "busybox": (str(busybox[0]), busybox[1])}
+    return {"pause": (str(pause[0]), pause[1]), "busybox": (str(busybox[0]), busybox[1]),
+            "coredns": coredns.image(log)}
 
 
 def _mountpoints_under(root: Path) -> list[str]:
@@ -264,6 +277,7 @@ class Node:
             node._start_kube_proxy()
             node._wait_ready(log, t0)
             node._cluster_objects()
+            node._start_dns(cluster, log)
         except BaseException:
             log(f"node start failed; logs in {sd / 'logs'}")
             node.stop(quiet=True, keep_logs=True)
@@ -574,7 +588,9 @@ state = "{c / 'state'}"
             "enforceNodeAllocatable": ["pods"],
             "containerRuntimeEndpoint": "unix://" + self.containerd_sock,
             "failSwapOn": False, "protectKernelDefaults": False,
-            "clusterDomain": "cluster.local", "resolvConf": "/etc/resolv.conf",
+            # every pod's name server is the cluster's CoreDNS (pods of dnsPolicy Default, CoreDNS's own,
+            # get resolvConf: the host's)
+            "clusterDNS": [CLUSTER_DNS_IP], "clusterDomain": CLUSTER_DOMAIN, "resolvConf": "/etc/resolv.conf",
             # imported images cannot be pulled again: never garbage-collect them
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
@@ -727,6 +743,17 @@ state = "{c / 'state'}"
             status, doc = raw.request("POST", path, json.dumps(body).encode())
             if status not in (200, 201, 409):
                 raise NodeError(f"creating {body['kind']} {body['metadata']['name']}: HTTP {status}: {doc}")
+
+    def _start_dns(self, cluster: Any, log: Log) -> None:
+        """CoreDNS, the cluster's DNS (:mod:`devkit.node.coredns`): every pod's name server."""
+        from devkit.node import coredns  # imports this module
+
+        if not getattr(cluster, "node", True):  # no service-account token: its kubernetes plugin cannot list
+            self.notes.append("no cluster DNS: the cluster was started without node=True")
+            log(self.notes[-1])
+            return
+        dns = coredns.start(self, log=log)
+        self.notes.append(f"CoreDNS {dns.version} at {dns.service_ip} ({dns.domain}) ready after {dns.start_seconds} s")
 
     def _remove_volumes(self, log: Log) -> None:
         """The node's PersistentVolumes (their directories go with the state directory)."""

@@ -9,6 +9,7 @@
 #                                     and the Prometheus it deploys by default (bin/prometheus-<version>/prometheus)
 #   scripts/cluster/build.sh traefik  Traefik (TRAEFIK_VERSION), its `go build ./cmd/traefik` in the module's own tree
 #   scripts/cluster/build.sh kueue    Kueue's manager (KUEUE_VERSION), its `go build ./cmd/kueue` in the module's own tree
+#   scripts/cluster/build.sh coredns  CoreDNS (COREDNS_VERSION), its Makefile's `go build` in the module's own tree
 #   scripts/cluster/build.sh judge                        (prints the binary's path on stdout)
 #
 # Output: ${FORGE_CACHE:-$HOME/.cache/forge}/bin/<name>-<version>/<name>
@@ -387,6 +388,39 @@ build_kueue() {
   log "kueue $v: built $out/kueue"
 }
 
+# CoreDNS (COREDNS_VERSION) from the module proxy: bin/coredns-<version>/coredns, upstream's Makefile target
+# `coredns` (CGO_ENABLED=0 go build -tags=grpcnotrace -ldflags="-s -w -X .../coremain.GitCommit=...") in the
+# module's own tree, so its go.mod and go.sum apply exactly as upstream builds it (-mod=readonly); the tree is
+# a hard-linked copy of the verified module contents. The default plugin set: plugin.cfg as released, whose
+# generated core/plugin/zplugin.go and core/dnsserver/zdirectives.go the module holds (the Makefile's `check`
+# regenerates them only when plugin.cfg is newer). GitCommit is what the Makefile's `git describe --dirty
+# --always` gives at a release tag: the tag. The check: `coredns -version` names the version, and `-plugins`
+# lists the plugins the node's Corefile uses (devkit/node/coredns.py).
+COREDNS_PLUGINS=(kubernetes forward cache health ready errors loop reload loadbalance prometheus)
+build_coredns() {
+  local v="$COREDNS_VERSION" mod="$COREDNS_MODULE" out src gomod cached
+  proxy_wrapper coredns "$v" "$mod" coredns
+  [[ -z "$cached" ]] || return 0
+  if grep -q '^replace' "$gomod"; then echo "$mod@$v go.mod has replace directives; check them before building" >&2; exit 1; fi
+  local moddir; moddir="$(cd "$src" && go mod download -json "$mod@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  cp -al "$moddir" "$src/coredns"
+  log "coredns $v: compiling (upstream's default plugin set, tags grpcnotrace)"
+  local tmp="$out.tmp.$$"; rm -rf "$tmp"; mkdir -p "$tmp"
+  local t0=$SECONDS
+  (cd "$src/coredns" && go build -mod=readonly -p "$jobs" -tags grpcnotrace \
+    -ldflags "-s -w -X $mod/coremain.GitCommit=$v" -o "$tmp/coredns")
+  log "coredns $v: compiled in $((SECONDS - t0)) s"
+  local said; said="$("$tmp/coredns" -version)"
+  printf '%s\n' "$said" >&2
+  if ! grep -q "^CoreDNS-${v#v}\$" <<<"$said"; then echo "coredns $v: the built binary does not report CoreDNS-${v#v}" >&2; exit 1; fi
+  local plugins p; plugins="$("$tmp/coredns" -plugins)"
+  for p in "${COREDNS_PLUGINS[@]}"; do
+    if ! grep -qx "$p" <<<"$plugins"; then echo "coredns $v: plugin $p is not compiled in" >&2; exit 1; fi
+  done
+  finish "$tmp" "$out"
+  log "coredns $v: built $out/coredns"
+}
+
 judges="$(cd "$here/../.." && pwd)/judges"
 
 judge_key() {
@@ -437,11 +471,12 @@ case "$what" in
   promop-prometheus-version) promop_prometheus_version ;;
   traefik) lock; build_traefik ;;
   kueue) lock; build_kueue ;;
+  coredns) lock; build_coredns ;;
   all) lock; build_etcd; build_kube_apiserver ;;
   judge)
     # A cached judge needs no lock: installs are atomic renames, and a kube-apiserver build
     # holding the lock for minutes must not stall every test that only asks for the path.
     if [[ ! -x "$(judge_out)/forge-judge" ]]; then lock; build_judge; fi
     echo "$(judge_out)/forge-judge" ;;
-  *) echo "usage: $0 [etcd|kube-apiserver|all|node|argo|promop|promop-prometheus-version|traefik|kueue|judge]" >&2; exit 2 ;;
+  *) echo "usage: $0 [etcd|kube-apiserver|all|node|argo|promop|promop-prometheus-version|traefik|kueue|coredns|judge]" >&2; exit 2 ;;
 esac

@@ -36,7 +36,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devkit.cluster import Cluster
-from devkit.node import argo, kueue, promop, seldon, traefik
+from devkit.node import argo, coredns, kueue, promop, seldon, traefik
 from devkit.node.controllers import HostController
 from devkit.node.node import Node
 
@@ -90,6 +90,11 @@ class SharedNode:
                 self._started[name] = start()
         value: T = self._started[name]
         return value
+
+    def dns(self) -> coredns.ClusterDNS:
+        """The cluster's CoreDNS. ``Node.start`` deployed it already (every pod's name server); this
+        checks that it still answers and says where."""
+        return self.once("dns", lambda: coredns.start(self.node))
 
     def argo(self) -> argo.ArgoController:
         """Argo's workflow-controller (its executor image comes from a module's ``node_images``)."""
