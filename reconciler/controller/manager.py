@@ -121,10 +121,13 @@ class Worker:
             try:
                 self.fence = self.stack.enter_context(self.target.lock(holder=self.identity))
             except LockHeldError:
+                # a follower says 0, not nothing: the "no leader" alert sums the replicas' gauges
+                self.metrics.leader.labels(self.source.name).set(0)
                 return False
             except TargetError as exc:
                 log.warning("%s: cannot take the Lease: %s", self.source.name, exc)
                 self.metrics.errors.labels(self.source.name, type(exc).__name__).inc()
+                self.metrics.leader.labels(self.source.name).set(0)
                 return False
             log.info("%s: leading environment %s as %s", self.source.name, self.source.environment, self.identity)
             self.metrics.leader.labels(self.source.name).set(1)

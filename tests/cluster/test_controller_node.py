@@ -225,7 +225,7 @@ def test_install_runs_two_ready_replicas_with_one_leader(stack: Stack) -> None:
     assert leader in names, (holder, names)
 
     def leader_gauges() -> dict[str, str] | None:
-        # each replica's own forge_controller_leader (a follower that never led has none)
+        # each replica's own forge_controller_leader (a follower says 0: the "no leader" alert sums them)
         gauges = {}
         for pod in pods:
             _, metrics = _get(f"http://{pod.status.pod_ip}:{PORT}/metrics")
@@ -235,6 +235,7 @@ def test_install_runs_two_ready_replicas_with_one_leader(stack: Stack) -> None:
 
     gauges = wait_until(leader_gauges, 60, "exactly one replica leading", interval=1)
     assert gauges[leader] == "1.0", (gauges, holder)
+    assert sorted(gauges.values()) == ["0.0", "1.0"], gauges
     assert stack.holder() == holder  # one holder throughout
     _STATE["holder"] = holder
 

@@ -75,6 +75,11 @@ class Replica:
         status, text = self.get("/metrics")
         return status == 200 and f'forge_controller_leader{{source="{SOURCE}"}} 1.0' in text
 
+    def follows(self) -> bool:
+        """Its gauge says 0: a follower is counted by the "no leader" alert, not absent from it."""
+        status, text = self.get("/metrics")
+        return status == 200 and f'forge_controller_leader{{source="{SOURCE}"}} 0.0' in text
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -274,6 +279,7 @@ def test_two_replicas_elect_one_leader_and_a_killed_leader_is_replaced(kube_clus
     assert sync_status(kubeconfig, namespace)["leader"] == leader.identity
     time.sleep(5)  # two replicas, one Lease: the follower keeps following (it retries every 2 s)
     assert lease_holder(kubeconfig, namespace) == leader.identity and not follower.leads()
+    assert follower.follows()
 
     leader.process.send_signal(signal.SIGKILL)
     leader.process.wait(10)
