@@ -4,8 +4,8 @@ A cluster of its own (with the CRDs) plus the node; the operator (built from the
 runs on the host as its upstream ServiceAccount and manages a Prometheus that runs as a pod on the
 node. A pod like the one Forge's endpoint serves (label ``forge.dev/endpoint: digits``, a container
 port named ``http`` serving ``/metrics``) is scraped through the PodMonitor Forge renders for the
-quick-start's ``cluster`` Environment, and its PrometheusRule becomes a loaded rule group. Needs
-root. See docs/test-cluster.md, "The Prometheus Operator on the node".
+quick-start's ``cluster`` Environment, and its PrometheusRule becomes a loaded rule group; a pod
+reaches that Prometheus at the Environment's URL, by name (the node's CoreDNS). Needs root. See docs/test-cluster.md, "The Prometheus Operator on the node".
 """
 
 from __future__ import annotations
@@ -136,8 +136,32 @@ def test_the_rendered_podmonitor_and_rule_reach_prometheus(stack: _Stack) -> Non
 
 
 def test_the_governing_service_is_what_the_cluster_environment_names(stack: _Stack) -> None:
-    # the cluster Environment names http://prometheus-operated.monitoring.svc:9090
+    """The cluster Environment names http://prometheus-operated.monitoring.svc:9090; a pod reaches
+    Prometheus by that URL (the node's CoreDNS resolves it; the host cannot)."""
+    from reconciler.load.environments import load_environment
+
+    _, environment = load_environment([str(QUICKSTART)], None, "cluster")
+    assert environment.spec.prometheus is not None
+    env_url = environment.spec.prometheus.url
+    where = urllib.parse.urlsplit(env_url)
+    assert (where.hostname, where.port) == ("prometheus-operated.monitoring.svc", 9090), env_url
     core = client.CoreV1Api(stack.node.api())
     svc = core.read_namespaced_service("prometheus-operated", "monitoring")
     assert [p.port for p in svc.spec.ports] == [9090], svc.spec.ports
     assert stack.operator.running()
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="by-name"),
+        spec=client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(
+            name="main", image=stack.node.images["busybox"][1], image_pull_policy="Never",
+            # busybox's wget (Debian's static build) dies of SIGSEGV once a name resolves; nc does not
+            command=["sh", "-c", f"printf 'GET /-/ready HTTP/1.0\\r\\nHost: {where.netloc}\\r\\n\\r\\n' | "
+                                 f"nc -w 10 {where.hostname} {where.port} 2>&1; echo rc=$?"])]))
+    core.create_namespaced_pod("default", pod)
+    try:
+        phase = wait_until(lambda: (p := core.read_namespaced_pod("by-name", "default").status.phase)
+                           in ("Succeeded", "Failed") and p, 90, "the pod asking Prometheus by name to finish")
+        log = core.read_namespaced_pod_log("by-name", "default")
+        assert phase == "Succeeded" and "rc=0" in log, (phase, log)
+        assert log.startswith(("HTTP/1.0 200 ", "HTTP/1.1 200 ")) and "Prometheus Server is Ready." in log, log
+    finally:
+        core.delete_namespaced_pod("by-name", "default", grace_period_seconds=1)
