@@ -11,7 +11,7 @@ as upstream's Dockerfile does (distroless ``static`` + ``/coredns``, ``USER 6553
 manifest its ``deploy.sh`` fills in; that repository is not a Go module the proxy serves, so its
 objects are written out here) with the template's values filled in: ``CLUSTER_DOMAIN`` cluster.local,
 ``REVERSE_CIDRS`` ``in-addr.arpa ip6.arpa``, ``UPSTREAMNAMESERVER`` ``/etc/resolv.conf``,
-``CLUSTER_DNS_IP`` :data:`devkit.node.node.CLUSTER_DNS_IP` (the kubelet's ``clusterDNS``), no stub
+``CLUSTER_DNS_IP`` :data:`CLUSTER_DNS_IP` (the node's kubelet's ``clusterDNS``), no stub
 domains. The ServiceAccount ``coredns``, the ClusterRole and ClusterRoleBinding ``system:coredns``
 (list/watch endpoints, services, pods, namespaces and endpointslices), the ConfigMap ``coredns``
 (the Corefile), the Deployment ``coredns`` (one replica, upstream's default) and the Service
@@ -41,15 +41,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from devkit.cluster import KUBERNETES_SERVICE_IP
 from devkit.node import dnswire, images, paths
-from devkit.node.controllers import apply_docs, ensure_built, kubectl
-from devkit.node.node import CLUSTER_DNS_IP, CLUSTER_DOMAIN, KUBERNETES_SERVICE_IP, Node, NodeError, _stderr_log
+
+# The node (devkit/node/node.py) imports this module: its kubelet's clusterDNS and clusterDomain are
+# these, and Node.start calls start(). So nothing here imports the node back (no import cycle).
+#: the kube-dns Service's ClusterIP, the tenth address of the Service range as kubeadm makes it; in the
+#: range's low band, which the API server hands out only when asked for by address
+CLUSTER_DNS_IP = "10.0.0.10"
+CLUSTER_DOMAIN = "cluster.local"
 
 NAMESPACE = "kube-system"
 NAME = "coredns"
@@ -62,6 +71,32 @@ METRICS_PORT = 9153
 NONROOT = 65532  # distroless "nonroot", upstream's USER
 
 
+class CoreDNSError(RuntimeError):
+    """CoreDNS could not be built or did not come up."""
+
+
+class NodeView(Protocol):
+    """What :func:`start` reads of a :class:`devkit.node.node.Node`."""
+
+    @property
+    def kubeconfig(self) -> str: ...
+
+    exes: dict[str, str]
+    images: dict[str, list[str]]
+
+
+def _stderr_log(msg: str) -> None:
+    print(f"[node] {msg}", file=sys.stderr, flush=True)
+
+
+def _kubectl(node: NodeView, *args: str, stdin: str | None = None) -> str:
+    proc = subprocess.run([node.exes["kubectl"], f"--kubeconfig={node.kubeconfig}", *args],
+                          input=stdin, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CoreDNSError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
 def version() -> str:
     return paths.versions()["COREDNS_VERSION"]
 
@@ -72,8 +107,16 @@ def binary_path() -> Path:
 
 
 def ensure_binary(log: Callable[[str], None] = _stderr_log) -> Path:
-    """CoreDNS, built by ``scripts/cluster/build.sh coredns`` when missing (several minutes the first time)."""
-    return ensure_built("coredns", binary_path(), f"CoreDNS {version()}", log)
+    """CoreDNS, built by ``scripts/cluster/build.sh coredns`` (niced) when missing (about 4 min of
+    compiling the first time)."""
+    path = binary_path()
+    if not os.access(path, os.X_OK):
+        log(f"building CoreDNS {version()} (first time only)")
+        t0 = time.monotonic()
+        if subprocess.run(["nice", "-n", "10", str(paths.BUILD_SH), "coredns"]).returncode != 0:
+            raise CoreDNSError("scripts/cluster/build.sh coredns failed")
+        log(f"CoreDNS {version()} built in {time.monotonic() - t0:.0f} s")
+    return path
 
 
 def image(log: Callable[[str], None] = _stderr_log) -> tuple[str, str]:
@@ -211,10 +254,10 @@ class ClusterDNS:
         return f"http://{self.pod_ip}:{METRICS_PORT}/metrics"
 
 
-def _ready_pod(node: Node) -> tuple[str, str] | None:
+def _ready_pod(node: NodeView) -> tuple[str, str] | None:
     """(name, IP) of a Ready CoreDNS pod of the current Deployment generation, if there is one."""
     selector = ",".join(f"{k}={v}" for k, v in LABELS.items())
-    pods = json.loads(kubectl(node, "-n", NAMESPACE, "get", "pods", "-l", selector, "-o", "json"))["items"]
+    pods = json.loads(_kubectl(node, "-n", NAMESPACE, "get", "pods", "-l", selector, "-o", "json"))["items"]
     for p in pods:
         conds = {c["type"]: c["status"] for c in (p.get("status") or {}).get("conditions") or []}
         if conds.get("Ready") == "True" and not p["metadata"].get("deletionTimestamp"):
@@ -222,15 +265,15 @@ def _ready_pod(node: Node) -> tuple[str, str] | None:
     return None
 
 
-def _waiting_on(node: Node) -> str:
+def _waiting_on(node: NodeView) -> str:
     """What the pods say while CoreDNS is not ready (for the timeout's message)."""
     selector = ",".join(f"{k}={v}" for k, v in LABELS.items())
-    out = kubectl(node, "-n", NAMESPACE, "get", "pods", "-l", selector, "-o", "wide")
-    events = kubectl(node, "-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp")
+    out = _kubectl(node, "-n", NAMESPACE, "get", "pods", "-l", selector, "-o", "wide")
+    events = _kubectl(node, "-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp")
     return f"{out}\n{events[-3000:]}"
 
 
-def start(node: Node, *, log: Callable[[str], None] = _stderr_log, timeout: float = 120.0) -> ClusterDNS:
+def start(node: NodeView, *, log: Callable[[str], None] = _stderr_log, timeout: float = 120.0) -> ClusterDNS:
     """Apply :func:`manifests` (the image must be in the node's containerd: ``Node.start`` imports it)
     and return once a CoreDNS pod is Ready (its ``ready`` plugin answers only after the ``kubernetes``
     plugin has synced with the API server) and the ``kube-dns`` Service answers from the host for
@@ -239,8 +282,9 @@ def start(node: Node, *, log: Callable[[str], None] = _stderr_log, timeout: floa
     t0 = time.monotonic()
     ref = next((r for _, r in node.images.values() if r.startswith(IMAGE + ":")), None)
     if ref is None:
-        raise NodeError(f"the node has no {IMAGE} image (Node.start imports it: devkit/node/node.py ensure_images)")
-    apply_docs(node, manifests(ref))
+        raise CoreDNSError(f"the node has no {IMAGE} image (Node.start imports it: devkit/node/node.py ensure_images)")
+    _kubectl(node, "apply", "--server-side", "--force-conflicts", "-f", "-",
+             stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests(ref)}))
     fqdn = f"kubernetes.default.svc.{CLUSTER_DOMAIN}"
     deadline = t0 + timeout
     last = ""
@@ -255,7 +299,7 @@ def start(node: Node, *, log: Callable[[str], None] = _stderr_log, timeout: floa
             except (OSError, dnswire.DNSWireError) as e:
                 last = f"{CLUSTER_DNS_IP}:53: {e}"
         if time.monotonic() > deadline:
-            raise NodeError(f"CoreDNS not answering at {CLUSTER_DNS_IP} after {timeout:.0f} s ({last or 'no Ready pod'}):\n"
+            raise CoreDNSError(f"CoreDNS not answering at {CLUSTER_DNS_IP} after {timeout:.0f} s ({last or 'no Ready pod'}):\n"
                             f"{_waiting_on(node)}")
         time.sleep(0.5)
     dns = ClusterDNS(service_ip=CLUSTER_DNS_IP, domain=CLUSTER_DOMAIN, version=version(), image=ref,

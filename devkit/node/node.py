@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devkit.node import images, paths
+from devkit.node import coredns, images, paths
 
 Log = Callable[[str], None]
 
@@ -55,10 +55,8 @@ POD_CIDR = os.environ.get("FORGE_NODE_POD_CIDR", "10.244.0.0/24")
 CLUSTER_CIDR = os.environ.get("FORGE_NODE_CLUSTER_CIDR", "10.244.0.0/16")
 SERVICE_CIDR = "10.0.0.0/24"  # the API server's --service-cluster-ip-range (devkit.cluster)
 KUBERNETES_SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service's ClusterIP (first of SERVICE_CIDR)
-# the kube-dns Service's ClusterIP (the kubelet's clusterDNS), the tenth address as kubeadm makes it; in the
-# range's low band, which the API server hands out only when asked for by address
-CLUSTER_DNS_IP = "10.0.0.10"
-CLUSTER_DOMAIN = "cluster.local"
+CLUSTER_DNS_IP = coredns.CLUSTER_DNS_IP  # the kube-dns Service's ClusterIP: the kubelet's clusterDNS
+CLUSTER_DOMAIN = coredns.CLUSTER_DOMAIN
 APISERVER_CHAIN = "FORGE-NODE-APISERVER"
 CGROUP_ROOT = "forge-node"
 # the v1 hierarchies, and cgroup2's "unified" one of a hybrid set-up (runc mirrors each container's
@@ -145,8 +143,6 @@ def ensure_binaries(log: Log = _stderr_log) -> dict[str, Path]:
 def ensure_images(log: Log = _stderr_log) -> dict[str, tuple[str, str]]:
     """{role: (archive path, image ref)} of the node's own images (CoreDNS's binary is built the first
     time: several minutes)."""
-    from devkit.node import coredns  # imports this module
-
     pause = images.build_pause(log)
     busybox = images.build_busybox(log)
     return {"pause": (str(pause[0]), pause[1]), "busybox": (str(busybox[0]), busybox[1]),
@@ -746,8 +742,6 @@ state = "{c / 'state'}"
 
     def _start_dns(self, cluster: Any, log: Log) -> None:
         """CoreDNS, the cluster's DNS (:mod:`devkit.node.coredns`): every pod's name server."""
-        from devkit.node import coredns  # imports this module
-
         if not getattr(cluster, "node", True):  # no service-account token: its kubernetes plugin cannot list
             self.notes.append("no cluster DNS: the cluster was started without node=True")
             log(self.notes[-1])
