@@ -265,14 +265,15 @@ def test_the_other_replica_takes_over_when_the_leader_pod_is_deleted(stack: Stac
         pytest.fail("the apply test did not pass")
     holder = _STATE["holder"]
     leader = _pod_of(holder)
-    (other,) = {p.metadata.name for p in stack.pods()} - {leader}
     t = time.monotonic()
     # a delete as a drained node or `kubectl delete pod` makes it: SIGTERM, and the Lease given back
     stack.core.delete_namespaced_pod(leader, CONTROLLER_NS)
     new = wait_until(lambda: (h := stack.holder()) is not None and h != holder and h, 30, "another holder", interval=0.2)
     took = time.monotonic() - t
-    print(f"\nleader pod deleted → the other replica holds the Lease: {took:.1f} s")
-    assert _pod_of(new) == other, (new, other)
+    print(f"\nleader pod deleted → another replica holds the Lease: {took:.1f} s")
+    # the deleted pod gave the Lease back, so whichever replica asks first takes it: the one that
+    # followed, or the Deployment's replacement pod if it starts before the follower's next retry
+    assert _pod_of(new) != leader and _pod_of(new) in {p.metadata.name for p in stack.pods()}, (new, leader)
     # the new leader syncs at once, resuming from the Sync's status: the revision is not applied again
     status = wait_until(lambda: (st := stack.sync().get("status", {})).get("leader") == new and st, 60,
                         "the Sync naming the new leader", interval=1)
