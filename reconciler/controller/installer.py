@@ -19,6 +19,7 @@ user can judge), and never deleted while a kept workload lives in it. Running it
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -166,6 +167,9 @@ def uninstall(api: ControllerAPI, cluster: ClusterAPI, options: InstallOptions, 
     for obj in objects:  # the controller stops first: its pods give the environment Leases back
         if obj["kind"] == "Deployment":
             delete(obj)
+    # ... which they can only do while their RBAC and ServiceAccount still exist: the pods end after
+    # the Deployment's deletion (the garbage collector, then SIGTERM), so wait for them before the rest
+    _wait_for_pods_gone(cluster, options.namespace, on_line)
     torn: list[str] = []
     if remove_workloads:
         for applied in synced:
@@ -193,6 +197,30 @@ def uninstall(api: ControllerAPI, cluster: ClusterAPI, options: InstallOptions, 
                 continue
             delete(obj)
     return Uninstalled(tuple(deleted), tuple(left), tuple(torn))
+
+
+#: How long uninstall waits for the controller's pods to end (their grace period is 30 s).
+PODS_GONE_SECONDS = 90.0
+
+
+def _wait_for_pods_gone(cluster: ClusterAPI, namespace: str, on_line: Callable[[str], None]) -> None:
+    """Wait until no pod of the controller is left in ``namespace`` (none at once on a cluster
+    without a node), saying so when it takes a while or runs out of time."""
+    path = f"/api/v1/namespaces/{namespace}/pods?labelSelector=app.kubernetes.io%2Fname%3D{NAME}"
+    deadline = time.monotonic() + PODS_GONE_SECONDS
+    said = False
+    while True:
+        pods = [p["metadata"]["name"] for p in (cluster.read_path(path, what="pods") or {}).get("items") or []]
+        if not pods:
+            return
+        if time.monotonic() > deadline:
+            on_line(f"the controller's pods {', '.join(pods)} are still there after {PODS_GONE_SECONDS:.0f} s; "
+                    "deleting its RBAC anyway (a Lease they hold expires by itself)")
+            return
+        if not said:
+            on_line(f"waiting for the controller's pods to end ({', '.join(pods)}): they give their Leases back")
+            said = True
+        time.sleep(0.5)
 
 
 def open_cluster(namespace: str, kubeconfig: str | None, context: str | None, environment: str = NAME) -> Target:

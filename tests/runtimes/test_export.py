@@ -69,7 +69,9 @@ def test_onnxruntime_static_int8_is_smaller_within_the_bound(exported: Runner) -
 
 
 def test_an_export_outside_the_tolerance_is_rejected(digits: Runner) -> None:
-    proc = digits.run("export", export_config("models/base", "exports/strict", int8=False, maxAbsDiff=1e-15), check=False)
+    # a bound below zero, which no export meets: ONNX Runtime can match PyTorch exactly on the MLP
+    # (a max |Δp| of 0.0 was seen), so a tiny positive bound made this test a coin toss
+    proc = digits.run("export", export_config("models/base", "exports/strict", int8=False, maxAbsDiff=-1.0), check=False)
     assert proc.returncode == 4, proc.stderr[-2000:]
     report = digits.read("exports/strict/report.json")
     assert "differs from PyTorch" in report["reason"] and not (digits.workspace / "exports/strict/onnx").exists()
