@@ -342,6 +342,20 @@ class Harness:
             log(f"could not delete namespace {self.namespace}: {exc}")
 
 
+def promoted_once(final: RolloutState | None, canary: str, counts: dict[str, Any], problems: list[str]) -> list[int]:
+    """The end every leader drill wants (two watchers, a stale write): each step entered once, in
+    order, the canary promoted, no request to stable failed; what is not so goes to ``problems``.
+    Returns the steps entered."""
+    steps = entered_steps(final, canary) if final else []
+    if steps != sorted(set(steps)):
+        problems.append(f"a step entered twice: {steps}")
+    if final is None or final.phase is not Phase.PROMOTED:
+        problems.append(f"not promoted: {final.phase.value if final else None}: {final.reason if final else ''}")
+    if counts["stable"]["failed"]:
+        problems.append(f"{counts['stable']['failed']} requests to stable failed: {counts['stable']['reasons']}")
+    return steps
+
+
 def entered_steps(state: RolloutState, canary: str) -> list[int]:
     """The steps (1-based) the rollout of ``canary`` entered, in order, from its history."""
     out = []
@@ -1004,14 +1018,8 @@ def drill_handover(h: Harness, runs: int, a: ControllerProc, b: ControllerProc, 
                     problems.append("the second wrote an Event outside its tenure")
             else:
                 by["other"] += 1
-        steps = entered_steps(final, canary) if final else []
-        if steps != sorted(set(steps)):
-            problems.append(f"a step entered twice: {steps}")
-        if final is None or final.phase is not Phase.PROMOTED:
-            problems.append(f"not promoted: {final.phase.value if final else None}")
         counts = tallies(h, t0, t_end)
-        if counts["stable"]["failed"]:
-            problems.append(f"{counts['stable']['failed']} requests to stable failed")
+        steps = promoted_once(final, canary, counts, problems)
         res = {"run": run, "phase": final.phase.value if final else None, "steps_entered": steps, "moves_by": by,
                "moves": [(who.rsplit(":", 1)[-1], why) for _, who, why in events], **marks,
                "first_said_lost": first is not None and "lost the environment's lock" in first.log_text(),
@@ -1192,14 +1200,8 @@ def drill_stale_write(h: Harness, runs: int, lease: float) -> dict[str, Any]:
             problems.append(f"Events by the first after its hold: {by_first_late}")
         if holder() not in (names[1], None):
             problems.append(f"the Lease left the second: {holder()}")
-        steps = entered_steps(final, canary) if final else []
-        if steps != sorted(set(steps)):
-            problems.append(f"a step entered twice: {steps}")
-        if final is None or final.phase is not Phase.PROMOTED:
-            problems.append(f"not promoted: {final.phase.value if final else None}: {final.reason if final else ''}")
         counts = tallies(h, t0, t_end)
-        if counts["stable"]["failed"]:
-            problems.append(f"{counts['stable']['failed']} requests to stable failed: {counts['stable']['reasons']}")
+        steps = promoted_once(final, canary, counts, problems)
         res = {"run": run_no, "phase": final.phase.value if final else None, "steps_entered": steps, **marks,
                "first_refused": refusal[0] if refusal else None, "first_sent_after_resume": held.sent_after,
                "first_lease_writes_after_resume": lease_writes, "first_other_writes_after_resume": other_writes,

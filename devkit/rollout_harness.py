@@ -6,12 +6,20 @@ The traffic between the servers is :mod:`devkit.rollout`'s."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
+import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import git
+
+from devkit.pods import ServerPod
 from devkit.runtime_steps import Runner
 from reconciler.load.loader import load_or_raise
 from reconciler.load.sources import revision_of
@@ -22,6 +30,8 @@ from reconciler.rollout.controller import Controller
 from reconciler.targets.kubernetes.rollout import KubernetesRolloutBackend
 from renderers.versions import model_version
 from specs import Endpoint, Environment, Model
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @dataclass
@@ -74,3 +84,52 @@ class Rollout:
         subprocess.run(["kubectl", "--kubeconfig", self.kubeconfig, "-n", self.namespace, "patch", name, "--type", "merge",
                         "-p", json.dumps({"status": {"phase": phase, "message": "evaluate: accuracy 0.91 < 0.95" if phase == "Failed" else ""}})],
                        check=True, capture_output=True)
+
+
+def stage_canary(specs_dir: Path, namespace: str, kubeconfig: str, policy: str) -> Rollout:
+    """The quick-start under ``policy`` in a git repository of its own (``specs_dir``'s parent),
+    applied twice: version 1 stable (its workflow finished, as Argo would), then a learningRate
+    change whose version 2 is the canary at 0 % (its workflow still running)."""
+    shutil.copytree(EXAMPLES / "quickstart", specs_dir)
+    (specs_dir / "rollout.yaml").write_text(policy)
+    repo = git.Repo.init(specs_dir.parent)
+    repo.config_writer().set_value("user", "name", "T").set_value("user", "email", "t@example.com").release()
+    repo.index.add(["specs"])
+    repo.index.commit("version 1")
+    r = Rollout(specs_dir, namespace, kubeconfig, prometheus=None, runner=None)  # type: ignore[arg-type]
+    r.apply()
+    r.stable = r.version()
+    r.finish_workflow(r.stable)
+    model = specs_dir / "model.yaml"
+    model.write_text(model.read_text().replace("learningRate: 0.002", "learningRate: 0.003"))
+    repo.index.add(["specs/model.yaml"])
+    repo.index.commit("version 2")
+    r.apply()
+    r.canary = r.version()
+    return r
+
+
+class _Ready(http.server.BaseHTTPRequestHandler):
+    """A readiness path answering 200."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def ready_canary_pod(r: Rollout) -> Iterator[ServerPod]:
+    """The canary's pod, Ready: a stand-in (:class:`devkit.pods.ServerPod`) whose Ready condition
+    follows a local readiness server that always answers."""
+    ready = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ready)
+    threading.Thread(target=ready.serve_forever, daemon=True).start()
+    pod = ServerPod(r.kubeconfig, r.namespace, endpoint="digits", role="canary", version=r.canary,
+                    url=f"http://127.0.0.1:{ready.server_address[1]}", alive=lambda: True).start()
+    try:
+        yield pod
+    finally:
+        pod.stop()
+        ready.shutdown()

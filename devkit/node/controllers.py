@@ -9,7 +9,6 @@ manifest names, so upstream's RBAC is what authorises it, and records its PID in
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +19,8 @@ from typing import Any
 import yaml
 
 from devkit.node import paths
+from devkit.node.kubectl import apply_list
+from devkit.node.kubectl import kubectl as kubectl_as_admin
 from devkit.node.node import Node, NodeError, _tail
 
 
@@ -51,13 +52,7 @@ class HostController:
 def ensure_built(target: str, path: Path, what: str, log: Callable[[str], None]) -> Path:
     """``path``, built by ``scripts/cluster/build.sh <target>`` (niced) when it is not there yet;
     :class:`NodeError` when the build fails."""
-    if not os.access(path, os.X_OK):
-        log(f"building {what} (first time only: a long build)")
-        t0 = time.monotonic()
-        if subprocess.run(["nice", "-n", "10", str(paths.BUILD_SH), target]).returncode != 0:
-            raise NodeError(f"scripts/cluster/build.sh {target} failed")
-        log(f"{what} built in {time.monotonic() - t0:.0f} s")
-    return path
+    return paths.ensure_built(target, path, what, log, error=NodeError)
 
 
 def service_account_kubeconfig(cluster: Any, node: Node, namespace: str, account: str, name: str) -> Path:
@@ -143,11 +138,7 @@ def serving_cert(directory: Path) -> Path:
 
 def kubectl(node: Node, *args: str, stdin: str | None = None) -> str:
     """``kubectl`` as the cluster's admin; :class:`NodeError` with its stderr on failure."""
-    proc = subprocess.run([node.exes["kubectl"], f"--kubeconfig={node.kubeconfig}", *args],
-                          input=stdin, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise NodeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
-    return proc.stdout
+    return kubectl_as_admin(node, *args, stdin=stdin, error=NodeError)
 
 
 def wait_established(node: Node, crds: list[str], timeout: float = 60.0) -> None:
@@ -167,8 +158,7 @@ def wait_established(node: Node, crds: list[str], timeout: float = 60.0) -> None
 
 def apply_docs(node: Node, docs: list[dict[str, Any]]) -> None:
     """Server-side apply ``docs`` as one List."""
-    kubectl(node, "apply", "--server-side", "--force-conflicts", "-f", "-",
-            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+    apply_list(node, docs, error=NodeError)
 
 
 def manifest_docs(path: Path, namespace: str | None = None) -> list[dict[str, Any]]:

@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +50,7 @@ from typing import Any, Protocol
 
 from devkit.cluster import KUBERNETES_SERVICE_IP
 from devkit.node import dnswire, images, paths
+from devkit.node.kubectl import apply_list, kubectl
 
 # The node (devkit/node/node.py) imports this module: its kubelet's clusterDNS and clusterDomain are
 # these, and Node.start calls start(). So nothing here imports the node back (no import cycle).
@@ -89,12 +88,8 @@ def _stderr_log(msg: str) -> None:
     print(f"[node] {msg}", file=sys.stderr, flush=True)
 
 
-def _kubectl(node: NodeView, *args: str, stdin: str | None = None) -> str:
-    proc = subprocess.run([node.exes["kubectl"], f"--kubeconfig={node.kubeconfig}", *args],
-                          input=stdin, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise CoreDNSError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
-    return proc.stdout
+def _kubectl(node: NodeView, *args: str) -> str:
+    return kubectl(node, *args, error=CoreDNSError)
 
 
 def version() -> str:
@@ -109,14 +104,7 @@ def binary_path() -> Path:
 def ensure_binary(log: Callable[[str], None] = _stderr_log) -> Path:
     """CoreDNS, built by ``scripts/cluster/build.sh coredns`` (niced) when missing (about 4 min of
     compiling the first time)."""
-    path = binary_path()
-    if not os.access(path, os.X_OK):
-        log(f"building CoreDNS {version()} (first time only)")
-        t0 = time.monotonic()
-        if subprocess.run(["nice", "-n", "10", str(paths.BUILD_SH), "coredns"]).returncode != 0:
-            raise CoreDNSError("scripts/cluster/build.sh coredns failed")
-        log(f"CoreDNS {version()} built in {time.monotonic() - t0:.0f} s")
-    return path
+    return paths.ensure_built("coredns", binary_path(), f"CoreDNS {version()}", log, error=CoreDNSError)
 
 
 def image(log: Callable[[str], None] = _stderr_log) -> tuple[str, str]:
@@ -283,8 +271,7 @@ def start(node: NodeView, *, log: Callable[[str], None] = _stderr_log, timeout: 
     ref = next((r for _, r in node.images.values() if r.startswith(IMAGE + ":")), None)
     if ref is None:
         raise CoreDNSError(f"the node has no {IMAGE} image (Node.start imports it: devkit/node/node.py ensure_images)")
-    _kubectl(node, "apply", "--server-side", "--force-conflicts", "-f", "-",
-             stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests(ref)}))
+    apply_list(node, manifests(ref), error=CoreDNSError)
     fqdn = f"kubernetes.default.svc.{CLUSTER_DOMAIN}"
     deadline = t0 + timeout
     last = ""

@@ -7,6 +7,10 @@ The API server's start-up is :class:`devkit.cluster.Cluster` (it moved there fro
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from devkit.apiclient import RawClient  # noqa: F401
@@ -27,3 +31,16 @@ def binary(name: str) -> Path:
 def argo_binary(name: str) -> Path:
     """workflow-controller or argoexec, built by ``scripts/cluster/build.sh argo``."""
     return cache_dir() / "bin" / f"argo-workflows-{versions()['ARGO_WORKFLOWS_VERSION']}" / name
+
+
+def ensure_built(target: str, path: Path, what: str, log: Callable[[str], None],
+                 error: type[Exception] = RuntimeError) -> Path:
+    """``path``, built by ``scripts/cluster/build.sh <target>`` (niced) when it is not there yet;
+    ``error`` when the build fails."""
+    if not os.access(path, os.X_OK):
+        log(f"building {what} (first time only: a long build)")
+        t0 = time.monotonic()
+        if subprocess.run(["nice", "-n", "10", str(BUILD_SH), target]).returncode != 0:
+            raise error(f"scripts/cluster/build.sh {target} failed")
+        log(f"{what} built in {time.monotonic() - t0:.0f} s")
+    return path

@@ -15,19 +15,15 @@ pod is a stand-in whose Ready condition follows a local readiness server (devkit
 
 from __future__ import annotations
 
-import http.server
-import shutil
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import git
 import pytest
 
-from devkit.pods import ServerPod
-from devkit.rollout_harness import Rollout
+from devkit.rollout_harness import Rollout, ready_canary_pod, stage_canary
 from reconciler.controller.leadership import Leadership, watch_lease
 from reconciler.controller.watch import Controllers, WatchOptions, controllers_for, reconcile_pass, run
 from reconciler.load.endpoints import DesiredEndpoint, desired_endpoints
@@ -56,17 +52,6 @@ spec:
       - {weight: 100}
 """
 DEPLOYMENT = "SeldonDeployment"
-
-
-class _Ready(http.server.BaseHTTPRequestHandler):
-    """The canary's readiness path, answering 200 (its pod's Ready condition follows it)."""
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 @dataclass
@@ -124,32 +109,9 @@ def replica(r: Rollout, holder: str) -> Replica:
 def staged(kube_cluster, namespace, tmp_path) -> Iterator[Rollout]:
     """Version 1 stable, version 2 the canary at 0 % with its pod Ready; version 1's workflow done,
     version 2's still running (each test ends it, as Argo would, when it needs the offline gate passed)."""
-    specs_dir = tmp_path / "repo" / "specs"
-    shutil.copytree(ROOT / "examples" / "quickstart", specs_dir)
-    (specs_dir / "rollout.yaml").write_text(POLICY)
-    repo = git.Repo.init(specs_dir.parent)
-    repo.config_writer().set_value("user", "name", "T").set_value("user", "email", "t@example.com").release()
-    repo.index.add(["specs"])
-    repo.index.commit("version 1")
-    r = Rollout(specs_dir, namespace, kube_cluster.kubeconfig, prometheus=None, runner=None)  # type: ignore[arg-type]
-    r.apply()
-    r.stable = r.version()
-    r.finish_workflow(r.stable)
-    model = specs_dir / "model.yaml"
-    model.write_text(model.read_text().replace("learningRate: 0.002", "learningRate: 0.003"))
-    repo.index.add(["specs/model.yaml"])
-    repo.index.commit("version 2")
-    r.apply()
-    r.canary = r.version()
-    ready = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ready)
-    threading.Thread(target=ready.serve_forever, daemon=True).start()
-    pod = ServerPod(r.kubeconfig, namespace, endpoint="digits", role="canary", version=r.canary,
-                    url=f"http://127.0.0.1:{ready.server_address[1]}", alive=lambda: True).start()
-    try:
+    r = stage_canary(tmp_path / "repo" / "specs", namespace, kube_cluster.kubeconfig, POLICY)
+    with ready_canary_pod(r):
         yield r
-    finally:
-        pod.stop()
-        ready.shutdown()
 
 
 def deployment(kube_cluster, r: Rollout) -> dict[str, Any]:

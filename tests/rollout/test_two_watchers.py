@@ -18,24 +18,18 @@ Each step is entered exactly once. Every wait is for a state, bounded; the Lease
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
-import git
 import pytest
 
-from devkit.pods import ServerPod
-from devkit.rollout_harness import Rollout
+from devkit.rollout_harness import Rollout, ready_canary_pod, stage_canary
 from reconciler.rollout.controller import Phase, RolloutState
 from reconciler.targets.kubernetes.rollout import rollout_state_of
 from tests.polling import wait_until
@@ -54,17 +48,6 @@ spec:
   canary:
     steps:
 """ + "".join(f"      - {{weight: {w}, pause: 3s}}\n" for w in (5, 10, 20, 35, 50, 75)) + "      - {weight: 100}\n"
-
-
-class _Ready(http.server.BaseHTTPRequestHandler):
-    """The canary's readiness path, answering 200 (its pod's Ready condition follows it)."""
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 class Watch:
@@ -93,23 +76,7 @@ class Watch:
 @pytest.fixture
 def staged(kube_cluster, namespace, tmp_path) -> Rollout:
     """Version 1 stable, version 2 the canary at 0 % with its workflow done and its pod Ready."""
-    specs_dir = tmp_path / "repo" / "specs"
-    shutil.copytree(ROOT / "examples" / "quickstart", specs_dir)
-    (specs_dir / "rollout.yaml").write_text(POLICY)
-    repo = git.Repo.init(specs_dir.parent)
-    repo.config_writer().set_value("user", "name", "T").set_value("user", "email", "t@example.com").release()
-    repo.index.add(["specs"])
-    repo.index.commit("version 1")
-    r = Rollout(specs_dir, namespace, kube_cluster.kubeconfig, prometheus=None, runner=None)  # type: ignore[arg-type]
-    r.apply()
-    r.stable = r.version()
-    r.finish_workflow(r.stable)
-    model = specs_dir / "model.yaml"
-    model.write_text(model.read_text().replace("learningRate: 0.002", "learningRate: 0.003"))
-    repo.index.add(["specs/model.yaml"])
-    repo.index.commit("version 2")
-    r.apply()
-    r.canary = r.version()
+    r = stage_canary(tmp_path / "repo" / "specs", namespace, kube_cluster.kubeconfig, POLICY)
     assert r.canary != r.stable
     r.finish_workflow(r.canary)
     return r
@@ -118,10 +85,6 @@ def staged(kube_cluster, namespace, tmp_path) -> Rollout:
 def test_two_watches_exactly_one_acts(staged: Rollout, kube_cluster, tmp_path) -> None:
     r = staged
     raw = kube_cluster.raw_client()
-    ready = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ready)
-    threading.Thread(target=ready.serve_forever, daemon=True).start()
-    pod = ServerPod(r.kubeconfig, r.namespace, endpoint="digits", role="canary", version=r.canary,
-                    url=f"http://127.0.0.1:{ready.server_address[1]}", alive=lambda: True).start()
 
     def lease_holder() -> str | None:
         status, body = raw.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{r.namespace}/leases/forgectl-cluster")
@@ -140,42 +103,41 @@ def test_two_watches_exactly_one_acts(staged: Rollout, kube_cluster, tmp_path) -
         return sorted((int(e["metadata"]["name"].rsplit(".", 1)[1], 16), e.get("reportingInstance") or "", e["reason"],
                        e["message"]) for e in body["items"] if e["reason"] in ("RolloutStep", "Promoted", "RolledBack"))
 
-    watches = [Watch(r, tmp_path / "a.out"), Watch(r, tmp_path / "b.out")]
-    try:
-        # 1. One leads and enters the first two steps; the other follows.
-        wait_until(lambda: state().step >= 1, 60, "the first two steps entered")
-        holder = lease_holder()
-        [first] = [w for w in watches if w.holds(holder)]
-        [second] = [w for w in watches if w is not first]
-        wait_until(lambda: second.said("following, nothing written"), 20, "the second watch to say it follows")
-        # 2. The leader paused past its Lease: the other takes it over and moves on.
-        at_stop = state().step
-        first.proc.send_signal(signal.SIGSTOP)
-        stopped = time.time_ns()
-        wait_until(lambda: second.holds(lease_holder()) and state().step > at_stop, 4 * LEASE_SECONDS + 20,
-                   "the second watch to take the Lease over and enter a step")
-        # 3. The paused one continued: deposed, it writes nothing and follows.
-        first.proc.send_signal(signal.SIGCONT)
-        wait_until(lambda: first.said("lost the environment's lock"), 30, "the resumed watch to find its lock lost")
-        assert second.holds(lease_holder())
-        current = state()
-        assert current.phase is Phase.PROGRESSING, f"the rollout ended before the second hand-over: {current.reason}"
-        # 4. The new leader killed: the first takes the Lease over once it expires and finishes.
-        second.proc.send_signal(signal.SIGKILL)
-        killed = time.time_ns()
-        done = wait_until(lambda: (s := state()).phase in (Phase.PROMOTED, Phase.ROLLED_BACK) and s, 4 * LEASE_SECONDS + 40,
-                          "the first watch to take over again and finish the rollout")
-        assert first.holds(lease_holder())
-        first.proc.send_signal(signal.SIGINT)
-        first.proc.wait(timeout=30)
-    finally:
-        for w in watches:
-            if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGCONT)
-                w.proc.kill()
-                w.proc.wait(timeout=10)
-        pod.stop()
-        ready.shutdown()
+    with ready_canary_pod(r):
+        watches = [Watch(r, tmp_path / "a.out"), Watch(r, tmp_path / "b.out")]
+        try:
+            # 1. One leads and enters the first two steps; the other follows.
+            wait_until(lambda: state().step >= 1, 60, "the first two steps entered")
+            holder = lease_holder()
+            [first] = [w for w in watches if w.holds(holder)]
+            [second] = [w for w in watches if w is not first]
+            wait_until(lambda: second.said("following, nothing written"), 20, "the second watch to say it follows")
+            # 2. The leader paused past its Lease: the other takes it over and moves on.
+            at_stop = state().step
+            first.proc.send_signal(signal.SIGSTOP)
+            stopped = time.time_ns()
+            wait_until(lambda: second.holds(lease_holder()) and state().step > at_stop, 4 * LEASE_SECONDS + 20,
+                       "the second watch to take the Lease over and enter a step")
+            # 3. The paused one continued: deposed, it writes nothing and follows.
+            first.proc.send_signal(signal.SIGCONT)
+            wait_until(lambda: first.said("lost the environment's lock"), 30, "the resumed watch to find its lock lost")
+            assert second.holds(lease_holder())
+            current = state()
+            assert current.phase is Phase.PROGRESSING, f"the rollout ended before the second hand-over: {current.reason}"
+            # 4. The new leader killed: the first takes the Lease over once it expires and finishes.
+            second.proc.send_signal(signal.SIGKILL)
+            killed = time.time_ns()
+            done = wait_until(lambda: (s := state()).phase in (Phase.PROMOTED, Phase.ROLLED_BACK) and s, 4 * LEASE_SECONDS + 40,
+                              "the first watch to take over again and finish the rollout")
+            assert first.holds(lease_holder())
+            first.proc.send_signal(signal.SIGINT)
+            first.proc.wait(timeout=30)
+        finally:
+            for w in watches:
+                if w.proc.poll() is None:
+                    w.proc.send_signal(signal.SIGCONT)
+                    w.proc.kill()
+                    w.proc.wait(timeout=10)
     logs = {w: w.text() for w in watches}
     assert done.phase is Phase.PROMOTED, (done.reason, logs)
     # Each step entered exactly once, in order (the last, 100 % without analysis, is the promotion).
