@@ -331,9 +331,14 @@ def memoized_name(step: str) -> str:
     return f"memoized-{step}"
 
 
-def memoized(step: Step, template: dict[str, Any]) -> dict[str, Any]:
+def memoized(step: Step, template: dict[str, Any], namespace: str) -> dict[str, Any]:
     """The step's DAG task template: a one-task DAG around the step's own (retried) template that
     carries the step cache (`memoize`) and passes its outputs on.
+
+    The key names the namespace: Argo (v4.0.5) keeps every namespace's cache entries in one
+    ConfigMap in its own namespace (`NewCacheFactory(kubeclientset, namespace)`), while a step's
+    outputs live on the workspace claim of the Workflow's namespace; without it, a team's step
+    would "hit" another team's entry and its next step would find no file.
 
     Why not `memoize` and `retryStrategy` on the one pod template: Argo (v4.0.5) records a cache hit
     of a retried template as a `Retry` node with no attempt, which has no outbound node, so the
@@ -343,7 +348,7 @@ def memoized(step: Step, template: dict[str, Any]) -> dict[str, Any]:
     """
     wrapper: dict[str, Any] = {
         "name": memoized_name(step.name),
-        "memoize": {"key": f"{step.kind}-{step.key[:40]}", "maxAge": "8760h", "cache": {"configMap": {"name": STEP_CACHE_CONFIGMAP}}},
+        "memoize": {"key": f"{namespace}.{step.kind}-{step.key[:40]}", "maxAge": "8760h", "cache": {"configMap": {"name": STEP_CACHE_CONFIGMAP}}},
         "dag": {"tasks": [{"name": step.name, "template": step.name}]},
     }
     if "outputs" in template:
@@ -455,7 +460,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
                 template["volumes"] = [shm_volume(compute.spec.node.memory)]
             template["container"] = container
             apply_placement(template, step.kind, step.config)  # export/build-engine/benchmark only
-        templates += [memoized(step, template), template]
+        templates += [memoized(step, template, namespace), template]
         task: dict[str, Any] = {"name": step.name, "template": memoized_name(step.name)}
         if step.depends:
             task["depends"] = " && ".join(f"{d}.Succeeded" for d in step.depends)

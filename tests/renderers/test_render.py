@@ -150,7 +150,9 @@ def test_quickstart_workflow_dag() -> None:
     cached = next(t for t in wf["spec"]["templates"] if t["name"] == "memoized-train")
     assert next(t for t in wf["spec"]["templates"][0]["dag"]["tasks"] if t["name"] == "train")["template"] == "memoized-train"
     assert cached["dag"]["tasks"] == [{"name": "train", "template": "train"}] and "retryStrategy" not in cached
-    assert cached["memoize"]["key"].startswith("train-") and cached["memoize"]["cache"]["configMap"]["name"] == "forge-step-cache"
+    # Argo keeps every namespace's entries in one ConfigMap of its own: the key names the Workflow's
+    assert cached["memoize"]["key"].startswith(f"{wf['metadata']['namespace']}.train-")
+    assert cached["memoize"]["cache"]["configMap"]["name"] == "forge-step-cache"
     assert cached["outputs"]["parameters"] == [
         {"name": "metrics", "valueFrom": {"parameter": "{{tasks.train.outputs.parameters.metrics}}"}}]
     assert train["priorityClassName"] == "forge-high"
