@@ -338,7 +338,9 @@ def memoized(step: Step, template: dict[str, Any], namespace: str) -> dict[str, 
     The key names the namespace: Argo (v4.0.5) keeps every namespace's cache entries in one
     ConfigMap in its own namespace (`NewCacheFactory(kubeclientset, namespace)`), while a step's
     outputs live on the workspace claim of the Workflow's namespace; without it, a team's step
-    would "hit" another team's entry and its next step would find no file.
+    would "hit" another team's entry and its next step would find no file. Argo accepts a key
+    matching ``^[a-zA-Z0-9][-a-zA-Z0-9]*$`` only (cache.go's cacheKeyRegex; any other ends the
+    Workflow in Error when the task starts), so its parts are joined by dashes.
 
     Why not `memoize` and `retryStrategy` on the one pod template: Argo (v4.0.5) records a cache hit
     of a retried template as a `Retry` node with no attempt, which has no outbound node, so the
@@ -348,7 +350,7 @@ def memoized(step: Step, template: dict[str, Any], namespace: str) -> dict[str, 
     """
     wrapper: dict[str, Any] = {
         "name": memoized_name(step.name),
-        "memoize": {"key": f"{namespace}.{step.kind}-{step.key[:40]}", "maxAge": "8760h", "cache": {"configMap": {"name": STEP_CACHE_CONFIGMAP}}},
+        "memoize": {"key": f"{namespace}-{step.kind}-{step.key[:40]}", "maxAge": "8760h", "cache": {"configMap": {"name": STEP_CACHE_CONFIGMAP}}},
         "dag": {"tasks": [{"name": step.name, "template": step.name}]},
     }
     if "outputs" in template:

@@ -9,6 +9,7 @@ import ast
 import difflib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -151,7 +152,10 @@ def test_quickstart_workflow_dag() -> None:
     assert next(t for t in wf["spec"]["templates"][0]["dag"]["tasks"] if t["name"] == "train")["template"] == "memoized-train"
     assert cached["dag"]["tasks"] == [{"name": "train", "template": "train"}] and "retryStrategy" not in cached
     # Argo keeps every namespace's entries in one ConfigMap of its own: the key names the Workflow's
-    assert cached["memoize"]["key"].startswith(f"{wf['metadata']['namespace']}.train-")
+    assert cached["memoize"]["key"].startswith(f"{wf['metadata']['namespace']}-train-")
+    # Argo v4.0.5's workflow/controller/cache/cache.go cacheKeyRegex: any other key errors the Workflow
+    assert all(re.fullmatch(r"[a-zA-Z0-9][-a-zA-Z0-9]*", t["memoize"]["key"])
+               for t in wf["spec"]["templates"] if "memoize" in t)
     assert cached["memoize"]["cache"]["configMap"]["name"] == "forge-step-cache"
     assert cached["outputs"]["parameters"] == [
         {"name": "metrics", "valueFrom": {"parameter": "{{tasks.train.outputs.parameters.metrics}}"}}]
