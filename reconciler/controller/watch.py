@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from reconciler.controller.leadership import Leadership
 from reconciler.diagnostics import ForgeError
-from reconciler.errors import ConflictError, LeaseLost, LockHeldError
+from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TransientError
 from reconciler.experiment.controller import FINAL as EXPERIMENT_FINAL
 from reconciler.experiment.controller import ExperimentController, ExperimentState
 from reconciler.load.endpoints import DesiredEndpoint
@@ -163,29 +163,54 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
             if on_line is not None:
                 on_line(line)
 
+    def timed_out(states: Mapping[str, RolloutState]) -> bool:
+        if options.timeout and clock() - began > options.timeout:
+            raise ForgeError(f"rollouts still in progress after {options.timeout:.0f} s: "
+                             + ", ".join(f"{n} {st.phase.value}" for n, st in states.items()))
+        return False
+
+    def one_pass() -> tuple[dict[str, RolloutState], dict[str, str]]:
+        """One pass: reconciled while this watch leads (or without a lock), else only observed."""
+        if leadership is None or leadership.leading():
+            if leadership is not None:
+                say("", f"{leadership.holder}: leading — this watch alone moves the rollouts")
+            try:
+                states, lines = reconcile_pass(controllers, endpoints)
+            except LeaseLost as exc:
+                if leadership is None:
+                    raise
+                leadership.deposed(str(exc))
+                states, lines = observe_pass(controllers, endpoints), {}
+            except ConflictError as exc:
+                # A write refused as stale (409), the Lease still ours: never sent again as it
+                # was — this pass ends, and the next one reads again and decides anew.
+                if not options.watch:
+                    raise
+                say("", f"{leadership.holder if leadership else 'reconcile'}: {exc}")
+                states, lines = observe_pass(controllers, endpoints), {}
+        elif not options.watch:
+            raise LockHeldError(f"not reconciled: {leadership.waiting}")
+        else:
+            states, lines = observe_pass(controllers, endpoints), {}
+        return states, lines
+
+    states: dict[str, RolloutState] = {}
     try:
         while True:
-            if leadership is None or leadership.leading():
-                if leadership is not None:
-                    say("", f"{leadership.holder}: leading — this watch alone moves the rollouts")
-                try:
-                    states, lines = reconcile_pass(controllers, endpoints)
-                except LeaseLost as exc:
-                    if leadership is None:
-                        raise
-                    leadership.deposed(str(exc))
-                    states, lines = observe_pass(controllers, endpoints), {}
-                except ConflictError as exc:
-                    # A write refused as stale (409), the Lease still ours: never sent again as it
-                    # was — this pass ends, and the next one reads again and decides anew.
-                    if not options.watch:
-                        raise
-                    say("", f"{leadership.holder if leadership else 'reconcile'}: {exc}")
-                    states, lines = observe_pass(controllers, endpoints), {}
-            elif not options.watch:
-                raise LockHeldError(f"not reconciled: {leadership.waiting}")
-            else:
-                states, lines = observe_pass(controllers, endpoints), {}
+            try:
+                states, lines = one_pass()
+            except TransientError as exc:
+                # The API server (or its etcd) did not answer through the target's retries: this
+                # pass moved nothing it could not finish (a write either landed or was refused;
+                # the saved state says which), and a watch goes on — the next pass reads again.
+                # A lock whose renewals failed meanwhile is found lost by its fence: no write.
+                if not options.watch:
+                    raise
+                say("", f"{leadership.holder if leadership else 'reconcile'}: the cluster did not answer, "
+                        f"nothing moved — {exc}")
+                timed_out(states)
+                sleep(options.interval)
+                continue
             if leadership is not None and leadership.waiting is not None:
                 say("", f"{leadership.holder}: following, nothing written — {leadership.waiting}")
             for name, line in lines.items():
@@ -195,9 +220,7 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
             count += 1
             if not options.watch or (options.passes and count >= options.passes) or (options.until_settled and settled(states)):
                 return EXIT_ROLLED_BACK if options.until_settled and failed(states) else EXIT_OK
-            if options.timeout and clock() - began > options.timeout:
-                raise ForgeError(f"rollouts still in progress after {options.timeout:.0f} s: "
-                                 + ", ".join(f"{n} {st.phase.value}" for n, st in states.items()))
+            timed_out(states)
             sleep(options.interval)
     finally:
         if leadership is not None:

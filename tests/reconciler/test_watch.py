@@ -14,7 +14,7 @@ import pytest
 from reconciler.controller.leadership import Leadership
 from reconciler.controller.watch import EXIT_OK, EXIT_ROLLED_BACK, Controllers, WatchOptions, failed, reconcile_pass, run, settled
 from reconciler.diagnostics import ForgeError
-from reconciler.errors import ConflictError, LeaseLost, LockHeldError
+from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TransientError
 from reconciler.experiment.controller import ExperimentState
 from reconciler.rollout.controller import Controller, Phase, RolloutState
 from renderers.seldon import ServingState
@@ -300,3 +300,45 @@ def test_a_single_pass_whose_write_is_refused_as_stale_fails() -> None:
         _run_led(_controllers(backend), desired_of(an_endpoint("digits"), version=V2), WatchOptions(), Clock(),
                  Leadership(FakeLock().lock, "me"))
     assert backend.saved == {}
+
+
+class DownForAWhileBackend(FakeBackend):
+    """The cluster stops answering on the second pass's read and answers again at the fourth (etcd
+    killed and restarted: the API server's reads and writes fail meanwhile)."""
+
+    def refresh(self) -> None:
+        super().refresh()
+        if self.refreshes in (2, 3):
+            raise TransientError("GET …/seldondeployments: the API server answered 500 (etcdserver: request timed out)")
+
+
+def test_a_watch_holds_while_the_cluster_does_not_answer_and_goes_on_when_it_does() -> None:
+    backend = DownForAWhileBackend({"digits": ServingState(V1, V2, 0)})
+    clock = Clock()
+    code, lines, passes = _run(_controllers(backend), desired_of(an_endpoint("digits"), version=V2),
+                               WatchOptions(watch=True, interval=0.5, passes=3), clock)
+    assert code == EXIT_OK and passes == [{"digits": "Promoted"}] * 3
+    down = [line for line in lines if "did not answer" in line]
+    assert down == ["reconcile: the cluster did not answer, nothing moved — GET …/seldondeployments: the API server "
+                    "answered 500 (etcdserver: request timed out)"]
+    # the failed passes neither count nor report a state; the watch slept its interval after each
+    assert backend.refreshes == 5 and clock.sleeps == [0.5] * 4
+    # the endpoint's line said once: the passes after the outage found the state as it was before
+    assert lines[0].startswith("digits: Promoted") and len(lines) == 2
+
+
+def test_a_single_pass_fails_when_the_cluster_does_not_answer() -> None:
+    backend = DownForAWhileBackend({"digits": ServingState(V1, V2, 0)})
+    backend.refreshes = 1
+    with pytest.raises(TransientError, match="etcdserver"):
+        _run(_controllers(backend), desired_of(an_endpoint("digits"), version=V2), WatchOptions(), Clock())
+    assert backend.saved == {}
+
+
+def test_a_watch_gives_up_after_its_timeout_while_the_cluster_does_not_answer() -> None:
+    class Down(FakeBackend):
+        def refresh(self) -> None:
+            raise TransientError("connection refused")
+    with pytest.raises(ForgeError, match="rollouts still in progress after 2 s"):
+        _run(_controllers(Down({"digits": ServingState(V1, V2, 0)})), desired_of(an_endpoint("digits"), version=V2),
+             WatchOptions(watch=True, interval=1.0, until_settled=True, timeout=2.0), Clock())

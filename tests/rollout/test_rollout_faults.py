@@ -14,6 +14,10 @@ the real model servers every second, and the traffic split by the live weights.
 * **Clock skew**: the controller's clock 5 s ahead of Prometheus's (its injectable clock; the bench
   drill runs the CLI under Debian's libfaketime): the windows cannot be lined up with the step, so
   the skew is detected and named (`clock-skew`, inconclusive) and the rollout holds at its weight.
+* **etcd down mid-rollout**: etcd SIGKILLed at step 1 and left down 15 s under the real
+  `forgectl reconcile --watch`: nothing moves while the API server answers 5xx (a failed pass, or a
+  write not sent once the Lease's fencing deadline passed), and the rollout goes on to the promotion
+  from the same step once etcd is back.
 * **A canary that degrades late**: healthy for its first 120 requests (`faultInjection.afterRequests`,
   so through step 1), then 5 % errors early in step 2: rolled back at step 2, where it degraded —
   never a weight above 50 % after its first failure.
@@ -25,6 +29,10 @@ time; each wait is bounded. The goal of each: 0 requests to stable lost, 0 wrong
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -222,5 +230,58 @@ def test_a_canary_that_degrades_late_is_caught_at_the_step_where_it_degrades(rol
     assert done.phase is Phase.ROLLED_BACK and done.step == 1, done.reason
     assert "success-rate" in done.reason and "failureLimit 1" in done.reason, done.reason
     assert max(d.weights_since(degraded)) <= 50 and max(s.step for s in d.states) == 1, d.weights_since(degraded)
+    tally = stable_lost(traffic)
+    assert tally["failed"] == 0, tally
+
+
+def test_etcd_down_mid_rollout_moves_nothing_and_the_watch_goes_on(rollout: Rollout, server_factory,  # noqa: F811
+                                                                    kube_cluster) -> None:  # noqa: F811
+    """etcd SIGKILLed at step 1, once a measurement is counted, and left down 15 s (the API server
+    stays up and answers 5xx): the real `forgectl reconcile --watch` says the cluster does not
+    answer and moves nothing — no transition dated inside the outage, the weight the API server
+    holds unchanged — and, etcd back on the same data, goes on from the same step to the promotion,
+    each step entered once, with 0 requests to stable lost."""
+    if kube_cluster.external:
+        pytest.skip("needs the test cluster's own etcd process (FORGE_TEST_CLUSTER names another)")
+    rollout.finish_workflow(rollout.canary)
+    traffic = start_traffic(rollout, server_factory)
+    _, backend, *_ = rollout.controller()
+    cmd = [sys.executable, "-m", "forgectl", "reconcile", str(rollout.specs_dir), "--env", "cluster", "-n", rollout.namespace,
+           "--kubeconfig", rollout.kubeconfig, "--watch", "--interval", "0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "NO_COLOR": "1"})
+
+    def state_now() -> RolloutState | None:
+        if proc.poll() is not None:
+            raise AssertionError(f"forgectl reconcile exited {proc.returncode}: {proc.stdout.read() if proc.stdout else ''}")
+        backend.refresh()
+        serving = backend.serving("digits")
+        traffic.weight = serving.canary_weight if serving and serving.canary else 0
+        return backend.load_state("digits")
+
+    try:
+        before = wait_until(lambda: (s := state_now()) is not None and counted_at_step_1(s) and s, 90,
+                            "a measurement counted at step 1", interval=0.3)
+        down = time.time()
+        kube_cluster.restart_etcd(down_seconds=15)
+        back = time.time()
+        done = wait_until(lambda: (s := state_now()) is not None and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK) and s,
+                          180, "the rollout to end after etcd came back", interval=0.5)
+    finally:
+        traffic.stop.set()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert done.phase is Phase.PROMOTED, (done.reason, out[-3000:])
+    # the watch said so: a pass that failed through the target's retries, or — when the retries
+    # outlasted the Lease's fencing deadline (its renewals failed too) — a write not sent and the
+    # lock let go, then taken again once etcd answered
+    assert "the cluster did not answer, nothing moved" in out or "not sent: the environment's Lease" in out, out[-3000:]
+    assert out.count("leading — this watch alone moves the rollouts") >= (2 if "not sent" in out else 1), out[-3000:]
+    # nothing was decided while etcd was down: every transition before the kill or after its return
+    assert not [h for h in done.history if down < h["at"] < back], done.history
+    assert before.weight == 10 and [h for h in done.history if h["at"] <= down][-1]["weight"] <= 10, done.history
+    for n in (1, 2, 3):  # each step entered once
+        assert len([h for h in done.history if h["to"] == "Progressing" and f"step {n}/3:" in h["reason"]]) == 1, done.history
     tally = stable_lost(traffic)
     assert tally["failed"] == 0, tally
