@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import ssl
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterable, Sequence
@@ -270,7 +271,28 @@ class Cluster:
             os.kill(pid, signal.SIGKILL)
         stop_pid(pid, ticks)  # reaped and gone before the port is bound again
         time.sleep(down_seconds)
+        self._wait_bindable([int(self.etcd_url.rsplit(":", 1)[1]), self.etcd_peer_port])
         self._spawn_etcd(quota_bytes)
+
+    @staticmethod
+    def _wait_bindable(ports: list[int], timeout: float = 30.0) -> None:
+        """Wait until each port can be bound as etcd binds it (SO_REUSEADDR, as Go's net.Listen).
+        CI once saw a restarted etcd refused its peer port ("address already in use") right after
+        the killed one was reaped; the error names who holds a port still taken."""
+        deadline = time.monotonic() + timeout
+        for port in ports:
+            while True:
+                with socket.socket() as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    try:
+                        s.bind(("127.0.0.1", port))
+                        break
+                    except OSError:
+                        if time.monotonic() > deadline:
+                            held = subprocess.run(["ss", "-tanp", f"( sport = :{port} )"], capture_output=True,
+                                                  text=True, check=False).stdout
+                            raise ClusterError(f"127.0.0.1:{port} still taken {timeout:.0f} s after etcd was killed:\n{held}") from None
+                time.sleep(0.2)
 
     def etcd_db_size(self) -> int:
         """The size of etcd's backend database file in bytes (its own metric), what its quota is
