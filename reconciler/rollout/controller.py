@@ -110,11 +110,16 @@ class Controller:
     #: When each (endpoint, canary, step, metric) was last checked for a breach
     #: (:func:`machine.breach_check_due`): in memory only, since a check without a breach writes nothing.
     _breach_checked: dict[tuple[str, str | None, int, str], float] = field(default_factory=dict, init=False, repr=False)
+    #: The Events of the decisions carried out since the state was last saved: sent only once the
+    #: state they report is saved (:meth:`commit`). The save is the fenced write (the
+    #: resourceVersion it read, the Lease checked): a leader paused past its Lease has its save
+    #: refused, and the Events of a decision that was never recorded are never sent.
+    _events: list[tuple[str, machine.Event]] = field(default_factory=list, init=False, repr=False)
 
     # -- one pass -------------------------------------------------------------------------
     def reconcile(self, endpoint: Endpoint, desired: str, model: str, policy: RolloutPolicy | None) -> RolloutState | None:
         """Do what is due now for ``endpoint`` whose specs want model version ``desired``."""
-        self._ready = {}
+        self._ready, self._events = {}, []
         serving = self.backend.serving(endpoint.name)
         if serving is None:
             return None  # not applied yet
@@ -123,9 +128,16 @@ class Controller:
         state = machine.observe(saved, endpoint.name, serving, desired, model, now)
         if state.phase in ACTIVE:
             state = self._advance(endpoint, model, policy, state, now)
-        if state != saved:
-            self.backend.save_state(endpoint.name, state)
+        self.commit(endpoint.name, state, changed=state != saved)
         return state
+
+    def commit(self, endpoint: str, state: RolloutState, *, changed: bool = True) -> None:
+        """Save ``state`` (when ``changed``), then send the Events of the decisions it records."""
+        events, self._events = self._events, []
+        if changed:
+            self.backend.save_state(endpoint, state)
+        for name, event in events:
+            self.backend.event(name, event.kind, event.reason, event.message)
 
     def observe(self, endpoint: Endpoint, desired: str, model: str) -> RolloutState | None:
         """The state a pass would start from, without acting or writing anything (what a watch that
@@ -230,14 +242,15 @@ class Controller:
         return Liveness(ready, queries, counted, current, up, counted_since, asked=asked, answered=self.clock())
 
     def _carry_out(self, endpoint: Endpoint, decision: machine.Decision) -> RolloutState:
-        """The decision's effects, in order: serving, event, write-back hook. Returns the new state
-        (with the time the target accepted its traffic move, from which the step's samples count)."""
+        """The decision's effects, in order: serving, write-back hook; its event waits for the
+        state's save (:meth:`commit`). Returns the new state (with the time the target accepted
+        its traffic move, from which the step's samples count)."""
         state = decision.state
         if decision.serving is not None:
             self.backend.set_serving(endpoint, decision.serving)
             state = replace(state, weight_at=self.clock())
         if decision.event is not None:
-            self.backend.event(endpoint.name, decision.event.kind, decision.event.reason, decision.event.message)
+            self._events.append((endpoint.name, decision.event))
         if decision.writeback_due and self.on_rollback is not None:
             state = replace(state, writeback=self.on_rollback(endpoint, state))
         return state

@@ -42,7 +42,7 @@ def steer(controller: Controller, backend: Backend, desired: DesiredEndpoint, st
     if state is None or state.canary is None or state.phase in AT_REST:
         raise ForgeError(f"endpoint {name!r} has no rollout in progress")
     state = controller.promote(desired.endpoint, state, "promoted by hand") if promote else controller.abort(desired.endpoint, state)
-    backend.save_state(name, state)
+    controller.commit(name, state)
     return state
 
 

@@ -21,6 +21,7 @@ import pytest
 import urllib3.util.connection
 import urllib3.util.retry
 
+from reconciler.errors import ConflictError
 from reconciler.metrics.analysis import Cause, Readiness, Series, Verdict, judge, liveness_queries, reach, render_query
 from reconciler.metrics.prometheus import Prometheus, PrometheusUnavailable
 from reconciler.rollout.controller import Controller, Phase, RolloutState, machine
@@ -652,7 +653,9 @@ def test_abort_rolls_back_by_hand_without_a_write_back() -> None:
     r = rig(policy())
     state = r.drive(at_step(1))
     state = r.controller.abort(ENDPOINT, state, who="alice")
-    r.backend.save_state("digits", state)  # what `forgectl rollout abort` does next
+    events = len(r.backend.events)
+    r.controller.commit("digits", state)  # what `forgectl rollout abort` does next: save, then tell
+    assert len(r.backend.events) == events + 1 and RolloutState.from_json(r.backend.saved).phase is Phase.ABORTED
     assert state.phase is Phase.ABORTED and state.weight == 0 and state.reason.endswith("aborted by alice")
     assert r.backend.serving_now == ServingState(V1) and r.backend.events[-1][:2] == ("Warning", "Aborted")
     assert r.rollbacks == [] and state.writeback == ""
@@ -722,3 +725,30 @@ def test_the_pure_functions_return_effects_instead_of_doing_them() -> None:
     assert rolled.serving == ServingState(V1) and rolled.writeback_due and rolled.state.phase is Phase.ROLLED_BACK
     aborted = machine.abort(entered.state, "bob", 11.0)
     assert aborted.state.phase is Phase.ABORTED and not aborted.writeback_due
+
+
+class RefusedSaveBackend(FakeBackend):
+    """The state's save is refused from the ``refuse_from``-th on (409: a new leader wrote first,
+    as the API server refuses a paused leader's write with the resourceVersion it read)."""
+
+    refuse_from: int = 10**9
+
+    def save_state(self, endpoint: str, state: RolloutState) -> None:
+        if self.saves + 1 >= self.refuse_from:
+            raise ConflictError("the rollout state of digits: refused by the API server as stale (409)", status=409)
+        super().save_state(endpoint, state)
+
+
+def test_an_event_is_sent_only_after_the_state_it_reports_is_saved() -> None:
+    """Events are not fenced by the API server (a create carries no resourceVersion): each waits for
+    the save of the state it reports, which is. A decision whose save is refused tells nobody."""
+    backend = RefusedSaveBackend()
+    r = rig(policy(), backend)
+    r.drive(at_step(0))
+    told = list(backend.events)
+    assert told and told[-1][1] == "RolloutStep"
+    backend.refuse_from = backend.saves + 1
+    with pytest.raises(ConflictError, match="refused by the API server as stale"):
+        r.drive(at_step(1))  # step 1 passes and step 2 is entered: the traffic moves, the save is refused
+    assert backend.events == told  # no "RolloutStep" for a step the saved state never entered
+    assert RolloutState.from_json(backend.saved).step == 0
