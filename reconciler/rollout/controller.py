@@ -125,9 +125,13 @@ class Controller:
             return None  # not applied yet
         saved = self.backend.load_state(endpoint.name)
         now = self.clock()
-        state = machine.observe(saved, endpoint.name, serving, desired, model, now)
-        if state.phase in ACTIVE:
-            state = self._advance(endpoint, model, policy, state, now)
+        recovered = machine.landed(saved, serving, desired, now) if saved is not None else None
+        if recovered is not None:
+            state = self._carry_out(endpoint, recovered)
+        else:
+            state = machine.observe(saved, endpoint.name, serving, desired, model, now)
+            if state.phase in ACTIVE:
+                state = self._advance(endpoint, model, policy, state, now)
         self.commit(endpoint.name, state, changed=state != saved)
         return state
 

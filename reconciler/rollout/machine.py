@@ -372,6 +372,26 @@ def rollback(state: RolloutState, reason: str, now: float, measurement: Measurem
     return Decision(moved, ServingState(state.stable), event, writeback_due=phase is Phase.ROLLED_BACK)
 
 
+def landed(state: RolloutState, serving: ServingState, desired: str, now: float) -> Decision | None:
+    """A traffic move that reached the cluster while the state deciding it did not (its save was
+    refused, or the controller died between the two): in a step the canary serves, so while the
+    specs still want the canary (``desired``; a revert applied removes it too, see :func:`observe`)
+    a serving state without it says which end was carried out — the canary as the stable (a
+    promotion) or the stable alone (a rollback). The decision records it, with nothing left to
+    move; None when serving agrees with the state. A recovered rollback's reason is not known, so
+    it writes nothing back to git."""
+    if (state.phase not in ACTIVE or state.canary is None or state.canary != desired or state.step < 0
+            or serving.canary is not None):
+        return None
+    if serving.stable == state.canary:
+        decision = promote(state, "its traffic move had landed when this state was saved", now)
+    elif serving.stable == state.stable:
+        decision = rollback(state, f"the canary had left serving at step {state.step + 1} before this state was saved", now)
+    else:
+        return None
+    return replace(decision, serving=None, writeback_due=False)
+
+
 def abort(state: RolloutState, who: str, now: float) -> Decision:
     """Roll back by hand (no write-back)."""
     return rollback(state, f"aborted by {who}", now, phase=Phase.ABORTED)

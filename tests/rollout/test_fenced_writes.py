@@ -15,6 +15,8 @@ pod is a stand-in whose Ready condition follows a local readiness server (devkit
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,9 +28,10 @@ import pytest
 from devkit.rollout_harness import Rollout, ready_canary_pod, stage_canary
 from reconciler.controller.leadership import Leadership, watch_lease
 from reconciler.controller.watch import Controllers, WatchOptions, controllers_for, reconcile_pass, run
+from reconciler.errors import ConflictError
 from reconciler.load.endpoints import DesiredEndpoint, desired_endpoints
 from reconciler.plan.session import TargetOptions, open_target
-from reconciler.rollout.controller import Phase, RolloutState
+from reconciler.rollout.controller import STATE_ANNOTATION, Phase, RolloutState
 from reconciler.targets.kubernetes.lease import FenceToken
 from reconciler.targets.kubernetes.rollout import fence_of, rollout_state_of
 from reconciler.targets.kubernetes.target import KubernetesTarget
@@ -243,3 +246,38 @@ def test_a_state_write_held_past_the_lease_is_refused_and_the_new_leaders_state_
         assert lease_holder(kube_cluster, r) == "second@test:2"
     finally:
         second.leadership.release()
+
+
+def test_a_state_save_outlives_the_operators_status_write_but_not_another_rollout_writer(staged: Rollout,
+                                                                                          kube_cluster) -> None:
+    """Seldon's operator writes the SeldonDeployment's status after each traffic move, which moves
+    its resourceVersion: the rollout state saved after a move must not be refused for that (found
+    on the node: a promotion whose state was refused, its next pass misreading the landed move).
+    Saved again at the new version only while nothing a rollout owns changed; a state written by
+    another writer in between is still refused (409)."""
+    one = replica(staged, "one@test:1")
+    assert one.leadership.leading()
+    try:
+        backend = one.controllers.backend
+        backend.refresh()
+        state = backend.load_state("digits") or RolloutState("digits", staged.stable)
+        raw = kube_cluster.raw_client()
+        path = f"/apis/machinelearning.seldon.io/v1/namespaces/{staged.namespace}/seldondeployments/digits"
+        before = deployment(kube_cluster, staged)["metadata"]["resourceVersion"]
+        # the operator's write, through the status subresource as it makes it
+        status, body = raw.request("PATCH", path + "/status", json.dumps({"status": {"state": "Available"}}).encode(),
+                                   content_type="application/merge-patch+json")
+        assert status == 200 and body["metadata"]["resourceVersion"] != before, body
+        backend.save_state("digits", dataclasses.replace(state, reason="saved after the operator's status write"))
+        assert rollout_state_of(deployment(kube_cluster, staged)).reason == "saved after the operator's status write"
+
+        # another writer's rollout state since this pass read the object: refused, never overwritten
+        other = dataclasses.replace(state, reason="another writer's state")
+        status, body = raw.request("PATCH", path, json.dumps({"metadata": {"annotations": {
+            STATE_ANNOTATION: json.dumps(other.to_json())}}}).encode(), content_type="application/merge-patch+json")
+        assert status == 200, body
+        with pytest.raises(ConflictError, match="refused by the API server as stale"):
+            backend.save_state("digits", dataclasses.replace(state, reason="stale"))
+        assert rollout_state_of(deployment(kube_cluster, staged)).reason == "another writer's state"
+    finally:
+        one.leadership.release()

@@ -752,3 +752,25 @@ def test_an_event_is_sent_only_after_the_state_it_reports_is_saved() -> None:
         r.drive(at_step(1))  # step 1 passes and step 2 is entered: the traffic moves, the save is refused
     assert backend.events == told  # no "RolloutStep" for a step the saved state never entered
     assert RolloutState.from_json(backend.saved).step == 0
+
+
+@pytest.mark.parametrize(("serving", "phase", "event"), [
+    (ServingState(V2), Phase.PROMOTED, "Promoted"),
+    (ServingState(V1), Phase.ROLLED_BACK, "RolledBack"),
+])
+def test_a_move_that_landed_without_its_state_is_recorded_not_undone(serving: ServingState, phase: Phase,
+                                                                     event: str) -> None:
+    """Found on the node: the promotion's traffic move landed, then its state's save was refused
+    (Seldon's operator had written the status). The next pass must not read the canary-less
+    serving as "the specs serve it again", nor add a removed canary back: it records the end the
+    cluster shows, moving nothing, and tells it."""
+    r = rig(policy())
+    r.drive(at_step(1))
+    moves = len(r.backend.applied)
+    r.backend.serving_now = serving  # the move landed; the saved state is still at step 2
+    state = r.reconcile()
+    assert state.phase is phase and state.weight == (100 if phase is Phase.PROMOTED else 0), state.reason
+    assert "before this state was saved" in state.reason or "had landed" in state.reason
+    assert len(r.backend.applied) == moves  # nothing moved again
+    assert r.backend.events[-1][1] == event and r.rollbacks == []  # no write-back on a reason not known
+    assert RolloutState.from_json(r.backend.saved).phase is phase

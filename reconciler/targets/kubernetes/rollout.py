@@ -34,6 +34,7 @@ reason too: such a pass is simply taken again.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -72,6 +73,17 @@ def rollout_state_of(obj: dict[str, Any]) -> RolloutState | None:
 def fence_of(obj: Mapping[str, Any]) -> FenceToken | None:
     """The tenure stamped on a live object (None when none is)."""
     return FenceToken.from_text((obj.get("metadata", {}).get("annotations") or {}).get(FENCE_ANNOTATION))
+
+
+#: How often a rollout state is written before its 409 ends the pass (see :meth:`save_state`).
+SAVE_ATTEMPTS = 3
+
+
+def _rollout_view(obj: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What only a rollout writes on a SeldonDeployment: its state, its fence and what it serves."""
+    annotations = obj.get("metadata", {}).get("annotations") or {}
+    return (annotations.get(STATE_ANNOTATION), annotations.get(FENCE_ANNOTATION),
+            json.dumps(obj.get("spec", {}).get("predictors"), sort_keys=True))
 
 
 def as_read(obj: Mapping[str, Any] | None) -> Precondition:
@@ -229,9 +241,23 @@ class KubernetesRolloutBackend:
         token = self.target.fence_token
         if token is not None:
             annotations[FENCE_ANNOTATION] = token.to_text()
-        stored = self._fenced_write(f"the rollout state on {ref}", lambda: self.target.merge_patch(
-            ref, {"metadata": {"annotations": annotations}}, ROLLOUT_MANAGER,
-            resource_version=current["metadata"]["resourceVersion"]))
+        body = {"metadata": {"annotations": annotations}}
+        for attempt in range(1, SAVE_ATTEMPTS + 1):
+            write = functools.partial(self.target.merge_patch, ref, body, ROLLOUT_MANAGER,
+                                      resource_version=current["metadata"]["resourceVersion"])
+            try:
+                stored = self._fenced_write(f"the rollout state on {ref}", write)
+                break
+            except ConflictError:
+                # Seldon's operator writes the SeldonDeployment's status after each traffic move,
+                # which moves its resourceVersion too: the state of a move that landed would be
+                # refused, and the next pass would find the traffic moved with no record of why.
+                # Saved again at the new version only when no one else wrote what a rollout owns
+                # (its state, its fence, what it serves); a new holder's stamp changes the fence.
+                latest = self.target.get(ref)
+                if attempt == SAVE_ATTEMPTS or latest is None or _rollout_view(latest) != _rollout_view(current):
+                    raise
+                current = latest
         if stored:
             self.deployments[endpoint] = stored
 
