@@ -10,7 +10,7 @@ and outcome. Each server has a Pod in the API server whose Ready condition follo
 weight rises. The controller is the real ``forgectl reconcile --watch --interval 0.5`` as a
 subprocess.
 
-    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,hung,baddata,skew,two,late,two-watchers,stale-write]
+    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,etcd,hung,baddata,skew,two,late,two-watchers,stale-write]
         [--kill-runs 10] [--prometheus-runs 3] [--canary-runs 5] [--outage 20] [--runs N]
         [--out bench/results/rollout-faults-DATE.json]
 
@@ -39,6 +39,11 @@ Succeeded; rollouts follow one another in one namespace, the servers keep their 
   run: the requests sent to the canary after the kill and how many of them failed, and the
   weights it had after the kill. The canary server is started again for the next run.
 
+* ``etcd`` (issue 35): etcd SIGKILLed once step 1 is entered and left down ``--etcd-outage``
+  seconds (default 15; the API server stays up, answering 5xx). Fails on a transition dated inside
+  the outage, a step entered twice, no promotion, or a stable request lost; counted: how the watch
+  said it (failed passes, or a write not sent once its Lease's fencing deadline passed) and the
+  time from etcd's return to the next transition.
 * ``hung`` (issue 35): Prometheus SIGSTOPped ``--hang`` seconds (default 30) once step 1 has counted a
   measurement — its port still accepts connections, nothing answers: each query times out after
   the Environment's `prometheus.timeout` (the product's default, 5 s). Fails on a promotion, a
@@ -568,6 +573,63 @@ def drill_prometheus(h: Harness, runs: int, ctl: ControllerProc, outage: float) 
     limit = next(m.inconclusive_limit for m in h.policy.spec.metrics if m.name == "success-rate")
     return {"runs": len(results), "failures": sum(r["failed"] for r in results), "outage_s": outage,
             "max_inconclusive_in_a_row": max(r["max_inconclusive_in_a_row"] for r in results), "inconclusive_limit": limit,
+            "max_converge_s": max(resumes) if resumes else None, "stable_lost": sum(r["stable_lost"] for r in results),
+            "samples": results}
+
+
+def drill_etcd(h: Harness, runs: int, ctl: ControllerProc, outage: float) -> dict[str, Any]:
+    """etcd SIGKILLed once step 1 is entered (after its pause) and left down ``outage`` seconds;
+    the API server stays up and answers 5xx. Fails on any transition dated inside the outage (a
+    decision made while writes fail), on a step entered twice, when the rollout does not end
+    promoted, or when a request to stable fails. Counted: how the watch said it (a failed pass, or
+    a write not sent once its Lease's fencing deadline passed), and the time from etcd's return to
+    the rollout's next transition."""
+    results = []
+    for run in range(1, runs + 1):
+        canary = h.new_version()
+        t0 = time.monotonic()
+        ctl.start()
+        problems: list[str] = []
+        resumed_s = None
+        try:
+            h.live.wait(lambda s: s.canary == canary and s.phase is Phase.PROGRESSING and s.step == 0, 90, "step 1")  # noqa: B023
+            time.sleep(duration_seconds("2s"))  # the step's pause: its analysis starts
+            wall_down = time.time()
+            h.cluster.restart_etcd(down_seconds=outage)
+            wall_back = time.time()
+            final = h.live.wait(lambda s: s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 180, "the end of the rollout")
+            during = [x for x in final.history if wall_down < x["at"] < wall_back]
+            if during:
+                problems.append(f"decided while etcd was down: {during}")
+            after = [x["at"] for x in final.history if x["at"] >= wall_back]
+            resumed_s = round(min(after) - wall_back, 2) if after else None
+            if final.phase is not Phase.PROMOTED:
+                problems.append(f"not promoted: {final.phase.value}: {final.reason}")
+            for n in (1, 2, 3):
+                entered = [x for x in final.history if x["to"] == "Progressing" and f"step {n}/3:" in x["reason"]]
+                if len(entered) != 1:
+                    problems.append(f"step {n} entered {len(entered)} times")
+        except TimeoutError as exc:
+            problems.append(str(exc))
+        finally:
+            ctl.kill()
+        t_end = time.monotonic()
+        said = ctl.log_text()
+        how = ("failed passes" if "the cluster did not answer" in said else
+               "a write not sent (fencing deadline passed)" if "not sent: the environment's Lease" in said else "nothing said")
+        if how == "nothing said":
+            problems.append("the watch did not say the cluster was down")
+        counts = tallies(h, t0, t_end)
+        lost = counts["stable"]["failed"]
+        if lost:
+            problems.append(f"{lost} requests to stable failed: {counts['stable']['reasons']}")
+        res = {"run": run, "outage_s": outage, "watch_said": how, "resume_s": resumed_s, "stable_lost": lost,
+               "requests": counts, "failed": bool(problems), "problems": problems, "rollout_s": round(t_end - t0, 1)}
+        results.append(res)
+        log(f"etcd drill, run {run}: {how}; next transition {resumed_s} s after etcd was back, stable lost {lost}"
+            f"{'; ' + '; '.join(problems) if problems else ''}")
+    resumes = [r["resume_s"] for r in results if r["resume_s"] is not None]
+    return {"runs": len(results), "failures": sum(r["failed"] for r in results), "outage_s": outage,
             "max_converge_s": max(resumes) if resumes else None, "stable_lost": sum(r["stable_lost"] for r in results),
             "samples": results}
 
@@ -1219,13 +1281,15 @@ def drill_stale_write(h: Harness, runs: int, lease: float) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--drills", default="kill,prometheus,canary,hung,baddata,skew,two,late,two-watchers,stale-write",
-                        help="comma-separated: kill, prometheus, canary, hung, baddata, skew, two, late, two-watchers, stale-write")
+                        help="comma-separated: kill, prometheus, canary, etcd, hung, baddata, skew, two, late, two-watchers, stale-write")
     parser.add_argument("--hang", type=float, default=30.0,
                         help="seconds the hung drill keeps Prometheus stopped (default 30: a pass waits out two queries "
                              "of two 5 s attempts each before it saves)")
+    parser.add_argument("--etcd-outage", type=float, default=15.0,
+                        help="seconds the etcd drill leaves etcd down (default 15: longer than the watch's Lease's renew deadline)")
     parser.add_argument("--skew", type=float, default=5.0, help="seconds the skew drill's controller clock is ahead (default 5)")
     parser.add_argument("--runs", type=int, default=1,
-                        help="runs of each of hung, baddata, skew, two, late, two-watchers and stale-write (default 1)")
+                        help="runs of each of etcd, hung, baddata, skew, two, late, two-watchers and stale-write (default 1)")
     parser.add_argument("--late-after", type=int, default=150,
                         help="the late drill's canary answers this many requests healthy first (default 150: through step 1 at 10 %%)")
     parser.add_argument("--late-error-rate", type=float, default=0.05, help="then fails this fraction (default 0.05)")
@@ -1238,7 +1302,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second, split by the live weights (default 40)")
     args = parser.parse_args()
     drills = [d.strip() for d in args.drills.split(",") if d.strip()]
-    unknown = set(drills) - {"kill", "prometheus", "canary", "hung", "baddata", "skew", "two", "late", "two-watchers", "stale-write"}
+    unknown = set(drills) - {"kill", "prometheus", "canary", "etcd", "hung", "baddata", "skew", "two", "late", "two-watchers", "stale-write"}
     if unknown:
         parser.error(f"unknown drills: {sorted(unknown)}")
     for name in ("kill_runs", "prometheus_runs", "canary_runs", "runs"):
@@ -1271,6 +1335,8 @@ def main() -> None:
                     out[name] = drill_prometheus(harness, args.prometheus_runs, ctl, args.outage)
                 elif name == "hung":
                     out[name] = drill_hung(harness, args.runs, ctl, args.hang)
+                elif name == "etcd":
+                    out[name] = drill_etcd(harness, args.runs, ctl, args.etcd_outage)
                 elif name == "baddata":
                     out[name] = drill_baddata(harness, args.runs, ctl)
                 elif name == "skew":
