@@ -184,6 +184,11 @@ class KubernetesTarget:
                     f"{exc.__class__.__name__}) after {attempt + 1} attempt{'s' if attempt else ''}"
                 )
             if not isinstance(error, TransientError) or attempt >= self.retries:
+                if isinstance(error, TransientError) and not isinstance(error, UnreachableError):
+                    # past its retries: say which server kept failing (a restarting one answers 503
+                    # "before all known HTTP paths have been installed"; the drill found it unnamed)
+                    raise TransientError(f"the Kubernetes API server at {self.server} kept failing: {error} "
+                                         f"(after {attempt + 1} attempts)", status=error.status, ref=error.ref) from error
                 raise error
             time.sleep(self.backoff * (2**attempt))
             attempt += 1
