@@ -1,13 +1,15 @@
 """The controller's own metrics (`/metrics`), registered once per process in their own registry
 (as fluxcd/pkg `runtime/controller/metrics.go`): sync duration and result by source, the last
 applied revision as an info metric, each endpoint's rollout phase and step, errors by typed cause,
-git fetch duration, and whether this replica leads each source's environment."""
+git fetch duration, and whether this replica leads each source's environment; and the process's
+own CPU seconds and resident memory (prometheus_client's process collector, as controller-runtime
+exports them), which its idle footprint is read from."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.exposition import generate_latest
 
 #: Rollout phases a gauge is kept for (one series per phase, 1 for the current one).
@@ -22,6 +24,7 @@ class ControllerMetrics:
 
     def __post_init__(self) -> None:
         r = self.registry
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, …
         self.sync_seconds = Histogram("forge_controller_sync_duration_seconds", "Duration of one sync (fetch, load, plan, apply).",
                                       ["source", "result"], buckets=_BUCKETS, registry=r)
         self.syncs = Counter("forge_controller_syncs", "Syncs by source and result.", ["source", "result"], registry=r)
