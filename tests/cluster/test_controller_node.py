@@ -1,5 +1,5 @@
-"""Forge's controller running in the cluster, as pods (issue 33, steps 1, 2, 3 and 7 of its end-to-end
-test, and an idle failover): the controller image built here (devkit.node.controller_image), imported into the node's
+"""Forge's controller running in the cluster, as pods (issue 33, steps 1, 2, 3, 4, 6 and 7 of its
+end-to-end test, and an idle failover): the controller image built here (devkit.node.controller_image), imported into the node's
 containerd under the name `forgectl install` renders, and installed through the CLI with the node
 cluster's admin kubeconfig, as a platform engineer would.
 
@@ -28,7 +28,12 @@ cluster's admin kubeconfig, as a platform engineer would.
    rollout line at each pass, the HTTPRoute's weights, the SeldonDeployment's predictors, the
    rollout's Events (their reporting instance is the Lease holder, a controller pod), and who
    answered the gateway's requests from the predictors' own counters in Prometheus.
-5. `forgectl uninstall` → the controller's pods are gone, the leader gave the Lease back on SIGTERM,
+5. Then the first version again with a canary failing half its requests (the Endpoint's `faultInjection`) → every step of it from
+   Argo's cache, and the controller alone rolls it back at 10 %: the reason in the Sync's rollout
+   line and a `RolledBack` Event by the Lease holder, the gateway's split back to the stable.
+6. A pushed typo → not applied: `Ready=False`, `ValidationFailed` with the file:line, Forge's
+   writes unchanged and the stable answering; the fix pushed → applied and Ready again.
+7. `forgectl uninstall` → the controller's pods are gone, the leader gave the Lease back on SIGTERM,
    and what it applied stays (Forge's field managers' entries on every object as they were).
 
 No forgectl process runs on the host between the install and the uninstall; everything asserted
@@ -139,6 +144,11 @@ class Stack:
         git("commit", "--quiet", "--allow-empty", "-m", message, cwd=self.work)
         git("push", "--quiet", self.push_url, "HEAD:main", cwd=self.work)
         return git("rev-parse", "HEAD", cwd=self.work)
+
+    def wait_applied(self, revision: str, timeout: float = 180) -> None:
+        """Until the controller has applied ``revision`` (the Sync's lastAppliedRevision)."""
+        wait_until(lambda: self.sync().get("status", {}).get("lastAppliedRevision") == revision, timeout,
+                   f"the controller to apply revision {revision[:12]}", interval=1)
 
     def pods(self) -> list[client.V1Pod]:
         return list(self.core.list_namespaced_pod(CONTROLLER_NS, label_selector=f"app.kubernetes.io/name={NAME}").items)
@@ -424,6 +434,46 @@ def _moves(seen: list[int]) -> list[int]:
     return out
 
 
+class _Walk:
+    """The controller's walk of the `digits` rollout as the cluster shows it, read every half
+    second: the Sync's rollout line at each change (what each of the controller's passes wrote)
+    and the canary's weight on the HTTPRoute (what the gateway was told), with their times."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.lines: list[dict[str, Any]] = []
+        #: (time.monotonic(), the canary backend's weight on the route)
+        self.route: list[tuple[float, int]] = []
+        #: the line the last rollout left (its end): not this walk's
+        self.before = self.read()
+
+    def read(self) -> dict[str, Any] | None:
+        line = next((r for r in self.stack.sync().get("status", {}).get("rollouts") or []
+                     if r.get("endpoint") == "digits"), None)
+        if line and (not self.lines or self.lines[-1] != line):
+            self.lines.append(line)
+        route = self.stack.custom_get("gateway.networking.k8s.io", "v1", "httproutes", "digits")
+        self.route.append((time.monotonic(), _split(route).get("digits-canary", 0)))
+        return line
+
+    def until(self, phase: str, timeout: float) -> dict[str, Any]:
+        """Read until the rollout line reaches ``phase``; an assertion (with the controller's log)
+        when it ends in another terminal phase or not in ``timeout`` seconds."""
+        def reached() -> dict[str, Any] | None:
+            line = self.read()
+            if line == self.before:
+                return None
+            if line and line.get("phase") in {"Promoted", "RolledBack", "Failed"} - {phase}:
+                raise AssertionError(f"the rollout ended {line}")
+            return line if line and line.get("phase") == phase else None
+        try:
+            found: dict[str, Any] = wait_until(reached, timeout, f"the controller's rollout to reach {phase}", interval=0.5)
+        except AssertionError:
+            print(json.dumps(self.lines, indent=1), self.stack.logs())
+            raise
+        return found
+
+
 def test_a_pushed_learning_rate_change_trains_and_the_controller_alone_promotes_the_canary(
         stack: Stack, shared_node: nodekit.SharedNode) -> None:
     if "live" not in _STATE:
@@ -464,8 +514,7 @@ def test_a_pushed_learning_rate_change_trains_and_the_controller_alone_promotes_
         model.write_text(text.replace("learningRate: 0.002", "learningRate: 0.003", 1))
         revision = stack.push("learning rate 0.003")
         # no forgectl from here to the promotion: the controller fetches, applies and walks
-        wait_until(lambda: stack.sync().get("status", {}).get("lastAppliedRevision") == revision, 180,
-                   "the controller to apply the pushed revision", interval=1)
+        stack.wait_applied(revision)
         applied_s = time.monotonic() - t0
         v2 = wait_until(lambda: next((v for w in stack.workflows()
                                       if (v := (w["metadata"].get("labels") or {}).get(MODEL_VERSION)) not in (v1, None)),
@@ -480,34 +529,17 @@ def test_a_pushed_learning_rate_change_trains_and_the_controller_alone_promotes_
 
         # the controller walks the canary: each of its passes writes the Sync's rollout line, and
         # the rollout's weights go to the HTTPRoute; both read here every half second
-        lines: list[dict[str, Any]] = []
-        route_weights: list[int] = []
-
-        def promoted() -> dict[str, Any] | None:
-            line = next((r for r in stack.sync().get("status", {}).get("rollouts") or []
-                         if r.get("endpoint") == "digits"), None)
-            if line and (not lines or lines[-1] != line):
-                lines.append(line)
-            route = stack.custom_get("gateway.networking.k8s.io", "v1", "httproutes", "digits")
-            route_weights.append(_split(route).get("digits-canary", 0))
-            if line and line.get("phase") in ("RolledBack", "Failed"):
-                raise AssertionError(f"the rollout ended {line}: {stack.logs()}")
-            return line if line and line.get("phase") == "Promoted" else None
-
-        try:
-            wait_until(promoted, 420, "the controller to promote the canary", interval=0.5)
-        except AssertionError:
-            print(json.dumps(lines, indent=1), stack.logs())
-            raise
+        walk = _Walk(stack)
+        walk.until("Promoted", 420)
         promoted_s = time.monotonic() - t0
     window = time.monotonic() - t0 + 40
     time.sleep(35)  # the last requests' counters are scraped within a scrape interval or two
     print(f"\npush → applied {applied_s:.1f} s, → trained {trained_s:.1f} s, → promoted {promoted_s:.1f} s; "
-          f"rollout lines {json.dumps(lines)}")
+          f"rollout lines {json.dumps(walk.lines)}")
 
     # every step, in order, as the controller's passes reported it and as the gateway was told
-    assert _moves([int(r["weight"]) for r in lines if r.get("phase") == "Progressing"]) == [10, 50, 100], lines
-    assert _moves(route_weights) == [10, 50, 100], route_weights
+    assert _moves([int(r["weight"]) for r in walk.lines if r.get("phase") == "Progressing"]) == [10, 50, 100], walk.lines
+    assert _moves([w for _, w in walk.route]) == [10, 50, 100], walk.route
     status = stack.sync()["status"]
     assert status["lastAppliedRevision"] == revision
     assert next(c for c in status["conditions"] if c["type"] == "Ready")["status"] == "True", status
@@ -518,6 +550,8 @@ def test_a_pushed_learning_rate_change_trains_and_the_controller_alone_promotes_
               and e.source and e.source.component == "forgectl-rollout"]
     reasons = [(e.reason, e.reporting_instance) for e in events]
     assert ("Promoted", holder) in reasons and ("RolloutStep", holder) in reasons, (reasons, holder)
+    # two replicas ran throughout: exactly one acted (the other followed and wrote no Event)
+    assert {instance for _, instance in reasons} == {holder}, (reasons, holder)
     assert _pod_of(holder or "") in {p.metadata.name for p in stack.pods()}, holder
     # the promoted version is the stable, alone, and the gateway sends it everything
     assert [b for b in _split(stack.custom_get("gateway.networking.k8s.io", "v1", "httproutes", "digits"))] == \
@@ -535,6 +569,129 @@ def test_a_pushed_learning_rate_change_trains_and_the_controller_alone_promotes_
     assert sum(n for (role, code), n in served.items() if role == "canary" and code.startswith("2")) > 0, served
     assert not [k for k, n in served.items() if not k[1].startswith("2") and n > 0], served
     assert traffic.codes.count(200) >= 0.99 * len(traffic.codes), {c: traffic.codes.count(c) for c in set(traffic.codes)}
+    _STATE.update(v1=v1, v2=v2, v1_uid=first["metadata"]["uid"])
+
+
+def test_a_pushed_faulty_canary_is_rolled_back_by_the_controller_alone(
+        stack: Stack, shared_node: nodekit.SharedNode) -> None:
+    if "v2" not in _STATE:
+        pytest.fail("the promotion test did not pass")
+    v1, v2 = _STATE["v1"], _STATE["v2"]
+    _, prometheus = shared_node.prometheus()
+    with _Traffic(stack.gateway_url) as traffic:
+        t0 = time.monotonic()
+        # the first version again, its canary failing half its requests (a drill of the Endpoint's)
+        model, endpoint = stack.work / "model.yaml", stack.work / "endpoint.yaml"
+        model.write_text(model.read_text().replace("learningRate: 0.003", "learningRate: 0.002", 1))
+        text = endpoint.read_text()
+        assert "  protocol: v2\n" in text, text
+        endpoint.write_text(text.replace("  protocol: v2\n", "  protocol: v2\n  faultInjection:\n    errorRate: 0.5\n", 1))
+        revision = stack.push("learning rate back, a canary that fails half its requests")
+        stack.wait_applied(revision)
+        walk = _Walk(stack)  # from here on the route is read every half second, through the rollback
+        line = walk.until("RolledBack", 400)
+        rolled_back_s = time.monotonic() - t0
+        # the gateway's split after the rollback: everything to the stable, every answer a 200
+        assert _split(stack.custom_get("gateway.networking.k8s.io", "v1", "httproutes", "digits")).get("digits-canary", 0) == 0
+    assert all(_infer_at(stack.gateway_url) == 200 for _ in range(50))
+    window = time.monotonic() - t0 + 40
+    wf = _finished(stack, v1, timeout=30)
+    assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+    if wf["metadata"]["uid"] != _STATE["v1_uid"]:
+        # pruned after the promotion and applied again: trained before in this namespace, so every
+        # step of the model came from Argo's cache, with no pod
+        nodes = {name: dict(task.node) for name, task in task_nodes(wf).items()}
+        assert all((nodes[s].get("memoizationStatus") or {}).get("hit") for s in ("prepare-data", "train", "evaluate")), nodes
+    # breach → 0 %: from the first moment the route gave the failing canary traffic to the moment it gave it none
+    first = next(t for t, w in walk.route if w > 0)
+    zero = next(t for t, w in walk.route if t > first and w == 0)
+    print(f"\npush → rolled back {rolled_back_s:.1f} s; canary traffic → 0 % {zero - first:.1f} s after it began; "
+          f"rollout lines {json.dumps(walk.lines)}")
+    assert "success-rate" in line.get("reason", "") + line.get("message", ""), line
+    # the policy's first step (10 %) measured the failures (failureLimit 1): never a weight above it
+    assert max(w for _, w in walk.route) == 10, walk.route
+    holder = stack.holder()
+    reasons = [(e.reason, e.reporting_instance) for e in stack.core.list_namespaced_event(APPS_NS).items
+               if e.involved_object.kind == "SeldonDeployment" and e.involved_object.name == "digits"
+               and e.source and e.source.component == "forgectl-rollout"]
+    assert ("RolledBack", holder) in reasons, (reasons, holder)
+    assert {instance for _, instance in reasons} == {holder}, (reasons, holder)  # one replica acted
+
+    def predictors() -> dict[str, Any]:
+        sdep = stack.custom_get("machinelearning.seldon.io", "v1", "seldondeployments", "digits")
+        return {p["name"]: p for p in sdep["spec"]["predictors"]}
+    wait_until(lambda: set(predictors()) == {"stable"}, 60, "the operator to drop the canary", interval=1)
+    assert predictors()["stable"]["labels"][MODEL_VERSION] == v2
+    time.sleep(35)  # the last requests' counters are scraped within a scrape interval or two
+    rows = _query(prometheus, f'sum by (forge_role, code) (increase(forge_requests_total{{forge_endpoint="digits",'
+                              f'forge_namespace="{APPS_NS}"}}[{int(window)}s]))')
+    served = {(r["metric"].get("forge_role", ""), r["metric"].get("code", "")): float(r["value"][1]) for r in rows}
+    # the gateway sent the canary its share, which it half failed; the stable failed none of its own
+    assert sum(n for (role, code), n in served.items() if role == "canary" and not code.startswith("2")) > 0, served
+    assert not [k for k, n in served.items() if k[0] == "stable" and not k[1].startswith("2") and n > 0], served
+    assert traffic.codes.count(200) > 0, traffic.codes
+
+
+def test_a_pushed_spec_with_an_error_is_refused_and_a_fix_is_applied(stack: Stack) -> None:
+    if "v2" not in _STATE:
+        pytest.fail("the promotion test did not pass")
+    status = stack.sync()["status"]
+    applied_revision, before = status["lastAppliedRevision"], stack.applied()
+    model = stack.work / "model.yaml"
+    text = model.read_text()
+    assert "learningRate: 0.002" in text, text
+    model.write_text(text.replace("learningRate: 0.002", "learningRate: fast", 1))
+    bad = stack.push("a typo")
+
+    def refused() -> dict[str, Any] | None:
+        st = stack.sync().get("status", {})
+        ready = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
+        return st if st.get("lastAttemptedRevision") == bad and ready.get("status") == "False" else None
+    status = wait_until(refused, 120, "the controller to refuse the revision with the typo", interval=1)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ValidationFailed", ready
+    line = next(n for n, ln in enumerate(model.read_text().splitlines(), 1) if "learningRate: fast" in ln)
+    assert f"model.yaml:{line}:" in ready["message"] and "learningRate" in ready["message"], ready["message"]
+    assert status["lastAppliedRevision"] == applied_revision  # the running version is untouched
+    assert stack.applied() == before  # nothing written
+    assert all(_infer_at(stack.gateway_url) == 200 for _ in range(20))  # and the stable still answers
+
+    model.write_text(model.read_text().replace("learningRate: fast", "learningRate: 0.002", 1))
+    fixed = stack.push("the fix")
+    wait_until(lambda: (st := stack.sync().get("status", {})).get("lastAppliedRevision") == fixed and next(
+        (c for c in st.get("conditions") or [] if c["type"] == "Ready"), {}).get("status") == "True", 120,
+               "the fixed revision applied and Ready", interval=1)
+
+
+def _process_figures(pod_ip: str) -> tuple[float, float]:
+    """(CPU seconds, resident bytes) of a controller pod's process, from its own /metrics."""
+    status, text = _get(f"http://{pod_ip}:{PORT}/metrics")
+    assert status == 200, text
+    values = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
+              if ln.startswith(("process_cpu_seconds_total ", "process_resident_memory_bytes "))}
+    return values["process_cpu_seconds_total"], values["process_resident_memory_bytes"]
+
+
+def test_the_idle_controller_footprint(stack: Stack) -> None:
+    """Issue 33's figure: each replica's CPU and RSS over 30 s with nothing to do but poll its
+    source every 10 s (the leader) or wait for the Lease (the follower), from the processes' own
+    counters (prometheus_client's process collector)."""
+    if "live" not in _STATE:
+        pytest.fail("the apply test did not pass")
+    holder = stack.holder()
+    pods = {p.metadata.name: p.status.pod_ip for p in stack.pods() if p.metadata.deletion_timestamp is None}
+    first = {name: _process_figures(ip) for name, ip in pods.items()}
+    t0 = time.monotonic()
+    time.sleep(30)
+    last = {name: _process_figures(ip) for name, ip in pods.items()}
+    span = time.monotonic() - t0
+    figures = {("leader" if name == _pod_of(holder or "") else "follower"): {
+        "cpu_millicores": round(1000 * (last[name][0] - first[name][0]) / span, 1),
+        "rss_mib": round(last[name][1] / 2**20, 1)} for name in pods}
+    print("\ncontroller idle:", json.dumps(figures))
+    assert set(figures) == {"leader", "follower"}, figures
+    # the install's Deployment asks 50m and 128Mi (limit 1Gi): idle, it stays near what it asks
+    assert all(f["cpu_millicores"] < 100 and f["rss_mib"] < 400 for f in figures.values()), figures
 
 
 def test_uninstall_removes_the_controller_and_keeps_what_it_applied(stack: Stack) -> None:
