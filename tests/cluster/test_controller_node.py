@@ -1,5 +1,5 @@
-"""Forge's controller running in the cluster, as pods (issue 33, steps 1, 2, 3, 4, 6 and 7 of its
-end-to-end test, and an idle failover): the controller image built here (devkit.node.controller_image), imported into the node's
+"""Forge's controller running in the cluster, as pods (issue 33, steps 1–7 of its end-to-end test,
+and an idle failover): the controller image built here (devkit.node.controller_image), imported into the node's
 containerd under the name `forgectl install` renders, and installed through the CLI with the node
 cluster's admin kubeconfig, as a platform engineer would.
 
@@ -22,7 +22,9 @@ cluster's admin kubeconfig, as a platform engineer would.
    routes by the Gateway API, as test_runtime_node's does). A `learningRate` change is pushed → the
    controller fetches and applies it (the Sync's lastAppliedRevision), Argo trains the new version
    with prepare-data a memoization hit, and the controller alone walks the canary 10 → 50 → 100 %
-   and promotes it on Prometheus's figures, which it reads at the Environment's own in-cluster name
+   and promotes it — its leader's pod deleted while the canary is at 50 %, so another replica takes
+   the Lease and goes on from that step, each step entered once (issue 33's step 5) — on
+   Prometheus's figures, which it reads at the Environment's own in-cluster name
    (`prometheus-operated.monitoring.svc`, the operator's headless Service, through the cluster's
    CoreDNS; the policy holds when Prometheus does not answer). Read from the cluster: the Sync's
    rollout line at each pass, the HTTPRoute's weights, the SeldonDeployment's predictors, the
@@ -352,9 +354,13 @@ def test_the_other_replica_takes_over_when_the_leader_pod_is_deleted(stack: Stac
     # the deleted pod gave the Lease back, so whichever replica asks first takes it: the one that
     # followed, or the Deployment's replacement pod if it starts before the follower's next retry
     assert _pod_of(new) != leader and _pod_of(new) in {p.metadata.name for p in stack.pods()}, (new, leader)
-    # the new leader syncs at once, resuming from the Sync's status: the revision is not applied again
-    status = wait_until(lambda: (st := stack.sync().get("status", {})).get("leader") == new and st, 60,
-                        "the Sync naming the new leader", interval=1)
+    # the new leader syncs at once, resuming from the Sync's status (Ready=Unknown, Reconciling,
+    # while it does): once it is done, the revision was not applied again
+    def synced_by_the_new_leader() -> dict[str, Any] | None:
+        st: dict[str, Any] = stack.sync().get("status", {})
+        ready = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
+        return st if st.get("leader") == new and ready.get("status") in ("True", "False") else None
+    status = wait_until(synced_by_the_new_leader, 60, "the new leader's sync to end", interval=1)
     assert status["lastAppliedRevision"] == _STATE["revision"]
     assert next(c for c in status["conditions"] if c["type"] == "Ready")["status"] == "True", status
     assert stack.live_versions() == _STATE["live"]
@@ -425,6 +431,13 @@ def _split(route: dict[str, Any]) -> dict[str, int]:
             for b in r["backendRefs"]}
 
 
+def _rollout_events(stack: Stack) -> list[tuple[str, str, str]]:
+    """The rollout's Events on the `digits` SeldonDeployment: (reason, reporting instance, message)."""
+    return [(e.reason, e.reporting_instance, e.message) for e in stack.core.list_namespaced_event(APPS_NS).items
+            if e.involved_object.kind == "SeldonDeployment" and e.involved_object.name == "digits"
+            and e.source and e.source.component == "forgectl-rollout"]
+
+
 def _moves(seen: list[int]) -> list[int]:
     """The non-zero values of ``seen`` with repeats folded: the steps a weight went through."""
     out: list[int] = []
@@ -456,18 +469,20 @@ class _Walk:
         self.route.append((time.monotonic(), _split(route).get("digits-canary", 0)))
         return line
 
-    def until(self, phase: str, timeout: float) -> dict[str, Any]:
-        """Read until the rollout line reaches ``phase``; an assertion (with the controller's log)
-        when it ends in another terminal phase or not in ``timeout`` seconds."""
+    def until(self, phase: str, timeout: float, step: int | None = None) -> dict[str, Any]:
+        """Read until the rollout line reaches ``phase`` (at ``step``, 0-based, when given); an
+        assertion (with the controller's log) when it ends in another terminal phase or not in
+        ``timeout`` seconds."""
         def reached() -> dict[str, Any] | None:
             line = self.read()
             if line == self.before:
                 return None
             if line and line.get("phase") in {"Promoted", "RolledBack", "Failed"} - {phase}:
                 raise AssertionError(f"the rollout ended {line}")
-            return line if line and line.get("phase") == phase else None
+            return line if line and line.get("phase") == phase and step in (None, line.get("step")) else None
         try:
-            found: dict[str, Any] = wait_until(reached, timeout, f"the controller's rollout to reach {phase}", interval=0.5)
+            found: dict[str, Any] = wait_until(reached, timeout, f"the controller's rollout to reach {phase}"
+                                               + (f" at step {step + 1}" if step is not None else ""), interval=0.5)
         except AssertionError:
             print(json.dumps(self.lines, indent=1), self.stack.logs())
             raise
@@ -530,11 +545,19 @@ def test_a_pushed_learning_rate_change_trains_and_the_controller_alone_promotes_
         # the controller walks the canary: each of its passes writes the Sync's rollout line, and
         # the rollout's weights go to the HTTPRoute; both read here every half second
         walk = _Walk(stack)
+        walk.until("Progressing", 420, step=1)
+        # step 5 of the issue: the leader's pod deleted while the canary is at 50 %: another
+        # replica takes the Lease and goes on from the same step, no step taken twice
+        deposed = stack.holder()
+        assert deposed is not None
+        stack.core.delete_namespaced_pod(_pod_of(deposed), CONTROLLER_NS)
+        took_over = wait_until(lambda: (h := stack.holder()) not in (None, deposed) and h, 60, "another holder", interval=0.2)
         walk.until("Promoted", 420)
         promoted_s = time.monotonic() - t0
     window = time.monotonic() - t0 + 40
     time.sleep(35)  # the last requests' counters are scraped within a scrape interval or two
-    print(f"\npush → applied {applied_s:.1f} s, → trained {trained_s:.1f} s, → promoted {promoted_s:.1f} s; "
+    print(f"\npush → applied {applied_s:.1f} s, → trained {trained_s:.1f} s, → promoted {promoted_s:.1f} s "
+          f"(the leader's pod deleted at 50 %: {deposed} → {took_over}); "
           f"rollout lines {json.dumps(walk.lines)}")
 
     # every step, in order, as the controller's passes reported it and as the gateway was told
@@ -543,15 +566,17 @@ def test_a_pushed_learning_rate_change_trains_and_the_controller_alone_promotes_
     status = stack.sync()["status"]
     assert status["lastAppliedRevision"] == revision
     assert next(c for c in status["conditions"] if c["type"] == "Ready")["status"] == "True", status
-    # the Events are the controller's: their reporting instance is the Lease holder, one of its pods
+    # the Events are the controller's: their reporting instance is a Lease holder, one of its pods:
+    # the deposed one up to step 2, the one that took over from there (the other replicas followed
+    # and wrote none); each step entered once, across the hand-over
     holder = stack.holder()
-    events = [e for e in stack.core.list_namespaced_event(APPS_NS).items
-              if e.involved_object.kind == "SeldonDeployment" and e.involved_object.name == "digits"
-              and e.source and e.source.component == "forgectl-rollout"]
-    reasons = [(e.reason, e.reporting_instance) for e in events]
-    assert ("Promoted", holder) in reasons and ("RolloutStep", holder) in reasons, (reasons, holder)
-    # two replicas ran throughout: exactly one acted (the other followed and wrote no Event)
-    assert {instance for _, instance in reasons} == {holder}, (reasons, holder)
+    assert holder == took_over, (holder, took_over)
+    events = _rollout_events(stack)
+    reasons = [(reason, instance) for reason, instance, _ in events]
+    assert ("RolloutStep", deposed) in reasons and ("Promoted", took_over) in reasons, (reasons, deposed, took_over)
+    assert {instance for _, instance in reasons} == {deposed, took_over}, (reasons, deposed, took_over)
+    for n in (1, 2, 3):
+        assert len([m for reason, _, m in events if reason == "RolloutStep" and f"step {n}/3:" in m]) == 1, events
     assert _pod_of(holder or "") in {p.metadata.name for p in stack.pods()}, holder
     # the promoted version is the stable, alone, and the gateway sends it everything
     assert [b for b in _split(stack.custom_get("gateway.networking.k8s.io", "v1", "httproutes", "digits"))] == \
@@ -611,9 +636,8 @@ def test_a_pushed_faulty_canary_is_rolled_back_by_the_controller_alone(
     # the policy's first step (10 %) measured the failures (failureLimit 1): never a weight above it
     assert max(w for _, w in walk.route) == 10, walk.route
     holder = stack.holder()
-    reasons = [(e.reason, e.reporting_instance) for e in stack.core.list_namespaced_event(APPS_NS).items
-               if e.involved_object.kind == "SeldonDeployment" and e.involved_object.name == "digits"
-               and e.source and e.source.component == "forgectl-rollout"]
+    # this rollout's Events (its canary is the first version): the holder's alone
+    reasons = [(reason, instance) for reason, instance, message in _rollout_events(stack) if f"canary {v1[:12]}" in message]
     assert ("RolledBack", holder) in reasons, (reasons, holder)
     assert {instance for _, instance in reasons} == {holder}, (reasons, holder)  # one replica acted
 
