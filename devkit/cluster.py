@@ -10,7 +10,6 @@ import hashlib
 import inspect
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -77,31 +76,6 @@ def snapshot_dir() -> Path:
 def default_state_dir() -> Path:
     return Path(os.environ.get("FORGE_DEV_CLUSTER_DIR") or f"/tmp/forge-dev-cluster-{os.getuid()}")
 
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def stable_port() -> int:
-    """A free loopback port below the kernel's ephemeral range, for a server stopped and started
-    again on the same port (etcd in the fault drills): a port from the ephemeral range can be taken
-    in between as the source port of any outgoing connection on the machine — CI saw etcd's
-    restart fail with "address already in use" that way."""
-    low = _ephemeral_low()
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    return free_port()
 
 @dataclass
 class Cluster:
@@ -192,10 +166,9 @@ class Cluster:
         openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
         openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
-        # etcd's ports below the ephemeral range: the fault drills restart it on the same ones
-        etcd_port, etcd_peer, api_port = stable_port(), stable_port(), free_port()
+        etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
         while len({etcd_port, etcd_peer, api_port}) < 3:
-            etcd_peer = stable_port()
+            etcd_peer, api_port = free_port(), free_port()
         server = f"https://127.0.0.1:{api_port}"
         cluster = cls(state_dir=str(sd), server=server, kubeconfig=str(sd / "kubeconfig"),
                       etcd_url=f"http://127.0.0.1:{etcd_port}", etcd_peer_port=etcd_peer,
@@ -278,7 +251,8 @@ class Cluster:
     def _wait_bindable(ports: list[int], timeout: float = 30.0) -> None:
         """Wait until each port can be bound as etcd binds it (SO_REUSEADDR, as Go's net.Listen).
         CI once saw a restarted etcd refused its peer port ("address already in use") right after
-        the killed one was reaped; the error names who holds a port still taken."""
+        the killed one was reaped, cause not found (ports taken below the ephemeral range did no
+        better); the error names who holds a port still taken."""
         deadline = time.monotonic() + timeout
         for port in ports:
             while True:

@@ -163,11 +163,10 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
             if on_line is not None:
                 on_line(line)
 
-    def timed_out(states: Mapping[str, RolloutState]) -> bool:
+    def check_timeout(states: Mapping[str, RolloutState]) -> None:
         if options.timeout and clock() - began > options.timeout:
             raise ForgeError(f"rollouts still in progress after {options.timeout:.0f} s: "
                              + ", ".join(f"{n} {st.phase.value}" for n, st in states.items()))
-        return False
 
     def one_pass() -> tuple[dict[str, RolloutState], dict[str, str]]:
         """One pass: reconciled while this watch leads (or without a lock), else only observed."""
@@ -208,7 +207,7 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
                     raise
                 say("", f"{leadership.holder if leadership else 'reconcile'}: the cluster did not answer, "
                         f"nothing moved — {exc}")
-                timed_out(states)
+                check_timeout(states)
                 sleep(options.interval)
                 continue
             if leadership is not None and leadership.waiting is not None:
@@ -220,7 +219,7 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
             count += 1
             if not options.watch or (options.passes and count >= options.passes) or (options.until_settled and settled(states)):
                 return EXIT_ROLLED_BACK if options.until_settled and failed(states) else EXIT_OK
-            timed_out(states)
+            check_timeout(states)
             sleep(options.interval)
     finally:
         if leadership is not None:
