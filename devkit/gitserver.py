@@ -1,10 +1,13 @@
 """A git server for the controller's tests and benchmark: a bare repository served by Debian's
 `git daemon` on 127.0.0.1 (git://), and a work tree the caller commits the specs in and pushes to
 it (file://); or the same repository over smart HTTP by git's own `git http-backend`, behind Basic
-authentication (:func:`serve_http`)."""
+authentication (:func:`serve_http`); or over ssh by Debian's OpenSSH server, accepting one public
+key (:func:`serve_ssh`)."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -81,17 +84,24 @@ def _serve(base: Path, port: int) -> subprocess.Popen[bytes]:
     process = subprocess.Popen([GIT_DAEMON, "--reuseaddr", "--export-all", f"--base-path={base}",
                                 "--listen=127.0.0.1", f"--port={port}", str(base)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_listening(process, port, "git daemon")
+    return process
 
+
+def _wait_listening(process: subprocess.Popen[bytes], port: int, what: str, log: Path | None = None) -> None:
+    """Return once something listens on 127.0.0.1:``port``; kill ``process`` and raise (with the
+    end of its ``log``) when it exits or 10 s pass first."""
     deadline = time.monotonic() + 10
     while True:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
+                return
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            raise RuntimeError(f"git daemon did not listen on 127.0.0.1:{port} within 10 s")
+            process.wait(10)
+            said = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
+            raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within 10 s{': ' + said if said else ''}")
         time.sleep(0.05)
-    return process
 
 
 GIT_HTTP_BACKEND = "/usr/lib/git-core/git-http-backend"
@@ -165,3 +175,80 @@ def serve_http(base: Path, username: str, password: str) -> HttpGitServer:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     return HttpGitServer(f"http://127.0.0.1:{server.server_address[1]}", server, thread)
+
+
+@dataclass
+class SshGitServer:
+    """Debian's OpenSSH server on 127.0.0.1:``port`` accepting one public key for ``user``, whose
+    git runs the repositories under ``base``: ``url(name)`` is the ssh:// URL of one, and
+    ``known_hosts`` the line a client must trust (the server's own host key)."""
+
+    port: int
+    user: str
+    base: Path
+    known_hosts: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def url(self, name: str) -> str:
+        return f"ssh://{self.user}@127.0.0.1:{self.port}{self.base / name}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def ssh_keypair(folder: Path, name: str) -> tuple[str, str]:
+    """(private key, public key line) of a new ed25519 pair made by ssh-keygen in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(path)], check=True)
+    return path.read_text(), (folder / f"{name}.pub").read_text().strip()
+
+
+def serve_ssh(base: Path, authorized_key: str, state: Path) -> SshGitServer:
+    """:class:`SshGitServer` for the repositories under ``base``, logging in whoever holds the
+    private half of ``authorized_key`` (public keys only: no password, no forwarding, no tty).
+
+    sshd comes from Debian's ``openssh-server`` package, extracted and cached
+    (:func:`devkit.node.images.debian_package`), never installed: an installed package would start a
+    system sshd on every address. Run by root, sshd needs its privilege-separation user and
+    ``/run/sshd``; both are given to it in a mount namespace of its own (a ``passwd`` with that user
+    bound over ``/etc/passwd``, a tmpfs on ``/run``), so the host is not changed. Run by another
+    user, sshd logs in that user only and needs neither."""
+    from devkit.node.images import debian_package
+
+    server, _ = debian_package("openssh-server")
+    libwrap, _ = debian_package("libwrap0")  # sshd links libwrap.so.0, which is not on every host
+    state.mkdir(parents=True, exist_ok=True)
+    host_key = state / "host_key"
+    if not host_key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "forge-test-sshd", "-f", str(host_key)],
+                       check=True)
+    (state / "authorized_keys").write_text(authorized_key.strip() + "\n")
+    port = free_port()
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    (state / "sshd_config").write_text("\n".join([
+        "ListenAddress 127.0.0.1", f"Port {port}", f"HostKey {host_key}",
+        f"AuthorizedKeysFile {state / 'authorized_keys'}", f"PidFile {state / 'sshd.pid'}",
+        "StrictModes no",  # the state folder is a test's temporary folder
+        "UsePAM no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password", f"AllowUsers {user}", "DisableForwarding yes", "PermitTTY no",
+        "PermitUserEnvironment no", "LogLevel VERBOSE", ""]))
+    sshd = [str(server / "usr" / "sbin" / "sshd"), "-D", "-e", "-f", str(state / "sshd_config")]
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(libwrap / "usr" / "lib" / "x86_64-linux-gnu")}
+    if os.geteuid() == 0:
+        passwd = Path("/etc/passwd").read_text()
+        if not any(line.startswith("sshd:") for line in passwd.splitlines()):
+            passwd += "sshd:x:65534:65534:sshd privilege separation:/run/sshd:/usr/sbin/nologin\n"
+        (state / "passwd").write_text(passwd)
+        # unshare and sh exec: the PID started is sshd's own.
+        inner = (f"mount --bind {state / 'passwd'} /etc/passwd && mount -t tmpfs -o mode=0755 forge-sshd /run && "
+                 "mkdir -m 0755 /run/sshd && exec \"$@\"")
+        sshd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner, "sshd", *sshd]
+    log = state / "sshd.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(sshd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+    _wait_listening(process, port, "sshd", log)
+    key_type, key = (state / "host_key.pub").read_text().split()[:2]
+    return SshGitServer(port, user, base, f"[127.0.0.1]:{port} {key_type} {key}", process, log)

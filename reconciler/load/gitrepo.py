@@ -144,8 +144,15 @@ _LAUNCH = ("/bin/sh", "-c", f'ulimit -d {GIT_MEMORY // 1024} && exec git --no-pa
 
 def _first_line(stderr: bytes) -> str:
     lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
-    fatal = [line for line in lines if line.startswith(("fatal:", "error:"))]
-    return printable((fatal or lines or ["no message"])[0])[:500]
+    at = next((i for i, line in enumerate(lines) if line.startswith(("fatal:", "error:"))), None)
+    if at is None:
+        return printable((lines or ["no message"])[0])[:500]
+    said = lines[at]
+    if at > 0 and said.startswith("fatal: Could not read from remote repository"):
+        # git's line hides why; the transport's own line before it says it (ssh: a refused key,
+        # an unknown or changed host key). Neither ever holds a key.
+        said = f"{said} ({lines[at - 1]})"
+    return printable(said)[:500]
 
 
 def _git(args: Sequence[str], *, cwd: Path, config: Sequence[tuple[str, str]], what: str,
