@@ -3,12 +3,15 @@
 # H200: about 7 minutes), into ONE JSON file, $OUT/gpu-results.json, with the whole log in
 # $OUT/device-run.log.
 #
-#   bench/device-run.sh [--smoke] [--device cuda|cpu] [--budget-s 500] [--only ladder]
+#   bench/device-run.sh [--smoke] [--device cuda|cpu] [--budget-s 500] [--only ladder|checkpointing]
 #
 # --only ladder: a SHORT second run (budget 240 s unless --budget-s says otherwise): only the
 # training ladder — fp32 eager, bf16 + fused attention, bf16 + fused + compile, the compiled rung at
 # twice the batch and with `deterministic: true` (the last ones skipped when the budget runs
 # short) — into $OUT/gpu-results-2.json, the log in $OUT/device-run-2.log.
+# --only checkpointing: only the gradient-checkpointing part (4 → 64 layers; `false`, `true` and
+# `sqrt`; budget 420 s unless --budget-s says otherwise) into $OUT/gpu-results-ckpt.json, the log
+# in $OUT/device-run-ckpt.log.
 #
 # Parts, each failing soft (its error goes into the JSON and the next part runs):
 #   1. bench/train_gpu.py  — the product's train step (python -m runtimes train, configs rendered by
@@ -49,7 +52,8 @@ done
 case "$ONLY" in
   "") RESULT=gpu-results.json; LOG=device-run.log; BUDGET="${BUDGET:-500}" ;;
   ladder) RESULT=gpu-results-2.json; LOG=device-run-2.log; BUDGET="${BUDGET:-240}" ;;
-  *) echo "device-run: --only takes ladder, not '$ONLY'" >&2; exit 2 ;;
+  checkpointing) RESULT=gpu-results-ckpt.json; LOG=device-run-ckpt.log; BUDGET="${BUDGET:-420}" ;;
+  *) echo "device-run: --only takes ladder or checkpointing, not '$ONLY'" >&2; exit 2 ;;
 esac
 LADDER_RUNGS=fp32_eager,bf16_fused_attention,bf16_fused_compile,bf16_fused_compile_batch2x,bf16_fused_compile_deterministic
 mkdir -p "$OUT"
@@ -103,6 +107,10 @@ PARTS=2
 if [[ $ONLY == ladder ]]; then
   TRAIN_ARGS+=(--parts ladder --rungs "$LADDER_RUNGS")
   RESERVE=5   # the summary below
+  PARTS=1
+elif [[ $ONLY == checkpointing ]]; then
+  TRAIN_ARGS+=(--parts checkpointing)
+  RESERVE=5
   PARTS=1
 fi
 
