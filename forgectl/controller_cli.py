@@ -57,7 +57,11 @@ def install(
         from reconciler.controller.config import load_config
 
         # a bad file: its file:line errors, nothing installed; its secretRefs: the Secrets the Role may get
-        secrets = load_config(config).secret_refs()
+        loaded = load_config(config)
+        secrets = loaded.secret_refs()
+        if loaded.webhook is not None and loaded.webhook.secret_file is not None:
+            raise ForgeError(f"{config}: webhook.secretFile names a file the controller's pods do not have; "
+                             "installed, the webhook takes its secret from a Secret: webhook.secretRef")
         text = Path(config).read_text()
     options = InstallOptions(namespace, image, replicas, tuple(manage or ()), monitoring, secrets)
     objects = install_objects(options, text)

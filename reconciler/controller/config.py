@@ -3,9 +3,10 @@ sources it pulls, into which environment each is applied, and how it serves its 
 push webhook. Read once at start; a bad file is one :class:`~reconciler.diagnostics.SpecError` with
 file:line per problem, and the controller does not start.
 
-Credentials never come from here nor from a spec: the webhook's secret is a file the Deployment
-mounts from a Kubernetes Secret (``webhook.secretFile``), and the API server's from the kubeconfig
-or, in a pod, the ServiceAccount.
+Credentials never come from here nor from a spec: the webhook's secret is read from a Kubernetes
+Secret in the controller's namespace (``webhook.secretRef``, key ``secret``) or from a file
+(``webhook.secretFile``, a controller run on a host), the git credentials from the Secrets the
+sources name, and the API server's from the kubeconfig or, in a pod, the ServiceAccount.
 """
 
 from __future__ import annotations
@@ -70,9 +71,20 @@ class Http(_Model):
 
 
 class Webhook(_Model):
-    """The push webhook: a body signed with HMAC-SHA256 of this secret (GitHub's X-Hub-Signature-256)."""
+    """The push webhook: a body signed with HMAC-SHA256 of this secret (GitHub's X-Hub-Signature-256).
+    The secret is in a Secret of the controller's namespace (``secretRef``, its key ``secret``: what
+    `forgectl install` grants the controller to read) or in a file (``secretFile``): one of the two."""
 
-    secret_file: str = Field(max_length=4096, description="File holding the secret (a mounted Secret's key).")
+    secret_ref: str | None = Field(default=None, pattern=_NAME, description=(
+        "A Secret in the controller's namespace whose key `secret` is the webhook's secret."))
+    secret_file: str | None = Field(default=None, max_length=4096, description="File holding the secret.")
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> Webhook:
+        if (self.secret_ref is None) == (self.secret_file is None):
+            raise ValueError("a webhook takes its secret from one of secretRef (a Secret in the controller's "
+                             "namespace, key `secret`) or secretFile")
+        return self
 
 
 class Election(_Model):
@@ -117,9 +129,12 @@ class ControllerConfig(_Model):
         return self
 
     def secret_refs(self) -> tuple[str, ...]:
-        """The Secrets the sources' ``secretRef``s name (in the controller's namespace): the only
-        ones its Role may read."""
-        return tuple(sorted({s.secret_ref for s in self.sources if s.secret_ref}))
+        """The Secrets the sources' and the webhook's ``secretRef``s name (in the controller's
+        namespace): the only ones its Role may read."""
+        names = {s.secret_ref for s in self.sources if s.secret_ref}
+        if self.webhook is not None and self.webhook.secret_ref:
+            names.add(self.webhook.secret_ref)
+        return tuple(sorted(names))
 
 
 def load_config(path: str | Path) -> ControllerConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from reconciler.diagnostics import ForgeError
@@ -38,6 +39,47 @@ def credentials_of(secret: Mapping[str, Any], where: str) -> GitCredentials:
     if not values:
         raise ForgeError(f"Secret {where} holds none of the keys {', '.join(KEYS)}")
     return GitCredentials(**values)
+
+
+#: The key of the webhook's Secret (`webhook.secretRef`) that holds its secret.
+WEBHOOK_KEY = "secret"
+
+
+def read_webhook_secret(api: ControllerAPI | None, namespace: str, name: str) -> bytes:
+    """The webhook's secret: key ``secret`` of Secret ``namespace``/``name`` (1 to 4096 bytes);
+    :class:`ForgeError` naming the Secret and the key, never a value."""
+    if api is None:
+        raise ForgeError(f"Secret {namespace}/{name}: a webhook secret from a Secret needs a cluster")
+    secret = api.get_object(SECRET, namespace, name)
+    if secret is None:
+        raise ForgeError(f"Secret {namespace}/{name} (the webhook's secretRef) does not exist")
+    encoded = (secret.get("data") or {}).get(WEBHOOK_KEY)
+    if encoded is None:
+        raise ForgeError(f"Secret {namespace}/{name} has no key {WEBHOOK_KEY!r} (the webhook's secret)")
+    try:
+        value = base64.b64decode(encoded, validate=True).strip()
+    except (binascii.Error, ValueError):
+        raise ForgeError(f"Secret {namespace}/{name}: key {WEBHOOK_KEY!r} is not base64") from None
+    if not value or len(value) > 4096:
+        raise ForgeError(f"Secret {namespace}/{name}: key {WEBHOOK_KEY!r} must hold 1 to 4096 bytes")
+    return value
+
+
+@dataclass
+class WebhookSecret:
+    """The webhook's secret as last read (the HTTP thread reads it, the controller's loop refreshes
+    it from the Secret every :data:`WEBHOOK_REFRESH` seconds, as the kubelet refreshes a mounted one):
+    a Secret made or rotated after the start is taken without a restart; while there is none,
+    ``problem`` says why and the webhook answers 503."""
+
+    value: bytes | None = None
+    problem: str = "the webhook's secret has not been read yet"
+    #: ``time.monotonic()`` of the next read from the Secret.
+    next_read: float = 0.0
+
+
+#: Seconds between two reads of the webhook's Secret (the kubelet's sync period is a minute).
+WEBHOOK_REFRESH = 30.0
 
 
 def read_credentials(api: ControllerAPI | None, namespace: str, name: str) -> GitCredentials:

@@ -42,7 +42,7 @@ class InstallOptions:
     manage: tuple[str, ...] = field(default_factory=tuple)
     #: The Prometheus Operator's PodMonitor and PrometheusRule for the controller (its CRDs needed).
     monitoring: bool = True
-    #: Secrets (in its namespace) the sources' `secretRef`s name: the controller may get those alone.
+    #: Secrets (in its namespace) the sources' and the webhook's `secretRef`s name: the controller may get those alone.
     secrets: tuple[str, ...] = field(default_factory=tuple)
 
 

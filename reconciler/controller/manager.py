@@ -4,6 +4,11 @@ jitter) or when the push webhook says so, applies a new revision (:mod:`.sync`),
 rollout and experiment with the existing controllers (:func:`reconciler.controller.watch.reconcile_pass`)
 and writes what it did to the source's Sync object and, for a failed sync, an Event on it.
 
+A push webhook reaches whichever replica the Service picks. The leader syncs at once; a follower
+passes the push on through the cluster, as Flux's receiver does: it sets the Sync's
+`forge.dev/requested-at` annotation, which the leader reads at each tick (every retry period), and a
+new value is a sync at once. A person can ask the same with `kubectl annotate`.
+
 Leader election **is** the environment Lease (`forgectl-<environment>` in the environment's
 namespace, the one `forgectl apply` takes): a replica acts for an environment only while it holds
 that Lease, held with client-go's timings (15 s duration, 10 s renew deadline, 2 s retry), so two
@@ -31,10 +36,19 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.controller.config import ControllerConfig, Source
-from reconciler.controller.credentials import read_credentials
+from reconciler.controller.credentials import WEBHOOK_REFRESH, WebhookSecret, read_credentials, read_webhook_secret
 from reconciler.controller.metrics import ControllerMetrics
 from reconciler.controller.sync import Loaded, Outcome, apply_revision, diagnostics_message, inside, load_revision
-from reconciler.controller.syncstatus import MANAGER, RolloutLine, SyncReport, status_object, sync_object
+from reconciler.controller.syncstatus import (
+    MANAGER,
+    WEBHOOK_MANAGER,
+    RolloutLine,
+    SyncReport,
+    request_object,
+    requested_at,
+    status_object,
+    sync_object,
+)
 from reconciler.controller.watch import Controllers, controllers_for, prometheus_for, reconcile_pass
 from reconciler.diagnostics import ForgeError, SpecError
 from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TargetError
@@ -98,6 +112,10 @@ class Worker:
     next_sync: float = 0.0
     next_walk: float = 0.0
     triggered: bool = False
+    #: A push this replica was told of (its time), to be acted on, or passed on while following.
+    pushed: str | None = None
+    #: The Sync's `forge.dev/requested-at` last acted on (or found on taking the Lease).
+    handled_request: str | None = None
     #: The revision last applied (read back from the Sync status on taking the Lease).
     applied: str | None = None
     #: The revision last attempted, and what its sync said (repeated failures are reported once).
@@ -150,15 +168,50 @@ class Worker:
                 "environment": self.source.environment, "namespace": self.source.namespace,
                 "interval": self.source.interval, "selfHeal": self.source.self_heal}
         stored = api.apply_object(SYNC, sync_object(self.source.name, self.config.namespace, spec), manager=MANAGER)
+        self.handled_request = requested_at(stored)  # a new leader syncs at once anyway
         applied = (stored.get("status") or {}).get("lastAppliedRevision")
         return str(applied) if applied else None
+
+    def _pass_push_on(self) -> None:
+        """A follower told of a push: ask the leader through the Sync's annotation (once; a Sync
+        not made yet has no leader to ask, and the first leader syncs at once anyway)."""
+        stamp, self.pushed = self.pushed, None
+        api = self.target.controller_api()
+        if stamp is None or api is None:
+            return
+        try:
+            api.apply_object(SYNC, request_object(self.source.name, self.config.namespace, stamp), manager=WEBHOOK_MANAGER)
+            log.info("%s: a push, passed on to the leader (Sync annotation %s)", self.source.name, stamp)
+        except TargetError as exc:
+            log.warning("%s: a push could not be passed on to the leader: %s", self.source.name, exc)
+            self.metrics.errors.labels(self.source.name, type(exc).__name__).inc()
+
+    def _requested(self) -> bool:
+        """Whether the Sync asks for a sync now (a new `forge.dev/requested-at`)."""
+        api = self.target.controller_api()
+        if api is None:
+            return False
+        try:
+            stamp = requested_at(api.get_object(SYNC, self.config.namespace, self.source.name))
+        except TargetError:
+            return False  # the API server did not answer: the interval still syncs
+        if stamp is None or stamp == self.handled_request:
+            return False
+        self.handled_request = stamp
+        log.info("%s: a sync requested (Sync annotation %s)", self.source.name, stamp)
+        return True
 
     # -- one tick ----------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """Act when leading: sync when due (or triggered), walk the rollouts when due."""
         if not self.leading():
+            self._pass_push_on()
             return
+        if self.pushed is not None:
+            self.pushed, self.triggered = None, True
         try:
+            if self._requested():
+                self.triggered = True
             if self.triggered or now >= self.next_sync:
                 self.triggered = False
                 interval = self.source.interval_seconds
@@ -308,8 +361,9 @@ class Manager:
     """Every source's worker, ticked by one loop (one sync at a time), woken early by the webhook."""
 
     def __init__(self, config: ControllerConfig, *, metrics: ControllerMetrics | None = None,
-                 open_target_for: Callable[[Source], Target] | None = None) -> None:
+                 open_target_for: Callable[[Source], Target] | None = None, webhook: WebhookSecret | None = None) -> None:
         self.config = config
+        self.webhook = webhook
         self.identity = config.identity or default_identity()
         self.metrics = metrics or ControllerMetrics()
         timing = lease_timing(config)
@@ -326,10 +380,12 @@ class Manager:
         self.ticks = 0
 
     def trigger(self, branch: str | None = None) -> list[str]:
-        """A push: sync the sources on ``branch`` (every source when None) at once; their names."""
+        """A push: sync the sources on ``branch`` (every source when None) at once — here when this
+        replica leads, else through the leader (:meth:`Worker._pass_push_on`); their names."""
         hit = [w for w in self.workers if branch is None or w.source.branch == branch]
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         for worker in hit:
-            worker.triggered = True
+            worker.pushed = stamp
         self.wake.set()
         return [w.source.name for w in hit]
 
@@ -341,6 +397,7 @@ class Manager:
         """Tick every retry period (or at once when woken) until :meth:`stop`; then give the Leases back."""
         try:
             while not self.stopping.is_set():
+                self._read_webhook_secret()
                 for worker in self.workers:
                     if self.stopping.is_set():
                         break
@@ -359,6 +416,31 @@ class Manager:
         finally:
             for worker in self.workers:
                 worker.release()
+
+    def _read_webhook_secret(self) -> None:
+        """Read the webhook's Secret (``webhook.secretRef``) when due: every :data:`WEBHOOK_REFRESH`
+        seconds, every retry period while there is none. An API server that does not answer keeps
+        the secret read before; a Secret deleted or emptied takes it away."""
+        held = self.webhook
+        ref = self.config.webhook.secret_ref if self.config.webhook is not None else None
+        now = time.monotonic()
+        if held is None or ref is None or now < held.next_read:
+            return
+        try:
+            value = read_webhook_secret(self.workers[0].target.controller_api(), self.config.namespace, ref)
+        except TargetError as exc:
+            held.next_read = now + self.retry
+            log.warning("the webhook's Secret: %s", exc)
+            return
+        except ForgeError as exc:
+            held.next_read = now + self.retry
+            if held.value is not None or held.problem != str(exc):
+                log.warning("the webhook answers 503: %s", exc)
+            held.value, held.problem = None, str(exc)
+            return
+        if held.value != value:
+            log.info("the webhook's secret read from Secret %s/%s", self.config.namespace, ref)
+        held.value, held.next_read = value, now + WEBHOOK_REFRESH
 
     def stop(self) -> None:
         self.stopping.set()

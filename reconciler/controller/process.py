@@ -11,7 +11,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from reconciler.controller.config import ControllerConfig, load_config
+from reconciler.controller.config import load_config
+from reconciler.controller.credentials import WebhookSecret
 from reconciler.controller.manager import Manager
 from reconciler.controller.server import serve
 from reconciler.diagnostics import ForgeError
@@ -19,11 +20,9 @@ from reconciler.diagnostics import ForgeError
 log = logging.getLogger("forge.controller")
 
 
-def webhook_secret(config: ControllerConfig) -> bytes | None:
-    """The webhook's secret from the file the configuration names (a mounted Secret), or None."""
-    if config.webhook is None:
-        return None
-    path = Path(config.webhook.secret_file)
+def file_secret(path: Path) -> bytes:
+    """The webhook's secret from a file (``webhook.secretFile``, a controller run on a host): read
+    once, at start."""
     try:
         secret = path.read_bytes()[:4097].strip()
     except OSError as exc:
@@ -37,15 +36,19 @@ def run_controller(config_path: str, *, on_listening: Callable[[str], None] | No
     """Run the controller the file at ``config_path`` configures until SIGTERM/SIGINT; 0 then.
     ``on_listening`` gets the HTTP address once it is served."""
     config = load_config(config_path)
-    secret = webhook_secret(config)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    manager = Manager(config)
+    webhook = None
+    if config.webhook is not None:
+        webhook = WebhookSecret()
+        if config.webhook.secret_file is not None:
+            webhook.value = file_secret(Path(config.webhook.secret_file))
+    manager = Manager(config, webhook=webhook)
     loop = threading.Thread(target=manager.run, name="forge-controller", daemon=True)
-    server = serve(manager, loop.is_alive, secret, config.http.address, config.http.port)
+    server = serve(manager, loop.is_alive, webhook, config.http.address, config.http.port)
     host, port = server.server_address[:2]
     address = f"http://{host!s}:{port}"
-    log.info("serving /healthz, /readyz, /metrics%s at %s as %s", " and POST /hooks/git" if secret else "", address,
+    log.info("serving /healthz, /readyz, /metrics%s at %s as %s", " and POST /hooks/git" if webhook else "", address,
              manager.identity)
     if on_listening is not None:
         on_listening(address)

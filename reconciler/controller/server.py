@@ -2,7 +2,8 @@
 configuration read, API server asked), `/metrics` (:mod:`.metrics`) and `POST /hooks/git`, the
 push webhook: a body signed as GitHub signs it (`X-Hub-Signature-256: sha256=HMAC-SHA256(secret,
 body)`, compared in constant time) triggers a sync of the sources on the pushed branch at once; a
-missing or wrong signature is refused with 401 and triggers nothing."""
+missing or wrong signature is refused with 401 and triggers nothing; while the secret cannot be read
+(its Secret not made yet), 503 says why."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from reconciler.controller.credentials import WebhookSecret
 from reconciler.controller.manager import Manager
 
 log = logging.getLogger("forge.controller.http")
@@ -41,9 +43,11 @@ def pushed_branch(body: bytes) -> str | None:
     return ref.removeprefix("refs/heads/") if isinstance(ref, str) and ref.startswith("refs/heads/") else None
 
 
-def serve(manager: Manager, alive: Callable[[], bool], secret: bytes | None, address: str, port: int) -> ThreadingHTTPServer:
+def serve(manager: Manager, alive: Callable[[], bool], webhook: WebhookSecret | None, address: str,
+          port: int) -> ThreadingHTTPServer:
     """Start the endpoints on ``address``:``port`` (0: any free port) in a daemon thread; the server
-    (its `server_address` says the port)."""
+    (its `server_address` says the port). ``webhook``: the push webhook's secret as the loop keeps
+    it (None: no webhook configured)."""
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "forge-controller"
@@ -74,8 +78,12 @@ def serve(manager: Manager, alive: Callable[[], bool], secret: bytes | None, add
             if self.path != "/hooks/git":
                 self._send(404, b"not found\n")
                 return
-            if secret is None:
+            if webhook is None:
                 self._send(404, b"no webhook configured\n")
+                return
+            secret = webhook.value
+            if secret is None:
+                self._send(503, f"{webhook.problem}\n".encode())
                 return
             try:
                 length = int(self.headers.get("Content-Length") or 0)

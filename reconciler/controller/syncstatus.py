@@ -38,6 +38,13 @@ CONDITIONS: dict[str, tuple[str, str, str]] = {
 }
 #: Field manager of everything the controller writes of its own.
 MANAGER = "forge-controller"
+#: The annotation asking the leader for a sync now, as Flux's `reconcile.fluxcd.io/requestedAt`:
+#: whichever replica a push webhook reaches writes it (the Service picks a replica, not the leader),
+#: and so can a person (`kubectl annotate sync/NAME forge.dev/requested-at="$(date +%s)" --overwrite`).
+#: A new value is one sync at once; the value itself is not read.
+REQUESTED_AT = "forge.dev/requested-at"
+#: The field manager of that annotation when a webhook writes it.
+WEBHOOK_MANAGER = "forge-controller-webhook"
 #: Longest condition message kept (the CRD allows 32 KiB; a status is read by people).
 MAX_MESSAGE = 4000
 
@@ -92,6 +99,18 @@ def sync_object(name: str, namespace: str, spec: Mapping[str, Any]) -> dict[str,
     """The Sync object as the controller applies it (its spec: the configured source)."""
     return {"apiVersion": SYNC.api_version, "kind": SYNC.kind, "metadata": {"name": name, "namespace": namespace},
             "spec": dict(spec)}
+
+
+def request_object(name: str, namespace: str, stamp: str) -> dict[str, Any]:
+    """The patch that asks for a sync now (:data:`REQUESTED_AT` set to ``stamp``)."""
+    return {"apiVersion": SYNC.api_version, "kind": SYNC.kind,
+            "metadata": {"name": name, "namespace": namespace, "annotations": {REQUESTED_AT: stamp}}}
+
+
+def requested_at(stored: Mapping[str, Any] | None) -> str | None:
+    """The Sync's :data:`REQUESTED_AT`, or None."""
+    value = ((stored or {}).get("metadata") or {}).get("annotations", {}).get(REQUESTED_AT)
+    return str(value) if value else None
 
 
 def status_object(stored: Mapping[str, Any], report: SyncReport) -> dict[str, Any]:

@@ -88,9 +88,11 @@ class Controllers:
     """Starts replicas of one configuration; kills what is left at the end."""
 
     def __init__(self, tmp: Path, kubeconfig: str, namespace: str, url: str, *, interval: str,
-                 secret: bytes | None = None, self_heal: bool = False, secret_ref: str | None = None) -> None:
+                 secret: bytes | None = None, self_heal: bool = False, secret_ref: str | None = None,
+                 webhook_ref: str | None = None) -> None:
         self.tmp, self.kubeconfig, self.namespace, self.url = tmp, kubeconfig, namespace, url
         self.interval, self.secret, self.self_heal, self.secret_ref = interval, secret, self_heal, secret_ref
+        self.webhook_ref = webhook_ref
         self.replicas: list[Replica] = []
 
     def start(self, name: str) -> Replica:
@@ -107,6 +109,8 @@ class Controllers:
             secret_file = self.tmp / "webhook-secret"
             secret_file.write_bytes(self.secret)
             config["webhook"] = {"secretFile": str(secret_file)}
+        if self.webhook_ref is not None:
+            config["webhook"] = {"secretRef": self.webhook_ref}
         path = self.tmp / f"controller-{name}.yaml"
         path.write_text(yaml.safe_dump(config))
         log = self.tmp / f"controller-{name}.log"
@@ -245,23 +249,67 @@ def test_the_controller_applies_pushed_revisions_and_refuses_an_invalid_one(kube
 @pytest.mark.parametrize("controllers", [("1h", b"s3cret-for-tests", False)], indirect=True)
 def test_a_signed_push_webhook_syncs_at_once_and_a_bad_signature_is_refused(kube_cluster, namespace, git_server,
                                                                           controllers) -> None:
+    """A push reaches whichever replica the Service picks: the leader syncs at once; a follower
+    passes it on through the Sync's `forge.dev/requested-at`, and the leader syncs at once too."""
     kubeconfig = kube_cluster.kubeconfig
     first = git_server.push("quick-start")
-    replica = controllers.start("a")
+    a, b = controllers.start("a"), controllers.start("b")
     wait_until(lambda: applied(kubeconfig, namespace, first), timeout=120, what="the first revision applied")
-    git_server.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003")
-    second = git_server.push("learning rate")
-    body = json.dumps({"ref": "refs/heads/main", "after": second}).encode()
-    good = "sha256=" + hmac.new(b"s3cret-for-tests", body, hashlib.sha256).hexdigest()
-    wrong = "sha256=" + hmac.new(b"another secret", body, hashlib.sha256).hexdigest()
-    assert replica.post("/hooks/git", body, {"X-Hub-Signature-256": wrong, "Content-Type": "application/json"}) == 401
-    assert replica.post("/hooks/git", body, {"Content-Type": "application/json"}) == 401
+    leader, follower = (a, b) if lease_holder(kubeconfig, namespace) == a.identity else (b, a)
+
+    def push(replica: Replica, lr: str, secret: bytes | None = b"s3cret-for-tests") -> tuple[str, int]:
+        git_server.edit("model.yaml", "learningRate: 0.002", f"learningRate: {lr}")
+        revision = git_server.push(f"learning rate {lr}")
+        git_server.edit("model.yaml", f"learningRate: {lr}", "learningRate: 0.002")
+        body = json.dumps({"ref": "refs/heads/main", "after": revision}).encode()
+        headers = {"Content-Type": "application/json"}
+        if secret is not None:
+            headers["X-Hub-Signature-256"] = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+        return revision, replica.post("/hooks/git", body, headers)
+
+    for replica in (leader, follower):  # refused by either: a wrong signature, none at all
+        assert push(replica, "0.004", b"another secret")[1] == 401
+        assert push(replica, "0.004", None)[1] == 401
     time.sleep(3)  # the interval is an hour: nothing but a valid webhook moves it
     assert sync_status(kubeconfig, namespace)["lastAttemptedRevision"] == first
-    pushed = time.monotonic()
-    assert replica.post("/hooks/git", body, {"X-Hub-Signature-256": good, "Content-Type": "application/json"}) == 202
-    wait_until(lambda: applied(kubeconfig, namespace, second), timeout=60, what="the pushed revision applied")
-    assert time.monotonic() - pushed < 30
+    for replica, lr in ((leader, "0.003"), (follower, "0.005")):
+        pushed = time.monotonic()
+        revision, answer = push(replica, lr)
+        assert answer == 202
+        wait_until(lambda revision=revision: applied(kubeconfig, namespace, revision), timeout=60,
+                   what=f"the revision pushed to the {'leader' if replica is leader else 'follower'} applied")
+        assert time.monotonic() - pushed < 30
+    sync = json.loads(kubectl(kubeconfig, "-n", namespace, "get", f"sync/{SOURCE}", "-o", "json").stdout)
+    assert "forge.dev/requested-at" in sync["metadata"]["annotations"], sync["metadata"]
+    assert "a push, passed on to the leader" in follower.output()
+    assert "a sync requested" in leader.output()
+
+
+def test_the_webhooks_secret_comes_from_a_secret_made_after_the_start(kube_cluster, namespace, git_server,
+                                                                        tmp_path) -> None:
+    """`webhook.secretRef`, as `forgectl install` runs it: the controller starts before the Secret
+    exists (install makes its namespace), answers 503 naming the Secret, and takes the secret once
+    it is made — no restart."""
+    kubeconfig = kube_cluster.kubeconfig
+    first = git_server.push("quick-start")
+    made = Controllers(tmp_path, kubeconfig, namespace, git_server.url, interval="1h", webhook_ref="git-webhook")
+    try:
+        replica = made.start("a")
+        wait_until(lambda: applied(kubeconfig, namespace, first), timeout=120, what="the first revision applied")
+        body = json.dumps({"ref": "refs/heads/main"}).encode()
+        headers = {"X-Hub-Signature-256": "sha256=" + hmac.new(b"rotated-later", body, hashlib.sha256).hexdigest()}
+        assert replica.post("/hooks/git", body, headers) == 503
+        assert f"Secret {namespace}/git-webhook (the webhook's secretRef) does not exist" in replica.output()
+        created = kubectl(kubeconfig, "-n", namespace, "create", "secret", "generic", "git-webhook",
+                          "--from-literal=secret=rotated-later")
+        assert created.returncode == 0, created.stderr
+        git_server.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003")
+        second = git_server.push("learning rate")
+        wait_until(lambda: replica.post("/hooks/git", body, headers) == 202, timeout=30, what="the Secret's secret taken")
+        wait_until(lambda: applied(kubeconfig, namespace, second), timeout=60, what="the pushed revision applied")
+        assert "rotated-later" not in replica.output()
+    finally:
+        made.close()
 
 
 def test_two_replicas_elect_one_leader_and_a_killed_leader_is_replaced(kube_cluster, namespace, git_server,

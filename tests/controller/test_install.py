@@ -87,6 +87,21 @@ def test_manage_binds_the_forgectl_role_in_each_namespace() -> None:
                for b in bindings)
 
 
+def test_an_installed_webhook_reads_its_secret_from_a_secret(tmp_path: Path) -> None:
+    """Installed, the pods have no file of the user's: `webhook.secretFile` is refused, naming the
+    file; `webhook.secretRef` is a Secret the controller's Role may get (and no other)."""
+    config = controller_config(tmp_path, "forge-system", "git://127.0.0.1:9418/specs.git")
+    text = config.read_text()
+    config.write_text(text + "webhook: {secretFile: /etc/forge/hook}\n")
+    refused = forgectl("", "install", "--dry-run", "--config", str(config))
+    assert refused.returncode != 0 and f"{config}: webhook.secretFile names a file" in refused.stderr, refused.stderr
+    config.write_text(text + "webhook: {secretRef: git-webhook}\n")
+    done = forgectl("", "install", "--dry-run", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    role = next(o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] == "Role")
+    assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["git-webhook"], "verbs": ["get"]} in role["rules"]
+
+
 def forgectl(kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*FORGECTL, *args], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "KUBECONFIG": kubeconfig, "NO_COLOR": "1", "COLUMNS": "200"})

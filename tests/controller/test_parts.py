@@ -53,6 +53,18 @@ def test_a_bad_configuration_names_file_line_and_field(tmp_path: Path, change: t
     assert any(f"{path}{where}" in t and says in t for t in texts), texts
 
 
+def test_a_webhook_takes_its_secret_from_one_place(tmp_path: Path) -> None:
+    path = tmp_path / "controller.yaml"
+    path.write_text(GOOD + "webhook: {secretRef: git-webhook}\n")
+    assert load_config(path).secret_refs() == ("git-webhook",)  # the Role install renders may get it
+    for webhook in ("{}", "{secretRef: git-webhook, secretFile: /etc/hook}"):
+        path.write_text(GOOD + f"webhook: {webhook}\n")
+        with pytest.raises(SpecError) as err:
+            load_config(path)
+        assert any(f"{path}:9:" in d.text() and "one of secretRef" in d.text() for d in err.value.diagnostics), \
+            [d.text() for d in err.value.diagnostics]
+
+
 def test_two_sources_on_one_environment_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "controller.yaml"
     path.write_text(GOOD + GOOD.split("sources:\n")[1].replace("name: quickstart", "name: other"))
