@@ -56,6 +56,12 @@ class TransientError(TargetError):
     """A failure that may pass: retried with backoff."""
 
 
+class StorageFullError(TargetError):
+    """The cluster's storage refuses every write (etcd's NOSPACE alarm) until its operator frees
+    space: not retried (it does not pass by itself), but nothing is half-done — a refused write
+    was not made — so a watch holds and goes on."""
+
+
 class UnreachableError(TransientError):
     """The API server could not be reached, even after retries."""
 

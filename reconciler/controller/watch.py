@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from reconciler.controller.leadership import Leadership
 from reconciler.diagnostics import ForgeError
-from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TransientError
+from reconciler.errors import ConflictError, LeaseLost, LockHeldError, StorageFullError, TransientError
 from reconciler.experiment.controller import FINAL as EXPERIMENT_FINAL
 from reconciler.experiment.controller import ExperimentController, ExperimentState
 from reconciler.load.endpoints import DesiredEndpoint
@@ -198,15 +198,17 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
         while True:
             try:
                 states, lines = one_pass()
-            except TransientError as exc:
-                # The API server (or its etcd) did not answer through the target's retries: this
-                # pass moved nothing it could not finish (a write either landed or was refused;
-                # the saved state says which), and a watch goes on — the next pass reads again.
-                # A lock whose renewals failed meanwhile is found lost by its fence: no write.
+            except (TransientError, StorageFullError) as exc:
+                # The API server (or its etcd) did not answer through the target's retries, or
+                # etcd refuses every write for want of space: this pass moved nothing it could not
+                # finish (a write either landed or was refused; the saved state says which), and a
+                # watch goes on — the next pass reads again. A lock whose renewals failed
+                # meanwhile is found lost by its fence: no write.
                 if not options.watch:
                     raise
-                say("", f"{leadership.holder if leadership else 'reconcile'}: the cluster did not answer, "
-                        f"nothing moved — {exc}")
+                why = ("the cluster refuses every write (its etcd is out of space)" if isinstance(exc, StorageFullError)
+                       else "the cluster did not answer")
+                say("", f"{leadership.holder if leadership else 'reconcile'}: {why}, nothing moved — {exc}")
                 check_timeout(states)
                 sleep(options.interval)
                 continue

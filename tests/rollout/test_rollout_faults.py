@@ -18,6 +18,9 @@ the real model servers every second, and the traffic split by the live weights.
   `forgectl reconcile --watch`: nothing moves while the API server answers 5xx (a failed pass, or a
   write not sent once the Lease's fencing deadline passed), and the rollout goes on to the promotion
   from the same step once etcd is back.
+* **etcd out of space mid-rollout**: its NOSPACE alarm raised at step 1 for 15 s (every write
+  refused, reads served), then disarmed: the watch says the cluster refuses writes for want of
+  space and holds — no rollback, no exit — and goes on to the promotion from the same step.
 * **A canary that degrades late**: healthy for its first 120 requests (`faultInjection.afterRequests`,
   so through step 1), then 5 % errors early in step 2: rolled back at step 2, where it degraded —
   never a weight above 50 % after its first failure.
@@ -234,15 +237,13 @@ def test_a_canary_that_degrades_late_is_caught_at_the_step_where_it_degrades(rol
     assert tally["failed"] == 0, tally
 
 
-def test_etcd_down_mid_rollout_moves_nothing_and_the_watch_goes_on(rollout: Rollout, server_factory,  # noqa: F811
-                                                                    kube_cluster) -> None:  # noqa: F811
-    """etcd SIGKILLed at step 1, once a measurement is counted, and left down 15 s (the API server
-    stays up and answers 5xx): the real `forgectl reconcile --watch` says the cluster does not
-    answer and moves nothing — no transition dated inside the outage, the weight the API server
-    holds unchanged — and, etcd back on the same data, goes on from the same step to the promotion,
-    each step entered once, with 0 requests to stable lost."""
-    if kube_cluster.external:
-        pytest.skip("needs the test cluster's own etcd process (FORGE_TEST_CLUSTER names another)")
+def _etcd_fault_mid_rollout(rollout: Rollout, server_factory, fault: Callable[[], None], said: str) -> None:  # noqa: F811
+    """The real `forgectl reconcile --watch` walks the canary; at step 1, once a measurement is
+    counted, ``fault`` happens (and ends: it returns once the cluster can write again). The watch
+    says ``said`` (or that a write was not sent past the Lease's fencing deadline) and moves
+    nothing while it lasts — no transition dated inside it, the weight the API server holds
+    unchanged — then goes on from the same step to the promotion, each step entered once, with 0
+    requests to stable lost."""
     rollout.finish_workflow(rollout.canary)
     traffic = start_traffic(rollout, server_factory)
     _, backend, *_ = rollout.controller()
@@ -263,25 +264,53 @@ def test_etcd_down_mid_rollout_moves_nothing_and_the_watch_goes_on(rollout: Roll
         before = wait_until(lambda: (s := state_now()) is not None and counted_at_step_1(s) and s, 90,
                             "a measurement counted at step 1", interval=0.3)
         down = time.time()
-        kube_cluster.restart_etcd(down_seconds=15)
+        fault()
         back = time.time()
         done = wait_until(lambda: (s := state_now()) is not None and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK) and s,
-                          180, "the rollout to end after etcd came back", interval=0.5)
+                          180, "the rollout to end after the fault", interval=0.5)
     finally:
         traffic.stop.set()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     assert done.phase is Phase.PROMOTED, (done.reason, out[-3000:])
-    # the watch said so: a pass that failed through the target's retries, or — when the retries
-    # outlasted the Lease's fencing deadline (its renewals failed too) — a write not sent and the
-    # lock let go, then taken again once etcd answered
-    assert "the cluster did not answer, nothing moved" in out or "not sent: the environment's Lease" in out, out[-3000:]
+    # the watch said so: a pass that failed (through the target's retries, for an etcd that does
+    # not answer), or — when the Lease's renewals failed past its fencing deadline — a write not
+    # sent and the lock let go, then taken again once etcd wrote again
+    assert said in out or "not sent: the environment's Lease" in out, out[-3000:]
     assert out.count("leading — this watch alone moves the rollouts") >= (2 if "not sent" in out else 1), out[-3000:]
-    # nothing was decided while etcd was down: every transition before the kill or after its return
+    # nothing was decided during the fault: every transition before it or after its end
     assert not [h for h in done.history if down < h["at"] < back], done.history
     assert before.weight == 10 and [h for h in done.history if h["at"] <= down][-1]["weight"] <= 10, done.history
     for n in (1, 2, 3):  # each step entered once
         assert len([h for h in done.history if h["to"] == "Progressing" and f"step {n}/3:" in h["reason"]]) == 1, done.history
     tally = stable_lost(traffic)
     assert tally["failed"] == 0, tally
+
+
+def test_etcd_down_mid_rollout_moves_nothing_and_the_watch_goes_on(rollout: Rollout, server_factory,  # noqa: F811
+                                                                    kube_cluster) -> None:  # noqa: F811
+    """etcd SIGKILLed at step 1 and left down 15 s (the API server stays up and answers 5xx)."""
+    if kube_cluster.external:
+        pytest.skip("needs the test cluster's own etcd process (FORGE_TEST_CLUSTER names another)")
+    _etcd_fault_mid_rollout(rollout, server_factory, lambda: kube_cluster.restart_etcd(down_seconds=15),
+                            "the cluster did not answer, nothing moved")
+
+
+def test_etcd_out_of_space_mid_rollout_holds_and_goes_on_once_disarmed(rollout: Rollout, server_factory,  # noqa: F811
+                                                                        kube_cluster) -> None:  # noqa: F811
+    """etcd's NOSPACE alarm raised at step 1 and left 15 s (every write refused, reads served),
+    then disarmed as its operator would after freeing space: the watch neither rolls back nor
+    stops — it says the cluster refuses writes for want of space, holds, and goes on."""
+    if kube_cluster.external:
+        pytest.skip("needs the test cluster's own etcd (FORGE_TEST_CLUSTER names another)")
+
+    def out_of_space() -> None:
+        kube_cluster.raise_etcd_nospace()
+        try:
+            time.sleep(15)
+        finally:
+            assert kube_cluster.disarm_etcd_alarms() == ["NOSPACE"]
+
+    _etcd_fault_mid_rollout(rollout, server_factory, out_of_space,
+                            "the cluster refuses every write (its etcd is out of space), nothing moved")

@@ -38,6 +38,7 @@ from reconciler.errors import (
     InvalidObjectError,
     LeaseLost,
     LockHeldError,
+    StorageFullError,
     TargetError,
     TargetNotAvailable,
     TransientError,
@@ -214,7 +215,7 @@ class KubernetesTarget:
             return TransientError(f"{verb} {ref}: HTTP 500: the API server's storage (etcd) did not answer: {message}",
                                   status=status)
         if status == 500 and STORAGE_FULL in message:
-            return TargetError(f"{verb} {ref}: HTTP 500: the cluster's etcd is out of space ({message}): it refuses "
+            return StorageFullError(f"{verb} {ref}: HTTP 500: the cluster's etcd is out of space ({message}): it refuses "
                                "every write until its operator frees space (compaction, defragmentation or a larger "
                                "quota) and disarms its NOSPACE alarm; a plain rerun then converges", status=status)
         return TargetError(f"{verb} {ref}: HTTP {status}: {message}", status=status)
