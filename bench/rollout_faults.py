@@ -10,7 +10,7 @@ and outcome. Each server has a Pod in the API server whose Ready condition follo
 weight rises. The controller is the real ``forgectl reconcile --watch --interval 0.5`` as a
 subprocess.
 
-    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,etcd,hung,baddata,skew,two,late,two-watchers,stale-write]
+    .venv/bin/python bench/rollout_faults.py [--drills kill,prometheus,canary,etcd,etcd-nospace,hung,baddata,skew,two,late,two-watchers,stale-write]
         [--kill-runs 10] [--prometheus-runs 3] [--canary-runs 5] [--outage 20] [--runs N]
         [--out bench/results/rollout-faults-DATE.json]
 
@@ -44,6 +44,8 @@ Succeeded; rollouts follow one another in one namespace, the servers keep their 
   the outage, a step entered twice, no promotion, or a stable request lost; counted: how the watch
   said it (failed passes, or a write not sent once its Lease's fencing deadline passed) and the
   time from etcd's return to the next transition.
+* ``etcd-nospace`` (issue 35): the same with etcd up and out of space — its NOSPACE alarm raised
+  for ``--etcd-outage`` seconds (every write refused, reads served), then disarmed.
 * ``hung`` (issue 35): Prometheus SIGSTOPped ``--hang`` seconds (default 30) once step 1 has counted a
   measurement — its port still accepts connections, nothing answers: each query times out after
   the Environment's `prometheus.timeout` (the product's default, 5 s). Fails on a promotion, a
@@ -577,13 +579,24 @@ def drill_prometheus(h: Harness, runs: int, ctl: ControllerProc, outage: float) 
             "samples": results}
 
 
-def drill_etcd(h: Harness, runs: int, ctl: ControllerProc, outage: float) -> dict[str, Any]:
+def _etcd_out_of_space(h: Harness, outage: float) -> None:
+    """etcd's NOSPACE alarm for ``outage`` seconds (every write refused, reads served), then
+    disarmed as its operator does once space is freed."""
+    h.cluster.raise_etcd_nospace()
+    try:
+        time.sleep(outage)
+    finally:
+        h.cluster.disarm_etcd_alarms()
+
+
+def drill_etcd(h: Harness, runs: int, ctl: ControllerProc, outage: float, nospace: bool = False) -> dict[str, Any]:
     """etcd SIGKILLed once step 1 is entered (after its pause) and left down ``outage`` seconds;
-    the API server stays up and answers 5xx. Fails on any transition dated inside the outage (a
-    decision made while writes fail), on a step entered twice, when the rollout does not end
-    promoted, or when a request to stable fails. Counted: how the watch said it (a failed pass, or
-    a write not sent once its Lease's fencing deadline passed), and the time from etcd's return to
-    the rollout's next transition."""
+    the API server stays up and answers 5xx. With ``nospace`` (the ``etcd-nospace`` drill) etcd
+    stays up and refuses every write for ``outage`` seconds (its NOSPACE alarm), then is disarmed.
+    Fails on any transition dated inside the outage (a decision made while writes fail), on a step
+    entered twice, when the rollout does not end promoted, or when a request to stable fails.
+    Counted: how the watch said it (a failed pass, or a write not sent once its Lease's fencing
+    deadline passed), and the time from etcd's return to the rollout's next transition."""
     results = []
     for run in range(1, runs + 1):
         canary = h.new_version()
@@ -595,7 +608,10 @@ def drill_etcd(h: Harness, runs: int, ctl: ControllerProc, outage: float) -> dic
             h.live.wait(lambda s: s.canary == canary and s.phase is Phase.PROGRESSING and s.step == 0, 90, "step 1")  # noqa: B023
             time.sleep(duration_seconds("2s"))  # the step's pause: its analysis starts
             wall_down = time.time()
-            h.cluster.restart_etcd(down_seconds=outage)
+            if nospace:
+                _etcd_out_of_space(h, outage)
+            else:
+                h.cluster.restart_etcd(down_seconds=outage)
             wall_back = time.time()
             final = h.live.wait(lambda s: s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 180, "the end of the rollout")
             during = [x for x in final.history if wall_down < x["at"] < wall_back]
@@ -616,6 +632,7 @@ def drill_etcd(h: Harness, runs: int, ctl: ControllerProc, outage: float) -> dic
         t_end = time.monotonic()
         said = ctl.log_text()
         how = ("failed passes" if "the cluster did not answer" in said else
+               "writes refused for space" if "the cluster refuses every write" in said else
                "a write not sent (fencing deadline passed)" if "not sent: the environment's Lease" in said else "nothing said")
         if how == "nothing said":
             problems.append("the watch did not say the cluster was down")
@@ -626,7 +643,7 @@ def drill_etcd(h: Harness, runs: int, ctl: ControllerProc, outage: float) -> dic
         res = {"run": run, "outage_s": outage, "watch_said": how, "resume_s": resumed_s, "stable_lost": lost,
                "requests": counts, "failed": bool(problems), "problems": problems, "rollout_s": round(t_end - t0, 1)}
         results.append(res)
-        log(f"etcd drill, run {run}: {how}; next transition {resumed_s} s after etcd was back, stable lost {lost}"
+        log(f"etcd{' out of space' if nospace else ''} drill, run {run}: {how}; next transition {resumed_s} s after etcd was back, stable lost {lost}"
             f"{'; ' + '; '.join(problems) if problems else ''}")
     resumes = [r["resume_s"] for r in results if r["resume_s"] is not None]
     return {"runs": len(results), "failures": sum(r["failed"] for r in results), "outage_s": outage,
@@ -1302,7 +1319,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second, split by the live weights (default 40)")
     args = parser.parse_args()
     drills = [d.strip() for d in args.drills.split(",") if d.strip()]
-    unknown = set(drills) - {"kill", "prometheus", "canary", "etcd", "hung", "baddata", "skew", "two", "late", "two-watchers", "stale-write"}
+    unknown = set(drills) - {"kill", "prometheus", "canary", "etcd", "etcd-nospace", "hung", "baddata", "skew", "two", "late", "two-watchers", "stale-write"}
     if unknown:
         parser.error(f"unknown drills: {sorted(unknown)}")
     for name in ("kill_runs", "prometheus_runs", "canary_runs", "runs"):
@@ -1337,6 +1354,8 @@ def main() -> None:
                     out[name] = drill_hung(harness, args.runs, ctl, args.hang)
                 elif name == "etcd":
                     out[name] = drill_etcd(harness, args.runs, ctl, args.etcd_outage)
+                elif name == "etcd-nospace":
+                    out[name] = drill_etcd(harness, args.runs, ctl, args.etcd_outage, nospace=True)
                 elif name == "baddata":
                     out[name] = drill_baddata(harness, args.runs, ctl)
                 elif name == "skew":
