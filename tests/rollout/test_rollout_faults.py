@@ -14,13 +14,12 @@ the real model servers every second, and the traffic split by the live weights.
 * **Clock skew**: the controller's clock 5 s ahead of Prometheus's (its injectable clock; the bench
   drill runs the CLI under Debian's libfaketime): the windows cannot be lined up with the step, so
   the skew is detected and named (`clock-skew`, inconclusive) and the rollout holds at its weight.
-* **etcd down mid-rollout**: etcd SIGKILLed at step 1 and left down 15 s under the real
-  `forgectl reconcile --watch`: nothing moves while the API server answers 5xx (a failed pass, or a
-  write not sent once the Lease's fencing deadline passed), and the rollout goes on to the promotion
-  from the same step once etcd is back.
-* **etcd out of space mid-rollout**: its NOSPACE alarm raised at step 1 for 15 s (every write
-  refused, reads served), then disarmed: the watch says the cluster refuses writes for want of
-  space and holds — no rollback, no exit — and goes on to the promotion from the same step.
+* **etcd down, then out of space, mid-rollout** (one rollout under the real `forgectl reconcile
+  --watch`): etcd SIGKILLed at step 1 and left down 15 s — nothing moves while the API server
+  answers 5xx (a failed pass, or a write not sent once the Lease's fencing deadline passed); at
+  step 2 its NOSPACE alarm for 15 s (every write refused, reads served), then disarmed — the watch
+  says the cluster refuses writes for want of space and holds (no rollback, no exit). The rollout
+  goes on to the promotion from the same step after each.
 * **A canary that degrades late**: healthy for its first 120 requests (`faultInjection.afterRequests`,
   so through step 1), then 5 % errors early in step 2: rolled back at step 2, where it degraded —
   never a weight above 50 % after its first failure.
@@ -92,10 +91,15 @@ class Driver:
         return [w for at, w in self.weights if at >= t]
 
 
+def counted_at(state: RolloutState, step: int) -> bool:
+    """Step ``step`` (0-based) entered and one success-rate measurement counted in it."""
+    run = state.runs.get("success-rate")
+    return state.phase is Phase.PROGRESSING and state.step == step and run is not None and run.measurements >= 1
+
+
 def counted_at_step_1(state: RolloutState) -> bool:
     """Step 1 (10 %) entered and one success-rate measurement counted: the analysis runs on data."""
-    run = state.runs.get("success-rate")
-    return state.phase is Phase.PROGRESSING and state.step == 0 and run is not None and run.measurements >= 1
+    return counted_at(state, 0)
 
 
 def measured_since(state: RolloutState, t: float) -> bool:
@@ -237,13 +241,30 @@ def test_a_canary_that_degrades_late_is_caught_at_the_step_where_it_degrades(rol
     assert tally["failed"] == 0, tally
 
 
-def _etcd_fault_mid_rollout(rollout: Rollout, server_factory, fault: Callable[[], None], said: str) -> None:  # noqa: F811
-    """The real `forgectl reconcile --watch` walks the canary; at step 1, once a measurement is
-    counted, ``fault`` happens (and ends: it returns once the cluster can write again). The watch
-    says ``said`` (or that a write was not sent past the Lease's fencing deadline) and moves
-    nothing while it lasts — no transition dated inside it, the weight the API server holds
-    unchanged — then goes on from the same step to the promotion, each step entered once, with 0
-    requests to stable lost."""
+def test_etcd_down_then_out_of_space_mid_rollout_moves_nothing_and_the_watch_goes_on(
+        rollout: Rollout, server_factory, kube_cluster) -> None:  # noqa: F811
+    """The real `forgectl reconcile --watch` walks the canary through two etcd faults, each once a
+    measurement is counted in its step: at step 1 (10 %) etcd SIGKILLed and left down 15 s (the
+    API server stays up and answers 5xx); at step 2 (50 %) etcd up but out of space — its NOSPACE
+    alarm raised for 15 s (every write refused, reads served), then disarmed as its operator does.
+    Through each the watch says why (the cluster did not answer; the cluster refuses every write —
+    or a write not sent past the Lease's fencing deadline) and moves nothing: no transition dated
+    inside, no rollback, no exit. Then it goes on from the same step to the promotion, each step
+    entered once, with 0 requests to stable lost."""
+    if kube_cluster.external:
+        pytest.skip("needs the test cluster's own etcd process (FORGE_TEST_CLUSTER names another)")
+
+    def out_of_space() -> None:
+        kube_cluster.raise_etcd_nospace()
+        try:
+            time.sleep(15)
+        finally:
+            assert kube_cluster.disarm_etcd_alarms() == ["NOSPACE"]
+
+    faults: list[tuple[int, int, Callable[[], None], str]] = [  # (step, its weight, the fault, what the watch says)
+        (0, 10, lambda: kube_cluster.restart_etcd(down_seconds=15), "the cluster did not answer, nothing moved"),
+        (1, 50, out_of_space, "the cluster refuses every write (its etcd is out of space), nothing moved"),
+    ]
     rollout.finish_workflow(rollout.canary)
     traffic = start_traffic(rollout, server_factory)
     _, backend, *_ = rollout.controller()
@@ -260,57 +281,32 @@ def _etcd_fault_mid_rollout(rollout: Rollout, server_factory, fault: Callable[[]
         traffic.weight = serving.canary_weight if serving and serving.canary else 0
         return backend.load_state("digits")
 
+    windows: list[tuple[float, float, RolloutState]] = []
     try:
-        before = wait_until(lambda: (s := state_now()) is not None and counted_at_step_1(s) and s, 90,
-                            "a measurement counted at step 1", interval=0.3)
-        down = time.time()
-        fault()
-        back = time.time()
+        for step, _, fault, _ in faults:
+            before = wait_until(lambda step=step: (s := state_now()) is not None and counted_at(s, step) and s, 120,
+                                f"a measurement counted at step {step + 1}", interval=0.3)
+            down = time.time()
+            fault()
+            windows.append((down, time.time(), before))
         done = wait_until(lambda: (s := state_now()) is not None and s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK) and s,
-                          180, "the rollout to end after the fault", interval=0.5)
+                          180, "the rollout to end after the faults", interval=0.5)
     finally:
         traffic.stop.set()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     assert done.phase is Phase.PROMOTED, (done.reason, out[-3000:])
-    # the watch said so: a pass that failed (through the target's retries, for an etcd that does
-    # not answer), or — when the Lease's renewals failed past its fencing deadline — a write not
-    # sent and the lock let go, then taken again once etcd wrote again
-    assert said in out or "not sent: the environment's Lease" in out, out[-3000:]
+    # the watch said why; when the Lease's renewals failed past its fencing deadline, a write was
+    # not sent and the lock let go, then taken again once etcd wrote again
+    for _, _, _, said in faults:
+        assert said in out or "not sent: the environment's Lease" in out, out[-3000:]
     assert out.count("leading — this watch alone moves the rollouts") >= (2 if "not sent" in out else 1), out[-3000:]
-    # nothing was decided during the fault: every transition before it or after its end
-    assert not [h for h in done.history if down < h["at"] < back], done.history
-    assert before.weight == 10 and [h for h in done.history if h["at"] <= down][-1]["weight"] <= 10, done.history
+    for (down, back, before), (_, weight, _, _) in zip(windows, faults, strict=True):
+        # nothing was decided during a fault: every transition before it or after its end
+        assert not [h for h in done.history if down < h["at"] < back], done.history
+        assert before.weight == weight and [h for h in done.history if h["at"] <= down][-1]["weight"] <= weight, done.history
     for n in (1, 2, 3):  # each step entered once
         assert len([h for h in done.history if h["to"] == "Progressing" and f"step {n}/3:" in h["reason"]]) == 1, done.history
     tally = stable_lost(traffic)
     assert tally["failed"] == 0, tally
-
-
-def test_etcd_down_mid_rollout_moves_nothing_and_the_watch_goes_on(rollout: Rollout, server_factory,  # noqa: F811
-                                                                    kube_cluster) -> None:  # noqa: F811
-    """etcd SIGKILLed at step 1 and left down 15 s (the API server stays up and answers 5xx)."""
-    if kube_cluster.external:
-        pytest.skip("needs the test cluster's own etcd process (FORGE_TEST_CLUSTER names another)")
-    _etcd_fault_mid_rollout(rollout, server_factory, lambda: kube_cluster.restart_etcd(down_seconds=15),
-                            "the cluster did not answer, nothing moved")
-
-
-def test_etcd_out_of_space_mid_rollout_holds_and_goes_on_once_disarmed(rollout: Rollout, server_factory,  # noqa: F811
-                                                                        kube_cluster) -> None:  # noqa: F811
-    """etcd's NOSPACE alarm raised at step 1 and left 15 s (every write refused, reads served),
-    then disarmed as its operator would after freeing space: the watch neither rolls back nor
-    stops — it says the cluster refuses writes for want of space, holds, and goes on."""
-    if kube_cluster.external:
-        pytest.skip("needs the test cluster's own etcd (FORGE_TEST_CLUSTER names another)")
-
-    def out_of_space() -> None:
-        kube_cluster.raise_etcd_nospace()
-        try:
-            time.sleep(15)
-        finally:
-            assert kube_cluster.disarm_etcd_alarms() == ["NOSPACE"]
-
-    _etcd_fault_mid_rollout(rollout, server_factory, out_of_space,
-                            "the cluster refuses every write (its etcd is out of space), nothing moved")
