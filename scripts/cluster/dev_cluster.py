@@ -112,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
                             "devkit/node/controller_image.py, `forgectl install`), pulling a git server that runs "
                             "on the node (devkit/node/gitdaemon.py) into namespace forge-quickstart")
     start.add_argument("--quickstart", action="store_true",
-                       help="what `forgectl apply --env cluster` of examples/quickstart needs: --node --argo "
-                            "--runtime-image --seldon --prometheus-operator --gateway")
+                       help="the quick-start's cluster as CI runs it: --node --argo --runtime-image --seldon "
+                            "--prometheus-operator --gateway --controller")
+    start.add_argument("--no-controller", action="store_true",
+                       help="with --quickstart: leave Forge's controller out (then `forgectl apply --env cluster` "
+                            "and `forgectl reconcile --watch` from this host do its work)")
     sub.add_parser("stop", help="stop what start started, by PID, and remove its data")
     sub.add_parser("env", help="print the export lines")
     sub.add_parser("status", help="print the saved state as JSON")
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.quickstart:
                 args.node = args.argo = args.runtime_image = args.seldon = args.prometheus_operator = True
                 args.gateway = True
+                args.controller = not args.no_controller
             t0 = time.monotonic()
             ps = _prom_state(sd)
             if ps:  # left from an earlier start: end it unless that cluster still runs

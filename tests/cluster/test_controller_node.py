@@ -34,7 +34,13 @@ cluster's admin kubeconfig, as a platform engineer would.
    Argo's cache, and the controller alone rolls it back at 10 %: the reason in the Sync's rollout
    line and a `RolledBack` Event by the Lease holder, the gateway's split back to the stable.
 6. A pushed typo → not applied: `Ready=False`, `ValidationFailed` with the file:line, Forge's
-   writes unchanged and the stable answering; the fix pushed → applied and Ready again.
+   writes unchanged and the stable answering; the fix pushed and announced by a signed push webhook
+   sent to the follower's pod (the Service would pick either replica; the secret from the Secret
+   `webhook.secretRef` names, made after the install) → the follower passes it on through the
+   Sync's annotation and the leader applies it at once (commit → applied, the figure issue 33 asks
+   for), Ready again.
+   Then the controller's own PodMonitor and PrometheusRule as the in-cluster Prometheus sees them:
+   both replicas scraped, one leading, the controller's alerts loaded and none firing.
 7. `forgectl uninstall` → the controller's pods are gone, the leader gave the Lease back on SIGTERM,
    and what it applied stays (Forge's field managers' entries on every object as they were).
 
@@ -44,6 +50,8 @@ is read from the cluster (and the pods' HTTP endpoints, and Prometheus). Needs r
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -83,6 +91,8 @@ CONTROLLER_NS = "forge-ctl-node-system"
 APPS_NS = "forge-ctl-node-apps"
 GIT_NS = "forge-ctl-node-git"
 SOURCE = "quickstart"
+#: The webhook's Secret (`webhook.secretRef`) and the secret it holds.
+WEBHOOK_SECRET, WEBHOOK_KEY = "forge-webhook", "webhook-secret-for-the-node-test"
 LEASE = "forgectl-cluster"  # the `cluster` environment's Lease: the source's leader election
 MODEL_VERSION = "forge.dev/model-version"
 #: The `cluster` Environment's Prometheus: the Prometheus Operator's governing Service, in-cluster.
@@ -270,7 +280,7 @@ def test_install_runs_two_ready_replicas_with_one_leader(stack: Stack) -> None:
     # working directory is the writable cache volume), HTTP on the pod's address for the probes
     config.write_text(yaml.safe_dump({
         "apiVersion": "forge.dev/v1alpha1", "kind": "ControllerConfig", "namespace": CONTROLLER_NS,
-        "http": {"address": "0.0.0.0", "port": PORT},
+        "http": {"address": "0.0.0.0", "port": PORT}, "webhook": {"secretRef": WEBHOOK_SECRET},
         "sources": [{"name": SOURCE, "url": stack.git_url, "branch": "main", "path": ".", "environment": "cluster",
                      "namespace": APPS_NS, "interval": "10s"}]}))
     # the ClusterRoles install binds to, applied by the cluster's admin first (docs/controller.md)
@@ -291,6 +301,9 @@ def test_install_runs_two_ready_replicas_with_one_leader(stack: Stack) -> None:
         print(stack.logs())
         raise
     print(f"\ninstall → two pods Ready: {time.monotonic() - t:.1f} s")
+    # the webhook's Secret, made after the install as docs/controller.md says (its namespace is install's)
+    stack.core.create_namespaced_secret(CONTROLLER_NS, client.V1Secret(
+        metadata=client.V1ObjectMeta(name=WEBHOOK_SECRET), string_data={"secret": WEBHOOK_KEY}))
     names = {p.metadata.name for p in pods}
     assert all(p.spec.containers[0].image == "forge-controller:0.1.0" for p in pods)
     for pod in pods:
@@ -681,10 +694,41 @@ def test_a_pushed_spec_with_an_error_is_refused_and_a_fix_is_applied(stack: Stac
     assert all(_infer_at(stack.gateway_url) == 200 for _ in range(20))  # and the stable still answers
 
     model.write_text(model.read_text().replace("learningRate: fast", "learningRate: 0.002", 1))
+    # the fix, announced as a forge would: a signed push webhook, sent to the replica that does not
+    # lead (the harder of the two a Service may pick), just after a poll so the poll does not take it
+    holder = stack.holder() or ""
+    [follower] = [p for p in stack.pods() if p.metadata.deletion_timestamp is None and p.metadata.name != _pod_of(holder)]
+    leader_ip = next(p.status.pod_ip for p in stack.pods() if p.metadata.name == _pod_of(holder))
+    polled = _fetches(leader_ip)
+    wait_until(lambda: _fetches(leader_ip) != polled, 30, "the leader's next poll", interval=0.25)
     fixed = stack.push("the fix")
+    body = json.dumps({"ref": "refs/heads/main", "after": fixed}).encode()
+    signature = "sha256=" + hmac.new(WEBHOOK_KEY.encode(), body, hashlib.sha256).hexdigest()
+    pushed = time.monotonic()
+    request = urllib.request.Request(f"http://{follower.status.pod_ip}:{PORT}/hooks/git", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", "X-Hub-Signature-256": signature})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 202, answer.read()
     wait_until(lambda: (st := stack.sync().get("status", {})).get("lastAppliedRevision") == fixed and next(
         (c for c in st.get("conditions") or [] if c["type"] == "Ready"), {}).get("status") == "True", 120,
-               "the fixed revision applied and Ready", interval=1)
+               "the fixed revision applied and Ready", interval=0.25)
+    took = time.monotonic() - pushed
+    print(f"\nwebhook to the follower → the fix applied: {took:.1f} s")
+    assert "forge.dev/requested-at" in (stack.sync()["metadata"].get("annotations") or {})
+    assert "a push, passed on to the leader" in _pod_log(stack, follower.metadata.name)
+    assert "a sync requested" in _pod_log(stack, _pod_of(holder))
+    assert took < 10, took  # sooner than the 10 s poll: the webhook moved it (issue 33's goal: ≤ 5 s)
+
+
+def _pod_log(stack: Stack, pod: str) -> str:
+    return str(stack.core.read_namespaced_pod_log(pod, CONTROLLER_NS))
+
+
+def _fetches(pod_ip: str) -> float:
+    """How many fetches a replica has made (its own forge_controller_git_fetch_duration_seconds_count)."""
+    _, text = _get(f"http://{pod_ip}:{PORT}/metrics")
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+               if ln.startswith("forge_controller_git_fetch_duration_seconds_count"))
 
 
 def _process_figures(pod_ip: str) -> tuple[float, float]:
@@ -716,6 +760,28 @@ def test_the_idle_controller_footprint(stack: Stack) -> None:
     assert set(figures) == {"leader", "follower"}, figures
     # the install's Deployment asks 50m and 128Mi (limit 1Gi): idle, it stays near what it asks
     assert all(f["cpu_millicores"] < 100 and f["rss_mib"] < 400 for f in figures.values()), figures
+
+
+def test_prometheus_scrapes_the_controller_and_loads_its_alerts(stack: Stack, shared_node: nodekit.SharedNode) -> None:
+    """The PodMonitor and PrometheusRule `forgectl install` applied, as the in-cluster Prometheus
+    (the Prometheus Operator's, selecting every namespace's) uses them: both replicas' /metrics
+    scraped, exactly one leading, and the three alerts loaded, none firing."""
+    if "live" not in _STATE:
+        pytest.fail("the apply test did not pass")
+    _, prometheus = shared_node.prometheus()
+
+    def scraped() -> list[dict[str, Any]] | None:
+        rows = _query(prometheus, f'up{{namespace="{CONTROLLER_NS}"}} == 1')
+        return rows if len(rows) == 2 else None
+    rows = wait_until(scraped, 120, "both controller replicas scraped through their PodMonitor", interval=2)
+    assert all(NAME in r["metric"].get("job", "") for r in rows), rows
+    leading = _query(prometheus, f'sum(forge_controller_leader{{namespace="{CONTROLLER_NS}",source="{SOURCE}"}})')
+    assert [float(r["value"][1]) for r in leading] == [1.0], leading
+    with urllib.request.urlopen(f"{prometheus}/api/v1/rules", timeout=10) as resp:
+        groups = json.loads(resp.read())["data"]["groups"]
+    rules = {r["name"]: r for g in groups if g["name"] == "forge-controller" for r in g["rules"]}
+    assert set(rules) == {"ForgeSyncFailing", "ForgeRolloutStuck", "ForgeControllerNoLeader"}, sorted(rules)
+    assert all(r["health"] == "ok" and r["state"] == "inactive" for r in rules.values()), rules
 
 
 def test_uninstall_removes_the_controller_and_keeps_what_it_applied(stack: Stack) -> None:
