@@ -178,6 +178,7 @@ def sync_lines(read: Mapping[str, Any], endpoint: str | None = None) -> list[str
             if endpoint is not None and rollout["endpoint"] != endpoint:
                 continue
             step = f"step {rollout['step'] + 1}" if rollout["step"] >= 0 else "no step yet"
+            why = f": {escape(rollout['reason'])}" if rollout.get("reason") else ""
             lines.append(f"    rollout {escape(rollout['endpoint'])}: {escape(rollout['phase'])}, {step}, "
-                         f"canary {rollout['weight']} %: {escape(rollout['reason'])}")
+                         f"canary {rollout['weight']} %{why}")
     return lines
