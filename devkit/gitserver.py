@@ -51,6 +51,13 @@ class GitServer:
         git("push", "--quiet", "origin", "HEAD:main", cwd=self.work)
         return git("rev-parse", "HEAD", cwd=self.work)
 
+    def tag(self, name: str, *, annotated: bool = False) -> str:
+        """Tag the work tree's HEAD ``name`` (an annotated tag with ``annotated``) and push the tag;
+        the commit it names."""
+        git("tag", *(("-a", "-m", name) if annotated else ()), name, cwd=self.work)
+        git("push", "--quiet", "origin", f"refs/tags/{name}", cwd=self.work)
+        return git("rev-parse", "HEAD", cwd=self.work)
+
     def edit(self, name: str, old: str, new: str) -> None:
         path = self.work / name
         text = path.read_text()

@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -39,6 +41,10 @@ class Source(_Model):
     name: str = Field(pattern=_NAME, description="The Sync object's name (`kubectl wait sync/NAME`).")
     url: str = Field(min_length=1, max_length=4096, description="https://, http://, ssh://, git:// or file:// URL.")
     branch: str = Field(default="main", min_length=1, max_length=255)
+    tag: str | None = Field(default=None, min_length=1, max_length=255, description="A tag to apply instead of the branch.")
+    semver: str | None = Field(default=None, min_length=1, max_length=255, description=(
+        "A version range over the repository's tags (`vX.Y.Z` or `X.Y.Z`), PEP 440 specifiers such as "
+        "`>=1.2,<2`: the highest tag in it is applied, instead of the branch."))
     path: str = Field(default=".", min_length=1, max_length=4096, description="Folder of the specs in the repository.")
     environment: str = Field(pattern=_NAME, description="The Environment (of the specs) applied to.")
     namespace: str = Field(pattern=_NAME, description="Where the environment's objects and its Lease live.")
@@ -49,6 +55,24 @@ class Source(_Model):
     secret_ref: str | None = Field(default=None, pattern=_NAME, description=(
         "A Secret in the controller's namespace holding the fetch's credentials: `username` and `password`, or "
         "`bearerToken` (http/https); `identity` and `known_hosts` (ssh)."))
+
+    @model_validator(mode="after")
+    def _one_ref(self) -> Source:
+        if self.tag is not None and self.semver is not None:
+            raise ValueError("a source follows one of branch, tag or semver: tag and semver are both set")
+        if self.semver is not None:
+            try:
+                SpecifierSet(self.semver)
+            except InvalidSpecifier:
+                raise ValueError(f"semver {self.semver!r} is not a version range (PEP 440 specifiers, e.g. `>=1.2,<2`)") from None
+        return self
+
+    @property
+    def ref(self) -> str:
+        """What the source follows, as said in messages: `branch main`, `tag v1.2.0`, `semver >=1,<2`."""
+        if self.semver is not None:
+            return f"semver {self.semver}"
+        return f"tag {self.tag}" if self.tag is not None else f"branch {self.branch}"
 
     @property
     def interval_seconds(self) -> float:
@@ -135,6 +159,21 @@ class ControllerConfig(_Model):
         if self.webhook is not None and self.webhook.secret_ref:
             names.add(self.webhook.secret_ref)
         return tuple(sorted(names))
+
+
+def highest_tag(tags: list[str], semver: str) -> str | None:
+    """The tag of the highest version ``semver`` admits among ``tags`` (`v1.2.0` or `1.2.0`; a
+    tag that is no version is skipped; pre-releases only when the range names one), or None."""
+    spec = SpecifierSet(semver)
+    best: tuple[Version, str] | None = None
+    for tag in tags:
+        try:
+            version = Version(tag.removeprefix("v"))
+        except InvalidVersion:
+            continue
+        if spec.contains(version, prereleases=bool(spec.prereleases)) and (best is None or version > best[0]):
+            best = (version, tag)
+    return best[1] if best else None
 
 
 def load_config(path: str | Path) -> ControllerConfig:

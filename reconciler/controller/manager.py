@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from reconciler.controller.config import ControllerConfig, Source
+from reconciler.controller.config import ControllerConfig, Source, highest_tag
 from reconciler.controller.credentials import WEBHOOK_REFRESH, WebhookSecret, read_credentials, read_webhook_secret
 from reconciler.controller.metrics import ControllerMetrics
 from reconciler.controller.sync import Loaded, Outcome, apply_revision, diagnostics_message, inside, load_revision
@@ -53,7 +53,7 @@ from reconciler.controller.watch import Controllers, controllers_for, prometheus
 from reconciler.diagnostics import ForgeError, SpecError
 from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TargetError
 from reconciler.load.endpoints import desired_endpoints
-from reconciler.load.gitrepo import fetch_source
+from reconciler.load.gitrepo import fetch_source, remote_tags
 from reconciler.plan.session import TargetOptions, open_target
 from reconciler.resources import EVENT, SYNC
 from reconciler.targets.base import Fence, LeaseTiming, Target
@@ -164,7 +164,8 @@ class Worker:
         api = self.target.controller_api()
         if api is None:
             return None
-        spec = {"url": self.source.url, "branch": self.source.branch, "path": self.source.path,
+        followed = {"semver": self.source.semver} if self.source.semver else {"tag": self.source.tag} if self.source.tag else {}
+        spec = {"url": self.source.url, "branch": self.source.branch, **followed, "path": self.source.path,
                 "environment": self.source.environment, "namespace": self.source.namespace,
                 "interval": self.source.interval, "selfHeal": self.source.self_heal}
         stored = api.apply_object(SYNC, sync_object(self.source.name, self.config.namespace, spec), manager=MANAGER)
@@ -234,11 +235,17 @@ class Worker:
         try:
             credentials = (read_credentials(self.target.controller_api(), self.config.namespace, self.source.secret_ref)
                            if self.source.secret_ref else None)
+            tag = self.source.tag
+            if self.source.semver is not None:
+                tags = remote_tags(self.cache, self.source.url, timeout=self.source.timeout_seconds, credentials=credentials)
+                tag = highest_tag(tags, self.source.semver)
+                if tag is None:
+                    raise ForgeError(f"no tag is in the range {self.source.semver} (tags: {', '.join(tags[-10:]) or 'none'})")
             revision = fetch_source(self.cache, self.source.url, self.source.branch, timeout=self.source.timeout_seconds,
-                                    credentials=credentials)
+                                    credentials=credentials, tag=tag)
         except ForgeError as exc:
             self.metrics.fetch_seconds.labels(name).observe(time.monotonic() - began)
-            self._finish(Outcome("FetchFailed", f"fetching {self.source.branch} of {self.source.url}: {exc}", self.attempted or ""),
+            self._finish(Outcome("FetchFailed", f"fetching {self.source.ref} of {self.source.url}: {exc}", self.attempted or ""),
                          began)
             return
         self.metrics.fetch_seconds.labels(name).observe(time.monotonic() - began)
@@ -382,7 +389,9 @@ class Manager:
     def trigger(self, branch: str | None = None) -> list[str]:
         """A push: sync the sources on ``branch`` (every source when None) at once — here when this
         replica leads, else through the leader (:meth:`Worker._pass_push_on`); their names."""
-        hit = [w for w in self.workers if branch is None or w.source.branch == branch]
+        # a push to a branch syncs the sources on it; a tag's push (no branch) every source
+        hit = [w for w in self.workers if branch is None or w.source.branch == branch
+               or w.source.tag is not None or w.source.semver is not None]
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         for worker in hit:
             worker.pushed = stamp

@@ -484,29 +484,52 @@ def _authenticated(scheme: str, credentials: GitCredentials, folder: Path) -> tu
     raise GitError(f"a {scheme}:// source takes no credentials (https, http or ssh do)")
 
 
-def fetch_source(cache: Path, url: str, branch: str, *, timeout: float, credentials: GitCredentials | None = None) -> str:
-    """Fetch ``branch`` of ``url`` into the cache repository at ``cache`` (made here, with no work
-    tree checked out, the first time) and return the fetched commit. The in-cluster controller's
-    one remote operation, as closed as everything else here: the repository and its configuration
-    are Forge's own (nothing of the remote's configuration or hooks is ever read), the only
-    transport allowed is the URL's own scheme, no tags, no submodules, no credential helper or
-    prompt, and the whole fetch is bounded by ``timeout`` seconds. ``credentials`` (a Secret's,
-    :class:`GitCredentials`) reach git through its environment and files of this fetch alone. The fetched revision is then read
-    like any other (:meth:`Repository.tree`, :meth:`Repository.blobs`: blobs by id, no checkout)."""
+def _ref_name(kind: str, name: str) -> str:
+    """``name`` checked as a branch or tag name (git's own rules, `git check-ref-format`'s subset)."""
+    check_revision(name)
+    if any(c in name for c in " ~^:?*[\\") or ".." in name or name.endswith((".lock", "/")) or "@{" in name:
+        raise GitError(f"source {kind} {printable(name)!r} is not a {kind} name")
+    return name
+
+
+def _remote(cache: Path, url: str, credentials: GitCredentials | None, timeout: float, what: str, *args: str) -> bytes:
+    """Run one remote git command (``args``, ending with the URL) in the cache repository at
+    ``cache`` (made here, with no work tree, the first time), closed as :func:`fetch_source` says."""
     scheme = _fetch_scheme(url)
-    check_revision(branch)
-    if any(c in branch for c in " ~^:?*[\\") or ".." in branch or branch.endswith((".lock", "/")):
-        raise GitError(f"source branch {printable(branch)!r} is not a branch name")
     cache.mkdir(parents=True, exist_ok=True)
     if not (cache / ".git").is_dir():
         done = _git(["init", "--quiet", str(cache)], cwd=cache, config=OVERRIDES, what=f"making the cache {cache}")
         if done.returncode != 0:
             raise GitError(f"making the cache repository {printable(str(cache))}: {_first_line(done.stderr)}")
     repo = open_repository(cache, needed_by="the controller's fetch")
-    what = f"fetching {printable(branch)} of {printable(url)}"
     with tempfile.TemporaryDirectory(prefix="forge-fetch-") as folder:
         config, env = _authenticated(scheme, credentials, Path(folder)) if credentials is not None else ([], {})
-        repo.run("fetch", "--quiet", "--no-tags", "--no-recurse-submodules", "--no-write-fetch-head", "--force",
-                 "--", url, f"+refs/heads/{branch}:{FETCHED_REF}", what=what, timeout=timeout, config=config,
-                 env={"GIT_ALLOW_PROTOCOL": scheme, "GIT_SSH_COMMAND": "ssh -o BatchMode=yes", **env})
-    return repo.commit(FETCHED_REF)
+        return repo.run(*args, what=what, timeout=timeout, config=config,
+                        env={"GIT_ALLOW_PROTOCOL": scheme, "GIT_SSH_COMMAND": "ssh -o BatchMode=yes", **env})
+
+
+def fetch_source(cache: Path, url: str, branch: str, *, timeout: float, credentials: GitCredentials | None = None,
+                 tag: str | None = None) -> str:
+    """Fetch ``branch`` of ``url`` (or its ``tag``, when given) into the cache repository at
+    ``cache`` (made here, with no work tree checked out, the first time) and return the fetched
+    commit (an annotated tag's commit). The in-cluster controller's
+    one remote operation, as closed as everything else here: the repository and its configuration
+    are Forge's own (nothing of the remote's configuration or hooks is ever read), the only
+    transport allowed is the URL's own scheme, no other tags, no submodules, no credential helper or
+    prompt, and the whole fetch is bounded by ``timeout`` seconds. ``credentials`` (a Secret's,
+    :class:`GitCredentials`) reach git through its environment and files of this fetch alone. The fetched revision is then read
+    like any other (:meth:`Repository.tree`, :meth:`Repository.blobs`: blobs by id, no checkout)."""
+    _fetch_scheme(url)
+    ref = f"refs/tags/{_ref_name('tag', tag)}" if tag is not None else f"refs/heads/{_ref_name('branch', branch)}"
+    what = f"fetching {printable(tag if tag is not None else branch)} of {printable(url)}"
+    _remote(cache, url, credentials, timeout, what, "fetch", "--quiet", "--no-tags", "--no-recurse-submodules",
+            "--no-write-fetch-head", "--force", "--", url, f"+{ref}:{FETCHED_REF}")
+    return open_repository(cache, needed_by="the controller's fetch").commit(FETCHED_REF)
+
+
+def remote_tags(cache: Path, url: str, *, timeout: float, credentials: GitCredentials | None = None) -> list[str]:
+    """The tag names ``url`` has (`git ls-remote --tags --refs`, closed like :func:`fetch_source`)."""
+    out = _remote(cache, url, credentials, timeout, f"listing the tags of {printable(url)}",
+                  "ls-remote", "--tags", "--refs", "--", url)
+    return sorted(line.split("\trefs/tags/", 1)[1] for line in out.decode(errors="replace").splitlines()
+                  if "\trefs/tags/" in line)

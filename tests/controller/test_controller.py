@@ -89,10 +89,10 @@ class Controllers:
 
     def __init__(self, tmp: Path, kubeconfig: str, namespace: str, url: str, *, interval: str,
                  secret: bytes | None = None, self_heal: bool = False, secret_ref: str | None = None,
-                 webhook_ref: str | None = None) -> None:
+                 webhook_ref: str | None = None, semver: str | None = None) -> None:
         self.tmp, self.kubeconfig, self.namespace, self.url = tmp, kubeconfig, namespace, url
         self.interval, self.secret, self.self_heal, self.secret_ref = interval, secret, self_heal, secret_ref
-        self.webhook_ref = webhook_ref
+        self.webhook_ref, self.semver = webhook_ref, semver
         self.replicas: list[Replica] = []
 
     def start(self, name: str) -> Replica:
@@ -103,7 +103,8 @@ class Controllers:
             "http": {"address": "127.0.0.1", "port": port},
             "sources": [{"name": SOURCE, "url": self.url, "branch": "main", "path": ".", "environment": "cluster",
                          "namespace": self.namespace, "interval": self.interval, "timeout": "30s",
-                         "selfHeal": self.self_heal, **({"secretRef": self.secret_ref} if self.secret_ref else {})}],
+                         "selfHeal": self.self_heal, **({"secretRef": self.secret_ref} if self.secret_ref else {}),
+                         **({"semver": self.semver} if self.semver else {})}],
         }
         if self.secret is not None:
             secret_file = self.tmp / "webhook-secret"
@@ -308,6 +309,34 @@ def test_the_webhooks_secret_comes_from_a_secret_made_after_the_start(kube_clust
         wait_until(lambda: replica.post("/hooks/git", body, headers) == 202, timeout=30, what="the Secret's secret taken")
         wait_until(lambda: applied(kubeconfig, namespace, second), timeout=60, what="the pushed revision applied")
         assert "rotated-later" not in replica.output()
+    finally:
+        made.close()
+
+
+def test_a_semver_source_applies_the_highest_tag_in_its_range(kube_cluster, namespace, git_server, tmp_path) -> None:
+    """A source following `semver: '>=1.0,<2'`: the branch's head is not applied, the highest tag in
+    the range is; a tag outside it (v2.0.0) is not; with no tag in range the Sync says so."""
+    kubeconfig = kube_cluster.kubeconfig
+    git_server.push("quick-start, untagged")
+    made = Controllers(tmp_path, kubeconfig, namespace, git_server.url, interval="2s", semver=">=1.0,<2")
+    try:
+        made.start("a")
+        status = wait_until(lambda: (s := sync_status(kubeconfig, namespace)) and ready(s).get("reason") == "FetchFailed" and s,
+                            timeout=60, what="no tag in the range yet")
+        assert "no tag is in the range >=1.0,<2" in ready(status)["message"], ready(status)
+        v1 = git_server.tag("v1.0.0", annotated=True)
+        wait_until(lambda: applied(kubeconfig, namespace, v1), timeout=120, what="v1.0.0 applied")
+        git_server.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003")
+        git_server.push("learning rate")
+        v11 = git_server.tag("v1.1.0")
+        wait_until(lambda: applied(kubeconfig, namespace, v11), timeout=60, what="v1.1.0 applied")
+        git_server.edit("model.yaml", "learningRate: 0.003", "learningRate: 0.004")
+        git_server.push("a major version")
+        git_server.tag("v2.0.0")
+        time.sleep(5)  # two intervals: v2.0.0 is outside the range
+        assert sync_status(kubeconfig, namespace)["lastAppliedRevision"] == v11
+        sync = json.loads(kubectl(kubeconfig, "-n", namespace, "get", f"sync/{SOURCE}", "-o", "json").stdout)
+        assert sync["spec"]["semver"] == ">=1.0,<2" and "tag" not in sync["spec"], sync["spec"]
     finally:
         made.close()
 

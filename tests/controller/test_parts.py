@@ -65,6 +65,24 @@ def test_a_webhook_takes_its_secret_from_one_place(tmp_path: Path) -> None:
             [d.text() for d in err.value.diagnostics]
 
 
+def test_a_source_follows_one_of_branch_tag_or_semver(tmp_path: Path) -> None:
+    from reconciler.controller.config import highest_tag
+
+    path = tmp_path / "controller.yaml"
+    for extra, says in (("    tag: v1.0.0\n    semver: '>=1'\n", "tag and semver are both set"),
+                        ("    semver: 'one point x'\n", "is not a version range")):
+        path.write_text(GOOD + extra)
+        with pytest.raises(SpecError) as err:
+            load_config(path)
+        assert any(f"{path}:4:" in d.text() and says in d.text() for d in err.value.diagnostics), [d.text() for d in err.value.diagnostics]
+    path.write_text(GOOD + "    semver: '>=1.2,<2'\n")
+    assert load_config(path).sources[0].ref == "semver >=1.2,<2"
+    tags = ["v1.0.0", "v1.2.0", "1.3.1", "v1.10.0rc1", "v2.0.0", "release-7", "v1.9.9"]
+    assert highest_tag(tags, ">=1.2,<2") == "v1.9.9"  # 1.10.0rc1 is a pre-release; release-7 no version
+    assert highest_tag(tags, ">=1.10.0rc1,<2") == "v1.10.0rc1"
+    assert highest_tag(tags, ">=3") is None
+
+
 def test_two_sources_on_one_environment_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "controller.yaml"
     path.write_text(GOOD + GOOD.split("sources:\n")[1].replace("name: quickstart", "name: other"))
@@ -120,6 +138,29 @@ def test_a_fetch_refuses_a_branch_that_is_no_branch_name(tmp_path: Path) -> None
         fetch_source(tmp_path / "cache", "file:///nowhere", "--upload-pack=touch", timeout=10)
     with pytest.raises(GitError, match="not a branch name"):
         fetch_source(tmp_path / "cache", "file:///nowhere", "main:refs/heads/x", timeout=10)
+
+
+def test_a_fetch_takes_a_tag_and_lists_the_remotes_tags(tmp_path: Path) -> None:
+    from devkit.gitserver import start_git_server
+    from reconciler.load.gitrepo import remote_tags
+
+    server = start_git_server(tmp_path)
+    try:
+        first = server.push("one")
+        assert server.tag("v1.0.0", annotated=True) == first
+        second = server.push("two")
+        server.tag("v1.1.0")
+        server.push("three, untagged")
+        assert remote_tags(tmp_path / "cache", server.url, timeout=30) == ["v1.0.0", "v1.1.0"]
+        # an annotated tag's commit, not the tag object; the branch's head is not fetched
+        assert fetch_source(tmp_path / "cache", server.url, "main", timeout=30, tag="v1.0.0") == first
+        assert fetch_source(tmp_path / "cache", server.url, "main", timeout=30, tag="v1.1.0") == second
+        with pytest.raises(GitError, match="not a tag name"):
+            fetch_source(tmp_path / "cache", server.url, "main", timeout=30, tag="v1..0")
+        with pytest.raises(GitError, match="couldn't find remote ref"):
+            fetch_source(tmp_path / "cache", server.url, "main", timeout=30, tag="v9.9.9")
+    finally:
+        server.stop()
 
 
 def test_a_fetch_returns_the_branch_commit_into_a_cache_of_forges_own(tmp_path: Path) -> None:
