@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devkit.debs import debian_package
+
 ROOT = Path(__file__).resolve().parents[1]
 GIT_DAEMON = "/usr/lib/git-core/git-daemon"
 
@@ -218,13 +220,11 @@ def serve_ssh(base: Path, authorized_key: str, state: Path) -> SshGitServer:
     private half of ``authorized_key`` (public keys only: no password, no forwarding, no tty).
 
     sshd comes from Debian's ``openssh-server`` package, extracted and cached
-    (:func:`devkit.node.images.debian_package`), never installed: an installed package would start a
+    (:func:`devkit.debs.debian_package`), never installed: an installed package would start a
     system sshd on every address. Run by root, sshd needs its privilege-separation user and
     ``/run/sshd``; both are given to it in a mount namespace of its own (a ``passwd`` with that user
     bound over ``/etc/passwd``, a tmpfs on ``/run``), so the host is not changed. Run by another
     user, sshd logs in that user only and needs neither."""
-    from devkit.node.images import debian_package
-
     server, _ = debian_package("openssh-server")
     libwrap, _ = debian_package("libwrap0")  # sshd links libwrap.so.0, which is not on every host
     state.mkdir(parents=True, exist_ok=True)
