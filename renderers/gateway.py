@@ -12,6 +12,10 @@ precedence (a match with a header beats the same path without):
 * one rule per predictor matching the header ``x-forge-predictor: <predictor>``: the blue-green
   preview (the new version at 0 % is reachable before the switch) and a direct way to each arm
   (a caller, or an edge that assigned the user, sends the arm it chose: sticky by construction);
+* with an experiment's `sticky` key, one rule per arm matching the key's first three hex digits
+  against the arm's range of buckets (renderers/keybuckets.py; a `RegularExpression` header match,
+  on the header itself or on the `Cookie` header for a cookie): one key, one arm, keys spread by
+  the shares; a key without three leading hex digits falls through to the split;
 * the split: ``PathPrefix /`` to every predictor with its weight (stable ``100 - w``, canary
   ``w``; or each arm's share).
 
@@ -24,9 +28,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from renderers.keybuckets import arm_buckets, prefix_pattern
 from renderers.labels import ENDPOINT, owner_metadata
 from renderers.seldon import SERVE_PORT, ServingState
 from specs import Endpoint, Environment
+from specs.experiment import Sticky
 from specs.traffic import TrafficRouting
 
 API_VERSION = "gateway.networking.k8s.io/v1"
@@ -78,6 +84,15 @@ def _backend(deployment: str, predictor: str, weight: int) -> dict[str, Any]:
             "weight": weight}
 
 
+def sticky_match(sticky: Sticky, lo: int, hi: int) -> dict[str, Any]:
+    """The header match of the keys in buckets ``lo … hi - 1``: the sticky header's value starts
+    with them, or the `Cookie` header carries the sticky cookie with such a value."""
+    keys = prefix_pattern(lo, hi)
+    if sticky.header is not None:
+        return {"type": "RegularExpression", "name": sticky.header, "value": "^" + keys}
+    return {"type": "RegularExpression", "name": "cookie", "value": f"(?:^|;\\s*){sticky.cookie}={keys}"}
+
+
 def render_route(endpoint: Endpoint, env: Environment, namespace: str, revision: str | None,
                  state: ServingState) -> dict[str, Any] | None:
     """The HTTPRoute of ``endpoint`` serving ``state``, or None when its router is not `gatewayAPI`."""
@@ -93,6 +108,11 @@ def render_route(endpoint: Endpoint, env: Environment, namespace: str, revision:
          "backendRefs": [_backend(deployment, predictor, 1)]}
         for predictor, _ in weights
     ]
+    sticky = endpoint.spec.experiment.sticky if endpoint.spec.experiment is not None and state.arms else None
+    if sticky is not None:
+        rules += [{"name": f"sticky-{arm}", "matches": [{**root, "headers": [sticky_match(sticky, lo, hi)]}],
+                   "backendRefs": [_backend(deployment, arm, 1)]}
+                  for arm, lo, hi in arm_buckets(weights)]
     rules.append({"name": "split", "matches": [root],
                   "backendRefs": [_backend(deployment, predictor, weight) for predictor, weight in weights]})
     spec: dict[str, Any] = {"parentRefs": [parent_ref(routing, namespace)]}

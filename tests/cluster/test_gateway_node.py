@@ -10,7 +10,13 @@ logging each request (`-vv`). The route is Forge's (`render_serving_route` of th
 which returns only once Traefik reports the route Accepted with ResolvedRefs for the Gateway.
 Through the gateway, 4,000 requests at each of 10 %, 50 % and 100 %: the canary's share is counted
 from the predictors' own request logs (never from the client), and must lie in the binomial
-99.9 % interval around the weight. Needs root. See docs/test-cluster.md, "Traefik on the node".
+99.9 % interval around the weight.
+
+An A/B experiment sticky by a caller key (`sticky: {header: x-user-id}`, arms at 70 / 30) on its
+own host name of the same Gateway: 1,000 keys (random UUIDs), three requests each, through the
+gateway: every key reaches one arm only, the arm its key's bucket names (renderers/keybuckets.py),
+the split of keys lies in the binomial 99.9 % interval around the shares, and the arms' own logs
+hold three requests per key. Needs root. See docs/test-cluster.md, "Traefik on the node".
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from __future__ import annotations
 import functools
 import json
 import math
+import random
 import statistics
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,8 +44,10 @@ from reconciler.load.loader import load_or_raise
 from reconciler.targets.kubernetes.target import KubernetesTarget
 from reconciler.traffic.gateway import route_admission
 from reconciler.traffic.serving import apply_route, render_serving_route
-from renderers.seldon import ServingState
+from renderers.keybuckets import arm_buckets, bucket_of
+from renderers.seldon import ArmServing, ServingState
 from specs import Endpoint
+from specs.experiment import Experiment
 from specs.traffic import GatewayParentRef, TrafficRouting
 from tests.cluster import nodekit
 from tests.polling import wait_until
@@ -86,15 +96,20 @@ def _predictor(name: str, image: str, traffic: int) -> dict[str, Any]:
     }
 
 
-def _routing_env(gateway: traefik.TraefikGateway):
+def _routing_env(gateway: traefik.TraefikGateway, hostnames: tuple[str, ...] = ()):
     specs = load_or_raise([str(ROOT / "examples" / "quickstart")]).specs
     env = specs.environment("cluster")
     endpoint = specs.get(Endpoint, NAME)
     assert env is not None and endpoint is not None
     ref = gateway.parent_ref()
     routing = TrafficRouting(router="gatewayAPI", parent_ref=GatewayParentRef(
-        name=ref["name"], namespace=ref["namespace"], section_name=ref["sectionName"]))
+        name=ref["name"], namespace=ref["namespace"], section_name=ref["sectionName"]), hostnames=list(hostnames))
     return env.model_copy(update={"spec": env.spec.model_copy(update={"traffic": routing})}), endpoint
+
+
+def _seldon_deployment(name: str, image: str, predictors: dict[str, int]) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SeldonDeployment", "metadata": {"name": name, "namespace": NS},
+            "spec": {"protocol": "v2", "predictors": [_predictor(role, image, w) for role, w in predictors.items()]}}
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
@@ -108,21 +123,22 @@ def _send(url: str, n: int, workers: int = 8) -> list[tuple[int, str]]:
         return list(pool.map(lambda _: _get(url), range(n)))
 
 
-def _served(core: client.CoreV1Api) -> dict[str, int]:
+def _served(core: client.CoreV1Api, deployment: str = NAME, roles: tuple[str, ...] = ("stable", "canary")) -> dict[str, int]:
     """Requests for PATH each predictor's own httpd logged so far (`url:/index.html` lines)."""
     counts: dict[str, int] = {}
     for pod in core.list_namespaced_pod(NS).items:
         app = (pod.metadata.labels or {}).get("seldon-app", "")
-        role = app.removeprefix(f"{NAME}-")
-        if role in ("stable", "canary") and pod.status.phase == "Running":
+        role = app.removeprefix(f"{deployment}-")
+        if role in roles and pod.status.phase == "Running":
             log = core.read_namespaced_pod_log(pod.metadata.name, NS, container="model")
             counts[role] = counts.get(role, 0) + sum(1 for line in log.splitlines() if line.endswith(f"url:{PATH}"))
     return counts
 
 
-def _served_since(core: client.CoreV1Api, before: dict[str, int], n: int) -> dict[str, int] | None:
+def _served_since(core: client.CoreV1Api, before: dict[str, int], n: int, deployment: str = NAME,
+                  roles: tuple[str, ...] = ("stable", "canary")) -> dict[str, int] | None:
     """The counts of :func:`_served` once the logs hold ``n`` more requests than ``before`` (None until then)."""
-    now = _served(core)
+    now = _served(core, deployment, roles)
     return now if sum(now.values()) - sum(before.values()) >= n else None
 
 
@@ -168,9 +184,8 @@ def test_a_canary_splits_through_the_gateway_at_10_50_and_100_percent(env, capsy
     api = node.api()
     core, apps, crd = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     image = node.images["busybox"][1]
-    sdep = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SeldonDeployment", "metadata": {"name": NAME, "namespace": NS},
-            "spec": {"protocol": "v2", "predictors": [_predictor("stable", image, 100), _predictor("canary", image, 0)]}}
-    crd.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, sdep)
+    crd.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL,
+                                        _seldon_deployment(NAME, image, {"stable": 100, "canary": 0}))
     target = KubernetesTarget("cluster", NS, kubeconfig=node.kubeconfig)
     route_env, endpoint = _routing_env(gateway)
     url = gateway.url + PATH
@@ -215,4 +230,75 @@ def test_a_canary_splits_through_the_gateway_at_10_50_and_100_percent(env, capsy
         with capsys.disabled():
             print("\n" + json.dumps(numbers))
         crd.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, NAME)
+        api.close()
+
+
+AB_HOST = "ab.forge.test"  # the experiment's route answers this host only, beside the canary's route
+AB_ARMS = {"control": 70, "treatment": 30}
+KEYS = 1000
+
+
+def test_an_ab_experiment_keeps_each_caller_key_in_one_arm_and_splits_keys_by_the_shares(env, capsys) -> None:
+    _, node, gateway = env
+    api = node.api()
+    core, apps, crd = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
+    name = f"{NAME}-ab"
+    crd.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL,
+                                        _seldon_deployment(name, node.images["busybox"][1], AB_ARMS))
+    target = KubernetesTarget("cluster", NS, kubeconfig=node.kubeconfig)
+    route_env, endpoint = _routing_env(gateway, (AB_HOST,))
+    experiment = Experiment.model_validate({"arms": [{"name": a, "share": w} for a, w in AB_ARMS.items()],
+                                            "sticky": {"header": "x-user-id"}, "primary": {"kind": "success-rate"}})
+    endpoint = endpoint.model_copy(update={
+        "metadata": endpoint.metadata.model_copy(update={"name": name}),
+        "spec": endpoint.spec.model_copy(update={"experiment": experiment})})
+    state = ServingState(STABLE, arms=tuple(ArmServing(a, STABLE, "base", w) for a, w in AB_ARMS.items()))
+    url = gateway.url + PATH
+    owner = {b: arm for arm, lo, hi in arm_buckets(list(AB_ARMS.items())) for b in range(lo, hi)}
+    rng = random.Random(29)
+    keys = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(KEYS)]
+    numbers: dict[str, Any] = {"keys": KEYS}
+
+    def arm_of(key: str, **extra: str) -> str:
+        status, body = _get(url, {"Host": AB_HOST, "x-user-id": key, **extra})
+        assert status == 200
+        return body.removeprefix("served-by-")
+
+    try:
+        wait_until(lambda: sum((d.status.ready_replicas or 0) for d in apps.list_namespaced_deployment(NS).items
+                               if d.metadata.name.startswith(name)) >= 2, 180, "both arms' pods to be Ready", interval=0.5)
+        route = render_serving_route(route_env, NS, None, endpoint, state)
+        assert route is not None and any(r["name"].startswith("sticky-") for r in route["spec"]["rules"])
+        t0 = time.monotonic()
+        apply_route(target, target.get, route, timeout=60)
+        probe = keys[0]
+        wait_until(lambda: arm_of(probe) == owner[bucket_of(probe)], 30, "the gateway to route a key to its arm",
+                   ignore=(OSError,))
+        numbers["routed_s"] = round(time.monotonic() - t0, 3)
+
+        before = _served(core, name, tuple(AB_ARMS))
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda k: (k, [arm_of(k) for _ in range(3)]), keys))
+        arms_of = {k: set(a) for k, a in answers}
+        split = [k for k, a in arms_of.items() if len(a) != 1]
+        assert not split, f"{len(split)} keys reached more than one arm, e.g. {split[:3]}"
+        wrong = [k for k, a in arms_of.items() if a != {owner[bucket_of(k)]}]
+        assert not wrong, f"{len(wrong)} keys reached another arm than their bucket's, e.g. {wrong[:3]}"
+        per_arm = {arm: sum(1 for a in arms_of.values() if a == {arm}) for arm in AB_ARMS}
+        numbers["keys_per_arm"] = per_arm
+        lo, hi = _interval(KEYS, AB_ARMS["treatment"] / 100)
+        assert lo <= per_arm["treatment"] <= hi, (per_arm, (lo, hi))
+        # the arms' own logs: three requests per key each arm was given (not the client's count)
+        after = wait_until(functools.partial(_served_since, core, before, 3 * KEYS, name, tuple(AB_ARMS)), 30,
+                           "the arms' logs to hold every request")
+        served = {arm: after.get(arm, 0) - before.get(arm, 0) for arm in AB_ARMS}
+        assert served == {arm: 3 * n for arm, n in per_arm.items()}, (served, per_arm)
+        # naming an arm wins over the key; a caller without a usable key is split per request
+        assert arm_of(keys[0], **{"x-forge-predictor": "treatment" if owner[bucket_of(keys[0])] == "control"
+                                  else "control"}) != owner[bucket_of(keys[0])]
+        assert _get(url, {"Host": AB_HOST, "x-user-id": "user-42"})[0] == 200
+    finally:
+        with capsys.disabled():
+            print("\n" + json.dumps(numbers))
+        crd.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
         api.close()

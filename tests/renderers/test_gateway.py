@@ -8,6 +8,7 @@ Refresh the golden files after an intended change with: `scripts/test tests/rend
 from __future__ import annotations
 
 import hashlib
+import re
 import textwrap
 from pathlib import Path
 
@@ -19,8 +20,10 @@ from reconciler.load.loader import load_or_raise
 from reconciler.present.manifests import to_yaml_stream
 from renderers import RenderContext, ServingState, render
 from renderers.gateway import PREDICTOR_HEADER, predictor_service, render_route, route_weights
+from renderers.keybuckets import bucket_of
 from renderers.seldon import ArmServing
 from specs import Endpoint
+from specs.experiment import Experiment
 from specs.traffic import GatewayParentRef, TrafficRouting
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,8 +53,19 @@ def quickstart(routing: TrafficRouting | None, env_name: str = "cluster", *, on_
     return specs, env, endpoint
 
 
-def serving_objects(state: ServingState, routing: TrafficRouting | None = ROUTING, **kw) -> list[dict]:
-    specs, env, _ = quickstart(routing, **kw)
+def with_sticky(specs, endpoint: Endpoint, sticky: dict[str, str]):
+    """``specs`` whose `digits` Endpoint runs STATES["arms"]' experiment, sticky by ``sticky``."""
+    experiment = Experiment.model_validate({"arms": [{"name": "control", "share": 70}, {"name": "treatment", "share": 30}],
+                                            "sticky": sticky, "primary": {"kind": "success-rate"}})
+    endpoint = endpoint.model_copy(update={"spec": endpoint.spec.model_copy(update={"experiment": experiment})})
+    return type(specs)(tuple(endpoint if d.kind == "Endpoint" and d.name == "digits" else d for d in specs.documents))
+
+
+def serving_objects(state: ServingState, routing: TrafficRouting | None = ROUTING, *, sticky: dict[str, str] | None = None,
+                    **kw) -> list[dict]:
+    specs, env, endpoint = quickstart(routing, **kw)
+    if sticky is not None:
+        specs = with_sticky(specs, endpoint, sticky)
     manifests = render(specs, RenderContext(env, revision="0123456789ab", serving={"digits": state})).manifests
     return [m for m in manifests if m["kind"] in ("SeldonDeployment", "HTTPRoute")]
 
@@ -91,6 +105,52 @@ def test_the_weights_follow_each_serving_state() -> None:
     assert route_weights(ServingState("a", "b", 100)) == [("stable", 0), ("canary", 100)]  # the blue-green switch
     assert route_weights(ServingState("a", "a", 50)) == [("stable", 100)]
     assert route_weights(STATES["arms"]) == [("control", 70), ("treatment", 30)]
+
+
+def _sticky_rules(route: dict) -> dict[str, dict]:
+    return {r["name"].removeprefix("sticky-"): r for r in route["spec"]["rules"] if r["name"].startswith("sticky-")}
+
+
+def test_a_sticky_experiment_routes_each_key_by_its_prefix_before_the_split() -> None:
+    _, route = serving_objects(STATES["arms"], sticky={"header": "x-user-id"})
+    names = [r["name"] for r in route["spec"]["rules"]]
+    # by name first (a caller naming its arm wins), then by key, then the split for callers without one
+    assert names == ["predictor-control", "predictor-treatment", "sticky-control", "sticky-treatment", "split"]
+    rules = _sticky_rules(route)
+    assert {arm: r["backendRefs"][0]["name"] for arm, r in rules.items()} == {"control": "digits-control",
+                                                                             "treatment": "digits-treatment"}
+    patterns = {arm: re.compile(r["matches"][0]["headers"][0]["value"]) for arm, r in rules.items()}
+    assert {r["matches"][0]["headers"][0]["name"] for r in rules.values()} == {"x-user-id"}
+    # 70 / 30 of the key space, each key in one arm
+    counts = {"control": 0, "treatment": 0}
+    for bucket in range(4096):
+        key = f"{bucket:03x}e4c1-9b2f-4c1d"
+        (arm,) = [a for a, p in patterns.items() if p.search(key)]
+        counts[arm] += 1
+    assert counts == {"control": 2867, "treatment": 1229}
+    # a key with no hex prefix reaches no sticky rule: the split decides
+    assert not any(p.search("user-42") for p in patterns.values())
+    assert bucket_of("user-42") is None
+
+
+def test_a_sticky_cookie_is_matched_inside_the_cookie_header() -> None:
+    _, route = serving_objects(STATES["arms"], sticky={"cookie": "uid"})
+    rules = _sticky_rules(route)
+    patterns = {arm: re.compile(r["matches"][0]["headers"][0]["value"]) for arm, r in rules.items()}
+    assert {r["matches"][0]["headers"][0]["name"] for r in rules.values()} == {"cookie"}
+
+    def arm(cookie: str) -> list[str]:
+        return [a for a, p in patterns.items() if p.search(cookie)]
+
+    assert arm("uid=0a1b2c") == ["control"] and arm("theme=dark; uid=ffe0") == ["treatment"]
+    assert arm("xuid=0a1b2c") == [] and arm("theme=uid") == []  # another cookie's name or value is no key
+
+
+def test_without_arms_or_sticky_there_are_no_sticky_rules() -> None:
+    _, route = serving_objects(STATES["arms"])  # an experiment without `sticky`
+    assert not _sticky_rules(route)
+    _, route = serving_objects(STATES["canary-10"], sticky={"header": "x-user-id"})  # no experiment running
+    assert not _sticky_rules(route)
 
 
 def test_seldon_is_the_default_router_and_renders_no_route() -> None:

@@ -13,8 +13,8 @@ from reconciler.targets.kubernetes.target import KubernetesTarget
 from tests.renderers.test_gateway import STATES, serving_objects
 
 
-def objects_in(namespace: str, case: str) -> list[dict]:
-    objects = serving_objects(STATES[case])
+def objects_in(namespace: str, case: str, sticky: dict[str, str] | None = None) -> list[dict]:
+    objects = serving_objects(STATES[case], sticky=sticky)
     for obj in objects:
         obj["metadata"]["namespace"] = namespace
     return objects
@@ -30,6 +30,15 @@ def test_rendered_routes_pass_server_dry_run(kube_cluster, namespace, case: str)
             # what the API server stored is what was rendered (nothing pruned by the schema)
             assert stored["spec"]["rules"] == obj["spec"]["rules"]
             assert stored["spec"]["parentRefs"] == obj["spec"]["parentRefs"]
+
+
+@pytest.mark.parametrize("sticky", [{"header": "x-user-id"}, {"cookie": "uid"}], ids=["header", "cookie"])
+def test_sticky_key_matches_pass_server_dry_run(kube_cluster, namespace, sticky: dict[str, str]) -> None:
+    target = KubernetesTarget("cluster", namespace, kubeconfig=kube_cluster.kubeconfig)
+    route = next(o for o in objects_in(namespace, "arms", sticky) if o["kind"] == "HTTPRoute")
+    assert any(r["name"].startswith("sticky-") for r in route["spec"]["rules"])
+    stored = target.apply(route, dry_run=True)
+    assert stored["spec"]["rules"] == route["spec"]["rules"]
 
 
 def test_the_crds_cel_rules_judge_the_route(kube_cluster, namespace) -> None:
