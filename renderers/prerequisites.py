@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from renderers.errors import RenderError
+from renderers.labels import TRAFFIC_ROUTER
 from renderers.scheduling import parameter_count
 from specs import Environment, Model, SpecSet
 from specs.base import quantity_value
@@ -151,11 +152,14 @@ def pod_security_note(env: Environment, namespace: str) -> str | None:
 class Requirement:
     """One thing the cluster admin provides, and why Forge needs it."""
 
-    kind: str  # "CustomResourceDefinition", "PriorityClass", "StorageClass", "ExtendedResource", "ControllerRights", "PodSecurity"
+    kind: str  # "CustomResourceDefinition", "PriorityClass", "StorageClass", "ExtendedResource", "ControllerRights",
+    #            "PodSecurity", "TrafficSplitter", "Gateway", "TrafficMirror"
     name: str
     why: str
     #: For a CRD: the API group/version path the objects use (`/apis/<group>/<version>`).
     api_path: str = ""
+    #: For a Gateway: the listener the routes attach to (`sectionName`), if one is named.
+    listener: str = ""
 
     def to_json(self) -> dict[str, str]:
         """A plain dict for `-o json`."""
@@ -210,12 +214,25 @@ def cluster_requirements(manifests: Iterable[Mapping[str, Any]], pod_security: s
         if kind in _CRDS:
             crd, path, why = _CRDS[kind]
             need(Requirement("CustomResourceDefinition", crd, why, path))
-        if kind == "SeldonDeployment":
+        routed = ((obj.get("metadata") or {}).get("annotations") or {}).get(TRAFFIC_ROUTER) == "gatewayAPI"
+        if kind == "SeldonDeployment" and not routed:
             # Seldon v1 applies the predictors' `traffic` only through an ingress it drives: with
             # neither, every predictor gets its own Service and no weight is enforced.
             need(Requirement("TrafficSplitter", "istio-or-ambassador",
                              "Seldon splits traffic between stable and canary by `traffic` only through Istio "
                              "(VirtualService) or Ambassador (Mapping); the operator must run with one enabled"))
+        if kind == "SeldonDeployment" and routed and any(p.get("shadow") for p in (obj.get("spec") or {}).get("predictors", [])):
+            need(Requirement("TrafficMirror", obj["metadata"]["name"],
+                             "the shadow predictor gets copies of requests only through a mirror; with `router: "
+                             "gatewayAPI` Forge renders none (Traefik's provider does not implement `RequestMirror`)"))
+        if kind == "HTTPRoute":
+            need(Requirement("CustomResourceDefinition", "httproutes.gateway.networking.k8s.io",
+                             "a Gateway API implementation splits the Endpoints' traffic (`traffic.router: gatewayAPI`)",
+                             "/apis/gateway.networking.k8s.io/v1"))
+            for ref in (obj.get("spec") or {}).get("parentRefs", []):
+                need(Requirement("Gateway", f"{ref.get('namespace') or obj['metadata']['namespace']}/{ref['name']}",
+                                 "the Endpoints' HTTPRoutes attach to it; its GatewayClass's controller must accept "
+                                 "it and program the listener", listener=ref.get("sectionName") or ""))
         if kind == "Workflow" and pod_security == "restricted":
             need(Requirement("PodSecurity", "argo-executor",
                              "the namespace enforces Pod Security `restricted`: the workflow-controller's ConfigMap "
@@ -250,7 +267,7 @@ def cluster_requirements(manifests: Iterable[Mapping[str, Any]], pod_security: s
                 for resource in (container.get("resources") or {}).get("limits", {}):
                     if "/" in resource:
                         need(Requirement("ExtendedResource", resource, f"{what} requests it (a device plugin advertises it)"))
-    order = {"CustomResourceDefinition": 0, "TrafficSplitter": 1, "ControllerRights": 2, "PodSecurity": 3,
-             "PriorityClass": 4, "StorageClass": 5, "ExtendedResource": 6}
+    order = {"CustomResourceDefinition": 0, "TrafficSplitter": 1, "Gateway": 1, "TrafficMirror": 1, "ControllerRights": 2,
+             "PodSecurity": 3, "PriorityClass": 4, "StorageClass": 5, "ExtendedResource": 6}
     return sorted(found.values(), key=lambda r: (order.get(r.kind, 9), r.name))
 

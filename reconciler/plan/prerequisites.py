@@ -9,10 +9,13 @@ Only reads: discovery, and GETs of cluster-scoped objects granted by the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from reconciler.errors import ForbiddenError, TargetError, TargetNotAvailable
 from reconciler.targets.base import ClusterAPI, Target
+from reconciler.traffic.gateway import condition_problem
 from renderers.prerequisites import Requirement
 from specs import Environment, SpecSet
 
@@ -80,6 +83,41 @@ def _traffic_splitter(api: ClusterAPI, req: Requirement) -> Finding:
                                    "canary weights would not be applied")
 
 
+GATEWAY_API = "/apis/gateway.networking.k8s.io/v1"
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> str | None:
+    """None when ``obj``'s status has condition ``kind`` True for its current generation, else why not."""
+    return condition_problem((obj.get("status") or {}).get("conditions") or [], kind,
+                             (obj.get("metadata") or {}).get("generation"), f"the {obj.get('kind', 'object')}")
+
+
+def _gateway(api: ClusterAPI, req: Requirement) -> Finding:
+    """The Gateway the routes attach to: it exists, its GatewayClass exists and is Accepted by its
+    controller, the Gateway is Programmed, and the listener the routes name is one of its own."""
+    namespace, name = req.name.split("/", 1)
+    gateway = api.read_path(f"{GATEWAY_API}/namespaces/{namespace}/gateways/{name}", what=f"Gateway {req.name}")
+    if gateway is None:
+        return Finding(req, "missing", f"no Gateway {req.name}: create it (docs/cluster-prerequisites.md)")
+    class_name = (gateway.get("spec") or {}).get("gatewayClassName", "")
+    gateway_class = api.read_path(f"{GATEWAY_API}/gatewayclasses/{class_name}", what=f"GatewayClass {class_name}")
+    if gateway_class is None:
+        return Finding(req, "missing", f"its GatewayClass {class_name!r} does not exist")
+    controller = (gateway_class.get("spec") or {}).get("controllerName", "?")
+    why_not = _condition(gateway_class, "Accepted")
+    if why_not is not None:
+        return Finding(req, "missing", f"GatewayClass {class_name!r} ({controller}) is not accepted: {why_not} "
+                                       "— does its controller run?")
+    why_not = _condition(gateway, "Programmed")
+    if why_not is not None:
+        return Finding(req, "missing", f"not programmed by {controller}: {why_not}")
+    listeners = [entry.get("name") for entry in (gateway.get("spec") or {}).get("listeners", [])]
+    if req.listener and req.listener not in listeners:
+        return Finding(req, "missing", f"has no listener {req.listener!r} (listeners: {', '.join(map(str, listeners))})")
+    on = f"listener {req.listener!r}" if req.listener else f"{len(listeners)} listener(s)"
+    return Finding(req, "ok", f"GatewayClass {class_name!r} accepted by {controller}; programmed, {on}")
+
+
 def check(api: ClusterAPI, requirements: list[Requirement]) -> list[Finding]:
     """Check each requirement against a cluster's API (read-only)."""
     findings = []
@@ -95,6 +133,11 @@ def check(api: ClusterAPI, requirements: list[Requirement]) -> list[Finding]:
                 findings.append(_extended_resource(api, req))
             elif req.kind == "TrafficSplitter":
                 findings.append(_traffic_splitter(api, req))
+            elif req.kind == "Gateway":
+                findings.append(_gateway(api, req))
+            elif req.kind == "TrafficMirror":
+                findings.append(Finding(req, "missing", "no mirror is rendered for router gatewayAPI: the shadow "
+                                                        "predictor gets no requests (docs/cluster-prerequisites.md)"))
             else:
                 findings.append(Finding(req, "manual", "not visible through the API: see docs/cluster-prerequisites.md"))
         except ForbiddenError as exc:

@@ -12,7 +12,7 @@ the pass, so the step is taken again on the next one). :func:`route_admission` i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,23 @@ def _same_parent(ref: Mapping[str, Any], parent: Mapping[str, Any], route_namesp
     return key(ref) == key(parent)
 
 
+def condition_problem(conditions: Iterable[Mapping[str, Any]], kind: str, generation: int | None,
+                      what: str = "the object") -> str | None:
+    """None when ``conditions`` (a Gateway API `status.conditions` list) hold ``kind`` True for
+    ``generation`` (the object's `metadata.generation`; None: any), else what is wrong, in the
+    status's own words. ``what`` names the object in the message."""
+    cond = next((c for c in conditions if c.get("type") == kind), None)
+    if cond is None:
+        return f"no {kind} condition"
+    seen = cond.get("observedGeneration")
+    if generation is not None and seen is not None and int(seen) < int(generation):
+        return f"{kind} is of generation {seen}, {what} is at {generation}"
+    if cond.get("status") != "True":
+        message = cond.get("message")
+        return f"{kind} {cond.get('status')} ({cond.get('reason') or '?'}{': ' + message if message else ''})"
+    return None
+
+
 def route_admission(route: Mapping[str, Any], parent: Mapping[str, Any]) -> RouteAdmission:
     """Whether ``route`` (as stored, with its status) is Accepted and has ResolvedRefs for ``parent``
     (one of its `spec.parentRefs`), for its current `metadata.generation`."""
@@ -58,19 +75,8 @@ def route_admission(route: Mapping[str, Any], parent: Mapping[str, Any]) -> Rout
         if not _same_parent(entry.get("parentRef") or {}, parent, namespace):
             continue
         controller = entry.get("controllerName") or "the Gateway's controller"
-        conditions = {c.get("type"): c for c in entry.get("conditions") or []}
-        missing = []
-        for kind in REQUIRED:
-            cond = conditions.get(kind)
-            if cond is None:
-                missing.append(f"no {kind} condition")
-                continue
-            seen = cond.get("observedGeneration")
-            if generation is not None and seen is not None and int(seen) < int(generation):
-                missing.append(f"{kind} is of generation {seen}, the route is at {generation}")
-            elif cond.get("status") != "True":
-                message = cond.get("message")
-                missing.append(f"{kind} {cond.get('status')} ({cond.get('reason') or '?'}{': ' + message if message else ''})")
+        missing = [problem for kind in REQUIRED
+                   if (problem := condition_problem(entry.get("conditions") or [], kind, generation, "the route")) is not None]
         if not missing:
             return RouteAdmission(True, f"Accepted and ResolvedRefs by {controller} for {where}")
         return RouteAdmission(False, f"{where} ({controller}): " + "; ".join(missing))

@@ -81,6 +81,7 @@ from reconciler.targets.kubernetes.workflow_status import task_nodes
 from renderers.labels import MANAGER
 from tests.cluster import nodekit
 from tests.polling import wait_until
+from tests.specedits import route_by_gateway
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -256,13 +257,8 @@ def _as_the_platform_team_would(specs: Path, parent_ref: dict[str, str]) -> None
     node's two cores: while the next version trains, the controller's two replicas hold 100m and
     the stable and canary predictors (the canary at 0 % is there from the apply) 300m each, so with
     the quick-start's 2 the training pod would stay Pending."""
-    envs = specs / "environments.yaml"
-    text = envs.read_text()
-    anchor = "    namespace: forge-quickstart\n"
-    assert anchor in text and f"url: {PROMETHEUS_URL}\n" in text, text
-    envs.write_text(text.replace(anchor, anchor + "  traffic:\n    router: gatewayAPI\n    parentRef:\n"
-                                 f"      name: {parent_ref['name']}\n      namespace: {parent_ref['namespace']}\n"
-                                 f"      sectionName: {parent_ref['sectionName']}\n", 1))
+    assert f"url: {PROMETHEUS_URL}\n" in (specs / "environments.yaml").read_text()
+    route_by_gateway(specs, parent_ref)
     compute = specs / "compute.yaml"
     text = compute.read_text()
     assert '    cpu: "2"\n' in text, text

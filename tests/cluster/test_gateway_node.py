@@ -24,8 +24,11 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import random
+import shutil
 import statistics
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -51,6 +54,7 @@ from specs.experiment import Experiment
 from specs.traffic import GatewayParentRef, TrafficRouting
 from tests.cluster import nodekit
 from tests.polling import wait_until
+from tests.specedits import route_by_gateway
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -302,3 +306,23 @@ def test_an_ab_experiment_keeps_each_caller_key_in_one_arm_and_splits_keys_by_th
             print("\n" + json.dumps(numbers))
         crd.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
         api.close()
+
+
+def test_doctor_finds_the_gateway_accepted_and_programmed_by_traefik(env, tmp_path) -> None:
+    """`forgectl doctor` of the quick-start routed through the node's Gateway: the HTTPRoute CRD is
+    served, the GatewayClass is accepted by Traefik's controller and the Gateway programmed with
+    the listener the routes name; no Istio or Ambassador is asked for."""
+    _, node, gateway = env
+    specs = tmp_path / "quickstart"
+    shutil.copytree(ROOT / "examples" / "quickstart", specs)
+    route_by_gateway(specs, gateway.parent_ref())
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "forgectl"), "doctor", str(specs), "--env", "cluster", "-n", NS,
+                           "-o", "json"], capture_output=True, text=True, env=dict(os.environ, KUBECONFIG=node.kubeconfig),
+                          cwd=ROOT, check=False)
+    findings = {(f["kind"], f["name"]): f for f in json.loads(proc.stdout)["findings"]}
+    ref = gateway.parent_ref()
+    found = findings[("Gateway", f"{ref['namespace']}/{ref['name']}")]
+    assert found["status"] == "ok", found
+    assert traefik.CONTROLLER_NAME in found["detail"] and f"listener {ref['sectionName']!r}" in found["detail"], found
+    assert findings[("CustomResourceDefinition", "httproutes.gateway.networking.k8s.io")]["status"] == "ok"
+    assert ("TrafficSplitter", "istio-or-ambassador") not in findings

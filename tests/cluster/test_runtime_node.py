@@ -64,6 +64,7 @@ from devkit.rollout import BODY
 from reconciler.targets.kubernetes.workflow_status import task_nodes
 from tests.cluster import nodekit
 from tests.polling import wait_until
+from tests.specedits import route_by_gateway
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -296,14 +297,7 @@ def qs(stack: _Stack, shared_node: nodekit.SharedNode, tmp_path_factory: pytest.
     q = Quickstart(stack, work)
     q.git("init", "-q")
     # the cluster's platform team routes by the Gateway API, through the gateway running on it
-    ref = stack.gateway.parent_ref()
-    envs = work / "environments.yaml"
-    text = envs.read_text()
-    anchor = "    namespace: forge-quickstart\n"
-    assert anchor in text
-    envs.write_text(text.replace(anchor, anchor + "  traffic:\n    router: gatewayAPI\n    parentRef:\n"
-                                 f"      name: {ref['name']}\n      namespace: {ref['namespace']}\n"
-                                 f"      sectionName: {ref['sectionName']}\n", 1))
+    route_by_gateway(work, stack.gateway.parent_ref())
     q.git("add", ".")
     q.git("commit", "-qm", "quick-start")
     # the platform team's namespace, enforcing `restricted` before Forge applies into it (Forge only

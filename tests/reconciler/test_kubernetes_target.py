@@ -21,6 +21,7 @@ from reconciler.plan.session import TargetOptions, make_plan, open_target
 from reconciler.resources import ObjectRef
 from specs import Environment
 from tests.polling import wait_until
+from tests.specedits import route_by_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 FORGECTL = [sys.executable, "-m", "forgectl"]
@@ -265,6 +266,44 @@ def test_every_example_has_no_diff_after_apply(kube_cluster, namespace, tmp_path
     proc = forgectl("plan", str(specs), "--env", "cluster", "-n", namespace, "--detailed-exitcode", kubeconfig=kube_cluster.kubeconfig)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "No changes." in proc.stdout
+
+
+def test_doctor_checks_the_gateway_the_routes_attach_to(kube_cluster, namespace, restricted_kubeconfig, tmp_path) -> None:
+    """With `traffic.router: gatewayAPI`, doctor asks for the HTTPRoute CRD and the Gateway instead
+    of Istio or Ambassador, and says what is wrong with the Gateway: absent, then present but its
+    GatewayClass accepted by no controller (none runs here; the node test sees Traefik accept it)."""
+    specs = copy_example(tmp_path)
+    route_by_gateway(specs, {"name": "edge", "namespace": namespace, "sectionName": "http"})
+    args = ("doctor", str(specs), "--env", "cluster", "-n", namespace, "-o", "json")
+
+    def findings() -> dict[tuple[str, str], dict]:
+        proc = forgectl(*args, kubeconfig=str(restricted_kubeconfig))
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        return {(f["kind"], f["name"]): f for f in json.loads(proc.stdout)["findings"]}
+
+    found = findings()
+    assert ("TrafficSplitter", "istio-or-ambassador") not in found  # the route splits, not Seldon's ingress
+    assert found[("CustomResourceDefinition", "httproutes.gateway.networking.k8s.io")]["status"] == "ok"
+    gateway = found[("Gateway", f"{namespace}/edge")]
+    assert gateway["status"] == "missing" and gateway["detail"].startswith(f"no Gateway {namespace}/edge"), gateway
+
+    raw = kube_cluster.raw_client()
+    api = "/apis/gateway.networking.k8s.io/v1"
+    gateway_class = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+                     "metadata": {"name": f"{namespace}-class"}, "spec": {"controllerName": "example.com/no-such-controller"}}
+    edge = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "edge", "namespace": namespace},
+            "spec": {"gatewayClassName": f"{namespace}-class", "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}}
+    try:
+        code, body = raw.request("POST", f"{api}/gatewayclasses", json.dumps(gateway_class).encode())
+        assert code == 201, body
+        code, body = raw.request("POST", f"{api}/namespaces/{namespace}/gateways", json.dumps(edge).encode())
+        assert code == 201, body
+        gateway = findings()[("Gateway", f"{namespace}/edge")]
+        # the CRD's default status: Accepted Unknown, Pending, until a controller of that name answers
+        assert gateway["status"] == "missing", gateway
+        assert "example.com/no-such-controller) is not accepted: Accepted Unknown (Pending" in gateway["detail"], gateway
+    finally:
+        raw.request("DELETE", f"{api}/gatewayclasses/{namespace}-class")
 
 
 def test_doctor_reports_what_the_cluster_admin_owns(kube_cluster, namespace, restricted_kubeconfig, tmp_path) -> None:
