@@ -43,7 +43,7 @@ def install(
     """Install the controller (Namespace, Sync CRD, ServiceAccount, RBAC, Deployment, Service,
     PodDisruptionBudget, PodMonitor, PrometheusRule), server-side applied; with --dry-run print the
     manifests, as `deploy/` holds them rendered with the defaults (docs/controller.md)."""
-    from reconciler.controller.install import InstallOptions, install_objects
+    from reconciler.controller.install import InstallOptions, install_objects, installed_secrets
     from reconciler.diagnostics import ForgeError
     from reconciler.present.manifests import to_yaml_stream
 
@@ -57,11 +57,7 @@ def install(
         from reconciler.controller.config import load_config
 
         # a bad file: its file:line errors, nothing installed; its secretRefs: the Secrets the Role may get
-        loaded = load_config(config)
-        secrets = loaded.secret_refs()
-        if loaded.webhook is not None and loaded.webhook.secret_file is not None:
-            raise ForgeError(f"{config}: webhook.secretFile names a file the controller's pods do not have; "
-                             "installed, the webhook takes its secret from a Secret: webhook.secretRef")
+        secrets = installed_secrets(load_config(config), config)
         text = Path(config).read_text()
     options = InstallOptions(namespace, image, replicas, tuple(manage or ()), monitoring, secrets)
     objects = install_objects(options, text)

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from reconciler.diagnostics import Diagnostic, ForgeError, SpecError
+from reconciler.load.gitrepo import ref_name_problem
 from reconciler.load.yamlsource import parse_documents
 from specs import duration_seconds
 
@@ -60,6 +60,10 @@ class Source(_Model):
     def _one_ref(self) -> Source:
         if self.tag is not None and self.semver is not None:
             raise ValueError("a source follows one of branch, tag or semver: tag and semver are both set")
+        for kind, name in (("branch", self.branch), ("tag", self.tag)):
+            problem = ref_name_problem(name) if name is not None else None
+            if problem is not None:
+                raise ValueError(f"{kind} {name!r} is not a git ref name: {problem}")
         if self.semver is not None:
             try:
                 SpecifierSet(self.semver)
@@ -159,21 +163,6 @@ class ControllerConfig(_Model):
         if self.webhook is not None and self.webhook.secret_ref:
             names.add(self.webhook.secret_ref)
         return tuple(sorted(names))
-
-
-def highest_tag(tags: list[str], semver: str) -> str | None:
-    """The tag of the highest version ``semver`` admits among ``tags`` (`v1.2.0` or `1.2.0`; a
-    tag that is no version is skipped; pre-releases only when the range names one), or None."""
-    spec = SpecifierSet(semver)
-    best: tuple[Version, str] | None = None
-    for tag in tags:
-        try:
-            version = Version(tag.removeprefix("v"))
-        except InvalidVersion:
-            continue
-        if spec.contains(version, prereleases=bool(spec.prereleases)) and (best is None or version > best[0]):
-            best = (version, tag)
-    return best[1] if best else None
 
 
 def load_config(path: str | Path) -> ControllerConfig:

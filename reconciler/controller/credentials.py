@@ -25,6 +25,18 @@ KEYS = {"username": "username", "password": "password", "bearerToken": "bearer_t
         "known_hosts": "known_hosts"}
 
 
+def _decoded(encoded: str, what: str, *, text: bool) -> bytes:
+    """A Secret's value (base64 in `data`, as the API server returns it); with ``text``, it must be
+    UTF-8. :class:`ForgeError` naming ``what`` otherwise."""
+    try:
+        value = base64.b64decode(encoded, validate=True)
+        if text:
+            value.decode()
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise ForgeError(f"{what} is not base64{' of UTF-8 text' if text else ''}") from None
+    return value
+
+
 def credentials_of(secret: Mapping[str, Any], where: str) -> GitCredentials:
     """The credentials a Secret object holds (its `data`, base64 as the API server returns it)."""
     data = secret.get("data") or {}
@@ -32,10 +44,7 @@ def credentials_of(secret: Mapping[str, Any], where: str) -> GitCredentials:
     for key, name in KEYS.items():
         if key not in data:
             continue
-        try:
-            values[name] = base64.b64decode(data[key], validate=True).decode()
-        except (binascii.Error, ValueError, UnicodeDecodeError):
-            raise ForgeError(f"Secret {where}: key {key!r} is not base64 of UTF-8 text") from None
+        values[name] = _decoded(data[key], f"Secret {where}: key {key!r}", text=True).decode()
     if not values:
         raise ForgeError(f"Secret {where} holds none of the keys {', '.join(KEYS)}")
     return GitCredentials(**values)
@@ -56,10 +65,7 @@ def read_webhook_secret(api: ControllerAPI | None, namespace: str, name: str) ->
     encoded = (secret.get("data") or {}).get(WEBHOOK_KEY)
     if encoded is None:
         raise ForgeError(f"Secret {namespace}/{name} has no key {WEBHOOK_KEY!r} (the webhook's secret)")
-    try:
-        value = base64.b64decode(encoded, validate=True).strip()
-    except (binascii.Error, ValueError):
-        raise ForgeError(f"Secret {namespace}/{name}: key {WEBHOOK_KEY!r} is not base64") from None
+    value = _decoded(encoded, f"Secret {namespace}/{name}: key {WEBHOOK_KEY!r}", text=False).strip()
     if not value or len(value) > 4096:
         raise ForgeError(f"Secret {namespace}/{name}: key {WEBHOOK_KEY!r} must hold 1 to 4096 bytes")
     return value

@@ -16,9 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+from reconciler.diagnostics import ForgeError
+
+if TYPE_CHECKING:
+    from reconciler.controller.config import ControllerConfig
 
 NAME = "forge-controller"
 #: The Sync CRD (package data, so an installed forgectl renders it too).
@@ -44,6 +49,17 @@ class InstallOptions:
     monitoring: bool = True
     #: Secrets (in its namespace) the sources' and the webhook's `secretRef`s name: the controller may get those alone.
     secrets: tuple[str, ...] = field(default_factory=tuple)
+
+
+def installed_secrets(config: ControllerConfig, where: str) -> tuple[str, ...]:
+    """The Secrets the installed controller may get (the `secretRef`s of ``config``'s sources and
+    webhook: the Role names these alone). A configuration that cannot work in the pods is refused
+    (:class:`ForgeError` naming ``where``, its file): a webhook `secretFile` names a file they do
+    not have."""
+    if config.webhook is not None and config.webhook.secret_file is not None:
+        raise ForgeError(f"{where}: webhook.secretFile names a file the controller's pods do not have; "
+                         "installed, the webhook takes its secret from a Secret: webhook.secretRef")
+    return config.secret_refs()
 
 
 def sync_crd() -> dict[str, Any]:

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from reconciler.controller.config import ControllerConfig, Source, highest_tag
+from reconciler.controller.config import ControllerConfig, Source
 from reconciler.controller.credentials import WEBHOOK_REFRESH, WebhookSecret, read_credentials, read_webhook_secret
 from reconciler.controller.metrics import ControllerMetrics
 from reconciler.controller.sync import Loaded, Outcome, apply_revision, diagnostics_message, inside, load_revision
@@ -53,7 +53,7 @@ from reconciler.controller.watch import Controllers, controllers_for, prometheus
 from reconciler.diagnostics import ForgeError, SpecError
 from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TargetError
 from reconciler.load.endpoints import desired_endpoints
-from reconciler.load.gitrepo import fetch_source, remote_tags
+from reconciler.load.gitrepo import fetch_source, highest_tag, remote_tags
 from reconciler.plan.session import TargetOptions, open_target
 from reconciler.resources import EVENT, SYNC
 from reconciler.targets.base import Fence, LeaseTiming, Target

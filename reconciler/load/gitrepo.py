@@ -33,6 +33,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from reconciler.diagnostics import ForgeError, printable
 
 #: Seconds one git command may take; a hang (a FIFO git opened) ends as a GitError.
@@ -533,3 +536,44 @@ def remote_tags(cache: Path, url: str, *, timeout: float, credentials: GitCreden
                   "ls-remote", "--tags", "--refs", "--", url)
     return sorted(line.split("\trefs/tags/", 1)[1] for line in out.decode(errors="replace").splitlines()
                   if "\trefs/tags/" in line)
+
+
+def highest_tag(tags: list[str], semver: str) -> str | None:
+    """The tag of the highest version ``semver`` admits among ``tags`` (`v1.2.0` or `1.2.0`; a
+    tag that is no version is skipped; pre-releases only when the range names one), or None."""
+    spec = SpecifierSet(semver)
+    best: tuple[Version, str] | None = None
+    for tag in tags:
+        try:
+            version = Version(tag.removeprefix("v"))
+        except InvalidVersion:
+            continue
+        if spec.contains(version, prereleases=bool(spec.prereleases)) and (best is None or version > best[0]):
+            best = (version, tag)
+    return best[1] if best else None
+
+
+#: What `git check-ref-format` refuses anywhere in a name (git's refs.c, `check_refname_component`).
+_REF_FORBIDDEN = (" ", "~", "^", ":", "?", "*", "[", "\\", "..", "@{", "//")
+
+
+def ref_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a branch or tag name (`git check-ref-format --branch` rules, checked
+    here without running git), None when it can."""
+    if name == "@":
+        return "`@` alone is not allowed"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "it holds a control character"
+    bad = next((f for f in _REF_FORBIDDEN if f in name), None)
+    if bad is not None:
+        return f"it holds {bad!r}"
+    for prefix in ("/", "-"):
+        if name.startswith(prefix):
+            return f"it begins with {prefix!r}"
+    for suffix in ("/", "."):
+        if name.endswith(suffix):
+            return f"it ends with {suffix!r}"
+    part = next((part for part in name.split("/") if part.startswith(".") or part.endswith(".lock")), None)
+    if part is not None:
+        return f"its part {part!r} begins with '.' or ends with '.lock'"
+    return None

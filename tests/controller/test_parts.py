@@ -65,12 +65,14 @@ def test_a_webhook_takes_its_secret_from_one_place(tmp_path: Path) -> None:
             [d.text() for d in err.value.diagnostics]
 
 
-def test_a_source_follows_one_of_branch_tag_or_semver(tmp_path: Path) -> None:
-    from reconciler.controller.config import highest_tag
+def test_a_source_follows_one_of_branch_tag_or_semver_each_a_ref_name(tmp_path: Path) -> None:
+    from reconciler.load.gitrepo import highest_tag
 
     path = tmp_path / "controller.yaml"
     for extra, says in (("    tag: v1.0.0\n    semver: '>=1'\n", "tag and semver are both set"),
-                        ("    semver: 'one point x'\n", "is not a version range")):
+                        ("    semver: 'one point x'\n", "is not a version range"),
+                        ("    tag: 'v1..2'\n", "tag 'v1..2' is not a git ref name: it holds '..'"),
+                        ("    branch: 'release/.next'\n", "its part '.next' begins with '.'")):
         path.write_text(GOOD + extra)
         with pytest.raises(SpecError) as err:
             load_config(path)
