@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from reconciler.heap import gc_paused
 from renderers.labels import digest
 
@@ -81,8 +83,7 @@ class Pack:
             return {}  # damaged: ignored, and replaced by the next save
         try:
             with gc_paused():  # a pack is tens of thousands of acyclic containers
-                # surrogateescape: a file name that is not UTF-8 comes back as the same str
-                entries = json.loads(body.decode("utf-8", "surrogateescape"))
+                entries = _decode(body)
         except ValueError:
             return {}
         return entries if isinstance(entries, dict) else {}
@@ -124,8 +125,7 @@ class Pack:
                     with gc_paused():  # one entry at a time, each by the C encoder
                         for i, (key, value) in enumerate(self._used.items()):
                             out.write(b"{" if i == 0 else b",")
-                            out.write(json.dumps({key: value}, separators=(",", ":"), ensure_ascii=False)[1:-1]
-                                      .encode("utf-8", "surrogateescape"))
+                            out.write(_encode_entry(key, value))
                             if out.tell() - start > MAX_PACK_BYTES:
                                 raise _TooLarge
                         out.write(b"}" if self._used else b"{}")
@@ -142,6 +142,27 @@ class Pack:
             _prune(self.path.parent)
         except (OSError, _TooLarge):
             return
+
+
+def _decode(body: bytes) -> Any:
+    """A pack's body as JSON: by orjson (several times faster on tens of MB); a body that is not
+    valid UTF-8 (a file name that is not, written with surrogateescape) by the standard library,
+    so such a name comes back as the same str."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body.decode("utf-8", "surrogateescape"))
+
+
+def _encode_entry(key: str, value: Any) -> bytes:
+    """``"key":value`` as compact UTF-8 JSON, for :meth:`Pack.save`: by orjson, or by the standard
+    library for what orjson refuses (a str with surrogates: a file name that is not UTF-8; a key
+    that is no str), which it writes as the same bytes."""
+    try:
+        return orjson.dumps({key: value})[1:-1]
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return (json.dumps({key: value}, separators=(",", ":"), ensure_ascii=False)[1:-1]
+                .encode("utf-8", "surrogateescape"))
 
 
 class _TooLarge(Exception):

@@ -4,6 +4,7 @@ the plan and settle it with server-side dry runs; check a saved plan is still fr
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,16 +113,19 @@ def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, 
     objects and recorded digests come from the render cache (:mod:`reconciler.plan.rendercache`,
     on disk outside the tree) instead of a render. Runs with the cyclic garbage collector paused
     (:func:`reconciler.heap.gc_paused`: tens of thousands of objects)."""
-    with gc_paused():
-        return _make_plan(specs, env, target, namespace, revision, dry_run=dry_run, refresh=refresh, phase=phase,
-                          cache=RenderCache(env, namespace) if cache else None)
+    with gc_paused(), ThreadPoolExecutor(1, thread_name_prefix="read-live") as pool:
+        # The live read waits mostly on the API server (another process, another core): it runs
+        # while this thread reads the render cache's pack (tens of MB of JSON), not after it.
+        reading = pool.submit(lambda: LiveRead(target.read_live()) if refresh else target.read_live_metadata(RENDER_INPUTS))
+        memo = RenderCache(env, namespace) if cache else None
+        with phase("read live"):
+            read = reading.result()
+        return _make_plan(specs, env, target, namespace, revision, read, dry_run=dry_run, phase=phase, cache=memo)
 
 
-def _make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
-               *, dry_run: bool, refresh: bool, phase: PhaseHook, cache: RenderCache | None) -> tuple[Plan, Rendered]:
-    with phase("read live"):
-        read = LiveRead(target.read_live()) if refresh else target.read_live_metadata(RENDER_INPUTS)
-        live = read.objects
+def _make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None, read: LiveRead,
+               *, dry_run: bool, phase: PhaseHook, cache: RenderCache | None) -> tuple[Plan, Rendered]:
+    live = read.objects
     with phase("rollout states"):
         rollouts = target.rollout_states(live)
     with phase("render"):

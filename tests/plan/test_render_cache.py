@@ -168,6 +168,19 @@ def test_concurrent_writers_leave_a_whole_pack(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".pack-*"))
 
 
+def test_a_pack_gives_back_what_was_put_in_it_exotic_values_too(tmp_path: Path) -> None:
+    # a file name that is not UTF-8 (surrogateescape), a big integer, a non-ASCII and an empty key:
+    # what orjson refuses the standard library writes, and either reads it back the same
+    values = {"plain": {"a": [1, 2.5, None, True, "é"]}, "name": {"file": "specs/caf\udce9.yaml"},
+              "big": {"n": 2**70}, "": {"empty": ""}}
+    pack = Pack(tmp_path, {"scope": 2}, "v")
+    for key, value in values.items():
+        pack.put(key, value)
+    pack.save()
+    again = Pack(tmp_path, {"scope": 2}, "v")
+    assert {key: again.get(key) for key in values} == values
+
+
 # -- the parse cache --------------------------------------------------------------------------------
 
 
