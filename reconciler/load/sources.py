@@ -98,7 +98,10 @@ def _git_dirs_above(path: Path, root: Path) -> list[SourceFile]:
 
 
 def _inside(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
+    """``path`` is ``root`` or below it (both absolute and resolved): compared as strings, which
+    is what `root in path.parents` says, without making every parent a Path (20,000 files)."""
+    inner, outer = str(path), str(root)
+    return inner == outer or inner.startswith(outer if outer.endswith(os.sep) else outer + os.sep)
 
 
 def _kind(mode: int) -> str:
@@ -113,20 +116,36 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_bounded(path: Path, display: str, root: Path, limit: int = MAX_FILE_BYTES) -> SourceFile:
+def read_bounded(path: Path, display: str, root: Path, limit: int = MAX_FILE_BYTES, *,
+                 folder: Path | None = None) -> SourceFile:
     """Read one file if it is a regular file inside ``root`` of at most ``limit`` bytes; otherwise
-    say why not (without blocking: a FIFO is never opened for a blocking read)."""
-    try:
-        real = path.resolve(strict=True)
-    except (OSError, RuntimeError) as exc:  # dangling symlink, loop
-        return SourceFile(display, b"", f"cannot read: {getattr(exc, 'strerror', None) or 'broken or looping symlink'}")
+    say why not (without blocking: a FIFO is never opened for a blocking read). ``folder``: the
+    resolved folder ``path`` is in, when the caller resolved it already (a walk: once per folder,
+    not once per file); a file that is no symlink then needs one `lstat`, not one per component."""
+    info: os.stat_result | None = None
+    real = None
+    if folder is not None:
+        try:
+            info = os.lstat(path)
+        except OSError as exc:
+            return SourceFile(display, b"", f"cannot read: {exc.strerror}")
+        if not stat.S_ISLNK(info.st_mode):
+            real = folder / path.name
+        else:
+            info = None  # a symlink: resolved below like any path
+    if real is None:
+        try:
+            real = path.resolve(strict=True)
+        except (OSError, RuntimeError) as exc:  # dangling symlink, loop
+            return SourceFile(display, b"", f"cannot read: {getattr(exc, 'strerror', None) or 'broken or looping symlink'}")
     if not _inside(real, root):
         return SourceFile(display, b"", f"is a symlink to {real}, outside the project {root}",
                           "specs are read only from inside the project; copy the file in instead")
-    try:
-        info = os.stat(real)
-    except OSError as exc:
-        return SourceFile(display, b"", f"cannot read: {exc.strerror}")
+    if info is None:
+        try:
+            info = os.stat(real)
+        except OSError as exc:
+            return SourceFile(display, b"", f"cannot read: {exc.strerror}")
     if not stat.S_ISREG(info.st_mode):
         return SourceFile(display, b"", f"is {_kind(info.st_mode)}, not a regular file", "spec files must be regular files")
     if info.st_size > limit:
@@ -170,7 +189,7 @@ def _budget(files: list[SourceFile]) -> list[SourceFile]:
 def files_from_paths(paths: list[str]) -> list[SourceFile]:
     """Spec files under ``paths`` (files or folders, recursively; hidden entries skipped; symlinked
     folders not followed), sorted, each read as :func:`read_bounded` allows."""
-    found: dict[str, tuple[Path, Path]] = {}
+    found: dict[str, tuple[Path, Path, Path | None]] = {}
     problems: list[SourceFile] = []
     for raw in paths:
         path = Path(raw)
@@ -187,23 +206,24 @@ def files_from_paths(paths: list[str]) -> list[SourceFile]:
                 if ".git" in dirs + names and Path(os.path.realpath(base)) != root:
                     problems.append(_git_dir_problem(os.path.normpath(os.path.join(base, ".git")), True))
                 dirs[:] = sorted(d for d in dirs if not _hidden(d))
+                resolved = Path(os.path.realpath(base))  # os.walk follows no symlinked folder: resolved once
                 for name in names:
                     if _is_spec_file(name):
                         full = Path(base) / name
-                        found[str(full)] = (full, root)
+                        found[str(full)] = (full, root, resolved)
                         if len(found) > MAX_FILES:
                             raise ForgeError(f"more than {MAX_FILES:,} spec files under {_printable(raw)}; "
                                              "at most that many are read in one run (see docs/security.md)")
         else:
-            found[str(path)] = (path, root)  # named on the command line: read (or refused) below
+            found[str(path)] = (path, root, None)  # named on the command line: read (or refused) below
     if problems:
         return list({p.path: p for p in problems}.values())  # nothing is read from such a tree
     if not found:
         raise ForgeError(f"no spec files (*.yaml, *.yml) under {', '.join(_printable(p) for p in paths)}")
     files: list[SourceFile] = []
     total = 0
-    for display, (path, root) in sorted(found.items()):
-        source = read_bounded(path, display, root)
+    for display, (path, root, folder) in sorted(found.items()):
+        source = read_bounded(path, display, root, folder=folder)
         total += len(source.data)
         if total > MAX_TOTAL_BYTES:
             raise ForgeError(f"the spec files hold more than {MAX_TOTAL_BYTES:,} bytes; at most that many are "
