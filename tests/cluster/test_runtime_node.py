@@ -23,6 +23,10 @@ rendered objects are never changed. The stages run in order and share the cluste
 4. back to the first version with an injected fault → every step a cache hit; the canary fails
    its analysis and `reconcile --watch` rolls it back, the reason in `rollout status`.
 5. `down` deletes what Forge owns: the controllers remove the pods they made.
+6. examples/search in a namespace of its own: Argo runs the rendered TPE + ASHA search — its trial
+   pods two at a time, one Optuna study in a SQLite file on the workspace volume they share —
+   then pick-best, evaluate and register; the registry's record of the search agrees with what
+   Optuna reads back from that file (issue 31: the search on the node cluster's Argo).
 
 The quick-start's namespace enforces Pod Security `restricted` (labelled as a platform team would
 before Forge applies anything): the API server's own PodSecurity admission refuses any pod below
@@ -55,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, dynamic
 
 from devkit.cluster import Cluster
@@ -493,3 +498,101 @@ def test_5_down_removes_what_forge_owns(qs: Quickstart) -> None:
     _wait("Prometheus to drop the endpoint's scrape pool", lambda: not [
         t for t in qs.prometheus("/api/v1/targets")["activeTargets"] if "forge-quickstart/digits" in t["scrapePool"]],
         timeout=120, every=2)
+
+
+SEARCH = REPO / "examples" / "search"
+SEARCH_NS = "forge-search"  # the search example's `cluster` Environment's namespace
+
+
+def _most_at_once(runs: list[tuple[str, str]]) -> int:
+    """The largest number of (startedAt, finishedAt) intervals (Argo's RFC 3339 times) that overlap."""
+    edges = sorted([(s, 1) for s, _ in runs] + [(f, -1) for _, f in runs])
+    now = most = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack, shared_node: nodekit.SharedNode,
+                                                                    tmp_path: Path, runtime_python: str) -> None:
+    from tests.local.test_search_workflow import _optuna_trials
+
+    work = tmp_path / "search"
+    shutil.copytree(SEARCH, work)
+    # the node's two cores hold two trials at once, as the search's `parallelism` asks
+    compute = work / "compute.yaml"
+    assert 'cpu: "2"' in compute.read_text()
+    compute.write_text(compute.read_text().replace('cpu: "2"', "cpu: 800m", 1))
+    model = yaml.safe_load((work / "model.yaml").read_text())["spec"]
+    search, epochs = model["search"], model["hyperparameters"]["epochs"]
+    trials = [f"train-trial-{i}" for i in range(search["trials"])]
+    q = Quickstart(stack, work)
+    q.git("init", "-q")
+    q.git("add", ".")
+    q.git("commit", "-qm", "the search example")
+    t0 = time.monotonic()
+    try:
+        with shared_node.namespace(SEARCH_NS, PSA_RESTRICTED):
+            applied = q.forgectl("apply", "--env", "cluster", "--auto-approve").stdout
+            assert f"search: tpe, early stopping asha — {search['trials']} trials, {search['parallelism']} at a time" \
+                in applied, applied
+            from reconciler.load.environments import load_environment
+            from renderers.versions import model_version
+            from specs import Model
+
+            result, environment = load_environment([str(work)], None, "cluster")
+            version = model_version(result.specs, result.specs.get(Model, "digits-search"), environment)
+
+            def finished() -> dict[str, Any] | None:
+                items = q.workflows.get(namespace=SEARCH_NS, label_selector=f"{MODEL_VERSION}={version}").to_dict()["items"]
+                phase = ((items[0] if items else {}).get("status") or {}).get("phase")
+                return items[0] if phase in ("Succeeded", "Failed", "Error") else None
+
+            wf = _wait("the search's Workflow to finish", finished, timeout=900, every=3)
+            (tmp_path / f"workflow-{version}.json").write_text(json.dumps(wf, indent=1))
+            nodes = _nodes(wf)
+            steps = {name: n["phase"] for name, n in nodes.items()}
+            print(f"\nsearch {version}: Workflow {wf['status']['phase']} in {time.monotonic() - t0:.0f} s: {steps}")
+            assert wf["status"]["phase"] == "Succeeded", (wf["status"].get("message"), steps)
+            assert {*trials, "prepare-data", "pick-best", "evaluate", "register"} <= set(steps), steps
+            # each trial a pod of its own, side by side but never more at once than the search allows
+            # (Argo's `parallelism`): the trial containers' own run times, as the kubelet reported them
+            runs = {}
+            for pod in q.core.list_namespaced_pod(SEARCH_NS).items:
+                node = (pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "")
+                main = next((c for c in pod.status.container_statuses or [] if c.name == "main"), None)
+                if "train-trial-" in node and main is not None and main.state.terminated is not None:
+                    runs[node] = (main.state.terminated.started_at.isoformat(), main.state.terminated.finished_at.isoformat())
+            assert len(runs) == len(trials), sorted(runs)
+            assert _most_at_once(list(runs.values())) == search["parallelism"], runs
+
+            # the registry's record of the search, on the workspace volume the steps wrote
+            claim = q.core.read_namespaced_persistent_volume_claim("forge-workspace", SEARCH_NS)
+            workspace = Path(q.core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path)
+            record = json.loads((workspace / "registry" / "digits-search" / version / "registry.json").read_text())
+            study = record["search"]["study"]
+            assert (study["algorithm"], study["earlyStopping"]) == ("tpe", "asha")
+            rows = study["trials"]
+            assert sorted(r["index"] for r in rows) == list(range(search["trials"]))  # one study trial per task
+            assert set(study["states"]) <= {"complete", "pruned"} and sum(study["states"].values()) == len(rows)
+            complete = [r for r in rows if r["state"] == "complete"]
+            [best] = [r for r in rows if r["number"] == study["bestTrial"]]
+            assert best["state"] == "complete" and best["value"] == max(r["value"] for r in complete)
+            rungs = {3**k for k in range(epochs) if 3**k <= epochs}
+            for r in rows:  # ASHA stopped a pruned trial at a rung; a complete one trained every epoch
+                assert (r["epochsTrained"] == epochs) if r["state"] == "complete" else (r["prunedAtEpoch"] in rungs), r
+            # ... and it is what Optuna reads back from the study file the trial pods shared
+            seen = {t["number"]: t for t in _optuna_trials(runtime_python, workspace / study["storage"], study["name"])}
+            assert {n: t["state"] for n, t in seen.items()} == {r["number"]: r["state"] for r in rows}
+            for r in complete:
+                assert seen[r["number"]]["value"] == pytest.approx(r["value"])
+                assert seen[r["number"]]["params"] == pytest.approx(r["params"])
+
+            # `forgectl status` shows the fan-out from the cluster
+            [shown] = [w for w in json.loads(q.forgectl("status", "--env", "cluster", "-o", "json").stdout)["workflows"]
+                       if w["version"] == version]
+            assert {s["step"] for s in shown["steps"]} >= set(trials) and shown["phase"] == "Succeeded", shown
+            q.forgectl("down", "--env", "cluster", "--auto-approve")
+    finally:
+        q.api.close()
