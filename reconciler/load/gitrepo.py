@@ -490,8 +490,9 @@ def _authenticated(scheme: str, credentials: GitCredentials, folder: Path) -> tu
 def _ref_name(kind: str, name: str) -> str:
     """``name`` checked as a branch or tag name (git's own rules, `git check-ref-format`'s subset)."""
     check_revision(name)
-    if any(c in name for c in " ~^:?*[\\") or ".." in name or name.endswith((".lock", "/")) or "@{" in name:
-        raise GitError(f"source {kind} {printable(name)!r} is not a {kind} name")
+    problem = ref_name_problem(name)
+    if problem is not None:
+        raise GitError(f"source {kind} {printable(name)!r} is not a {kind} name: {problem}")
     return name
 
 

@@ -504,19 +504,9 @@ SEARCH = REPO / "examples" / "search"
 SEARCH_NS = "forge-search"  # the search example's `cluster` Environment's namespace
 
 
-def _most_at_once(runs: list[tuple[str, str]]) -> int:
-    """The largest number of (startedAt, finishedAt) intervals (Argo's RFC 3339 times) that overlap."""
-    edges = sorted([(s, 1) for s, _ in runs] + [(f, -1) for _, f in runs])
-    now = most = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
-
-
 def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack, shared_node: nodekit.SharedNode,
                                                                     tmp_path: Path, runtime_python: str) -> None:
-    from tests.local.test_search_workflow import _optuna_trials
+    from tests.local.test_search_workflow import _most_at_once, _optuna_trials
 
     work = tmp_path / "search"
     shutil.copytree(SEARCH, work)
@@ -563,7 +553,7 @@ def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack
                 node = (pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "")
                 main = next((c for c in pod.status.container_statuses or [] if c.name == "main"), None)
                 if "train-trial-" in node and main is not None and main.state.terminated is not None:
-                    runs[node] = (main.state.terminated.started_at.isoformat(), main.state.terminated.finished_at.isoformat())
+                    runs[node] = (main.state.terminated.started_at.timestamp(), main.state.terminated.finished_at.timestamp())
             assert len(runs) == len(trials), sorted(runs)
             assert _most_at_once(list(runs.values())) == search["parallelism"], runs
 
