@@ -26,7 +26,7 @@ import git
 import pytest
 
 from devkit.pods import ServerPod
-from devkit.rollout import Traffic
+from devkit.rollout import PacedTraffic, Traffic
 from devkit.rollout_harness import Rollout
 from reconciler.rollout.controller import Phase, RolloutState
 from tests.polling import WaitTimeout, wait_until
@@ -80,7 +80,11 @@ def serve(r: Rollout, server_factory, role: str, version: str, error_rate: float
 
 
 def start_traffic(r: Rollout, server_factory, canary_error_rate: float = 0.0,  # noqa: F811
-                  canary_delay: dict[str, object] | None = None) -> Traffic:
+                  canary_delay: dict[str, object] | None = None, paced: bool = False) -> Traffic:
+    """Stable and canary served, their pods Ready, Prometheus scraping them, and requests sent by
+    the live weight: one after another (as fast as the servers answer, so fewer on a loaded
+    machine), or ``paced`` at a steady 40 a second by a few workers, for a test that counts on
+    how many requests a step sends."""
     stable = serve(r, server_factory, "stable", r.stable)
     canary = serve(r, server_factory, "canary", r.canary, canary_error_rate, canary_delay)
     # Their pods, Ready while they answer (the kubelet's part: no node runs here): the controller
@@ -89,8 +93,13 @@ def start_traffic(r: Rollout, server_factory, canary_error_rate: float = 0.0,  #
         ServerPod(r.kubeconfig, r.namespace, endpoint="digits", role=role, version=version, url=server.url,
                   alive=lambda s=server: s.proc.poll() is None).start()
     r.prometheus.set_targets([stable.url.removeprefix("http://"), canary.url.removeprefix("http://")])
-    traffic = Traffic(stable.url, canary.url)
-    threading.Thread(target=traffic.run, daemon=True).start()
+    if paced:
+        traffic: Traffic = PacedTraffic(stable.url, canary.url)
+        # 8 workers: the rate holds while an answer takes up to 200 ms on a loaded machine
+        threading.Thread(target=traffic.run, kwargs={"rate": 40.0, "workers": 8}, daemon=True).start()
+    else:
+        traffic = Traffic(stable.url, canary.url)
+        threading.Thread(target=traffic.run, daemon=True).start()
     return traffic
 
 

@@ -209,16 +209,21 @@ def test_a_skewed_controller_clock_is_named_and_holds_the_weight(rollout: Rollou
     assert tally["failed"] == 0, tally
 
 
-#: The canary's inference requests answered healthy before it degrades: at 10 % of the traffic
-#: (about 3 a second) step 1 takes some 15 s, so well under this; at 50 % (about 15 a second) the
-#: rest goes within seconds of step 2's start, before its first measurement's window closes.
+#: The canary's inference requests answered healthy before it degrades. The traffic is paced (40
+#: a second, whatever the machine's load): at 10 % step 1 takes some 15 s, about 60 requests, and
+#: would need 30 s to reach this; at 50 % (20 a second) the rest goes some 3 s into step 2, before
+#: the first of its measurements (its whole window inside the step: 10 s in) — so at least two of
+#: step 2's three measurements see the errors, more than failureLimit 1. (Unpaced, a loaded
+#: machine sent so few that the canary degraded with only step 2's last measurement ahead, and
+#: one failure is within failureLimit: step 2 rightly passed and step 3 caught it.)
 LATE_AFTER_REQUESTS = 120
 
 
 def test_a_canary_that_degrades_late_is_caught_at_the_step_where_it_degrades(rollout: Rollout, server_factory) -> None:  # noqa: F811
     rollout.finish_workflow(rollout.canary)
     # 5 % errors, from its 121st request on (faultInjection.afterRequests): healthy through step 1
-    traffic = start_traffic(rollout, server_factory, canary_error_rate=0.05, canary_delay={"afterRequests": LATE_AFTER_REQUESTS})
+    traffic = start_traffic(rollout, server_factory, canary_error_rate=0.05,
+                            canary_delay={"afterRequests": LATE_AFTER_REQUESTS}, paced=True)
     d = Driver(rollout, traffic)
     try:
         done = d.until(lambda s: s.phase in (Phase.PROMOTED, Phase.ROLLED_BACK), 150, "the end of the rollout")
