@@ -221,10 +221,15 @@ def cluster_requirements(manifests: Iterable[Mapping[str, Any]], pod_security: s
             need(Requirement("TrafficSplitter", "istio-or-ambassador",
                              "Seldon splits traffic between stable and canary by `traffic` only through Istio "
                              "(VirtualService) or Ambassador (Mapping); the operator must run with one enabled"))
-        if kind == "SeldonDeployment" and routed and any(p.get("shadow") for p in (obj.get("spec") or {}).get("predictors", [])):
+        spec = obj.get("spec") or {}
+        if (kind == "SeldonDeployment" and routed and spec.get("protocol") == "seldon"
+                and any(p.get("shadow") for p in spec.get("predictors", []))):
+            # Under an HTTPRoute the v2 servers copy requests to the shadow themselves
+            # (runtimes/serving/mirror.py); the Seldon v1 wrapper does not.
             need(Requirement("TrafficMirror", obj["metadata"]["name"],
                              "the shadow predictor gets copies of requests only through a mirror; with `router: "
-                             "gatewayAPI` Forge renders none (Traefik's provider does not implement `RequestMirror`)"))
+                             "gatewayAPI` the v2 servers copy them, but this Endpoint serves `protocol: seldon`, "
+                             "whose wrapper does not"))
         if kind == "HTTPRoute":
             need(Requirement("CustomResourceDefinition", "httproutes.gateway.networking.k8s.io",
                              "a Gateway API implementation splits the Endpoints' traffic (`traffic.router: gatewayAPI`)",

@@ -6,6 +6,7 @@ protocol, labelled so Prometheus can select by endpoint, model version, variant 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,9 +16,10 @@ from renderers.stepargs import step_args
 from renderers.workflow import WORKSPACE_PVC, await_registration, image, registry_dir
 from specs import Compute, Endpoint, Environment, SpecSet
 from specs.endpoint import FaultInjection
-from specs.stepconfig import DEFAULT_WORKSPACE, WORKSPACE_ENV, ServeConfig
+from specs.stepconfig import DEFAULT_WORKSPACE, WORKSPACE_ENV, MirrorConfig, ServeConfig
 
 SERVE_PORT = 9000
+MAX_NAME = 63
 #: The readiness route of each serving runtime: MLServer's v2 health endpoint; the seldon-core
 #: 1.17.1 wrapper has no `/v2/...` routes (it answers 500 there) but serves `/health/ping`.
 READINESS_PATHS = {"serve": "/v2/health/ready", "serve-seldon": "/health/ping"}
@@ -53,6 +55,14 @@ class ArmServing:
     share: int
 
 
+def predictor_service(deployment: str, predictor: str) -> str:
+    """The Service the Seldon Core v1.17.1 operator creates for a `seldon.io/no-engine` predictor
+    (`createPredictorService`, named by `GetPredictorKey`): `<SeldonDeployment>-<predictor>`, or
+    `seldon-<md5 of that>` when it is longer than 63 characters; port `http` = :data:`SERVE_PORT`."""
+    name = f"{deployment}-{predictor}"
+    return name if len(name) <= MAX_NAME else "seldon-" + hashlib.md5(name.encode()).hexdigest()  # noqa: S324 (Seldon's name, not security)
+
+
 def _arm_faults(endpoint: Endpoint, role: str) -> FaultInjection | None:
     experiment = endpoint.spec.experiment
     arm = next((a for a in experiment.arms if a.name == role), None) if experiment else None
@@ -62,7 +72,8 @@ def _arm_faults(endpoint: Endpoint, role: str) -> FaultInjection | None:
 
 
 def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, namespace: str, model: str,
-               version: str, role: str, traffic: int, replicas: int, variant: str | None = None) -> dict[str, Any]:
+               version: str, role: str, traffic: int, replicas: int, variant: str | None = None,
+               mirror: MirrorConfig | None = None) -> dict[str, Any]:
     spec = endpoint.spec
     variant = variant or spec.variant
     # Injected faults are for drills: they apply to the canary of a rollout, or to the arm that names them.
@@ -70,7 +81,7 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
     config = ServeConfig(
         endpoint=endpoint.name, namespace=namespace, model=model, version=version, variant=variant,
         role=role, model_dir=registry_dir(model, version, variant), batching=spec.batching,
-        fault_injection=faults, host="0.0.0.0", port=SERVE_PORT, backend=spec.backend,
+        fault_injection=faults, host="0.0.0.0", port=SERVE_PORT, backend=spec.backend, mirror=mirror,
     )
     runtime = "forge-serve-seldon" if spec.protocol == "seldon" else "forge-serve"
     step = "serve-seldon" if spec.protocol == "seldon" else "serve"
@@ -159,24 +170,31 @@ def render_seldon(specs: SpecSet, endpoint: Endpoint, env: Environment, namespac
     model = specs.model_of(endpoint)
     compute = specs.serving_compute_of(endpoint)
     replicas = endpoint.spec.replicas
+    shadow = endpoint.spec.shadow
+    # Under an HTTPRoute the live servers copy what they answered to the shadow's Service and
+    # compare (runtimes/serving/mirror.py): the v2 server does; the Seldon v1 wrapper does not.
+    mirror = (MirrorConfig(url=f"http://{predictor_service(endpoint.name, 'shadow')}.{namespace}.svc:{SERVE_PORT}",
+                           percent=shadow.percent)
+              if shadow is not None and router == "gatewayAPI" and endpoint.spec.protocol == "v2" else None)
     if state.arms:
         # An experiment: one predictor per arm, named after it, with its share. Seldon applies the
         # shares through Istio's or Ambassador's weighted routes: per request, never per user —
         # sticky assignment exists only where Forge routes itself (the local router).
         predictors = [_predictor(endpoint, compute, env, namespace, model.name, arm.version, arm.name, arm.share,
-                                 replicas, arm.variant) for arm in state.arms]
+                                 replicas, arm.variant, mirror) for arm in state.arms]
     else:
         predictors = [_predictor(endpoint, compute, env, namespace, model.name, state.stable, "stable", 100 - state.canary_weight, replicas,
-                                 state.stable_variant)]
+                                 state.stable_variant, mirror)]
         if state.canary is not None and state.canary != state.stable:
-            predictors.append(_predictor(endpoint, compute, env, namespace, model.name, state.canary, "canary", state.canary_weight, max(1, min(replicas, 1))))
+            predictors.append(_predictor(endpoint, compute, env, namespace, model.name, state.canary, "canary", state.canary_weight,
+                                         max(1, min(replicas, 1)), mirror=mirror))
         else:
             predictors[0]["traffic"] = 100
-    shadow = endpoint.spec.shadow
     if shadow is not None:
         # Seldon's shadow: Istio mirrors `traffic` percent of the requests to it (VirtualService
-        # `mirror` + `mirrorPercentage`) and drops its answers; one shadow at most. It serves the
-        # pinned version, else the one being rolled out, else the stable one.
+        # `mirror` + `mirrorPercentage`) and drops its answers; under an HTTPRoute the live servers
+        # copy them (above). One shadow at most. It serves the pinned version, else the one being
+        # rolled out, else the stable one.
         version = shadow.version or state.shadow or state.canary or state.stable
         predictor = _predictor(endpoint, compute, env, namespace, model.name, version, "shadow", shadow.percent,
                                1, shadow.variant)

@@ -15,6 +15,8 @@
   metrics server is switched off; its gRPC server listens on a free port (Forge does not use it).
 - Fault injection (``faultInjection``): added latency on every inference request, and HTTP 500
   for the fraction ``errorRate`` of them — for rollback drills.
+- Shadow (``mirror``): a copy of the requests answered 200 goes to the shadow's server after the
+  answer was sent, and the two answers are compared (``serving.mirror``).
 - Once listening it prints ``{"event": "serving", "url": "http://HOST:PORT", ...}`` on stdout
   (``port: 0`` picks a free port, so that line is how a caller learns it).
 """
@@ -88,10 +90,22 @@ class TelemetryMiddleware:
             timing["inbound"] = True
             batcher.inbound += 1
         token = CURRENT.set(timing)
+        mirror = tel.mirror
+        # With a mirror, the request's body and the answer are kept to copy and compare them.
+        request_body: list[bytes] = []
+        answer: list[bytes] = []
+
+        async def receive_wrapper() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                request_body.append(message.get("body", b""))
+            return message
 
         async def send_wrapper(message: dict) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+            elif message["type"] == "http.response.body" and mirror is not None:
+                answer.append(message.get("body", b""))
             await send(message)
 
         try:
@@ -103,7 +117,13 @@ class TelemetryMiddleware:
                 await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "http.response.body", "body": body})
                 return
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper if mirror is not None else receive, send_wrapper)
+            if mirror is not None and status[0] == 200:
+                headers = dict(scope.get("headers") or ())
+                query = (scope.get("query_string") or b"").decode("latin-1")
+                path = scope.get("path", "") + (f"?{query}" if query else "")
+                mirror.offer(path, b"".join(request_body), headers.get(b"content-type", b"").decode("latin-1"),
+                             b"".join(answer))
         finally:
             if timing.pop("inbound", False) and batcher is not None:
                 batcher.inbound -= 1

@@ -91,6 +91,9 @@ def build_app(config: ServeConfig) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(ServeConfig, argv, "python -m runtimes serve-seldon")
+    if config.mirror is not None:
+        # The copies and their comparison are the v2 server's (runtimes/serving/mirror.py).
+        raise StepFailed("`mirror` is served by `python -m runtimes serve` (the v2 protocol), not by the Seldon v1 wrapper")
     from werkzeug.serving import make_server
 
     app = build_app(config)

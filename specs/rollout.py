@@ -44,6 +44,13 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "histogram_quantile(0.99, sum by (le) (rate(forge_request_duration_seconds_bucket"
         '{forge_endpoint="{endpoint}",forge_namespace="{namespace}",forge_role="{role}"}[{window}])))'
     ),
+    # The shadow's agreement with what callers got: rows it labelled as the live server did, over
+    # the copies of every live server of the endpoint (runtimes/serving/mirror.py). Not by role:
+    # the shadow is compared with whichever predictor answered.
+    "shadow-agreement": (
+        'sum(rate(forge_shadow_rows_total{forge_endpoint="{endpoint}",forge_namespace="{namespace}",agreement="agreed"}[{window}]))'
+        ' / sum(rate(forge_shadow_rows_total{forge_endpoint="{endpoint}",forge_namespace="{namespace}"}[{window}]))'
+    ),
 }
 
 
@@ -219,7 +226,7 @@ class Metric(SpecModel):
     """One analysis metric: a PromQL query and the rule it must meet."""
 
     name: Name = Field(description="Name used in steps' `analysis` lists and in reports.")
-    template: Literal["success-rate", "error-rate", "latency-p99"] | None = Field(
+    template: Literal["success-rate", "error-rate", "latency-p99", "shadow-agreement"] | None = Field(
         default=None, description="A built-in query over the serving runtime's metrics."
     )
     query: str | None = Field(

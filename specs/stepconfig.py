@@ -267,6 +267,19 @@ class AwaitConfig(StepConfig):
     poll_seconds: float = Field(default=10.0, gt=0, le=3600, description="Time between two looks.")
 
 
+class MirrorConfig(SpecModel):
+    """Where a live model server sends copies of the requests it answered, and compares the
+    answers (runtimes/serving/mirror.py): the shadow predictor of an Endpoint whose router
+    mirrors nothing itself (`gatewayAPI`)."""
+
+    url: str = Field(max_length=512, pattern=r"^http://[A-Za-z0-9.\-]+(:[0-9]{1,5})?$",
+                     description="Base URL of the shadow's server (`http://host:port`); the request's own path is kept.")
+    percent: int = Field(default=100, ge=1, le=100, description="Percent of the answered requests copied.")
+    max_in_flight: int = Field(default=16, ge=1, le=1024,
+                               description="Copies outstanding at once; one more is dropped (and counted), never queued.")
+    timeout_ms: int = Field(default=2000, ge=10, le=60_000, description="A copy unanswered this long counts as failed.")
+
+
 class ServeConfig(SpecModel):
     """One model server of an Endpoint's predictor."""
 
@@ -282,13 +295,16 @@ class ServeConfig(SpecModel):
     host: str = Field(default="0.0.0.0", description="Listen address.")
     port: int = Field(default=8080, ge=0, le=65535, description="HTTP port (0 picks a free one).")
     backend: ServingBackend | None = Field(default=None, description="Variant selection and threads (the Endpoint's `backend`).")
+    mirror: MirrorConfig | None = Field(default=None, description="Copies of the answered requests to the shadow, compared.")
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, it stays out of the dump: the rendered servers of Endpoints without it do not change.
+        # Unset, they stay out of the dump: the rendered servers of Endpoints without them do not change.
         data = handler(self)
-        if isinstance(data, dict) and data.get("backend", 0) is None:
-            data.pop("backend", None)
+        if isinstance(data, dict):
+            for key in ("backend", "mirror"):
+                if key in data and data[key] is None:
+                    data.pop(key)
         return data
 
 

@@ -136,8 +136,9 @@ def check(api: ClusterAPI, requirements: list[Requirement]) -> list[Finding]:
             elif req.kind == "Gateway":
                 findings.append(_gateway(api, req))
             elif req.kind == "TrafficMirror":
-                findings.append(Finding(req, "missing", "no mirror is rendered for router gatewayAPI: the shadow "
-                                                        "predictor gets no requests (docs/cluster-prerequisites.md)"))
+                findings.append(Finding(req, "missing", "under router gatewayAPI only the v2 servers copy requests to "
+                                                        "the shadow; with `protocol: seldon` it gets none "
+                                                        "(docs/cluster-prerequisites.md)"))
             else:
                 findings.append(Finding(req, "manual", "not visible through the API: see docs/cluster-prerequisites.md"))
         except ForbiddenError as exc:

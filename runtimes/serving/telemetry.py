@@ -19,7 +19,9 @@ The metric names are part of Forge's contract: the rollout gates' PromQL templat
   request's ``forge_request_duration_seconds``. MLServer's own batching computes batches apart
   from the requests' tasks, so there only the total is recorded;
 - ``forge_serving_info{backend, served_variant, threads, batcher}``: 1 — what this server runs
-  (``GET /forge/serving`` has the same as JSON, with the reason a variant was chosen).
+  (``GET /forge/serving`` has the same as JSON, with the reason a variant was chosen);
+- with ``mirror`` configured, the ``forge_shadow_*`` series of its copies to the shadow
+  (runtimes/serving/mirror.py).
 
 ``code="200"`` and ``code="500"`` exist from the start (at 0): a healthy server's error rate is 0,
 not "no data", and a server failing every request has a success rate of 0, so the gates and the
@@ -75,6 +77,12 @@ class Telemetry:
                            (*LABELS, "backend", "served_variant", "threads", "batcher"), registry=self.registry)
         for code in INITIAL_CODES:
             self._requests.labels(**self.labels, code=code)
+        #: Copies of the answered requests to the shadow, compared (runtimes/serving/mirror.py), when configured.
+        self.mirror = None
+        if getattr(config, "mirror", None) is not None:
+            from runtimes.serving.mirror import Mirror
+
+            self.mirror = Mirror(config.mirror, self.registry, self.labels, LATENCY_BUCKETS)
         #: What `GET /forge/serving` answers (set by the server once the model is loaded).
         self.serving: dict[str, Any] = {}
         faults = config.fault_injection

@@ -21,9 +21,11 @@ from reconciler.present.manifests import to_yaml_stream
 from renderers import RenderContext, ServingState, render
 from renderers.gateway import PREDICTOR_HEADER, predictor_service, render_route, route_weights
 from renderers.keybuckets import bucket_of
+from renderers.prerequisites import cluster_requirements
 from renderers.seldon import ArmServing
+from renderers.stepargs import decode_step_config
 from specs import Endpoint
-from specs.experiment import Experiment
+from specs.experiment import Experiment, Shadow
 from specs.traffic import GatewayParentRef, TrafficRouting
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,6 +179,43 @@ def test_the_gateways_namespace_defaults_to_the_routes_and_hostnames_are_kept() 
     assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "edge",
                                             "namespace": "forge-quickstart"}]
     assert route["spec"]["hostnames"] == ["digits.example.com"]
+
+
+def with_shadow(specs, endpoint: Endpoint, percent: int = 25, protocol: str = "v2"):
+    """``specs`` whose `digits` Endpoint has a shadow getting ``percent`` of the requests."""
+    spec = endpoint.spec.model_copy(update={"shadow": Shadow(percent=percent), "protocol": protocol})
+    endpoint = endpoint.model_copy(update={"spec": spec})
+    return type(specs)(tuple(endpoint if d.kind == "Endpoint" and d.name == "digits" else d for d in specs.documents))
+
+
+def _shadow_render(routing: TrafficRouting | None, protocol: str = "v2") -> tuple[dict, dict[str, dict]]:
+    """The SeldonDeployment of the quick-start at canary 10 % with a shadow, and each predictor's serve config."""
+    specs, env, endpoint = quickstart(routing)
+    specs = with_shadow(specs, endpoint, protocol=protocol)
+    manifests = render(specs, RenderContext(env, revision="0123456789ab", serving={"digits": STATES["canary-10"]})).manifests
+    sdep = next(m for m in manifests if m["kind"] == "SeldonDeployment")
+    return sdep, {p["name"]: decode_step_config(p["componentSpecs"][0]["spec"]["containers"][0]) for p in sdep["spec"]["predictors"]}
+
+
+def test_under_a_route_the_live_servers_copy_requests_to_the_shadows_service() -> None:
+    sdep, configs = _shadow_render(ROUTING)
+    namespace = sdep["metadata"]["namespace"]
+    mirror = {"url": f"http://{predictor_service('digits', 'shadow')}.{namespace}.svc:9000", "percent": 25,
+              "maxInFlight": 16, "timeoutMs": 2000}
+    assert configs["stable"]["mirror"] == mirror and configs["canary"]["mirror"] == mirror
+    assert "mirror" not in configs["shadow"]  # the shadow copies nothing on
+    route = next(m for m in serving_objects(STATES["canary-10"]) if m["kind"] == "HTTPRoute")
+    assert "digits-shadow" not in str(route)  # the gateway never sends callers to it
+    # no mirror needed of the cluster: the servers copy
+    assert not [r for r in cluster_requirements([sdep]) if r.kind == "TrafficMirror"]
+
+
+def test_seldons_own_router_and_the_seldon_protocol_copy_nothing() -> None:
+    _, configs = _shadow_render(None)  # Istio mirrors (Seldon's `shadow: true`)
+    assert not any("mirror" in c for c in configs.values())
+    sdep, configs = _shadow_render(ROUTING, protocol="seldon")  # the v1 wrapper does not copy
+    assert not any("mirror" in c for c in configs.values())
+    assert [r.name for r in cluster_requirements([sdep]) if r.kind == "TrafficMirror"] == ["digits"]
 
 
 def test_long_names_get_seldons_hashed_service_name() -> None:
