@@ -354,8 +354,8 @@ def rollout_status(
     ctx = open_environment(specs_paths, None, env, flags)
     controllers, desired = endpoint_in(ctx, specs_paths, flags, endpoint)
     backend = controllers.backend
-    # the shadow's figures: the local router's mirror (docs/experiments.md)
-    data = status_data(desired, backend.serving(endpoint), backend.load_state(endpoint), backend.shadow_stats)
+    # the shadow's figures: the local router's mirror, or the live servers' copies in Prometheus (docs/experiments.md)
+    data = status_data(desired, backend.serving(endpoint), backend.load_state(endpoint), controllers.shadow_stats)
     api = ctx.target.cluster_api()
     if api is not None:  # a cluster: what its controller says of the endpoint (docs/controller.md)
         data["controller"] = read_syncs(api, ctx.environment.name, ctx.namespace).to_json()

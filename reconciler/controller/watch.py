@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from reconciler.controller.leadership import Leadership
 from reconciler.diagnostics import ForgeError
@@ -24,7 +25,8 @@ from reconciler.experiment.controller import FINAL as EXPERIMENT_FINAL
 from reconciler.experiment.controller import ExperimentController, ExperimentState
 from reconciler.load.endpoints import DesiredEndpoint
 from reconciler.load.loader import LoadResult
-from reconciler.metrics.prometheus import Prometheus
+from reconciler.metrics.prometheus import Prometheus, PrometheusUnavailable
+from reconciler.metrics.shadow import shadow_figures
 from reconciler.rollout.controller import Controller, RolloutState
 from reconciler.rollout.steering import AT_REST, FAILED
 from reconciler.rollout.writeback import rollback_hook
@@ -44,6 +46,21 @@ class Controllers:
     backend: RolloutBackend
     rollouts: Controller
     experiments: ExperimentController
+    #: The Prometheus they measure with (None: none) and the namespace of the endpoints.
+    prometheus: Prometheus | None = None
+    namespace: str = ""
+
+    def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
+        """The shadow's figures: the target's own (the local router's mirror), else what the live
+        servers' copies counted in Prometheus (a cluster: runtimes/serving/mirror.py); None when
+        neither has any or Prometheus does not answer."""
+        figures = self.backend.shadow_stats(endpoint)
+        if figures is not None or self.prometheus is None:
+            return figures
+        try:
+            return shadow_figures(self.prometheus, endpoint, self.namespace)
+        except PrometheusUnavailable:
+            return None
 
 
 def prometheus_for(environment: Environment, target: Target, override: str | None = None) -> str | None:
@@ -62,7 +79,7 @@ def controllers_for(result: LoadResult, environment: Environment, backend: Rollo
     prometheus = (Prometheus(prometheus_url, timeout=duration_seconds(environment.spec.prometheus.timeout))
                   if prometheus_url else None)
     rollouts = Controller(backend, prometheus, namespace, on_rollback=rollback_hook(result, environment, backend))
-    return Controllers(backend, rollouts, ExperimentController(backend, prometheus, namespace))
+    return Controllers(backend, rollouts, ExperimentController(backend, prometheus, namespace), prometheus, namespace)
 
 
 def rollout_line(endpoint: str, state: RolloutState) -> str:

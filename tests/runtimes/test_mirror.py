@@ -10,6 +10,8 @@ import time
 import pytest
 
 from devkit.runtime_steps import Runner
+from reconciler.metrics.prometheus import Prometheus
+from reconciler.metrics.shadow import shadow_figures
 from runtimes.serving.mirror import compare
 from specs.rollout import BUILTIN_TEMPLATES, fill_placeholders
 from tests.polling import wait_until
@@ -89,6 +91,12 @@ def test_a_live_server_copies_what_it_answered_to_the_shadow_and_compares(digits
                               {"endpoint": "digits", "namespace": "ml", "version": "v1", "role": "canary", "window": "30s"})
     result = wait_until(lambda: prometheus.query(query), 30, "the shadow-agreement query to have a value")
     assert float(result[0]["value"][1]) == 1.0, result
+    # what `rollout status` shows of a cluster's shadow: the same counts, read back from Prometheus
+    figures = wait_until(lambda: (f := shadow_figures(Prometheus(prometheus.url), "digits", "ml")) and f["compared"] == sent and f,
+                         30, "the copies' counters scraped")
+    assert figures["mirrored"] == figures["answered"] == sent and figures["failed"] == figures["skipped"] == 0, figures
+    assert figures["agreement"] == 1.0 and figures["meanProbabilityDistance"] == 0.0, figures
+    assert 0 < figures["meanLatencySeconds"] < 5, figures
 
 
 @pytest.mark.runtime

@@ -373,6 +373,7 @@ class KubernetesRolloutBackend:
         return None
 
     def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
-        """None: in a cluster Seldon mirrors to the shadow through Istio, which keeps no figures
-        Forge reads."""
+        """None: in a cluster the live servers count their copies to the shadow in Prometheus
+        (reconciler/metrics/shadow.py, asked by the controllers), and Istio's mirror, under
+        router `seldon`, keeps no figures Forge reads."""
         return None
