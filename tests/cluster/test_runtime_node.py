@@ -22,6 +22,10 @@ rendered objects are never changed. The stages run in order and share the cluste
    deleting a running pod raced Argo, which re-created the pod instead of recording an attempt.
 4. back to the first version with an injected fault → every step a cache hit; the canary fails
    its analysis and `reconcile --watch` rolls it back, the reason in `rollout status`.
+   Then a shadow of the first version (`percent: 50`) under the gateway: callers get only the
+   stable's answers; the stable's server copies half of what it answered to the shadow's Service
+   and compares (issue 29), counted from both servers' own metrics, the gate template
+   `shadow-agreement` in the in-cluster Prometheus and `rollout status`.
 5. `down` deletes what Forge owns: the controllers remove the pods they made.
 6. examples/search in a namespace of its own: Argo runs the rendered TPE + ASHA search — its trial
    pods two at a time, one Optuna study in a SQLite file on the workspace volume they share —
@@ -55,6 +59,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +72,10 @@ from devkit.node import argo, promop, runtime_image, traefik
 from devkit.node.node import Node
 from devkit.rollout import BODY
 from reconciler.targets.kubernetes.workflow_status import task_nodes
+from specs.rollout import BUILTIN_TEMPLATES, fill_placeholders
 from tests.cluster import nodekit
 from tests.polling import wait_until
+from tests.runtimes.helpers import series_value
 from tests.specedits import route_by_gateway
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -485,6 +492,89 @@ def test_4_a_faulty_canary_is_rolled_back(qs: Quickstart) -> None:
     assert weights.get("digits-canary", 0) == 0 and weights["digits-stable"] == 100, weights
     assert all(_infer(qs.stack.gateway.url) == 200 for _ in range(50))
     _wait("the operator to drop the canary", lambda: set(qs.predictors()) == {"stable"}, timeout=60)
+
+
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+def _answer_version(url: str) -> tuple[int, str]:
+    """POST the test's request: the HTTP status and the `model_version` of the answer."""
+    req = urllib.request.Request(url + "/v2/models/digits-mlp/infer", data=BODY,
+                                 headers={"content-type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read()).get("model_version", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+SHADOWED = 400  # requests through the gateway while the shadow gets half of them
+
+
+def test_4b_a_shadow_gets_copies_from_the_live_server_and_its_agreement_is_in_prometheus(qs: Quickstart) -> None:
+    """A shadow pinned to the first version, `percent: 50`, under the gateway: the gateway sends
+    callers only to the stable; the stable's server copies half of what it answered to the
+    shadow's Service and compares (runtimes/serving/mirror.py). Counted from both servers' own
+    metrics and from the in-cluster Prometheus (the gate template, `rollout status`)."""
+    v1, v2 = qs.versions["v1"], qs.versions["v2"]
+    qs.edit("endpoint.yaml", "  faultInjection:\n    errorRate: 0.5\n", f"  shadow: {{version: '{v1}', percent: 50}}\n",
+            "a shadow of the first version, half the requests")
+    qs.forgectl("apply", "--env", "cluster", "--auto-approve")
+    assert _wait("the shadow predictor", lambda: "shadow" in qs.predictors(), timeout=120)
+    shadow_url, stable_url = qs.service_url("shadow"), qs.service_url("stable")
+    _wait("the shadow's server to answer", lambda: _infer(shadow_url) == 200, timeout=300, every=2)
+
+    def stable_copies() -> bool:  # the stable's pod restarted with its mirror: one pod, and it counts copies
+        pods = [p for p in qs.core.list_namespaced_pod(NS, label_selector="seldon-app=digits-stable").items
+                if not p.metadata.deletion_timestamp]
+        return len(pods) == 1 and all("forge_shadow_requests_total" in _metrics(stable_url) for _ in range(5))
+
+    _wait("the stable's server to copy to the shadow", stable_copies, timeout=300, every=2)
+    gateway = qs.stack.gateway.url
+    _wait("the gateway to route to the new stable pod", lambda: _infer(gateway) == 200, timeout=60)
+    time.sleep(2)  # the copies of those requests answered before the counts are taken
+    shadow_before = _metrics(shadow_url)
+    before = series_value(shadow_before, "forge_requests_total", code="200", forge_role="shadow")
+    copied_before = series_value(_metrics(stable_url), "forge_shadow_requests_total", outcome="compared")
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: _answer_version(gateway), range(SHADOWED)))
+    # callers only ever got the live answer: every one the stable version's, none the shadow's
+    assert {a for a in answers} == {(200, v2)}, {a: answers.count(a) for a in set(answers)}
+
+    seen: list[tuple[float, float]] = []
+
+    def settled() -> tuple[float, str] | None:
+        stable = _metrics(stable_url)
+        now = (series_value(_metrics(shadow_url), "forge_requests_total", code="200", forge_role="shadow") - before,
+               series_value(stable, "forge_shadow_requests_total", outcome="compared") - copied_before)
+        seen.append(now)
+        return (now[0], stable) if len(seen) > 1 and seen[-1] == seen[-2] and now[0] == now[1] else None
+
+    shadowed, stable_metrics = _wait("the copies to be answered and compared", settled, timeout=60, every=1)
+    lo, hi = SHADOWED * 0.5 - 3.2905 * (SHADOWED * 0.25) ** 0.5, SHADOWED * 0.5 + 3.2905 * (SHADOWED * 0.25) ** 0.5
+    for outcome in ("failed", "unreadable", "dropped"):
+        assert series_value(stable_metrics, "forge_shadow_requests_total", outcome=outcome) == 0, outcome
+    agreed = series_value(stable_metrics, "forge_shadow_rows_total", agreement="agreed")
+    disagreed = series_value(stable_metrics, "forge_shadow_rows_total", agreement="disagreed")
+    print(f"\nshadow {v1} behind stable {v2}: {shadowed:.0f} of {SHADOWED} requests copied (99.9 % interval "
+          f"{lo:.0f}..{hi:.0f}) in {time.monotonic() - t0:.1f} s; rows agreed {agreed:.0f}, disagreed {disagreed:.0f}")
+    assert lo <= shadowed <= hi, shadowed
+    # the in-cluster Prometheus scraped the stable's copies through its PodMonitor: the gate's template
+    query = fill_placeholders(BUILTIN_TEMPLATES["shadow-agreement"],
+                              {"endpoint": "digits", "namespace": NS, "version": v2, "role": "canary", "window": "2m"})
+    rows = _wait("the shadow-agreement template to have a value", lambda: qs.query(query), timeout=90, every=3)
+    assert float(rows[0]["value"][1]) == pytest.approx(agreed / (agreed + disagreed)), (rows, agreed, disagreed)
+    # `rollout status` reads the same counters (once Prometheus has scraped the last copies)
+    figures = _wait("rollout status to show the shadow's copies", lambda: (f := qs.json(
+        "rollout", "status", "digits", "--prometheus-url", qs.stack.prometheus_url)["shadow"]) and f["compared"] >= shadowed and f,
+        timeout=90, every=3)
+    assert figures["failed"] == 0 and figures["mirrored"] == figures["compared"], figures
+    assert figures["agreement"] == pytest.approx(agreed / (agreed + disagreed)), figures
+    # the shadow is never a route's backend
+    assert "digits-shadow" not in json.dumps(qs.route()["spec"]), qs.route()["spec"]
 
 
 def test_5_down_removes_what_forge_owns(qs: Quickstart) -> None:

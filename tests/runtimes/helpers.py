@@ -41,3 +41,14 @@ def get_text(url: str, timeout: float = 30) -> str:
 
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.read().decode()
+
+
+def series_value(metrics: str, name: str, **labels: str) -> float:
+    """The value of the first sample of ``name`` in a Prometheus text exposition whose labels
+    include ``labels``, or 0 when there is none."""
+    import re
+
+    for match in re.finditer(rf"^{name}\{{([^}}]*)\}} ([0-9.e+-]+)$", metrics, re.M):
+        if all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
+            return float(match.group(2))
+    return 0.0

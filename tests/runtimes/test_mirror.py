@@ -4,7 +4,6 @@ shadow — with the copies counted and compared in the live server's own metrics
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
@@ -15,7 +14,7 @@ from reconciler.metrics.shadow import shadow_figures
 from runtimes.serving.mirror import compare
 from specs.rollout import BUILTIN_TEMPLATES, fill_placeholders
 from tests.polling import wait_until
-from tests.runtimes.helpers import get_text, post_json
+from tests.runtimes.helpers import get_text, post_json, series_value
 from tests.runtimes.test_serve import ONE, ZERO, _serve_config
 
 
@@ -44,14 +43,6 @@ def test_answers_that_cannot_be_compared_are_none() -> None:
     assert compare(_answer([]), _answer([])) is None  # nothing to compare
 
 
-def _series(metrics: str, name: str, **labels: str) -> float:
-    """The value of the sample of ``name`` whose labels include ``labels``, or 0."""
-    for match in re.finditer(rf"^{name}\{{([^}}]*)\}} ([0-9.e+-]+)$", metrics, re.M):
-        if all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
-            return float(match.group(2))
-    return 0.0
-
-
 @pytest.mark.runtime
 @pytest.mark.prometheus
 def test_a_live_server_copies_what_it_answered_to_the_shadow_and_compares(digits: Runner, server_factory, prometheus) -> None:
@@ -71,21 +62,21 @@ def test_a_live_server_copies_what_it_answered_to_the_shadow_and_compares(digits
 
     def copies() -> str | None:
         metrics = get_text(f"{live.url}/metrics")
-        return metrics if _series(metrics, "forge_shadow_requests_total", outcome="compared") >= sent else None
+        return metrics if series_value(metrics, "forge_shadow_requests_total", outcome="compared") >= sent else None
 
     metrics = wait_until(copies, 30, "every answered request copied and compared")
-    assert _series(metrics, "forge_shadow_requests_total", outcome="compared") == sent
+    assert series_value(metrics, "forge_shadow_requests_total", outcome="compared") == sent
     for outcome in ("failed", "unreadable", "dropped"):
-        assert _series(metrics, "forge_shadow_requests_total", outcome=outcome) == 0, outcome
+        assert series_value(metrics, "forge_shadow_requests_total", outcome=outcome) == 0, outcome
     # the same model: every row the same label, no difference in the probabilities
-    assert _series(metrics, "forge_shadow_rows_total", agreement="agreed", forge_role="stable") == 2 * sent
-    assert _series(metrics, "forge_shadow_rows_total", agreement="disagreed") == 0
-    assert _series(metrics, "forge_shadow_probability_delta_count") == sent
-    assert _series(metrics, "forge_shadow_probability_delta_bucket", le="0.0001") == sent
-    assert _series(metrics, "forge_shadow_duration_seconds_count") == sent
+    assert series_value(metrics, "forge_shadow_rows_total", agreement="agreed", forge_role="stable") == 2 * sent
+    assert series_value(metrics, "forge_shadow_rows_total", agreement="disagreed") == 0
+    assert series_value(metrics, "forge_shadow_probability_delta_count") == sent
+    assert series_value(metrics, "forge_shadow_probability_delta_bucket", le="0.0001") == sent
+    assert series_value(metrics, "forge_shadow_duration_seconds_count") == sent
     # the shadow answered the copies: its own count, under its own role
     shadow_metrics = get_text(f"{shadow.url}/metrics")
-    assert _series(shadow_metrics, "forge_requests_total", code="200", forge_role="shadow") == sent
+    assert series_value(shadow_metrics, "forge_requests_total", code="200", forge_role="shadow") == sent
     # the gate's template reads the agreement from Prometheus: every row the same label
     query = fill_placeholders(BUILTIN_TEMPLATES["shadow-agreement"],
                               {"endpoint": "digits", "namespace": "ml", "version": "v1", "role": "canary", "window": "30s"})
@@ -118,12 +109,12 @@ def test_a_shadow_that_does_not_answer_costs_callers_nothing(digits: Runner, ser
     def settled() -> str | None:
         """The metrics once two reads a second apart count the same copies (none outstanding)."""
         metrics = get_text(f"{live.url}/metrics")
-        seen.append(sum(_series(metrics, "forge_shadow_requests_total", outcome=o) for o in ("failed", "dropped")))
+        seen.append(sum(series_value(metrics, "forge_shadow_requests_total", outcome=o) for o in ("failed", "dropped")))
         return metrics if len(seen) > 1 and seen[-1] == seen[-2] > 0 else None
 
     metrics = wait_until(settled, 30, "the copies' outcomes", interval=1.0)
-    failed = _series(metrics, "forge_shadow_requests_total", outcome="failed")
-    assert _series(metrics, "forge_shadow_requests_total", outcome="compared") == 0
+    failed = series_value(metrics, "forge_shadow_requests_total", outcome="failed")
+    assert series_value(metrics, "forge_shadow_requests_total", outcome="compared") == 0
     # percent 50 of 60: within the binomial 99.9 % interval (about 17..43)
-    assert 17 <= failed + _series(metrics, "forge_shadow_requests_total", outcome="dropped") <= 43, metrics
-    assert _series(metrics, "forge_requests_total", code="500") == 0
+    assert 17 <= failed + series_value(metrics, "forge_shadow_requests_total", outcome="dropped") <= 43, metrics
+    assert series_value(metrics, "forge_requests_total", code="500") == 0
