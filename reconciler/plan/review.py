@@ -23,7 +23,7 @@ from reconciler.load.gitrepo import Repository, open_repository
 from reconciler.load.loader import LoadResult
 from reconciler.plan.diff import value_diff
 from reconciler.plan.plan import Cost, DocumentChange, Plan, ServingBase, ServingCost, TrainingBase, TrainingCost
-from reconciler.plan.queues import queue_notes
+from reconciler.plan.queues import admission_notes, queue_notes
 from reconciler.plan.risks import (
     FLAGS,
     UNSATISFIABLE,
@@ -179,7 +179,8 @@ def annotate(plan: Plan, head: LoadResult, env: Environment, *, base: LoadResult
         risks=tuple(_order(locate(risks, head.raws, base_raws))),
         spec_changes=tuple(_spec_changes(base, head)) if base is not None else (),
         cost=_cost(est, before),
-        notes=(*plan.notes, *gate_notes, *_pod_security_notes(env), *queue_notes(plan.changes)),
+        notes=(*plan.notes, *gate_notes, *_pod_security_notes(env), *queue_notes(plan.changes),
+               *admission_notes(plan.changes)),
     )
 
 

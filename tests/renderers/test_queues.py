@@ -268,3 +268,36 @@ def test_an_environment_sees_only_the_shared_flavors_its_queues_name() -> None:
     assert [o["metadata"]["name"] for o in kept] == [o["metadata"]["name"] for o in ours]
     # without its ClusterQueue (not created yet) an environment lists no flavor: its plan creates it
     assert shared_in_use([o for o in ours if o["kind"] == "ResourceFlavor"]) == []
+
+
+def _admission_notes(text: str, status: dict[str, Any] | None) -> list[str]:
+    """The plan's admission lines for ``text`` rendered anew (its Workflow a create) against a live
+    ClusterQueue with ``status`` (None: the queue is new too)."""
+    head = _load(text)
+    desired = _rendered(head)
+    live = [copy.deepcopy(o) for o in desired if o["kind"] not in ("Workflow",)] if status is not None else []
+    for o in live:
+        if o["kind"] == "ClusterQueue":
+            o["status"] = status
+    env = head.specs.get(Environment, "cluster")
+    assert env is not None
+    plan = annotate(build_plan(desired, live, environment="cluster", target="kubernetes"), head, env)
+    return [n for n in plan.notes if n.startswith("Workflow ")]
+
+
+def test_the_plan_says_whether_a_new_workflows_training_is_admitted_now_or_what_it_waits_for() -> None:
+    [free] = _admission_notes(_llm(), _status("48", "0", 0, 3))
+    assert free.endswith(": train asks 8 nvidia.com/gpu of ClusterQueue forge-llm-h100-pool: admitted now (16 of 64 free)"), free
+    [behind] = _admission_notes(_llm(), _status("48", "0", 2, 3))
+    assert behind.endswith(": fits the 16 free, behind 2 pending workloads (admitted now unless they take it first)"), behind
+    [waits] = _admission_notes(_llm(), _status("60", "0", 2, 3))
+    assert waits.endswith(": waits for 4 more nvidia.com/gpu (4 of 64 free, behind 2 pending workloads; "
+                          "may borrow up to 32 in cohort ml-org)"), waits
+    # a two-node gang asks all its replicas' GPUs at once
+    gang_text = _llm("    layers: 32\n    dModel: 4096\n    heads: 32", "    layers: 60\n    dModel: 6144\n    heads: 48")
+    [gang] = _admission_notes(gang_text, _status("56", "0", 0, 3))
+    assert ": train asks 16 nvidia.com/gpu at once (a PyTorchJob: all replicas or none) of ClusterQueue " \
+           "forge-llm-h100-pool: waits for 8 more nvidia.com/gpu (8 of 64 free; may borrow up to 32 in cohort ml-org)" in gang, gang
+    # nothing read of Kueue: the quota alone
+    [new] = _admission_notes(_llm(), None)
+    assert new.endswith("of ClusterQueue forge-llm-h100-pool (quota 64): queued; Kueue's state not read"), new
