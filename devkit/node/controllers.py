@@ -9,8 +9,10 @@ manifest names, so upstream's RBAC is what authorises it, and records its PID in
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,6 +55,41 @@ def ensure_built(target: str, path: Path, what: str, log: Callable[[str], None])
     """``path``, built by ``scripts/cluster/build.sh <target>`` (niced) when it is not there yet;
     :class:`NodeError` when the build fails."""
     return paths.ensure_built(target, path, what, log, error=NodeError)
+
+
+@dataclass(frozen=True)
+class PinnedBuild:
+    """A controller built from a Go module pinned in versions.env by ``build.sh <target>``, into
+    ``bin/<target>-<version>/<target>`` of the cache."""
+
+    target: str  # build.sh's target and the binary's name
+    module_key: str  # versions.env's name of the module, e.g. KUEUE_MODULE
+    version_key: str  # ... and of its version
+    what: str  # e.g. "Kueue", for the log
+
+    def version(self) -> str:
+        return paths.versions()[self.version_key]
+
+    def module_dir(self) -> Path:
+        """The module at the pinned version (``go mod download``): its manifests are what is installed."""
+        return paths.go_mod_download(paths.versions()[self.module_key], self.version())
+
+    def binary_path(self) -> Path:
+        """Where the build puts the binary (may not exist yet)."""
+        return paths.cache_dir() / "bin" / f"{self.target}-{self.version()}" / self.target
+
+    def ensure(self, log: Callable[[str], None]) -> Path:
+        """The binary, built when missing (docs/test-cluster.md says how long the first build takes)."""
+        return ensure_built(self.target, self.binary_path(), f"{self.what} {self.version()}", log)
+
+
+def answers_ok(url: str) -> bool:
+    """Whether ``url`` answers 200 within 2 s (a controller's readiness or health probe)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def service_account_kubeconfig(cluster: Any, node: Node, namespace: str, account: str, name: str) -> Path:
@@ -134,6 +171,22 @@ def serving_cert(directory: Path) -> Path:
                     "-keyout", str(directory / "tls.key"), "-out", str(directory / "tls.crt")],
                    check=True, capture_output=True)
     return directory / "tls.crt"
+
+
+def loopback_only(port: int, chain: str) -> None:
+    """Drop connections to ``port`` that do not come from loopback, for a server that binds every
+    address (an upstream webhook server with no host setting), in iptables chain ``chain`` (named
+    ``FORGE-NODE-*``: ``Node.stop`` removes it and the jump). Idempotent: the chain is emptied and
+    refilled."""
+    for ipt in ("iptables", "ip6tables"):
+        if not shutil.which(ipt):
+            continue
+        subprocess.run([ipt, "-N", chain], capture_output=True)  # exists already: fine
+        subprocess.run([ipt, "-F", chain], check=True, capture_output=True)
+        subprocess.run([ipt, "-A", chain, "-p", "tcp", "--dport", str(port), "!", "-i", "lo", "-j", "DROP"],
+                       check=True, capture_output=True)
+        if subprocess.run([ipt, "-C", "INPUT", "-j", chain], capture_output=True).returncode != 0:
+            subprocess.run([ipt, "-I", "INPUT", "-j", chain], check=True, capture_output=True)
 
 
 def kubectl(node: Node, *args: str, stdin: str | None = None) -> str:

@@ -56,8 +56,9 @@ import yaml
 from devkit.node import paths
 from devkit.node.controllers import (
     HostController,
+    PinnedBuild,
+    answers_ok,
     apply_docs,
-    ensure_built,
     kubectl,
     kustomized,
     manifest_docs,
@@ -86,24 +87,14 @@ RBAC_FILES = ("service_account.yaml", "role.yaml", "role_binding.yaml", "manager
 WEBHOOKS = "config/components/webhook/manifests.yaml"
 
 
-def version() -> str:
-    return paths.versions()["KUEUE_VERSION"]
-
-
-def module_dir() -> Path:
-    """Kueue's module at the pinned version (``go mod download``; its ``config/`` is what is installed)."""
-    return paths.go_mod_download(paths.versions()["KUEUE_MODULE"], version())
-
-
-def binary_path() -> Path:
-    """Where ``build.sh kueue`` puts the manager (may not exist yet)."""
-    return paths.cache_dir() / "bin" / f"kueue-{version()}" / "kueue"
+#: Kueue's manager: ``build.sh kueue`` (tens of minutes the first time on two loaded cores).
+BUILD = PinnedBuild("kueue", "KUEUE_MODULE", "KUEUE_VERSION", "Kueue")
+version, module_dir, binary_path = BUILD.version, BUILD.module_dir, BUILD.binary_path
 
 
 def ensure_binary(log: Callable[[str], None] = _stderr_log) -> Path:
-    """Kueue's manager, built by ``scripts/cluster/build.sh kueue`` when missing (tens of minutes the
-    first time on two loaded cores: docs/test-cluster.md)."""
-    return ensure_built("kueue", binary_path(), f"Kueue {version()}", log)
+    """Kueue's manager, built by ``scripts/cluster/build.sh kueue`` when missing."""
+    return BUILD.ensure(log)
 
 
 def crd_docs(moddir: Path, served: set[str]) -> list[dict[str, Any]]:
@@ -175,14 +166,6 @@ class KueueController:
     frameworks: list[str]
 
 
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def _served_crds(node: Node) -> set[str]:
     return set(kubectl(node, "get", "crd", "-o", "name").replace("customresourcedefinition.apiextensions.k8s.io/", "")
                .split())
@@ -216,7 +199,7 @@ def start(cluster: Any, node: Node, *, die_with_parent: bool = False, log: Calla
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = dict(os.environ, KUBECONFIG=str(kubeconfig))  # controller-runtime's GetConfigOrDie reads it
     argv = [str(binary), f"--config={config_path}"]
-    ctl = spawn(node, "kueue", argv, env=env, ready=lambda c: _ready(f"http://127.0.0.1:{health_port}/readyz"),
+    ctl = spawn(node, "kueue", argv, env=env, ready=lambda c: answers_ok(f"http://127.0.0.1:{health_port}/readyz"),
                 timeout=timeout, die_with_parent=die_with_parent, log=log)
     ca = base64.b64encode(crt.read_bytes()).decode()
     apply_docs(node, webhook_docs(moddir, f"https://127.0.0.1:{webhook_port}", ca, pytorchjobs))

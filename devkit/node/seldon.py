@@ -34,7 +34,6 @@ tests).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -48,6 +47,7 @@ from devkit.node.controllers import (
     HostController,
     apply_docs,
     kustomized,
+    loopback_only,
     manifest_docs,
     service_account_kubeconfig,
     serving_cert,
@@ -137,20 +137,6 @@ def _webhook_cert(tmpdir: Path) -> None:
     serving_cert(tmpdir / "k8s-webhook-server" / "serving-certs")
 
 
-def _guard_webhook_port(port: int) -> None:
-    """Drop connections to the webhook server's port that do not come from loopback (it binds every
-    address). Idempotent: the chain is emptied and refilled; Node.stop removes it and the jump."""
-    for ipt in ("iptables", "ip6tables"):
-        if not shutil.which(ipt):
-            continue
-        subprocess.run([ipt, "-N", WEBHOOK_CHAIN], capture_output=True)  # exists already: fine
-        subprocess.run([ipt, "-F", WEBHOOK_CHAIN], check=True, capture_output=True)
-        subprocess.run([ipt, "-A", WEBHOOK_CHAIN, "-p", "tcp", "--dport", str(port), "!", "-i", "lo", "-j", "DROP"],
-                       check=True, capture_output=True)
-        if subprocess.run([ipt, "-C", "INPUT", "-j", WEBHOOK_CHAIN], capture_output=True).returncode != 0:
-            subprocess.run([ipt, "-I", "INPUT", "-j", WEBHOOK_CHAIN], check=True, capture_output=True)
-
-
 def start(cluster: Any, node: Node, *, die_with_parent: bool = False, log=_stderr_log) -> HostController:
     """Install the operator's namespace, identity and RBAC (upstream's manifests) and start it for
     ``node``'s cluster; returns once its SeldonDeployment controller's workers have started."""
@@ -165,7 +151,7 @@ def start(cluster: Any, node: Node, *, die_with_parent: bool = False, log=_stder
     tmpdir = sd / "tmp"
     _webhook_cert(tmpdir)
     webhook_port = paths.free_port()
-    _guard_webhook_port(webhook_port)
+    loopback_only(webhook_port, WEBHOOK_CHAIN)
     env = dict(os.environ, **manager_env(src), TMPDIR=str(tmpdir), KUBECONFIG=str(kubeconfig))
     argv = [
         str(binary), f"--kubeconfig={kubeconfig}",

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 from devkit.node import paths
 from devkit.node.controllers import (
     HostController,
+    answers_ok,
     apply_docs,
     ensure_built,
     kubectl,
@@ -117,14 +117,6 @@ def _get(node: Node, *args: str) -> dict[str, Any]:
     return json.loads(kubectl(node, "get", *args, "-o", "json"))
 
 
-def _ping(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def start(cluster: Any, node: Node, *, die_with_parent: bool = False, log=_stderr_log,
           timeout: float = 90.0) -> TraefikGateway:
     """Install upstream's RBAC, start Traefik as ``traefik-controller`` and create the GatewayClass
@@ -147,7 +139,7 @@ def start(cluster: Any, node: Node, *, die_with_parent: bool = False, log=_stder
         "--log.level=INFO",
     ]
     env = dict(os.environ, KUBECONFIG=str(kubeconfig))
-    ctl = spawn(node, "traefik", argv, env=env, ready=lambda c: _ping(f"http://127.0.0.1:{admin}/ping"),
+    ctl = spawn(node, "traefik", argv, env=env, ready=lambda c: answers_ok(f"http://127.0.0.1:{admin}/ping"),
                 timeout=timeout, die_with_parent=die_with_parent, log=log)
     apply_docs(node, gateway_docs(web))
     deadline = time.monotonic() + timeout

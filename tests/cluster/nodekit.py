@@ -36,7 +36,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devkit.cluster import Cluster
-from devkit.node import argo, coredns, kueue, promop, seldon, traefik
+from devkit.node import argo, coredns, kueue, promop, seldon, traefik, training_operator
 from devkit.node.controllers import HostController
 from devkit.node.node import Node
 
@@ -118,6 +118,10 @@ class SharedNode:
     def kueue(self) -> kueue.KueueController:
         """Kueue's controller manager (pods of namespaces labelled ``kueue.MANAGED_NAMESPACES`` are managed)."""
         return self.once("kueue", lambda: kueue.start(self.cluster, self.node, die_with_parent=True))
+
+    def training_operator(self) -> HostController:
+        """The Kubeflow Training Operator's manager (the ``pytorchjob`` scheme)."""
+        return self.once("training-operator", lambda: training_operator.start(self.cluster, self.node, die_with_parent=True))
 
     @contextlib.contextmanager
     def namespace(self, name: str, labels: Mapping[str, str] | None = None, *, create: bool = True,

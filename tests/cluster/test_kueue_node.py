@@ -289,3 +289,35 @@ def _scenario(api: Any, compute: Compute, env: Environment, shared_node: nodekit
                interval=1)
     print(json.dumps({"admitted_a": admitted_a, "waiting_a": waiting_a, "b_admitted": b_pods,
                       "preempted_a": {n: c.get("message") for n, c in sorted(preemptions.items())}}))
+
+
+def test_the_plan_says_what_a_new_training_waits_for(stack, shared_node: nodekit.SharedNode, tmp_path) -> None:
+    """After the scenario, team A's queue is at its quota (2 of 2 GPUs in use) with 2 workloads
+    pending: `forgectl plan` of a new training on that pool, against the cluster, says it waits for
+    1 GPU behind them — read from the ClusterQueue's status Kueue wrote, not estimated."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    api, _, _ = stack
+    cq = _cluster_queue(api, TEAM_A)
+    status = cq.get("status") or {}
+    assert status.get("pendingWorkloads") == 2, status  # the scenario's two waiting pods
+    repo = Path(__file__).resolve().parents[2]
+    work = tmp_path / "specs"
+    shutil.copytree(repo / "examples" / "quickstart", work)
+    (work / "pool.yaml").write_text(SPECS.split("---\n", 1)[1])  # the pool, as deployed
+    envs = work / "environments.yaml"
+    envs.write_text(envs.read_text().replace("namespace: forge-quickstart", f"namespace: {TEAM_A}"))
+    model = work / "model.yaml"
+    model.write_text(model.read_text().replace("computeRef: cpu", f"computeRef: {POOL}"))
+    env = dict(os.environ, KUBECONFIG=shared_node.node.kubeconfig, NO_COLOR="1", COLUMNS="250")
+    plan = subprocess.run([str(repo / ".venv" / "bin" / "forgectl"), "plan", "--env", "cluster", str(work)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert plan.returncode in (0, 2), plan.stdout[-3000:] + plan.stderr[-3000:]  # 2: changes to make
+    text = " ".join(plan.stdout.split())
+    wanted = (f"train asks 1 nvidia.com/gpu of ClusterQueue {queue_object_name(TEAM_A, POOL)}: waits for 1 more "
+              f"nvidia.com/gpu (0 of 2 free, behind 2 pending workloads; may borrow up to 2 in cohort forge-kueue-test)")
+    assert wanted in text, plan.stdout[-4000:]
+    print("\n" + next(line for line in plan.stdout.splitlines() if "waits for" in line).strip())

@@ -31,6 +31,10 @@ rendered objects are never changed. The stages run in order and share the cluste
    pods two at a time, one Optuna study in a SQLite file on the workspace volume they share —
    then pick-best, evaluate and register; the registry's record of the search agrees with what
    Optuna reads back from that file (issue 31: the search on the node cluster's Argo).
+7. the quick-start's model on a queued pool of one fake GPU per node, trained with DDP on
+   two nodes: the PyTorchJob Argo's train step creates waits suspended by Kueue while one of its
+   two GPUs is held by another workload (neither replica has a pod), starts both replicas at once
+   when it is freed, and the real Training Operator runs it to Succeeded (issue 30).
 
 The quick-start's namespace enforces Pod Security `restricted` (labelled as a platform team would
 before Forge applies anything): the API server's own PodSecurity admission refuses any pod below
@@ -107,9 +111,13 @@ _BUILT: dict[str, Any] = {}
 
 def node_images() -> list[tuple[str, str]]:
     """The runtime images, Argo's executor and the Prometheus Operator's images (each built the
-    first time; Traefik too, a long build: docs/test-cluster.md)."""
+    first time; Traefik, Kueue and the Training Operator too, long builds: docs/test-cluster.md)."""
+    from devkit.node import kueue, training_operator
+
     _BUILT["archive"], _BUILT["refs"], _ = runtime_image.build()
     traefik.ensure_binary()
+    kueue.ensure_binary()
+    training_operator.ensure_binary()
     return [argo.executor_image(), *promop.images()] + [(str(_BUILT["archive"]), r) for r in _BUILT["refs"]]
 
 
@@ -673,6 +681,149 @@ def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack
             [shown] = [w for w in json.loads(q.forgectl("status", "--env", "cluster", "-o", "json").stdout)["workflows"]
                        if w["version"] == version]
             assert {s["step"] for s in shown["steps"]} >= set(trials) and shown["phase"] == "Succeeded", shown
+            q.forgectl("down", "--env", "cluster", "--auto-approve")
+    finally:
+        q.api.close()
+
+
+TRAINING_NS = "forge-training"  # a namespace of its own, managed by Kueue
+GPU = "nvidia.com/gpu"
+GPU_NODE_LABELS = {"forge.dev/test-gpu": "h100"}  # the pool's nodeSelector: its flavor's nodeLabels
+#: A pool of one fake GPU per node, whose jobs take at least two: the quick-start's model trained
+#: with DDP on two nodes — a PyTorchJob (Master + 1 Worker), gloo on the CPU.
+GPU_POOL = f"""\
+apiVersion: forge.dev/v1alpha1
+kind: Compute
+metadata: {{name: gpu-pool}}
+spec:
+  accelerator: {{type: nvidia-h100-80gb}}
+  gpusPerNode: 1
+  minGpus: 2
+  maxGpus: 2
+  priority: high
+  nodeSelector: {json.dumps(GPU_NODE_LABELS)}
+  node: {{cpu: 400m, memory: 1536Mi}}
+  queue:
+    cohort: forge-training-test
+    quota: {{gpus: 2}}
+"""
+JOB_NAME = "training.kubeflow.org/job-name"  # the Training Operator's label on a job's pods
+
+
+def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training_operator(
+        stack: _Stack, shared_node: nodekit.SharedNode, tmp_path: Path) -> None:
+    """Issue 30: the quick-start's model on a queued pool of one GPU per node (the node advertises
+    fake ones), trained with DDP on two nodes: Argo's train step creates the PyTorchJob Forge
+    renders; Kueue's Kubeflow integration suspends it until both replicas fit the quota at once —
+    with one of the two GPUs held by another workload, neither replica has a pod; freed, both start
+    together — and the real Training Operator runs it (torchrun, gloo, world size 2) to Succeeded,
+    which Argo's train step and `forgectl status` report."""
+    from devkit.node import extended_resources, kueue
+    from renderers.queues import queue_labels
+    from specs import Compute
+
+    shared_node.dns()  # the Worker finds the Master by its Service's name
+    frameworks = shared_node.kueue().frameworks
+    assert "kubeflow.org/pytorchjob" in frameworks, frameworks
+    shared_node.training_operator()
+    node = stack.node
+    extended_resources.advertise(node, {GPU: "8"}, GPU_NODE_LABELS)
+    _wait(f"the node advertising {GPU}", lambda: extended_resources.advertised(node).get(GPU) == "8", timeout=60)
+
+    work = tmp_path / "training"
+    shutil.copytree(QUICKSTART, work)
+    (work / "endpoint.yaml").unlink()  # the training only
+    (work / "gpu.yaml").write_text(GPU_POOL)
+    envs = work / "environments.yaml"
+    envs.write_text(envs.read_text().replace(f"namespace: {NS}", f"namespace: {TRAINING_NS}"))
+    model = work / "model.yaml"
+    model.write_text(model.read_text().replace("computeRef: cpu", "computeRef: gpu-pool")
+                     .replace("  precision: fp32\n", "  precision: fp32\n  distributed: {strategy: ddp}\n"))
+    q = Quickstart(stack, work)
+    q.git("init", "-q")
+    q.git("add", ".")
+    q.git("commit", "-qm", "the quick-start on two nodes of a queued GPU pool")
+    jobs = dynamic.DynamicClient(q.api).resources.get(api_version="kubeflow.org/v1", kind="PyTorchJob")
+    custom = client.CustomObjectsApi(q.api)
+    try:
+        with shared_node.namespace(TRAINING_NS, kueue.MANAGED_NAMESPACES):
+            from reconciler.load.environments import load_environment
+            from renderers.versions import model_version
+            from specs import Model
+
+            result, environment = load_environment([str(work)], None, "cluster")
+            compute = result.specs.get(Compute, "gpu-pool")
+            version = model_version(result.specs, result.specs.get(Model, "digits-mlp"), environment)
+            # another workload of the same queue holds one of its two GPUs: submitted before the apply,
+            # so it is first in the queue whatever the timing (Kueue admits in creation order at equal
+            # priority), while the job can exist only once Argo's prepare-data step has finished
+            gpu = {"cpu": "50m", "memory": "32Mi", GPU: "1"}
+            blocker = q.core.create_namespaced_pod(TRAINING_NS, client.V1Pod(
+                metadata=client.V1ObjectMeta(name="holds-one-gpu", labels=queue_labels(compute, environment, TRAINING_NS,
+                                                                                      "forge-high")),
+                spec=client.V1PodSpec(restart_policy="Never", termination_grace_period_seconds=1, containers=[
+                    client.V1Container(name="hold", image=node.images["busybox"][1], image_pull_policy="Never",
+                                       command=["sh", "-c", "sleep 3600"],
+                                       resources=client.V1ResourceRequirements(requests=gpu, limits=gpu))])))
+            q.forgectl("apply", "--env", "cluster", "--auto-approve")
+            _wait("the blocker to run", lambda: q.core.read_namespaced_pod(
+                blocker.metadata.name, TRAINING_NS).status.phase == "Running", timeout=180, every=2)
+
+            def job() -> dict[str, Any] | None:
+                items = jobs.get(namespace=TRAINING_NS).to_dict()["items"]
+                return items[0] if items else None
+
+            pj = _wait("Argo's train step to create the PyTorchJob", job, timeout=600, every=3)
+            name = pj["metadata"]["name"]
+
+            def workload() -> dict[str, Any] | None:
+                items = custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", TRAINING_NS, "workloads")["items"]
+                return next((w for w in items if any(o["kind"] == "PyTorchJob" and o["name"] == name
+                                                     for o in w["metadata"].get("ownerReferences") or [])), None)
+
+            wl = _wait("Kueue's Workload of the job", workload, timeout=60)
+            # one GPU free of the two the job needs at once: suspended, and no replica has a pod
+            for _ in range(10):
+                pj, wl = jobs.get(namespace=TRAINING_NS, name=name).to_dict(), workload()
+                assert pj["spec"]["runPolicy"].get("suspend") is True, pj["spec"]["runPolicy"]
+                admitted = {c["type"]: c["status"] for c in (wl.get("status") or {}).get("conditions") or []}
+                assert admitted.get("Admitted") != "True", wl.get("status")
+                assert not q.core.list_namespaced_pod(TRAINING_NS, label_selector=f"{JOB_NAME}={name}").items
+                time.sleep(1)
+            t_freed = time.monotonic()
+            q.core.delete_namespaced_pod(blocker.metadata.name, TRAINING_NS, grace_period_seconds=0)
+
+            def both_running() -> list[client.V1Pod] | None:
+                pods = q.core.list_namespaced_pod(TRAINING_NS, label_selector=f"{JOB_NAME}={name}").items
+                return pods if len(pods) == 2 and all(p.status.phase in ("Running", "Succeeded") for p in pods) else None
+
+            pods = _wait("both replicas to start", both_running, timeout=300, every=1)
+            t_started = time.monotonic()
+            roles = sorted((p.metadata.labels or {}).get("training.kubeflow.org/replica-type", "") for p in pods)
+            assert roles == ["master", "worker"], roles
+
+            def succeeded() -> dict[str, Any] | None:
+                pj = jobs.get(namespace=TRAINING_NS, name=name).to_dict()
+                conds = {c["type"]: c["status"] for c in (pj.get("status") or {}).get("conditions") or []}
+                assert conds.get("Failed") != "True", pj.get("status")
+                return pj if conds.get("Succeeded") == "True" else None
+
+            pj = _wait("the PyTorchJob to succeed", succeeded, timeout=900, every=3)
+            t_done = time.monotonic()
+            # Argo's train step saw it succeed (its successCondition on the job's Master replicas)
+            wf = _wait("Argo's train step to succeed", lambda: (w := q.workflow(version)) and _nodes(w).get(
+                "train", {}).get("phase") == "Succeeded" and w, timeout=120, every=3)
+            # the training ran in a world of two, on the CPU (gloo), and wrote its metrics as one run
+            claim = q.core.read_namespaced_persistent_volume_claim("forge-workspace", TRAINING_NS)
+            workspace = Path(q.core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path)
+            metrics = json.loads((workspace / "models" / "digits-mlp" / version / "train" / "metrics.json").read_text())
+            assert metrics["worldSize"] == 2 and metrics["strategy"] == "ddp" and metrics["device"] == "cpu", metrics
+            shown = {s["step"]: s for w in json.loads(q.forgectl("status", "--env", "cluster", "-o", "json").stdout)["workflows"]
+                     if w["version"] == version for s in w["steps"]}
+            assert shown["train"]["status"] == "succeeded", shown.get("train")
+            print(f"\nPyTorchJob {name}: gang-admitted {t_started - t_freed:.1f} s after a GPU was freed (quota free "
+                  f"→ both replicas running); trained in {t_done - t_started:.1f} s, world size {metrics['worldSize']}; "
+                  f"Workflow phase {wf['status'].get('phase')}")
             q.forgectl("down", "--env", "cluster", "--auto-approve")
     finally:
         q.api.close()
