@@ -11,10 +11,12 @@ its ClusterRole and binding (``base/rbac``), and the empty Secret ``training-ope
 the standalone overlay generates. The PyTorchJob CRD is the cluster's already (devkit/crds.py
 loads it from the same module). The manager runs as that ServiceAccount (a client certificate), so
 upstream's RBAC authorises it, with only the ``pytorchjob`` scheme, metrics and probes on loopback
-ports, no leader election (one manager), and the node's busybox as the image of the init
-container it adds to Worker pods (``--pytorch-init-container-image``; upstream's default,
-``alpine:3.10``, would be pulled). That init container has no securityContext: a namespace that
-enforces Pod Security ``restricted`` refuses the Worker pods (docs/queues.md).
+ports, no leader election (one manager), and the init container it adds to every Worker pod (it
+waits until the Master's Service name resolves) from :data:`INIT_TEMPLATE`, in an image the caller
+names: upstream's built-in template has no security context (a namespace enforcing Pod Security
+``restricted`` refuses the Workers) and waits with ``nslookup``, whose busybox 1.35 exits 1 when
+any search domain answers NXDOMAIN although the first one resolved (seen on the node), and its
+default image, ``alpine:3.10``, would be pulled.
 
 Its certificates: ``pkg/cert`` (open-policy-agent's cert-controller) generates a CA and a serving
 certificate into that Secret and waits — before it sets up any job controller — until the files in
@@ -63,6 +65,10 @@ CERT_KEYS = ("ca.crt", "tls.crt", "tls.key")
 RBAC_FILES = ("service-account.yaml", "role.yaml", "cluster-role-binding.yaml")
 WEBHOOK_CHAIN = "FORGE-NODE-TRAINING-WEBHOOK"
 SCHEMES = ("pytorchjob",)
+#: The init container the operator adds to every Worker pod (``--pytorch-init-container-template-file``):
+#: the template docs/cluster-prerequisites.md gives a platform team (upstream's, with a security context
+#: that meets Pod Security ``restricted``, waiting with ``getent`` rather than ``nslookup``).
+INIT_TEMPLATE = Path(__file__).resolve().parents[2] / "docs" / "training-operator" / "init-container.yaml.tmpl"
 
 
 #: The manager: ``build.sh training-operator`` (about a minute and a half the first time).
@@ -105,11 +111,13 @@ def _project(core: client.CoreV1Api) -> bool:
     return True
 
 
-def start(cluster: Any, node: Node, *, die_with_parent: bool = False, log: Callable[[str], None] = _stderr_log,
-          timeout: float = 180.0) -> HostController:
+def start(cluster: Any, node: Node, init_image: str, *, die_with_parent: bool = False,
+          log: Callable[[str], None] = _stderr_log, timeout: float = 180.0) -> HostController:
     """Install the operator's namespace, identity, RBAC and certificate Secret (upstream's manifests)
-    and start it for ``node``'s cluster; returns once its readiness probe answers (certificates in
-    place, webhook server started, the job controllers being set up)."""
+    and start it for ``node``'s cluster, the Worker pods' init container from :data:`INIT_TEMPLATE`
+    in ``init_image`` (an image on the node with ``sh``, ``seq`` and ``getent``: glibc's); returns
+    once its readiness probe answers (certificates in place, webhook server started, the job
+    controllers being set up)."""
     t0 = time.monotonic()
     binary = ensure_binary(log)
     apply_docs(node, install_docs(module_dir()))
@@ -120,9 +128,9 @@ def start(cluster: Any, node: Node, *, die_with_parent: bool = False, log: Calla
     argv = [str(binary), *[f"--enable-scheme={s}" for s in SCHEMES],
             f"--metrics-bind-address=127.0.0.1:{metrics_port}", f"--health-probe-bind-address=127.0.0.1:{health_port}",
             f"--webhook-server-port={webhook_port}",
-            # the Worker pods' init container waits for the Master's name in DNS (sh, seq, nslookup):
-            # upstream's default alpine:3.10 would be pulled; the node's busybox has all three
-            f"--pytorch-init-container-image={node.images['busybox'][1]}"]
+            # the Worker pods' init container, which waits for the Master's name in DNS: the
+            # template the docs give a platform team (a security context, getent), in ``init_image``
+            f"--pytorch-init-container-template-file={INIT_TEMPLATE}", f"--pytorch-init-container-image={init_image}"]
     api = node.api()
     core = client.CoreV1Api(api)
 

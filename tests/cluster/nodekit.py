@@ -119,9 +119,11 @@ class SharedNode:
         """Kueue's controller manager (pods of namespaces labelled ``kueue.MANAGED_NAMESPACES`` are managed)."""
         return self.once("kueue", lambda: kueue.start(self.cluster, self.node, die_with_parent=True))
 
-    def training_operator(self) -> HostController:
-        """The Kubeflow Training Operator's manager (the ``pytorchjob`` scheme)."""
-        return self.once("training-operator", lambda: training_operator.start(self.cluster, self.node, die_with_parent=True))
+    def training_operator(self, init_image: str) -> HostController:
+        """The Kubeflow Training Operator's manager (the ``pytorchjob`` scheme), its Workers' init
+        container in ``init_image``."""
+        return self.once("training-operator", lambda: training_operator.start(self.cluster, self.node, init_image,
+                                                                              die_with_parent=True))
 
     @contextlib.contextmanager
     def namespace(self, name: str, labels: Mapping[str, str] | None = None, *, create: bool = True,
