@@ -222,14 +222,19 @@ def cluster_requirements(manifests: Iterable[Mapping[str, Any]], pod_security: s
                              "Seldon splits traffic between stable and canary by `traffic` only through Istio "
                              "(VirtualService) or Ambassador (Mapping); the operator must run with one enabled"))
         spec = obj.get("spec") or {}
-        if (kind == "SeldonDeployment" and routed and spec.get("protocol") == "seldon"
-                and any(p.get("shadow") for p in spec.get("predictors", []))):
+        if kind == "SeldonDeployment" and routed and any(p.get("shadow") for p in spec.get("predictors", [])):
             # Under an HTTPRoute the v2 servers copy requests to the shadow themselves
             # (runtimes/serving/mirror.py); the Seldon v1 wrapper does not.
-            need(Requirement("TrafficMirror", obj["metadata"]["name"],
-                             "the shadow predictor gets copies of requests only through a mirror; with `router: "
-                             "gatewayAPI` the v2 servers copy them, but this Endpoint serves `protocol: seldon`, "
-                             "whose wrapper does not"))
+            if spec.get("protocol") == "seldon":
+                need(Requirement("TrafficMirror", obj["metadata"]["name"],
+                                 "the shadow predictor gets copies of requests only through a mirror; with `router: "
+                                 "gatewayAPI` the v2 servers copy them, but this Endpoint serves `protocol: seldon`, "
+                                 "whose wrapper does not"))
+            else:
+                need(Requirement("ShadowCopies", obj["metadata"]["name"],
+                                 "the live predictors' servers copy what they answered to the shadow's Service and "
+                                 "compare the answers (forge_shadow_* series); the gateway mirrors nothing (Traefik's "
+                                 "provider has no RequestMirror, and a gateway's mirror drops the shadow's answers)"))
         if kind == "HTTPRoute":
             need(Requirement("CustomResourceDefinition", "httproutes.gateway.networking.k8s.io",
                              "a Gateway API implementation splits the Endpoints' traffic (`traffic.router: gatewayAPI`)",

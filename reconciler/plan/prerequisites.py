@@ -135,6 +135,11 @@ def check(api: ClusterAPI, requirements: list[Requirement]) -> list[Finding]:
                 findings.append(_traffic_splitter(api, req))
             elif req.kind == "Gateway":
                 findings.append(_gateway(api, req))
+            elif req.kind == "ShadowCopies":
+                # Forge's own servers do it: nothing to ask of the cluster but that the live pods
+                # reach the shadow's Service (the namespace's network, as for any Service)
+                findings.append(Finding(req, "ok", "rendered: the live predictors copy to the shadow's Service "
+                                                   "(docs/experiments.md, Shadow)"))
             elif req.kind == "TrafficMirror":
                 findings.append(Finding(req, "missing", "under router gatewayAPI only the v2 servers copy requests to "
                                                         "the shadow; with `protocol: seldon` it gets none "

@@ -206,8 +206,14 @@ def test_under_a_route_the_live_servers_copy_requests_to_the_shadows_service() -
     assert "mirror" not in configs["shadow"]  # the shadow copies nothing on
     route = next(m for m in serving_objects(STATES["canary-10"]) if m["kind"] == "HTTPRoute")
     assert "digits-shadow" not in str(route)  # the gateway never sends callers to it
-    # no mirror needed of the cluster: the servers copy
-    assert not [r for r in cluster_requirements([sdep]) if r.kind == "TrafficMirror"]
+    # no mirror needed of the cluster: the servers copy, and doctor says so
+    requirements = cluster_requirements([sdep])
+    found = {(r.kind, r.name) for r in requirements}
+    assert ("TrafficMirror", "digits") not in found and ("ShadowCopies", "digits") in found
+    from reconciler.plan.prerequisites import check
+
+    [copies] = check(None, [r for r in requirements if r.kind == "ShadowCopies"])  # type: ignore[arg-type]  # asks no API
+    assert copies.status == "ok" and "live predictors copy" in copies.detail
 
 
 def test_seldons_own_router_and_the_seldon_protocol_copy_nothing() -> None:
