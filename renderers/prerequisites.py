@@ -130,7 +130,7 @@ PYTORCH_INIT_CONTAINER_TEMPLATE = """\
     allowPrivilegeEscalation: false
     capabilities:
       drop: [ALL]
-  command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}}; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']
+  command: ['sh', '-c', 'for i in $(seq {{.MaxTries}}); do if getent hosts {{.MasterAddr}}; then exit 0; fi; echo waiting for master; sleep 2; done; exit 1']
 """
 POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
 

@@ -12,8 +12,8 @@ the standalone overlay generates. The PyTorchJob CRD is the cluster's already (d
 loads it from the same module). The manager runs as that ServiceAccount (a client certificate), so
 upstream's RBAC authorises it, with only the ``pytorchjob`` scheme, metrics and probes on loopback
 ports, no leader election (one manager), and the init container it adds to every Worker pod (it
-waits until the Master's Service name resolves) from :data:`INIT_TEMPLATE`, in an image the caller
-names: upstream's built-in template has no security context (a namespace enforcing Pod Security
+waits until the Master's Service name resolves) from the template docs/cluster-prerequisites.md
+gives (``renderers.prerequisites.PYTORCH_INIT_CONTAINER_TEMPLATE``), in an image the caller names: upstream's built-in template has no security context (a namespace enforcing Pod Security
 ``restricted`` refuses the Workers) and waits with ``nslookup``, whose busybox 1.35 exits 1 when
 any search domain answers NXDOMAIN although the first one resolved (seen on the node), and its
 default image, ``alpine:3.10``, would be pulled.
@@ -56,6 +56,7 @@ from devkit.node.controllers import (
     spawn,
 )
 from devkit.node.node import Node, _stderr_log
+from renderers.prerequisites import PYTORCH_INIT_CONTAINER_TEMPLATE
 
 NAMESPACE = "kubeflow"  # overlays/standalone; also pkg/cert's default when no pod namespace file exists
 ACCOUNT = "training-operator"  # base/rbac/service-account.yaml
@@ -65,10 +66,6 @@ CERT_KEYS = ("ca.crt", "tls.crt", "tls.key")
 RBAC_FILES = ("service-account.yaml", "role.yaml", "cluster-role-binding.yaml")
 WEBHOOK_CHAIN = "FORGE-NODE-TRAINING-WEBHOOK"
 SCHEMES = ("pytorchjob",)
-#: The init container the operator adds to every Worker pod (``--pytorch-init-container-template-file``):
-#: the template docs/cluster-prerequisites.md gives a platform team (upstream's, with a security context
-#: that meets Pod Security ``restricted``, waiting with ``getent`` rather than ``nslookup``).
-INIT_TEMPLATE = Path(__file__).resolve().parents[2] / "docs" / "training-operator" / "init-container.yaml.tmpl"
 
 
 #: The manager: ``build.sh training-operator`` (about a minute and a half the first time).
@@ -114,14 +111,18 @@ def _project(core: client.CoreV1Api) -> bool:
 def start(cluster: Any, node: Node, init_image: str, *, die_with_parent: bool = False,
           log: Callable[[str], None] = _stderr_log, timeout: float = 180.0) -> HostController:
     """Install the operator's namespace, identity, RBAC and certificate Secret (upstream's manifests)
-    and start it for ``node``'s cluster, the Worker pods' init container from :data:`INIT_TEMPLATE`
-    in ``init_image`` (an image on the node with ``sh``, ``seq`` and ``getent``: glibc's); returns
+    and start it for ``node``'s cluster, the Worker pods' init container from
+    ``renderers.prerequisites.PYTORCH_INIT_CONTAINER_TEMPLATE`` in ``init_image`` (an image on the node with ``sh``, ``seq`` and ``getent``: glibc's); returns
     once its readiness probe answers (certificates in place, webhook server started, the job
     controllers being set up)."""
     t0 = time.monotonic()
     binary = ensure_binary(log)
     apply_docs(node, install_docs(module_dir()))
     kubeconfig = service_account_kubeconfig(cluster, node, NAMESPACE, ACCOUNT, "training-operator")
+    # the init container the operator adds to every Worker pod: the template docs/cluster-prerequisites.md
+    # gives a platform team (upstream's, with a security context meeting `restricted`, waiting with getent)
+    template = kubeconfig.parent / "init-container.yaml"
+    template.write_text(PYTORCH_INIT_CONTAINER_TEMPLATE)
     webhook_port, health_port, metrics_port = paths.free_port(), paths.free_port(), paths.free_port()
     loopback_only(webhook_port, WEBHOOK_CHAIN)
     env = dict(os.environ, KUBECONFIG=str(kubeconfig))  # controller-runtime's GetConfigOrDie reads it
@@ -130,7 +131,7 @@ def start(cluster: Any, node: Node, init_image: str, *, die_with_parent: bool = 
             f"--webhook-server-port={webhook_port}",
             # the Worker pods' init container, which waits for the Master's name in DNS: the
             # template the docs give a platform team (a security context, getent), in ``init_image``
-            f"--pytorch-init-container-template-file={INIT_TEMPLATE}", f"--pytorch-init-container-image={init_image}"]
+            f"--pytorch-init-container-template-file={template}", f"--pytorch-init-container-image={init_image}"]
     api = node.api()
     core = client.CoreV1Api(api)
 
