@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -139,8 +138,8 @@ class Mirror:
                 shadow_answer = resp.read()
             self._duration.labels(**self.labels).observe(perf_counter() - start)
             outcome = self._record(answer, shadow_answer)
-        except (OSError, ValueError, urllib.error.URLError):
-            outcome = "failed"  # refused, reset, timed out, or answered non-2xx (HTTPError)
+        except (OSError, ValueError):
+            outcome = "failed"  # refused, reset, timed out, or answered non-2xx (HTTPError, an OSError)
         finally:
             self._outcomes.labels(**self.labels, outcome=outcome).inc()
             with self._lock:
@@ -159,7 +158,3 @@ class Mirror:
         if result.max_delta is not None:
             self._delta.labels(**self.labels).observe(result.max_delta)
         return "compared"
-
-    def close(self) -> None:
-        """Wait for the outstanding copies (each bounded by the timeout)."""
-        self._pool.shutdown(wait=True)

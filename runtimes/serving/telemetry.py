@@ -79,7 +79,7 @@ class Telemetry:
             self._requests.labels(**self.labels, code=code)
         #: Copies of the answered requests to the shadow, compared (runtimes/serving/mirror.py), when configured.
         self.mirror = None
-        if getattr(config, "mirror", None) is not None:
+        if config.mirror is not None:
             from runtimes.serving.mirror import Mirror
 
             self.mirror = Mirror(config.mirror, self.registry, self.labels, LATENCY_BUCKETS)

@@ -73,6 +73,7 @@ from kubernetes import client, dynamic
 
 from devkit.cluster import Cluster
 from devkit.node import argo, promop, runtime_image, traefik
+from devkit.node.controllers import HostController
 from devkit.node.node import Node
 from devkit.rollout import BODY
 from reconciler.targets.kubernetes.workflow_status import task_nodes
@@ -718,7 +719,7 @@ JOB_NAME = "training.kubeflow.org/job-name"  # the Training Operator's label on 
 
 
 def _explain_training(q: Quickstart, custom: client.CustomObjectsApi, job: str, workload: dict[str, Any] | None,
-                      shared_node: nodekit.SharedNode) -> str:
+                      shared_node: nodekit.SharedNode, operator: HostController) -> str:
     """What the controllers say of a training that did not go on, for a failure message: the job's
     status, its Workload's conditions, the namespace's pods and events, the ends of the Training
     Operator's and Kueue's logs."""
@@ -746,7 +747,7 @@ def _explain_training(q: Quickstart, custom: client.CustomObjectsApi, job: str, 
         lines.append(f"endpointslice {sl.metadata.name}: {[(e.addresses, e.conditions.ready) for e in sl.endpoints or []]}")
     for ev in q.core.list_namespaced_event(TRAINING_NS).items[-25:]:
         lines.append(f"event {ev.involved_object.kind}/{ev.involved_object.name}: {ev.reason}: {ev.message}"[:400])
-    lines.append("training-operator: " + "\n".join(shared_node.training_operator("").log_tail().splitlines()[-15:]))
+    lines.append("training-operator: " + "\n".join(operator.log_tail().splitlines()[-15:]))
     lines.append("kueue: " + "\n".join(shared_node.kueue().controller.log_tail().splitlines()[-15:]))
     return "\n".join(lines)
 
@@ -768,7 +769,7 @@ def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training
     assert "kubeflow.org/pytorchjob" in frameworks, frameworks
     # the Workers' init container in the training image (sh, seq, getent), as docs/cluster-prerequisites.md says
     [train_image] = [r for r in stack.refs if "forge-train" in r]
-    shared_node.training_operator(train_image)
+    operator = shared_node.training_operator(train_image)
     node = stack.node
     extended_resources.advertise(node, {GPU: "8"}, GPU_NODE_LABELS)
     _wait(f"the node advertising {GPU}", lambda: extended_resources.advertised(node).get(GPU) == "8", timeout=60)
@@ -850,7 +851,7 @@ def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training
             try:
                 pods = _wait("both replicas to start", both_running, timeout=300, every=1)
             except AssertionError as e:
-                raise AssertionError(f"{e}\n{_explain_training(q, custom, name, workload(), shared_node)}") from e
+                raise AssertionError(f"{e}\n{_explain_training(q, custom, name, workload(), shared_node, operator)}") from e
             t_started = time.monotonic()
             roles = sorted((p.metadata.labels or {}).get("training.kubeflow.org/replica-type", "") for p in pods)
             assert roles == ["master", "worker"], roles
@@ -864,7 +865,7 @@ def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training
             try:
                 pj = _wait("the PyTorchJob to succeed", succeeded, timeout=900, every=3)
             except AssertionError as e:
-                raise AssertionError(f"{e}\n{_explain_training(q, custom, name, workload(), shared_node)}") from e
+                raise AssertionError(f"{e}\n{_explain_training(q, custom, name, workload(), shared_node, operator)}") from e
             t_done = time.monotonic()
             # Argo's train step saw it succeed (its successCondition on the job's Master replicas)
             def train_succeeded() -> dict[str, Any] | None:
