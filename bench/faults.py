@@ -17,9 +17,10 @@ owned is orphaned, missing or duplicated) and the environment's Lease is release
   is reported per run), and succeed once the Lease has expired.
 * ``concurrent-apply`` — two `forgectl apply` started together: exactly one proceeds, the other is
   refused naming the holder.
-* ``apiserver-restart`` — the API server is stopped at a random point of an apply and started again
-  a few seconds later: the apply either completes (its retries bridge the gap) or fails with a clear
-  error naming the server, and the next apply converges.
+* ``apiserver-restart`` — the API server is stopped (SIGTERM) at a uniform point of the write phase
+  and started again a few seconds later on the same etcd: the apply completes (a one-shot command
+  retries a transient failure for 30 s, which bridges the restart) or fails with a clear error
+  naming the server, and the next apply converges; where each restart landed is recorded.
 * ``etcd-kill`` — etcd SIGKILLed at a uniform point of an apply's write phase (after the Lease) and
   started again a few seconds later on the same data, the API server left running: the apply
   completes or fails with an error naming the cause, and a plain rerun converges.
@@ -272,37 +273,12 @@ def concurrent_apply(b: Bench, runs: int, drill: Drill) -> None:
         desired = b.half if desired == b.full else b.full
 
 
-def apiserver_restart(b: Bench, runs: int, drill: Drill, down_s: float) -> None:
-    """Stop the API server during an apply, start it again; the apply completes or fails clearly;
-    the next apply converges."""
-    desired = b.full if b.clean(b.half)[0] else b.half
-    rng = random.Random(7)
-    i = 0
-    while i < runs:
-        proc = b.start_apply(desired)
-        time.sleep(rng.uniform(0.3, b.span))
-        if proc.poll() is not None:  # finished before the fault: not a drill, draw again
-            drill.missed += 1
-            proc.communicate()
-            desired = b.half if desired == b.full else b.full
-            continue
-        i += 1
-        drill.runs += 1
-        b.cluster.restart_apiserver(down_seconds=down_s)
-        out, err = proc.communicate(timeout=600)
-        if proc.returncode == 0:
-            outcome = "completed"
-        elif b.cluster.server in err or "did not answer" in err:
-            outcome = "failed clearly"
-        else:
-            drill.fail(f"run {i}: apply failed without naming the API server: {err[-300:]}")
-            continue
-        took = b.converge(desired, drill, None)
-        drill.outcomes[outcome] = drill.outcomes.get(outcome, 0) + 1
-        if took is not None:
-            drill.converge_s.append(took)
-        log(f"apiserver-restart run {i}/{runs}: the apply {outcome}; converged in {took} s")
-        desired = b.half if desired == b.full else b.full
+def apiserver_restart(b: Bench, runs: int, drill: Drill, down_s: float, at: float | None = None) -> None:
+    """The API server stopped (SIGTERM) inside an apply's write phase and started again ``down_s``
+    later on the same etcd: a one-shot apply's retry window (``ONE_SHOT_RETRY_SECONDS``) bridges
+    the restart, or the apply fails naming the server; a rerun converges."""
+    _write_phase_fault(b, runs, drill, lambda: b.cluster.restart_apiserver(down_seconds=down_s), lambda: None,
+                       lambda text: b.cluster.server in text or "did not answer" in text, seed=7, at=at)
 
 
 def _write_phase_point(b: Bench, drill: Drill, desired: Path, rng: random.Random, at: float | None = None
@@ -325,9 +301,9 @@ def _write_phase_point(b: Bench, drill: Drill, desired: Path, rng: random.Random
     return proc, held_after, at
 
 
-def _etcd_fault(b: Bench, runs: int, drill: Drill, fault: Callable[[], None], recover: Callable[[], None],
+def _write_phase_fault(b: Bench, runs: int, drill: Drill, fault: Callable[[], None], recover: Callable[[], None],
                 clear: Callable[[str], bool], seed: int, at: float | None = None) -> None:
-    """One etcd fault per run at a uniform point of an apply's write phase: the apply completes or
+    """One fault (of etcd or the API server) per run at a uniform point of an apply's write phase: the apply completes or
     fails with an error that names the cause (``clear``); nothing moves while writes fail; after
     ``recover`` a plain rerun converges (waiting out the failed apply's Lease when it could not give
     it back, as after a kill). ``at``: the fault that many seconds into the write phase, not drawn."""
@@ -368,7 +344,7 @@ def _etcd_fault(b: Bench, runs: int, drill: Drill, fault: Callable[[], None], re
 def etcd_kill(b: Bench, runs: int, drill: Drill, down_s: float, at: float | None = None) -> None:
     """etcd SIGKILLed inside an apply's write phase and started again ``down_s`` later (same data,
     the API server left running)."""
-    _etcd_fault(b, runs, drill, lambda: b.cluster.restart_etcd(down_seconds=down_s), lambda: None,
+    _write_phase_fault(b, runs, drill, lambda: b.cluster.restart_etcd(down_seconds=down_s), lambda: None,
                 lambda text: any(k in text for k in ("(etcd) did not answer", "etcdserver", "did not answer", b.cluster.server)),
                 seed=35, at=at)
 
@@ -380,7 +356,7 @@ def etcd_nospace(b: Bench, runs: int, drill: Drill, at: float | None = None) -> 
     def recover() -> None:
         drill.outcomes.setdefault("alarms_disarmed", []).append(b.cluster.disarm_etcd_alarms())
 
-    _etcd_fault(b, runs, drill, b.cluster.raise_etcd_nospace, recover,
+    _write_phase_fault(b, runs, drill, b.cluster.raise_etcd_nospace, recover,
                 lambda text: "etcd is out of space" in text, seed=36, at=at)
 
 

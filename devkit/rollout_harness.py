@@ -12,7 +12,7 @@ import json
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,12 +86,16 @@ class Rollout:
                        check=True, capture_output=True)
 
 
-def stage_canary(specs_dir: Path, namespace: str, kubeconfig: str, policy: str) -> Rollout:
+def stage_canary(specs_dir: Path, namespace: str, kubeconfig: str, policy: str,
+                 edit: Callable[[Path], None] | None = None) -> Rollout:
     """The quick-start under ``policy`` in a git repository of its own (``specs_dir``'s parent),
-    applied twice: version 1 stable (its workflow finished, as Argo would), then a learningRate
-    change whose version 2 is the canary at 0 % (its workflow still running)."""
+    edited by ``edit`` (given the specs folder) when one is given, applied twice: version 1 stable
+    (its workflow finished, as Argo would), then a learningRate change whose version 2 is the
+    canary at 0 % (its workflow still running)."""
     shutil.copytree(EXAMPLES / "quickstart", specs_dir)
     (specs_dir / "rollout.yaml").write_text(policy)
+    if edit is not None:
+        edit(specs_dir)
     repo = git.Repo.init(specs_dir.parent)
     repo.config_writer().set_value("user", "name", "T").set_value("user", "email", "t@example.com").release()
     repo.index.add(["specs"])

@@ -24,7 +24,7 @@ from renderers.bundle import Rendered, RenderMemo
 from renderers.labels import MODEL_VERSION, NAME
 from specs import Environment, SpecSet
 
-__all__ = ["RENDER_INPUTS", "PhaseHook", "TargetOptions", "complete_live", "desired_state", "ensure_fresh", "in_use", "make_plan", "namespace_of", "open_target",
+__all__ = ["ONE_SHOT_RETRY_SECONDS", "RENDER_INPUTS", "PhaseHook", "TargetOptions", "complete_live", "desired_state", "ensure_fresh", "in_use", "make_plan", "namespace_of", "open_target",
            "serving_states"]
 
 
@@ -41,6 +41,16 @@ class TargetOptions:
     #: How the target's lock is held where it is a Lease (the in-cluster controller holds it as a
     #: leader, with client-go's timings); None: as an apply holds it.
     lease: LeaseTiming | None = None
+    #: Seconds a request failing transiently is retried for; None: :data:`ONE_SHOT_RETRY_SECONDS`
+    #: for a command run once (apply, plan, diff: it bridges an API server's restart), none beyond
+    #: the target's few quick retries where the lock is held as a leader (``lease``: a watch or the
+    #: controller, whose next pass is the retry and whose Lease must not lapse inside one request).
+    retry_window: float | None = None
+
+
+#: A one-shot command's retry window: an API server stopped, started again and its paths installed
+#: (the apiserver-restart drill of bench/faults.py: down 3 s, then about 5 s to answer) fits in it.
+ONE_SHOT_RETRY_SECONDS = 30.0
 
 
 def namespace_of(env: Environment, options: TargetOptions) -> str:
@@ -66,6 +76,8 @@ def open_target(env: Environment, options: TargetOptions = TargetOptions()) -> T
             context=options.context or (k8s.context if k8s else None),
             untrusted_root=options.untrusted_root,
             lease=options.lease,
+            retry_window=options.retry_window if options.retry_window is not None
+            else (0.0 if options.lease is not None else ONE_SHOT_RETRY_SECONDS),
         )
     from reconciler.targets.local.target import LocalTarget
     return LocalTarget(env, namespace_of(env, options))

@@ -7,7 +7,8 @@ of that target stops there, the Lease's renewer too, as SIGSTOP would stop the p
 second takes the expired Lease over and moves the rollout on. The first is resumed: its write goes
 out — the check is behind it — carrying the `resourceVersion` it read, and the real API server
 refuses it (409). The first then reads the Lease, finds it taken over, and steps down
-(reconciler/targets/kubernetes/rollout.py). Once for a traffic move, once for a rollout-state write.
+(reconciler/targets/kubernetes/rollout.py). Once for a traffic move, once for a rollout-state write,
+and once for the HTTPRoute half of a move where the Gateway API splits the traffic.
 
 No Prometheus and no model server: the policy's steps have pauses and no analysis; the canary's
 pod is a stand-in whose Ready condition follows a local readiness server (devkit.pods.ServerPod).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,8 +37,10 @@ from reconciler.rollout.controller import STATE_ANNOTATION, Phase, RolloutState
 from reconciler.targets.kubernetes.lease import FenceToken
 from reconciler.targets.kubernetes.rollout import fence_of, rollout_state_of
 from reconciler.targets.kubernetes.target import KubernetesTarget
+from reconciler.traffic.gateway import RouteNotAdmitted
 from reconciler.traffic.serving import serving_states
 from tests.polling import WaitTimeout, wait_until
+from tests.specedits import route_by_gateway
 
 pytestmark = [pytest.mark.cluster]
 
@@ -60,9 +64,12 @@ DEPLOYMENT = "SeldonDeployment"
 @dataclass
 class Pause:
     """A target's requests held between their Lease check and their send: once ``armed``, the first
-    PATCH of the SeldonDeployment stops there, and so does every later request of that target (its
+    PATCH of a ``kind`` (the SeldonDeployment by default; made inside the function named
+    ``within`` where one is named) stops there, and so does every later request of that target (its
     Lease renewer's too), until :meth:`resume`."""
 
+    kind: str = DEPLOYMENT
+    within: str | None = None
     armed: threading.Event = field(default_factory=threading.Event)
     holding: threading.Event = field(default_factory=threading.Event)
     resumed: threading.Event = field(default_factory=threading.Event)
@@ -71,7 +78,9 @@ class Pause:
 
     def __call__(self, method: str, what: str) -> None:
         if not self.holding.is_set():
-            if not (self.armed.is_set() and method == "PATCH" and DEPLOYMENT in what):
+            if not (self.armed.is_set() and method == "PATCH" and f" {self.kind} " in what):
+                return
+            if self.within is not None and not _inside(self.within):
                 return
             self.held = (method, what)
             self.holding.set()
@@ -79,6 +88,16 @@ class Pause:
 
     def resume(self) -> None:
         self.resumed.set()
+
+
+def _inside(function: str) -> bool:
+    """Whether this thread is inside a call of a function named ``function`` (the write a test holds)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Stop(Exception):
@@ -117,11 +136,30 @@ def staged(kube_cluster, namespace, tmp_path) -> Iterator[Rollout]:
         yield r
 
 
-def deployment(kube_cluster, r: Rollout) -> dict[str, Any]:
-    status, body = kube_cluster.raw_client().request(
-        "GET", f"/apis/machinelearning.seldon.io/v1/namespaces/{r.namespace}/seldondeployments/digits")
+@pytest.fixture
+def routed(kube_cluster, namespace, tmp_path) -> Iterator[Rollout]:
+    """As :func:`staged`, with the Environment's traffic split by an HTTPRoute of the Gateway API
+    (router `gatewayAPI`): every traffic move writes the SeldonDeployment, then the route."""
+    parent = {"name": "edge", "namespace": namespace, "sectionName": "http"}
+    r = stage_canary(tmp_path / "repo" / "specs", namespace, kube_cluster.kubeconfig, POLICY,
+                     edit=lambda specs: route_by_gateway(specs, parent))
+    with ready_canary_pod(r):
+        yield r
+
+
+def live(kube_cluster, r: Rollout, api: str, plural: str) -> dict[str, Any]:
+    """The object `digits` of ``plural`` in ``api`` (its group's path) as the API server has it."""
+    status, body = kube_cluster.raw_client().request("GET", f"{api}/namespaces/{r.namespace}/{plural}/digits")
     assert status == 200, body
     return body
+
+
+def deployment(kube_cluster, r: Rollout) -> dict[str, Any]:
+    return live(kube_cluster, r, "/apis/machinelearning.seldon.io/v1", "seldondeployments")
+
+
+def route(kube_cluster, r: Rollout) -> dict[str, Any]:
+    return live(kube_cluster, r, "/apis/gateway.networking.k8s.io/v1", "httproutes")
 
 
 def served(obj: dict[str, Any]) -> tuple[str, str | None, int]:
@@ -136,14 +174,16 @@ def lease_holder(kube_cluster, r: Rollout) -> str | None:
     return (body.get("spec") or {}).get("holderIdentity") if status == 200 else None
 
 
-def paused_then_deposed(kube_cluster, r: Rollout, arm_at: Phase | None, second_acts) -> tuple[list[str], dict[str, Any], Replica]:
-    """The first replica watches (passes 0.2 s apart) with a :class:`Pause` on its target, armed
-    at once (``arm_at`` None) or after the pass that left the rollout in ``arm_at``. Once a write
+def paused_then_deposed(kube_cluster, r: Rollout, arm_at: Phase | None, second_acts,
+                        pause: Pause | None = None) -> tuple[list[str], dict[str, Any], Replica]:
+    """The first replica watches (passes 0.2 s apart) with a :class:`Pause` on its target (``pause``,
+    by default the first write of the SeldonDeployment), armed at once (``arm_at`` None) or after
+    the pass that left the rollout in ``arm_at``. Once a write
     is held, the second replica takes the Lease over and ``second_acts`` (given it); then the
     first is resumed and watched until it follows. Returns the first's lines, the
     SeldonDeployment as the second left it, and the second replica (still leading)."""
     first, second = replica(r, "first@test:1"), replica(r, "second@test:2")
-    pause = Pause()
+    pause = pause or Pause()
     first.target.pause_before_send = pause
     if arm_at is None:
         pause.armed.set()
@@ -180,7 +220,7 @@ def paused_then_deposed(kube_cluster, r: Rollout, arm_at: Phase | None, second_a
         thread.join(60)
     assert not thread.is_alive(), lines
     assert len(outcome) == 1 and isinstance(outcome[0], Stop), (outcome, lines)
-    assert pause.held is not None and pause.held[1].startswith("patch SeldonDeployment"), pause.held
+    assert pause.held is not None and pause.held[1].startswith(f"patch {pause.kind} "), pause.held
     return lines, after, second
 
 
@@ -281,3 +321,46 @@ def test_a_state_save_outlives_the_operators_status_write_but_not_another_rollou
         assert rollout_state_of(deployment(kube_cluster, staged)).reason == "another writer's state"
     finally:
         one.leadership.release()
+
+
+ROUTE = "HTTPRoute"
+
+
+def canary_share(obj: dict[str, Any]) -> int:
+    """The weight the live HTTPRoute gives the canary's Service (0 where it names none)."""
+    [rule] = [x for x in obj["spec"]["rules"] if not x.get("matches") or not any(m.get("headers") for m in x["matches"])]
+    return sum(b.get("weight", 1) for b in rule["backendRefs"] if b["name"].endswith("-canary"))
+
+
+def test_a_route_write_held_past_the_lease_is_refused_and_the_new_leaders_route_stands(routed: Rollout, kube_cluster) -> None:
+    """The route half of a move: the first's move to 5 % lands on the SeldonDeployment and is held
+    on its way to the HTTPRoute; the second takes the Lease over and makes the same move itself,
+    writing the route; the first's route write, sent once resumed with the version it read, is
+    refused by the API server (409) and the first steps down. No gateway controller runs on this
+    API server, so the second's move ends waiting for an admission nobody reports (its pass is
+    taken again; tests/cluster/test_gateway_node.py has Traefik admit Forge's routes)."""
+    r = routed
+    r.finish_workflow(r.canary)
+    before = route(kube_cluster, r)
+    assert canary_share(before) == 0
+    refused_second: list[RouteNotAdmitted] = []
+
+    def second_acts(second: Replica) -> None:
+        try:
+            second.one_pass()
+        except RouteNotAdmitted as exc:  # no gateway here: the route written, never reported Accepted
+            refused_second.append(exc)
+
+    # the route's write of a move (apply_route), not the first holder's fence stamp on it
+    lines, _, second = paused_then_deposed(kube_cluster, r, None, second_acts, Pause(ROUTE, within="apply_route"))
+    try:
+        line = refused_and_deposed(lines)
+        assert 'on httproutes.gateway.networking.k8s.io "digits"' in line, line  # the route's write, no later one
+        assert refused_second and "not admitted" in str(refused_second[0]), refused_second
+        now = route(kube_cluster, r)
+        # written by the second (its move to 5 %), and by no one after it: the first's write refused
+        assert now["metadata"]["resourceVersion"] != before["metadata"]["resourceVersion"]
+        assert canary_share(now) == 5, now["spec"]["rules"]
+        assert lease_holder(kube_cluster, r) == "second@test:2"
+    finally:
+        second.leadership.release()

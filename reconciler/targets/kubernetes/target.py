@@ -9,7 +9,10 @@
   makes carry the preconditions its plan read — the `resourceVersion` of an update, create-only
   for an object the plan saw absent — so the API server refuses one that a check let through just
   before a pause (HTTP 409);
-* retries transient failures (connection errors, 429, 5xx) with backoff, decided by error type.
+* retries transient failures (connection errors, 429, 5xx) with backoff, decided by error type:
+  ``retries`` times, and beyond them while ``retry_window`` seconds have not passed since the
+  request's first attempt (a one-shot command's window bridges an API server's restart; a
+  controller's passes keep none: its next pass is the retry).
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ LEASE_MARGIN_SECONDS = 5.0
 #: enough to hide round trips over thousands of objects, well under the API server's default
 #: max-requests-inflight (400) and the client's connection pool.
 APPLY_PARALLELISM = 8
+#: The longest pause between two attempts of a request once its backoff has doubled that far.
+MAX_BACKOFF_SECONDS = 4.0
 #: Objects per LIST page (kubectl's default chunk size).
 LIST_PAGE = 500
 #: The representation of a LIST as metadata only (what client-go's metadata client asks for); the
@@ -125,6 +130,7 @@ class KubernetesTarget:
         context: str | None = None,
         retries: int = 4,
         backoff: float = 0.5,
+        retry_window: float = 0.0,
         timeout: float = 30.0,
         untrusted_root: Path | None = None,
         lease: LeaseTiming | None = None,
@@ -136,6 +142,7 @@ class KubernetesTarget:
         self.namespace = namespace
         self.retries = retries
         self.backoff = backoff
+        self.retry_window = retry_window
         self.timeout = timeout
         # Parsed and checked by us (a non-mapping file is a clear error), never written back; with
         # `untrusted_root` (pull-request mode) a kubeconfig from the tree under review is refused.
@@ -156,10 +163,12 @@ class KubernetesTarget:
     def _call(self, method: str, path: str, *, verb: str, ref: str, namespace: str | None,
               query: list[tuple[str, str]] | None = None, body: Any = None,
               content_type: str = "application/json", fenced: bool = False, accept: str = "application/json") -> Any:
-        """One API request with bounded retries of transient failures; errors become typed. A
-        ``fenced`` one (a write) is checked against the held Lease before every attempt: after a
-        lost Lease nothing is sent (:class:`~reconciler.errors.LeaseLost`)."""
+        """One API request with bounded retries of transient failures (``retries``, then until
+        ``retry_window`` seconds since the first attempt); errors become typed. A ``fenced`` one (a
+        write) is checked against the held Lease before every attempt: after a lost Lease nothing is
+        sent (:class:`~reconciler.errors.LeaseLost`), so a long window cannot land a deposed write."""
         attempt = 0
+        started = time.monotonic()
         while True:
             fence = self._fence
             if fenced and fence is not None:
@@ -184,14 +193,16 @@ class KubernetesTarget:
                     f"the Kubernetes API server at {self.server} did not answer ({method} {path}: "
                     f"{exc.__class__.__name__}) after {attempt + 1} attempt{'s' if attempt else ''}"
                 )
-            if not isinstance(error, TransientError) or attempt >= self.retries:
+            pause = min(self.backoff * (2**attempt), MAX_BACKOFF_SECONDS)
+            out_of_budget = attempt >= self.retries and time.monotonic() + pause - started > self.retry_window
+            if not isinstance(error, TransientError) or out_of_budget:
                 if isinstance(error, TransientError) and not isinstance(error, UnreachableError):
                     # past its retries: say which server kept failing (a restarting one answers 503
                     # "before all known HTTP paths have been installed"; the drill found it unnamed)
                     raise TransientError(f"the Kubernetes API server at {self.server} kept failing: {error} "
                                          f"(after {attempt + 1} attempts)", status=error.status, ref=error.ref) from error
                 raise error
-            time.sleep(self.backoff * (2**attempt))
+            time.sleep(pause)
             attempt += 1
 
     def _translate(self, status: int, body: bytes | str | None, reason: str | None, verb: str, ref: str,
