@@ -11,7 +11,12 @@ the maximum sample per arm is reached. Prints, per rule:
 * for comparison, a fixed-horizon two-proportion z-test looked at after every batch (what peeking
   at a classical test does to the false-positive rate).
 
-The last line is a JSON object of the figures.
+Twice (issue 35): with the settings *tuned* to the stated effect (`--min-samples`, mixing variance
+τ² = effect², the command line's α and threshold) and with the *product's defaults* — what an
+Experiment that sets nothing decides with, read from its spec (`minSamplesPerArm` 1000, τ² =
+(`minimumEffect` or 0.01)², α 0.05, `probabilityToBeat` 0.95). The last line is a JSON object of
+the figures, also written to ``--out`` (default ``bench/results/experiment-<date>.json``) with the
+command.
 
     .venv/bin/python bench/experiment.py --runs 400
 """
@@ -24,14 +29,38 @@ import math
 import random
 import statistics
 import sys
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 from reconciler.experiment.stats import ArmCounts, decide  # noqa: E402
+from specs.experiment import Decision, Experiment  # noqa: E402
 
 
-def one_run(rng: random.Random, p_control: float, p_arm: float, rule: str, args: argparse.Namespace) -> tuple[str | None, int]:
+@dataclass(frozen=True)
+class Settings:
+    """What the decision is made with: the minimum sample per arm, msprt's mixing variance (None:
+    the product's default from ``minimum_effect``), α, the Bayesian threshold."""
+
+    min_samples: int
+    tau2: float | None
+    alpha: float
+    threshold: float
+    minimum_effect: float = 0.0
+
+
+def product_defaults() -> Settings:
+    """The settings of an Experiment that states none, as its spec's defaults give them."""
+    decision = Decision()
+    return Settings(min_samples=Experiment.model_fields["min_samples_per_arm"].default, tau2=decision.mixture_variance,
+                    alpha=decision.alpha, threshold=decision.probability_to_beat, minimum_effect=decision.minimum_effect)
+
+
+def one_run(rng: random.Random, p_control: float, p_arm: float, rule: str, args: argparse.Namespace,
+            settings: Settings) -> tuple[str | None, int]:
     r = rng.random
     sc = sa = n = 0
     previous: dict[str, float] = {}
@@ -42,14 +71,15 @@ def one_run(rng: random.Random, p_control: float, p_arm: float, rule: str, args:
         if rule == "peeking-z":
             pooled = (sc + sa) / (2 * n)
             se = math.sqrt(max(pooled * (1 - pooled) * 2 / n, 1e-12))
-            if n >= args.min_samples and abs((sa - sc) / n / se) > 1.959964:
+            if n >= settings.min_samples and abs((sa - sc) / n / se) > 1.959964:
                 return ("arm" if sa > sc else "control"), n
             if n >= args.max_per_arm:
                 return None, n
             continue
-        d = decide(ArmCounts("control", sc, n), [ArmCounts("arm", sa, n)], rule=rule, alpha=args.alpha,
-                   threshold=args.threshold, min_samples=args.min_samples, deadline_passed=n >= args.max_per_arm,
-                   previous_p=previous, tau2=args.effect ** 2)
+        d = decide(ArmCounts("control", sc, n), [ArmCounts("arm", sa, n)], rule="msprt" if rule == "msprt" else "bayesian",
+                   alpha=settings.alpha,
+                   threshold=settings.threshold, min_samples=settings.min_samples, deadline_passed=n >= args.max_per_arm,
+                   previous_p=previous, tau2=settings.tau2, minimum_effect=settings.minimum_effect)
         previous = {c.arm: c.p_value for c in d.comparisons if c.p_value is not None}
         if d.outcome != "running":
             return d.winner, n
@@ -66,23 +96,35 @@ def main() -> None:
     ap.add_argument("--min-samples", type=int, default=200)
     ap.add_argument("--max-per-arm", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--out", type=Path, default=None, help="result file (default bench/results/experiment-<date>.json)")
     args = ap.parse_args()
 
-    figures: dict[str, object] = {"runs": args.runs, "base": args.base, "effect": args.effect, "alpha": args.alpha,
+    started = time.monotonic()
+    figures: dict[str, object] = {"runs": args.runs, "base": args.base, "effect": args.effect,
                                   "batch": args.batch, "maxPerArm": args.max_per_arm}
-    for rule in ("msprt", "bayesian", "peeking-z"):
-        rng = random.Random(args.seed)
-        null = [one_run(rng, args.base, args.base, rule, args) for _ in range(args.runs)]
-        fpr = sum(1 for w, _ in null if w is not None) / args.runs
-        rng = random.Random(args.seed + 1)
-        alt = [one_run(rng, args.base, args.base + args.effect, rule, args) for _ in range(args.runs)]
-        found = [n for w, n in alt if w == "arm"]
-        power = len(found) / args.runs
-        wrong = sum(1 for w, _ in alt if w == "control") / args.runs
-        median = statistics.median(found) if found else None
-        print(f"{rule:>9}: false-positive rate {fpr:.3f} (α {args.alpha}); effect {args.effect:+g}: power {power:.3f}, "
-              f"wrong winner {wrong:.3f}, median samples per arm to decide {median}")
-        figures[rule] = {"falsePositiveRate": fpr, "power": power, "wrongWinner": wrong, "medianSamplesPerArm": median}
+    cases = {"tuned": Settings(args.min_samples, args.effect ** 2, args.alpha, args.threshold),
+             "defaults": product_defaults()}
+    for case, settings in cases.items():
+        rows: dict[str, object] = {"settings": asdict(settings)}
+        print(f"{case}: {settings}")
+        for rule in ("msprt", "bayesian", "peeking-z"):
+            rng = random.Random(args.seed)
+            null = [one_run(rng, args.base, args.base, rule, args, settings) for _ in range(args.runs)]
+            fpr = sum(1 for w, _ in null if w is not None) / args.runs
+            rng = random.Random(args.seed + 1)
+            alt = [one_run(rng, args.base, args.base + args.effect, rule, args, settings) for _ in range(args.runs)]
+            found = [n for w, n in alt if w == "arm"]
+            power = len(found) / args.runs
+            wrong = sum(1 for w, _ in alt if w == "control") / args.runs
+            median = statistics.median(found) if found else None
+            print(f"  {rule:>9}: false-positive rate {fpr:.3f} (α {settings.alpha}); effect {args.effect:+g}: power "
+                  f"{power:.3f}, wrong winner {wrong:.3f}, median samples per arm to decide {median}")
+            rows[rule] = {"falsePositiveRate": fpr, "power": power, "wrongWinner": wrong, "medianSamplesPerArm": median}
+        figures[case] = rows
+    figures["seconds"] = round(time.monotonic() - started, 1)
+    figures["command"] = " ".join(["bench/experiment.py", *sys.argv[1:]])
+    path = args.out or REPO / "bench" / "results" / f"experiment-{time.strftime('%Y-%m-%d')}.json"
+    path.write_text(json.dumps(figures) + "\n")
     print(json.dumps(figures))
 
 

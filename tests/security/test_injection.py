@@ -9,7 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from specs import safety
 from tests.security.helpers import DIGEST, Project, assert_diagnostic, doc, snapshot
 
 MODEL = "datasetRef: digits\narchitecture: {type: mlp}\n"
@@ -17,6 +20,8 @@ DATASET = f'source: {{uri: "sklearn://digits", format: sklearn}}\nversion: "1"\n
 
 CASES = [
     # (id, text, line, message)
+    ("argo-tag-by-yaml-escape", doc("Model", MODEL, metadata='annotations: {note: "\\x7b\\x7bworkflow.uid}}"}\n'),
+     5, "`{{` is not allowed in spec text"),  # `\x7b\x7b` is `{{` once YAML has loaded it
     ("argo-tag-in-annotation", doc("Model", MODEL, metadata="annotations: {note: '{{workflow.parameters.x}}'}\n"),
      5, "`{{` is not allowed in spec text: Argo Workflows substitutes"),
     ("argo-expression-in-filter", doc("Dataset", DATASET + "cleaning:\n  - {op: filter, query: \"{{=sprig.env('AWS_SECRET')}} > 0\"}\n"),
@@ -118,3 +123,20 @@ def test_rendered_objects_hold_only_forges_own_argo_tags(tmp_path: Path) -> None
         assert everywhere == tags(plain[env].stdout)[0]
         assert in_workflows == {"{{workflow.failures}}", "{{workflow.status}}"}, in_workflows
         assert "$(" not in run.stdout
+
+
+_TEXT = st.text(alphabet=st.sampled_from(list("{}$()ab\\\"\n\x00é=")), max_size=8)
+_SCALARS = st.one_of(_TEXT, st.integers(), st.floats(allow_nan=False), st.booleans(), st.none(),
+                     st.dates(), st.binary(max_size=4))
+_DATA = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.one_of(_TEXT, st.integers()), inner, max_size=4)), max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_TEXT, _DATA, max_size=4), st.sampled_from(["Model", "RolloutPolicy", 3]))
+def test_the_json_check_before_the_walk_misses_no_marker(data: dict, kind: object) -> None:
+    """What YAML can load (strings with quotes, backslashes and control characters, keys that are
+    numbers, dates, binary) gets the same answer from the JSON pre-check as from the walk alone."""
+    doc_ = {**data, "kind": kind}
+    assert safety.evaluated_text(doc_) == safety._walk_evaluated(doc_)
+
