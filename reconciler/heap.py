@@ -17,13 +17,22 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused(*, freeze: bool = False) -> Iterator[None]:
     """Disable automatic cyclic garbage collection while the block runs (nested uses are fine);
-    re-enable it after, if it was enabled."""
+    re-enable it after, if it was enabled.
+
+    With ``freeze`` (a one-shot command's phases, whose results live until it exits) what is alive
+    when the block ends is moved to the collector's permanent generation first (:func:`gc.freeze`).
+    Otherwise the first collection after it is a full one over all of it: 2.4 s of a
+    10,000-endpoint `forgectl plan`, spent after the plan was made, finding nothing. Reference
+    counting still frees frozen objects; only cycles among them would stay, which is why a
+    long-running process (the controller, a watch) does not freeze."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            if freeze:
+                gc.freeze()
             gc.enable()

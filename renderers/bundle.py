@@ -138,6 +138,27 @@ def _ordered(obj: dict[str, Any]) -> dict[str, Any]:
     return {**{k: obj[k] for k in TOP_KEYS if k in obj}, **{k: v for k, v in sorted(obj.items()) if k not in TOP_KEYS}}
 
 
+def _workflow_facts(namespace: str) -> dict[str, Any]:
+    """The facts a Model's Workflow unit is kept and recalled with (its render reads no live state)."""
+    return {"namespace": namespace, "unit": "Workflow"}
+
+
+def recalled_versions(specs: SpecSet, ctx: RenderContext, memo: RenderMemo | None) -> dict[str, str]:
+    """Each Model's version as ``memo`` recalls it with the Model's Workflow (the note a Workflow
+    unit keeps is the version: a digest of the same documents the entry is checked against), for
+    what must know every Model's version before the render — what each Endpoint serves
+    (:func:`reconciler.traffic.serving.desired_serving`) — and would otherwise digest every Model
+    (10,000 Models: 2 s). Models the memo has no entry for are left out."""
+    if memo is None:
+        return {}
+    versions: dict[str, str] = {}
+    for model in specs.of(Model):
+        recalled = memo.recall(model, _workflow_facts(ctx.namespace), specs)
+        if recalled is not None and isinstance(recalled[1], str):
+            versions[model.name] = recalled[1]
+    return versions
+
+
 def render(specs: SpecSet, ctx: RenderContext, memo: RenderMemo | None = None) -> Rendered:
     """Every manifest for ``ctx.environment``: the namespace and workspace volume, one Workflow per
     Model version, and per Endpoint a SeldonDeployment (and its HTTPRoute, when the Gateway API
@@ -191,7 +212,6 @@ def _render(specs: SpecSet, ctx: RenderContext, memo: RenderMemo | None) -> Rend
         (:func:`_stamped`): a new commit re-renders nothing."""
         if memo is None or recording is None:
             return make(specs, ctx.revision)
-        facts = {"namespace": ns, **facts}
         recalled = memo.recall(doc, facts, specs)
         if recalled is None:
             recording.reading()
@@ -213,7 +233,7 @@ def _render(specs: SpecSet, ctx: RenderContext, memo: RenderMemo | None) -> Rend
                 fresh[model.name] = wf
             return [wf.manifest], wf.version
 
-        objects, versions[model.name] = unit(model, {"unit": "Workflow"}, workflow)
+        objects, versions[model.name] = unit(model, _workflow_facts(ns), workflow)
         manifests.extend(objects)
     for endpoint in specs.of(Endpoint):
         model = specs.model_of(endpoint)
@@ -225,7 +245,7 @@ def _render(specs: SpecSet, ctx: RenderContext, memo: RenderMemo | None) -> Rend
                     state: ServingState = state) -> tuple[list[dict[str, Any]], Any]:
             return _endpoint_objects(s, endpoint, env, ns, revision, state), None
 
-        manifests.extend(unit(endpoint, {"unit": "Endpoint", "serving": asdict(state)}, serving)[0])
+        manifests.extend(unit(endpoint, {"namespace": ns, "unit": "Endpoint", "serving": asdict(state)}, serving)[0])
     workflows = _Workflows(fresh, {m.name: m for m in specs.of(Model)}, specs, env, ns, ctx.revision)
     return Rendered(sorted((_ordered(m) for m in manifests), key=sort_key), workflows, versions)
 

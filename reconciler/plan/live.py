@@ -27,8 +27,9 @@ def live_plan(result: LoadResult, environment: Environment, target: Target, name
     """The reviewed plan of the specs under ``paths`` (at git revision ``rev``, else the working
     tree) against what ``target`` has live in ``namespace``; ``refresh``: every live object read
     whole and compared (the full compare), not only those whose recorded digest differs. Runs with
-    the cyclic garbage collector paused (:func:`reconciler.heap.gc_paused`), the review included."""
-    with gc_paused():
+    the cyclic garbage collector paused (:func:`reconciler.heap.gc_paused`), the review included, and
+    what it made frozen after (a command's: it lives until the command exits)."""
+    with gc_paused(freeze=True):
         return reviewed_live_plan(result, environment, target, namespace, revision_of(paths or ["."], rev), rev=rev,
                                   refresh=refresh)
 
@@ -39,8 +40,8 @@ def plan_json(plan: Plan, environment: Environment, target: Target) -> dict[str,
     prerequisite the rendered objects need and the cluster lacks (checked read-only). The objects
     are the plan's own desired ones: rendering the specs a second time for this was a fifth of a
     10,000-endpoint plan. Runs with the cyclic garbage collector paused (a few dicts per change,
-    tens of thousands of them at scale, all alive until the output is printed)."""
-    with gc_paused():
+    tens of thousands of them at scale, all alive until the output is printed), frozen after."""
+    with gc_paused(freeze=True):
         api = target.cluster_api()
         if api is not None:
             desired = [c.after for c in plan.changes if c.after is not None]

@@ -65,6 +65,9 @@ class RenderCache:
         self.recalled = 0
         self.kept = 0
         self._doc_digests: dict[int, tuple[Document, str]] = {}
+        #: What :meth:`recall` answered, by key: asked again (a Model's version before the render,
+        #: then its Workflow in it) it answers at once and counts once.
+        self._answered: dict[str, tuple[list[dict[str, Any]], Any]] = {}
 
     def document_digest(self, doc: Document) -> str:
         """Digest of all of ``doc`` (annotations too: they reach the rendered objects), over
@@ -88,7 +91,11 @@ class RenderCache:
 
     def recall(self, unit: Document, facts: Mapping[str, Any], specs: SpecSet) -> tuple[list[dict[str, Any]], Any] | None:
         """The entry of this unit, document and facts, if every document it read is unchanged."""
-        entry = self.pack.get(self._key(unit, facts))
+        key = self._key(unit, facts)
+        answered = self._answered.get(key)
+        if answered is not None:
+            return answered
+        entry = self.pack.get(key)
         if not _well_formed(entry):
             return None
         for kind, name, recorded in entry["used"]:
@@ -98,7 +105,8 @@ class RenderCache:
         for obj, value in zip(objects, entry["digests"], strict=True):
             self.digests[ObjectRef.of(obj)] = value
         self.recalled += 1
-        return objects, entry["note"]
+        self._answered[key] = objects, entry["note"]
+        return self._answered[key]
 
     def keep(self, unit: Document, facts: Mapping[str, Any], used: Used, objects: list[dict[str, Any]], note: Any,
              specs: SpecSet) -> None:

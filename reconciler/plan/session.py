@@ -20,7 +20,7 @@ from reconciler.rollout.controller import RolloutState
 from reconciler.targets.base import LeaseTiming, LiveRead, Target
 from reconciler.traffic.serving import desired_serving, serving_states, with_namespace
 from renderers import RenderContext, render
-from renderers.bundle import Rendered, RenderMemo
+from renderers.bundle import Rendered, RenderMemo, recalled_versions
 from renderers.labels import MODEL_VERSION, NAME
 from specs import Environment, SpecSet
 
@@ -89,8 +89,10 @@ def desired_state(specs: SpecSet, env: Environment, namespace: str, revision: st
     """Render the specs against what is live: each endpoint serves what
     :func:`reconciler.traffic.serving.desired_serving` decides from its live state and rollout state
     (unchanged units looked up in ``memo``, see :func:`renderers.render`)."""
-    serving = desired_serving(specs, env, serving_states(live), rollouts or {})
-    return render(specs, RenderContext(with_namespace(env, namespace), revision, serving), memo)
+    env = with_namespace(env, namespace)
+    versions = recalled_versions(specs, RenderContext(env, revision), memo)
+    serving = desired_serving(specs, env, serving_states(live), rollouts or {}, versions)
+    return render(specs, RenderContext(env, revision, serving), memo)
 
 
 #: What :func:`make_plan` calls around each of its phases ("read live", "rollout states", "render",

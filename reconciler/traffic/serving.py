@@ -56,14 +56,17 @@ def serving_states(live: Iterable[Mapping[str, Any]]) -> dict[str, ServingState]
 
 
 def desired_serving(specs: SpecSet, env: Environment, current: Mapping[str, ServingState],
-                    rollouts: Mapping[str, RolloutState]) -> dict[str, ServingState]:
+                    rollouts: Mapping[str, RolloutState], versions: Mapping[str, str] | None = None) -> dict[str, ServingState]:
     """What each Endpoint should serve, given what it serves now (``current``) and its saved
     rollout state: an endpoint whose model has a new version keeps its stable version and gets the
     new one as a canary, at the weight the rollout controller set; a rolled-back or aborted canary
-    stays out until `rollout retry`; an experiment serves what its controller decided."""
+    stays out until `rollout retry`; an experiment serves what its controller decided.
+    ``versions``: Models' versions known already (the render cache's), the others computed."""
+    known = versions or {}
     serving: dict[str, ServingState] = {}
     for endpoint in specs.of(Endpoint):
-        want = model_version(specs, specs.model_of(endpoint), env)
+        model = specs.model_of(endpoint)
+        want = known.get(model.name) or model_version(specs, model, env)
         state = current.get(endpoint.name)
         rollout = rollouts.get(endpoint.name)
         experiment = serving_for(endpoint, want, rollout.experiment if rollout is not None else None)

@@ -21,6 +21,8 @@ from reconciler.plan import rendercache
 from reconciler.plan.rendercache import RenderCache
 from reconciler.resources import ObjectRef
 from renderers import RenderContext, render
+from renderers.bundle import recalled_versions
+from renderers.versions import model_version
 from specs import Compression, Compute, Dataset, Document, Endpoint, Environment, Model, RolloutPolicy, SpecSet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +59,11 @@ def _render(specs: SpecSet, folder: Path, env: Environment | None = None, revisi
             ) -> tuple[list[dict[str, Any]], RenderCache]:
     env = env or _cluster(specs)
     cache = RenderCache(env, "forge", folder)
+    # as a plan asks: each Model's version first (what its Endpoints serve), then the render
+    versions = recalled_versions(specs, RenderContext(env, revision), cache)
+    assert versions == {m: v for m, v in versions.items() if v == model_version(specs, specs.get(Model, m), env)}
     out = render(specs, RenderContext(env, revision), cache)
+    assert versions == {m: v for m, v in out.versions.items() if m in versions}
     cache.save()
     plain = render(specs, RenderContext(env, revision))
     assert out.manifests == plain.manifests  # the cache never changes a manifest
