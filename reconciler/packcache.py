@@ -1,9 +1,12 @@
 """A cache of JSON entries on disk, keyed by content digests, that a run reads and writes whole.
 
 One *pack* is one file holding the entries of one scope (the specs under some paths, the renders of
-one Environment): a plan reads its pack once (one read, one `json.loads`) rather than one file per
-entry — 10,000 endpoints would be 20,000 files — and writes it back once, with only the entries this
-run used, so a pack never grows past what the tree it serves needs.
+one Environment): a plan reads its pack once (one pass over its lines, one entry per line) rather
+than one file per entry — 10,000 endpoints would be 20,000 files — and writes it back once, with
+only the entries this run used, so a pack never grows past what the tree it serves needs. An entry
+per line keeps the read's memory at the entries themselves: decoding a 260 MB pack as one JSON
+document held the parser's own copy of it beside the result (a 10,000-endpoint plan's peak RSS,
+1.8 GB, was that moment).
 
 Why it can be trusted no further than it is checked:
 
@@ -11,7 +14,7 @@ Why it can be trusted no further than it is checked:
   (the caller's business: the bytes of a spec file, a spec's documents and the renderer code), so
   an entry found is an entry of the same content; the pack's name only groups entries, and a tree
   whose files name another tree's pack can only add entries under its own contents' digests.
-- **A damaged pack is ignored, never read.** The first line holds the sha256 of the rest; a pack
+- **A damaged pack is ignored, never used.** The first line holds the sha256 of the rest; a pack
   whose digest, format or code version differs reads as empty (everything is recomputed, and the
   next write replaces it).
 - **Writes are atomic.** A pack is written to a temporary file in its folder and renamed over the
@@ -41,8 +44,8 @@ from renderers.labels import digest
 
 __all__ = ["FORMAT", "MAX_PACKS", "MAX_PACK_BYTES", "Pack", "cache_root"]
 
-#: The first word of every pack (its format, bumped when the layout changes).
-FORMAT = "forge-pack-1"
+#: The first word of every pack (its format, bumped when the layout changes): 2 is one entry per line.
+FORMAT = "forge-pack-2"
 #: Bytes of one pack (10,000 endpoints' renders take about 160 MB); a larger one is not written.
 MAX_PACK_BYTES = 1024 * 1024 * 1024
 #: Packs kept per folder (the most recently written).
@@ -70,23 +73,26 @@ class Pack:
         self.misses = 0
 
     def _read(self) -> dict[str, Any]:
+        entries: dict[str, Any] = {}
+        h = hashlib.sha256()
         try:
             with self.path.open("rb") as f:
-                head = f.readline(256)
-                body = f.read()  # one copy of the pack in memory, not two
-        except OSError:
+                fields = f.readline(256).split()
+                if len(fields) != 3 or fields[0].decode(errors="replace") != FORMAT or \
+                        fields[1].decode(errors="replace") != self.version:
+                    return {}
+                with gc_paused():  # a pack is tens of thousands of acyclic containers
+                    for line in f:  # an entry at a time: never the whole pack decoded at once
+                        h.update(line)
+                        entry = _decode(line)
+                        if not isinstance(entry, dict) or len(entry) != 1:
+                            return {}
+                        entries.update(entry)
+        except (OSError, ValueError):  # unreadable, or a line that is no JSON (damaged)
             return {}
-        fields = head.split()
-        if len(fields) != 3 or fields[0].decode(errors="replace") != FORMAT or fields[1].decode(errors="replace") != self.version:
-            return {}
-        if hashlib.sha256(body).hexdigest().encode() != fields[2]:
+        if h.hexdigest().encode() != fields[2]:
             return {}  # damaged: ignored, and replaced by the next save
-        try:
-            with gc_paused():  # a pack is tens of thousands of acyclic containers
-                entries = _decode(body)
-        except ValueError:
-            return {}
-        return entries if isinstance(entries, dict) else {}
+        return entries
 
     def get(self, key: str) -> Any:
         """The value stored under ``key``, or None."""
@@ -122,13 +128,11 @@ class Pack:
                     prefix = f"{FORMAT} {self.version} ".encode()
                     out.write(prefix + b"0" * 64 + b"\n")
                     start = out.tell()
-                    with gc_paused():  # one entry at a time, each by the C encoder
-                        for i, (key, value) in enumerate(self._used.items()):
-                            out.write(b"{" if i == 0 else b",")
-                            out.write(_encode_entry(key, value))
+                    with gc_paused():  # one entry at a time, each by the C encoder, each on its line
+                        for key, value in self._used.items():
+                            out.write(b"{" + _encode_entry(key, value) + b"}\n")
                             if out.tell() - start > MAX_PACK_BYTES:
                                 raise _TooLarge
-                        out.write(b"}" if self._used else b"{}")
                     out.seek(start)
                     h = hashlib.sha256()
                     while block := out.read(1 << 20):
@@ -145,9 +149,9 @@ class Pack:
 
 
 def _decode(body: bytes) -> Any:
-    """A pack's body as JSON: by orjson (several times faster on tens of MB); a body that is not
-    valid UTF-8 (a file name that is not, written with surrogateescape) by the standard library,
-    so such a name comes back as the same str."""
+    """One line of a pack as JSON: by orjson (several times faster); a line that is not valid UTF-8
+    (a file name that is not, written with surrogateescape) by the standard library, so such a
+    name comes back as the same str."""
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -157,7 +161,8 @@ def _decode(body: bytes) -> Any:
 def _encode_entry(key: str, value: Any) -> bytes:
     """``"key":value`` as compact UTF-8 JSON, for :meth:`Pack.save`: by orjson, or by the standard
     library for what orjson refuses (a str with surrogates: a file name that is not UTF-8; a key
-    that is no str), which it writes as the same bytes."""
+    that is no str), which it writes as the same bytes. Never a raw newline (JSON escapes it in a
+    string), so an entry is one line."""
     try:
         return orjson.dumps({key: value})[1:-1]
     except TypeError:  # orjson.JSONEncodeError is a TypeError
