@@ -33,7 +33,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +81,14 @@ class Pack:
                 if len(fields) != 3 or fields[0].decode(errors="replace") != FORMAT or \
                         fields[1].decode(errors="replace") != self.version:
                     return {}
+                shared: dict[str, str] = {}
                 with gc_paused():  # a pack is tens of thousands of acyclic containers
                     for line in f:  # an entry at a time: never the whole pack decoded at once
                         h.update(line)
                         entry = _decode(line)
                         if not isinstance(entry, dict) or len(entry) != 1:
                             return {}
+                        _share_strings(entry, shared.setdefault)
                         entries.update(entry)
         except (OSError, ValueError):  # unreadable, or a line that is no JSON (damaged)
             return {}
@@ -156,6 +158,30 @@ def _decode(body: bytes) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         return json.loads(body.decode("utf-8", "surrogateescape"))
+
+
+#: Strings up to this long are shared between a pack's entries (:func:`_share_strings`): the
+#: repeated ones (names, labels, images, quantities) are short; a long one is a unit's own.
+SHARED_STRING_LENGTH = 64
+
+
+def _share_strings(value: Any, share: Callable[[str, str], str]) -> None:
+    """Replace, in place, each short string value of ``value`` by the one instance ``share`` keeps
+    of it (a table's ``setdefault``). A decoder makes a new string for every value, where a render
+    reused one: 10,000 endpoints' decoded pack held 880 MiB, 660 MiB with its strings shared, for
+    about a second of this walk (mapping keys are shared by orjson itself)."""
+    if isinstance(value, dict):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return
+    for key, item in items:  # values replaced, no key added: iterating is safe
+        if type(item) is str:
+            if len(item) <= SHARED_STRING_LENGTH:
+                value[key] = share(item, item)
+        elif isinstance(item, (dict, list)):
+            _share_strings(item, share)
 
 
 def _encode_entry(key: str, value: Any) -> bytes:

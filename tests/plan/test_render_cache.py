@@ -187,6 +187,24 @@ def test_a_pack_gives_back_what_was_put_in_it_exotic_values_too(tmp_path: Path) 
     assert {key: again.get(key) for key in values} == values
 
 
+def test_a_packs_entries_share_their_short_strings(tmp_path: Path) -> None:
+    """Read back, two entries' equal short strings are one object (what a render would have
+    shared), a long one is each entry's own, and every value is as it was put."""
+    long = "x" * 100
+    values = {f"unit-{i}": {"labels": {"forge.dev/managed-by": "forgectl"}, "image": ["forge/runtime:1.2"],
+                            "config": "".join(["x"] * 100)} for i in range(2)}
+    pack = Pack(tmp_path, {"scope": 3}, "v")
+    for key, value in values.items():
+        pack.put(key, value)
+    pack.save()
+    again = Pack(tmp_path, {"scope": 3}, "v")
+    a, b = again.get("unit-0"), again.get("unit-1")
+    assert {"unit-0": a, "unit-1": b} == values
+    assert a["labels"]["forge.dev/managed-by"] is b["labels"]["forge.dev/managed-by"]
+    assert a["image"][0] is b["image"][0]
+    assert a["config"] == b["config"] == long and a["config"] is not b["config"]
+
+
 # -- the parse cache --------------------------------------------------------------------------------
 
 
