@@ -13,7 +13,8 @@ loads it from the same module). The manager runs as that ServiceAccount (a clien
 upstream's RBAC authorises it, with only the ``pytorchjob`` scheme, metrics and probes on loopback
 ports, no leader election (one manager), and the init container it adds to every Worker pod (it
 waits until the Master's Service name resolves) from the template docs/cluster-prerequisites.md
-gives (``renderers.prerequisites.PYTORCH_INIT_CONTAINER_TEMPLATE``), in an image the caller names: upstream's built-in template has no security context (a namespace enforcing Pod Security
+gives (``renderers.prerequisites.PYTORCH_INIT_CONTAINER_TEMPLATE``), in an image the caller names:
+upstream's built-in template has no security context (a namespace enforcing Pod Security
 ``restricted`` refuses the Workers) and waits with ``nslookup``, whose busybox 1.35 exits 1 when
 any search domain answers NXDOMAIN although the first one resolved (seen on the node), and its
 default image, ``alpine:3.10``, would be pulled.
@@ -112,9 +113,9 @@ def start(cluster: Any, node: Node, init_image: str, *, die_with_parent: bool = 
           log: Callable[[str], None] = _stderr_log, timeout: float = 180.0) -> HostController:
     """Install the operator's namespace, identity, RBAC and certificate Secret (upstream's manifests)
     and start it for ``node``'s cluster, the Worker pods' init container from
-    ``renderers.prerequisites.PYTORCH_INIT_CONTAINER_TEMPLATE`` in ``init_image`` (an image on the node with ``sh``, ``seq`` and ``getent``: glibc's); returns
-    once its readiness probe answers (certificates in place, webhook server started, the job
-    controllers being set up)."""
+    ``renderers.prerequisites.PYTORCH_INIT_CONTAINER_TEMPLATE`` in ``init_image`` (an image on the
+    node with ``sh``, ``seq`` and ``getent``: glibc's); returns once its readiness probe answers
+    (certificates in place, webhook server started, the job controllers being set up)."""
     t0 = time.monotonic()
     binary = ensure_binary(log)
     apply_docs(node, install_docs(module_dir()))

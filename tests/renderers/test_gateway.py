@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from forgectl.cli import app
 from reconciler.load.loader import load_or_raise
+from reconciler.plan.prerequisites import check
 from reconciler.present.manifests import to_yaml_stream
 from renderers import RenderContext, ServingState, render
 from renderers.gateway import PREDICTOR_HEADER, predictor_service, render_route, route_weights
@@ -210,8 +211,6 @@ def test_under_a_route_the_live_servers_copy_requests_to_the_shadows_service() -
     requirements = cluster_requirements([sdep])
     found = {(r.kind, r.name) for r in requirements}
     assert ("TrafficMirror", "digits") not in found and ("ShadowCopies", "digits") in found
-    from reconciler.plan.prerequisites import check
-
     [copies] = check(None, [r for r in requirements if r.kind == "ShadowCopies"])  # type: ignore[arg-type]  # asks no API
     assert copies.status == "ok" and "live predictors copy" in copies.detail
 
