@@ -11,7 +11,7 @@ from renderers.dashboards import render_dashboard
 from renderers.gateway import render_route
 from renderers.labels import ENVIRONMENT, GIT_REVISION, MANAGED_BY, MANAGER, PRUNE, TRAINING_STAGE
 from renderers.monitoring import render_podmonitor, render_rules
-from renderers.pods import TRAINING_PRIORITY
+from renderers.pods import training_priority
 from renderers.prerequisites import workflow_rbac, workspace_claim
 from renderers.queues import queued, render_queues
 from renderers.seldon import ServingState, experiment_serving, render_seldon
@@ -199,8 +199,7 @@ def _render(specs: SpecSet, ctx: RenderContext, memo: RenderMemo | None) -> Rend
                  **({"annotations": {GIT_REVISION: ctx.revision}} if ctx.revision else {})}
         manifests.extend(workflow_rbac(env, ns, owned))
     # The queued pools' Kueue objects, and the workload priorities their training runs at.
-    priorities = {TRAINING_PRIORITY[c.spec.priority] for m in specs.of(Model)
-                  if queued(c := specs.compute_of(m, env), env)}
+    priorities = {training_priority(m, c) for m in specs.of(Model) if queued(c := specs.compute_of(m, env), env)}
     manifests.extend(render_queues(specs, env, ns, ctx.revision, priorities))
     recording = _Recording(specs.documents, specs._index) if memo is not None else None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specs import Compute
+from specs import Compute, Model
 
 #: The uid of the runtime images (`runtimes/Dockerfile`: `USER 1000`). `fsGroup` makes the
 #: workspace volume writable by it on storage that honours fsGroup (most block and NFS drivers).
@@ -63,6 +63,14 @@ def secured(container: dict[str, Any]) -> dict[str, Any]:
 TRAINING_PRIORITY = {"high": "forge-high", "medium": "forge-high", "low": "forge-low"}
 INFERENCE_PRIORITY = {"high": "forge-medium", "medium": "forge-medium", "low": "forge-low"}
 PRIORITY_CLASSES = ("forge-high", "forge-medium", "forge-low")
+
+
+def training_priority(model: Model, compute: Compute) -> str:
+    """The PriorityClass a Model's training runs at: its own `priority` when it sets one (so two
+    models of one queued pool can preempt one another), else its pool's training priority."""
+    if model.spec.priority is not None:
+        return f"forge-{model.spec.priority}"
+    return TRAINING_PRIORITY[compute.spec.priority]
 
 #: `/dev/shm` for NCCL and DataLoader workers: the container runtime's default is 64 MiB, which
 #: multi-GPU PyTorch exhausts. A memory-backed `emptyDir`, which `restricted` allows (it forbids

@@ -43,7 +43,7 @@ def model_version(specs: SpecSet, model: Model, env: Environment, _seen: frozens
                 teachers[name] = model_version(specs, teacher, env, _seen | {model.name})
     return digest(
         {
-            "model": model.spec.model_dump(mode="json", by_alias=True),
+            "model": model.spec.result_dump(),
             "dataset": dataset.spec.digest,
             "compression": compression.spec.model_dump(mode="json", by_alias=True) if compression else None,
             "teachers": teachers,

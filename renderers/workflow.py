@@ -25,7 +25,7 @@ from typing import Any
 from renderers.deepspeed import deepspeed_config
 from renderers.hardware import TENSORRT_IMAGE, apply_placement, hardware_steps
 from renderers.labels import MODEL_VERSION, STEP, TRAINING_STAGE, digest, owner_metadata
-from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, TRAINING_PRIORITY, placement, scratch_volumes, secured, shm_volume
+from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, placement, scratch_volumes, secured, shm_volume, training_priority
 from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.queues import queue_labels
 from renderers.scheduling import Schedule, schedule_resources
@@ -120,7 +120,7 @@ def search_trials(model: Model) -> list[dict[str, float | int | str]]:
         grids = [dim.values for dim in (search.space[n] for n in names) if isinstance(dim, Choice)]
         assert len(grids) == len(names)  # the spec's validator allows only `choice` dimensions in a grid
         return [dict(zip(names, combo)) for combo in itertools.islice(itertools.product(*grids), search.trials)]
-    rng = random.Random(digest(model.spec.model_dump(mode="json", by_alias=True)))
+    rng = random.Random(digest(model.spec.result_dump()))
     trials = []
     for _ in range(search.trials):
         trial: dict[str, float | int | str] = {}
@@ -145,7 +145,7 @@ def search_study(model: Model, version: str) -> SearchStudy | None:
     search = model.spec.search
     if search is None or not search.uses_study:
         return None
-    seed = int(digest(model.spec.model_dump(mode="json", by_alias=True))[:8], 16)
+    seed = int(digest(model.spec.result_dump())[:8], 16)
     return SearchStudy(storage=f"{version_dir(model.name, version)}/search/study.db", name=f"{model.name}-{version}",
                        search=search, seed=seed)
 
@@ -197,6 +197,9 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
     compress_image = image(env, "forge-compress")
     data = data_dir(specs, model)
     vdir = version_dir(model.name, version)
+    # What the train step runs: the spec without its placement (`priority` moves no result, so it
+    # moves no step key and leaves the checkpoints of a run it preempts resumable).
+    trained_spec = model.spec.model_copy(update=dict.fromkeys(model.spec.PLACEMENT_FIELDS))
     steps: list[Step] = []
 
     def add(name: str, kind: str, config: Any, img: str, depends: tuple[str, ...]) -> Step:
@@ -215,7 +218,7 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
         names = []
         study = search_study(model, version)
         for i, overrides in enumerate(trials):
-            cfg = TrainConfig(model=model.name, version=version, spec=model.spec, overrides=overrides, data=data,
+            cfg = TrainConfig(model=model.name, version=version, spec=trained_spec, overrides=overrides, data=data,
                               output=f"{vdir}/trials/{i}", deepspeed=ds,
                               trial=StudyTrial(study=study, index=i) if study else None)
             names.append(add(f"train-trial-{i}", "train", cfg, train_image, ("prepare-data",)).name)
@@ -227,7 +230,7 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
             train_image, tuple(names))
         trained = "pick-best"
     else:
-        add("train", "train", TrainConfig(model=model.name, version=version, spec=model.spec, data=data,
+        add("train", "train", TrainConfig(model=model.name, version=version, spec=trained_spec, data=data,
                                           output=f"{vdir}/train", deepspeed=ds), train_image, ("prepare-data",))
         trained = "train"
     add("evaluate", "evaluate",
@@ -416,9 +419,10 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
     version, steps, schedule = plan_steps(specs, model, env)
     compute = specs.compute_of(model, env)
     name = workflow_name(model.name, version)
-    train_placement = placement(compute, TRAINING_PRIORITY[compute.spec.priority])
+    priority = training_priority(model, compute)
+    train_placement = placement(compute, priority)
     # A queued pool's training waits for its quota (Kueue; renderers/queues.py): the labels of its queue.
-    queue = queue_labels(compute, env, namespace, TRAINING_PRIORITY[compute.spec.priority])
+    queue = queue_labels(compute, env, namespace, priority)
     templates: list[dict[str, Any]] = []
     tasks: list[dict[str, Any]] = []
     light = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}

@@ -302,3 +302,5 @@ class Threshold(SpecModel):
 
 
 Precision = Literal["fp32", "fp16", "bf16"]
+#: A pool's (or a Model's training's) priority: the PriorityClass and Kueue priority it runs at.
+Priority = Literal["high", "medium", "low"]

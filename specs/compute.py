@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from specs.base import Quantity, SpecModel, check_label_value, check_qualified_name, check_selector
+from specs.base import Priority, Quantity, SpecModel, check_label_value, check_qualified_name, check_selector
 from specs.queue import Queue
 
 #: Most accelerators one pool may offer a job (and so the most `plan` ever considers).
@@ -53,8 +53,6 @@ AcceleratorType = Literal[
     "aws-trainium2",
     "custom",
 ]
-
-Priority = Literal["high", "medium", "low"]
 
 
 class Accelerator(SpecModel):

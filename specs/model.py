@@ -4,7 +4,7 @@ distribute it, how to search hyperparameters and which offline thresholds gate i
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import (
     Field,
@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from specs.base import MAX_SEED, ImportRef, Name, Precision, SpecModel, Threshold
+from specs.base import MAX_SEED, ImportRef, Name, Precision, Priority, SpecModel, Threshold
 
 #: Limits on counts a Model spec derives work from (docs/security.md lists them all).
 MAX_LAYERS = 64
@@ -415,6 +415,13 @@ class ModelSpec(SpecModel):
     explanations: Explanations | None = Field(
         default=None, description="Attributions after evaluation (Captum); none skips the `explain` step."
     )
+    priority: Priority | None = Field(
+        default=None,
+        description="Priority of this model's training in its pool: with a queued pool (Kueue), a pending `high` "
+        "training preempts admitted `low` ones of the same queue (docs/queues.md); the preempted step is retried "
+        "and resumes from its last checkpoint. Unset: the pool's training priority (`high` unless the pool says "
+        "`low`). Placement only: not part of the model version.",
+    )
     retries: int = Field(default=2, ge=0, le=10, description="Retries of a failed step, with exponential backoff.")
     fault_injection: TrainingFaultInjection | None = Field(
         default=None, description="Injected faults for retry drills (the training's first attempt held, to be "
@@ -425,7 +432,17 @@ class ModelSpec(SpecModel):
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data = _omit_default(_omit_default(handler(self), "compile", False), "deterministic", False)
         data = _omit_default(_omit_default(data, "faultInjection", None), "fault_injection", None)
+        data = _omit_default(data, "priority", None)
         return _omit_default(_omit_default(data, "privacy", None), "explanations", None)
+
+    #: Fields that place the training, not shape what it produces: out of the model's version,
+    #: its step keys and its search's seeds.
+    PLACEMENT_FIELDS: ClassVar[frozenset[str]] = frozenset({"priority"})
+
+    def result_dump(self) -> dict[str, Any]:
+        """The spec as JSON without its placement (:data:`PLACEMENT_FIELDS`): what its version
+        and its search's draws are digests of."""
+        return self.model_dump(mode="json", by_alias=True, exclude=set(self.PLACEMENT_FIELDS))
 
     @field_validator("gradient_checkpointing", mode="wrap")
     @classmethod

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from renderers.queues import QUEUE_NAME, queue_object_name
+from renderers.queues import PRIORITY_CLASS, QUEUE_NAME, queue_object_name
 from specs.base import quantity_value
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ class QueueState:
     usage: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     pending: int | None = None
     admitted: int | None = None
+    #: `spec.preemption.withinClusterQueue` (Kueue's default when unset: `Never`).
+    within_queue: str = "Never"
 
     @property
     def accelerator(self) -> str | None:
@@ -75,6 +77,7 @@ def queue_state(obj: Mapping[str, Any]) -> QueueState:
         usage={k: (_text(t), _text(b)) for k, (t, b) in usage.items()},
         pending=status.get("pendingWorkloads") if "pendingWorkloads" in status else None,
         admitted=status.get("admittedWorkloads") if "admittedWorkloads" in status else None,
+        within_queue=str((spec.get("preemption") or {}).get("withinClusterQueue") or "Never"),
     )
 
 
@@ -146,6 +149,8 @@ class QueuedStep:
     pool: str
     requests: Mapping[str, float]
     gang: bool
+    #: The WorkloadPriorityClass it is labelled with (``kueue.x-k8s.io/priority-class``), if any.
+    priority_class: str | None = None
 
 
 def _requests(pod_spec: Mapping[str, Any], replicas: int = 1) -> dict[str, float]:
@@ -165,29 +170,118 @@ def queued_steps(workflow: Mapping[str, Any]) -> list[QueuedStep]:
     for template in (workflow.get("spec") or {}).get("templates") or []:
         labels = (template.get("metadata") or {}).get("labels") or {}
         if labels.get(QUEUE_NAME) and "container" in template:
-            out.append(QueuedStep(template["name"], labels[QUEUE_NAME], _requests({"containers": [template["container"]]}), False))
+            out.append(QueuedStep(template["name"], labels[QUEUE_NAME], _requests({"containers": [template["container"]]}),
+                                  False, labels.get(PRIORITY_CLASS)))
         manifest = (template.get("resource") or {}).get("manifest")
         if manifest:
             try:
                 job = json.loads(manifest)
             except ValueError:
                 continue
-            pool = ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_NAME)
+            job_labels = (job.get("metadata") or {}).get("labels") or {}
+            pool = job_labels.get(QUEUE_NAME)
             if pool and job.get("kind") == "PyTorchJob":
                 total: dict[str, float] = {}
                 for replica in ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).values():
                     for name, value in _requests((replica.get("template") or {}).get("spec") or {},
                                                  int(replica.get("replicas", 1))).items():
                         total[name] = total.get(name, 0.0) + value
-                out.append(QueuedStep(template["name"], pool, total, True))
+                out.append(QueuedStep(template["name"], pool, total, True, job_labels.get(PRIORITY_CLASS)))
     return out
 
 
-def admission_line(workflow: str, step: QueuedStep, queue: QueueState | None, queue_name: str) -> str:
+@dataclass(frozen=True)
+class AdmittedWorkload:
+    """A Kueue ``Workload`` holding quota (its ``QuotaReserved`` condition true), read from the
+    cluster: what a preemption could pick."""
+
+    name: str
+    #: Its owner, as ``Kind name`` (the Argo step's pod, or the PyTorchJob).
+    owner: str
+    cluster_queue: str
+    priority: int
+    #: What its pod sets hold of the queue, by resource (``status.admission.podSetAssignments[].resourceUsage``).
+    usage: Mapping[str, float]
+    #: When its quota was reserved (RFC 3339; Kueue preempts the most recently admitted first).
+    reserved_at: str
+    evicted: bool = False
+    uid: str = ""
+
+
+def admitted_workloads(items: Iterable[Mapping[str, Any]]) -> list[AdmittedWorkload]:
+    """The Workloads among ``items`` (live objects) that hold quota now."""
+    out = []
+    for obj in items:
+        status = obj.get("status") or {}
+        admission = status.get("admission") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        reserved = conditions.get("QuotaReserved") or {}
+        if not admission or reserved.get("status") != "True":
+            continue
+        usage: dict[str, float] = {}
+        for pod_set in admission.get("podSetAssignments") or []:
+            for name, value in (pod_set.get("resourceUsage") or {}).items():
+                usage[name] = usage.get(name, 0.0) + _amount(value)
+        meta = obj.get("metadata") or {}
+        owners = [f"{o.get('kind')} {o.get('name')}" for o in meta.get("ownerReferences") or []]
+        out.append(AdmittedWorkload(
+            name=str(meta.get("name", "")), owner=owners[0] if owners else "", cluster_queue=str(admission.get("clusterQueue", "")),
+            priority=int((obj.get("spec") or {}).get("priority") or 0), usage=usage,
+            reserved_at=str(reserved.get("lastTransitionTime") or ""),
+            evicted=(conditions.get("Evicted") or {}).get("status") == "True", uid=str(meta.get("uid", ""))))
+    return out
+
+
+def preemption_targets(requests: Mapping[str, float], queue: QueueState, priority: int,
+                       workloads: Iterable[AdmittedWorkload]) -> list[AdmittedWorkload]:
+    """The admitted workloads of ``queue`` Kueue would preempt to admit a new workload asking
+    ``requests`` at ``priority`` within the queue's nominal quota, by its classical preemption
+    (``pkg/scheduler/preemption``): candidates of lower priority (the queue's `withinClusterQueue`
+    policy other than `Never`), ordered as its ``CandidatesOrdering`` orders them — evicted ones
+    first, then lowest priority, then the most recently admitted — taken one by one until the
+    request fits, then each but the last given back when the request still fits without it
+    (``fillBackWorkloads``). Empty when preempting cannot make it fit. Borrowing from the cohort
+    and fair sharing are not weighed."""
+    if queue.within_queue == "Never":
+        return []
+    resources = [r for r, v in requests.items() if v > 0 and r in queue.quotas]
+    free = {r: _amount(queue.quotas[r].nominal) - _amount(queue.usage.get(r, ("0", "0"))[0]) for r in resources}
+
+    def fits(freed: Mapping[str, float]) -> bool:
+        return all(requests[r] <= free[r] + freed.get(r, 0.0) + 1e-9 for r in resources)
+
+    candidates = sorted((w for w in workloads if w.cluster_queue == queue.name and w.priority < priority),
+                        key=lambda w: (not w.evicted, w.priority, _descending(w.reserved_at), w.uid))
+    chosen: list[AdmittedWorkload] = []
+    freed: dict[str, float] = {}
+    for w in candidates:
+        chosen.append(w)
+        for r, v in w.usage.items():
+            freed[r] = freed.get(r, 0.0) + v
+        if fits(freed):
+            break
+    else:
+        return []
+    for i in range(len(chosen) - 2, -1, -1):
+        without = {r: v - chosen[i].usage.get(r, 0.0) for r, v in freed.items()}
+        if fits(without):
+            freed = without
+            del chosen[i]
+    return chosen
+
+
+def _descending(text: str) -> tuple[int, ...]:
+    """A sort key ordering RFC 3339 times (same format, UTC) newest first."""
+    return tuple(-ord(ch) for ch in text)
+
+
+def admission_line(workflow: str, step: QueuedStep, queue: QueueState | None, queue_name: str, *,
+                   priority: int | None = None, workloads: Iterable[AdmittedWorkload] | None = None) -> str:
     """What Kueue will do with ``step`` of a new Workflow, by the live ClusterQueue ``queue`` (None:
-    not in the plan): admitted now when its accelerator request fits the nominal quota left free,
-    else what it waits for and how many workloads are pending before it; without a status read,
-    the quota alone."""
+    not in the plan): admitted now when its accelerator request fits the nominal quota left free;
+    else, when the queue's admitted ``workloads`` were read and its ``priority`` is known, the
+    lower-priority ones it will preempt (:func:`preemption_targets`); else what it waits for and
+    how many workloads are pending before it; without a status read, the quota alone."""
     resource = (queue.accelerator if queue is not None else None) or next(
         (r for r in step.requests if r not in PLAIN_RESOURCES), "cpu")
     need = step.requests.get(resource, 0.0)
@@ -209,16 +303,27 @@ def admission_line(workflow: str, step: QueuedStep, queue: QueueState | None, qu
     if need <= free:
         return what + (f": fits the {_text(free)} free, behind {pending} pending workload{'s' if pending != 1 else ''} "
                        "(admitted now unless they take it first)")
+    targets = preemption_targets(step.requests, queue, priority, workloads) if (
+        workloads is not None and priority is not None) else []
+    if targets:
+        named = ", ".join(f"{w.name} ({w.owner}, priority {w.priority})" if w.owner else f"{w.name} (priority {w.priority})"
+                          for w in targets)
+        return what + (f": will preempt {named}: lower priority than its {priority} ({_text(free)} of {_text(nominal)} "
+                       f"free; withinClusterQueue {queue.within_queue}); a preempted step is retried and waits again")
     return what + (f": waits for {_text(need - free)} more {resource} ({_text(free)} of {_text(nominal)} free"
                    + (f", behind {pending} pending workload{'s' if pending != 1 else ''}" if pending else "") + cohort + ")")
 
 
-def admission_notes(changes: Iterable[Change]) -> list[str]:
+def admission_notes(changes: Iterable[Change], workloads: Iterable[AdmittedWorkload] | None = None) -> list[str]:
     """One line per new Workflow's largest queued step (:func:`admission_line`), against the live
-    ClusterQueue of its pool in the same plan."""
+    ClusterQueue of its pool in the same plan and, when they were read, the Workloads admitted
+    there; the step's priority is the value of the WorkloadPriorityClass it is labelled with."""
     changes = list(changes)
     queues = {c.ref.name: queue_state(c.before) if c.before is not None else queue_state(c.after)
               for c in changes if c.ref.kind == "ClusterQueue" and c.after is not None}
+    values = {c.ref.name: int(c.after.get("value") or 0) for c in changes
+              if c.ref.kind == "WorkloadPriorityClass" and c.after is not None}
+    admitted = list(workloads) if workloads is not None else None
     lines = []
     for c in changes:
         if c.ref.kind != "Workflow" or c.action.value != "create" or c.after is None:
@@ -228,7 +333,8 @@ def admission_notes(changes: Iterable[Change]) -> list[str]:
             continue
         step = max(steps, key=lambda s: sum(v for r, v in s.requests.items() if r not in PLAIN_RESOURCES))
         name = queue_object_name(c.ref.namespace, step.pool)
-        lines.append((c.ref.name, admission_line(c.ref.name, step, queues.get(name), name)))
+        lines.append((c.ref.name, admission_line(c.ref.name, step, queues.get(name), name, workloads=admitted,
+                                                 priority=values.get(step.priority_class or ""))))
     return [line for _, line in sorted(lines)]
 
 

@@ -23,7 +23,7 @@ from reconciler.load.gitrepo import Repository, open_repository
 from reconciler.load.loader import LoadResult
 from reconciler.plan.diff import value_diff
 from reconciler.plan.plan import Cost, DocumentChange, Plan, ServingBase, ServingCost, TrainingBase, TrainingCost
-from reconciler.plan.queues import admission_notes, queue_notes
+from reconciler.plan.queues import AdmittedWorkload, admission_notes, admitted_workloads, queue_notes, queued_steps
 from reconciler.plan.risks import (
     FLAGS,
     UNSATISFIABLE,
@@ -142,11 +142,13 @@ def _order(findings: Iterable[Finding]) -> list[Finding]:
 
 def annotate(plan: Plan, head: LoadResult, env: Environment, *, base: LoadResult | None = None, base_env: Environment | None = None,
              sizes: Mapping[str, DataSize] | None = None, records: Iterable[Record] | None = None,
-             everything: bool = False, base_sizes: Mapping[str, DataSize] | None = None) -> Plan:
+             everything: bool = False, base_sizes: Mapping[str, DataSize] | None = None,
+             workloads: Iterable[AdmittedWorkload] | None = None) -> Plan:
     """``plan`` with its review filled in. ``head`` and ``base`` are loader results (specs with
     their source positions); ``base`` only in pull-request mode. The cost covers the Models whose
     workflows the plan creates and the Endpoints whose deployments it creates or changes (every one
-    with ``everything``: a blocked plan has no changes to choose by)."""
+    with ``everything``: a blocked plan has no changes to choose by). ``workloads``: Kueue's
+    admitted Workloads, when read, for the queued steps' admission lines."""
     models = endpoints = None
     if not everything:
         models = {(c.after or {}).get("metadata", {}).get("labels", {}).get(NAME, "") for c in plan.changes
@@ -180,7 +182,7 @@ def annotate(plan: Plan, head: LoadResult, env: Environment, *, base: LoadResult
         spec_changes=tuple(_spec_changes(base, head)) if base is not None else (),
         cost=_cost(est, before),
         notes=(*plan.notes, *gate_notes, *_pod_security_notes(env), *queue_notes(plan.changes),
-               *admission_notes(plan.changes)),
+               *admission_notes(plan.changes, workloads)),
     )
 
 
@@ -312,6 +314,27 @@ def registry_records(plan: Plan, target: Target) -> list[Record]:
         return []
 
 
+def queue_workloads(plan: Plan, target: Target) -> list[AdmittedWorkload] | None:
+    """Kueue's admitted Workloads in the namespaces where the plan creates a Workflow with a queued
+    step (a pool's ClusterQueue admits only its environment's namespace, so those are all the
+    workloads a preemption could pick); None when there is no such Workflow, no cluster, or the
+    read fails (the admission lines then say what the ClusterQueue's status says, no more)."""
+    namespaces = sorted({c.ref.namespace for c in plan.changes
+                         if c.ref.kind == "Workflow" and c.action.value == "create" and c.after is not None
+                         and queued_steps(c.after)})
+    api = target.cluster_api() if namespaces else None
+    if api is None:
+        return None
+    items: list[Mapping[str, Any]] = []
+    try:
+        for ns in namespaces:
+            listed = api.read_path(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads", what="Kueue Workloads")
+            items += (listed or {}).get("items") or []
+    except Exception:  # noqa: BLE001 - the workloads inform a note; a plan never fails on them
+        return None
+    return admitted_workloads(items)
+
+
 def reviewed_live_plan(result: LoadResult, environment: Environment, target: Target, namespace: str, revision: str | None, *,
                        rev: str | None = None, refresh: bool = False) -> Plan:
     """The plan against the target's live state, reviewed; a blocked plan (no changes) when a Model
@@ -323,7 +346,8 @@ def reviewed_live_plan(result: LoadResult, environment: Environment, target: Tar
     if blocked is not None:
         return blocked
     plan, _ = make_plan(result.specs, environment, target, namespace, revision, refresh=refresh, cache=True)
-    return annotate(plan, result, environment, sizes=sizes, records=registry_records(plan, target))
+    return annotate(plan, result, environment, sizes=sizes, records=registry_records(plan, target),
+                    workloads=queue_workloads(plan, target))
 
 
 def reviewed_git_plan(old: LoadResult, old_env: Environment, new: LoadResult, new_env: Environment, *, base: str,

@@ -77,6 +77,7 @@ from devkit.node.controllers import HostController
 from devkit.node.node import Node
 from devkit.rollout import BODY
 from reconciler.targets.kubernetes.workflow_status import task_nodes
+from renderers.labels import STEP
 from specs.rollout import BUILTIN_TEMPLATES, fill_placeholders
 from tests.cluster import nodekit
 from tests.polling import wait_until
@@ -171,14 +172,14 @@ class Quickstart:
     def json(self, *args: str) -> Any:
         return json.loads(self.forgectl(*args, "--env", "cluster", "-o", "json").stdout)
 
-    def version(self) -> str:
-        """The model version the specs in the working tree want."""
+    def version(self, model: str = "digits-mlp") -> str:
+        """The version of ``model`` the specs in the working tree want."""
         from reconciler.load.environments import load_environment
         from renderers.versions import model_version
         from specs import Model
 
         result, environment = load_environment([str(self.work)], None, "cluster")
-        return model_version(result.specs, result.specs.get(Model, "digits-mlp"), environment)
+        return model_version(result.specs, result.specs.get(Model, model), environment)
 
     def workflow(self, version: str) -> dict[str, Any] | None:
         items = self.workflows.get(namespace=NS, label_selector=f"{MODEL_VERSION}={version}").to_dict()["items"]
@@ -884,6 +885,188 @@ def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training
             print(f"\nPyTorchJob {name}: gang-admitted {t_started - t_freed:.1f} s after a GPU was freed (quota free "
                   f"→ both replicas running); trained in {t_done - t_started:.1f} s, world size {metrics['worldSize']}; "
                   f"Workflow phase {wf['status'].get('phase')}")
+            q.forgectl("down", "--env", "cluster", "--auto-approve")
+    finally:
+        q.api.close()
+
+
+PREEMPT_NS = "forge-preempt"  # a namespace of its own, managed by Kueue
+#: One fake GPU of quota: two trainings of this pool cannot run at once.
+ONE_GPU_POOL = f"""\
+apiVersion: forge.dev/v1alpha1
+kind: Compute
+metadata: {{name: gpu-one}}
+spec:
+  accelerator: {{type: nvidia-h100-80gb}}
+  gpusPerNode: 1
+  minGpus: 1
+  maxGpus: 1
+  priority: high
+  nodeSelector: {json.dumps(GPU_NODE_LABELS)}
+  node: {{cpu: 400m, memory: 1536Mi}}
+  queue:
+    quota: {{gpus: 1}}
+"""
+#: The low-priority training: wide enough and long enough (4,000 steps, a checkpoint every 50) to be
+#: running when the urgent one is submitted; a high-priority one of the same pool, short.
+LOW_STEPS = 4000
+URGENT_MODEL = """\
+apiVersion: forge.dev/v1alpha1
+kind: Model
+metadata: {name: digits-urgent}
+spec:
+  datasetRef: digits
+  computeRef: gpu-one
+  architecture: {type: mlp, hiddenSizes: [256, 128]}
+  hyperparameters: {learningRate: 0.002, batchSize: 64, epochs: 10, seed: 11}
+  evaluation: {thresholds: [{metric: accuracy, min: 0.5}]}
+"""
+
+
+def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_checkpoint(
+        stack: _Stack, shared_node: nodekit.SharedNode, tmp_path: Path) -> None:
+    """Issue 30: two Models on one queued pool of one fake GPU. The first (`priority: low`, long)
+    is admitted and checkpoints; `forgectl plan` of a second (the pool's `high`) against the cluster
+    names the low one's Workload as the one it will preempt, read from Kueue's Workloads; applied,
+    Kueue preempts it within the queue (`InClusterQueue`) and stops its pod, Argo records the
+    attempt and retries the step, whose new pod waits gated until the urgent training is done and
+    then resumes from the last checkpoint: its step count continues to the end instead of
+    restarting. Kueue, Argo and the train step do all of it; the test reads what they wrote."""
+    from devkit.node import extended_resources, kueue
+    from renderers.queues import ADMISSION_GATE, queue_object_name
+
+    frameworks = shared_node.kueue().frameworks
+    assert "pod" in frameworks, frameworks
+    node = stack.node
+    extended_resources.advertise(node, {GPU: "8"}, GPU_NODE_LABELS)
+    _wait(f"the node advertising {GPU}", lambda: extended_resources.advertised(node).get(GPU) == "8", timeout=60)
+
+    work = tmp_path / "preempt"
+    shutil.copytree(QUICKSTART, work)
+    (work / "endpoint.yaml").unlink()  # the trainings only
+    (work / "gpu.yaml").write_text(ONE_GPU_POOL)
+    envs = work / "environments.yaml"
+    envs.write_text(envs.read_text().replace(f"namespace: {NS}", f"namespace: {PREEMPT_NS}"))
+    model = work / "model.yaml"
+    text = model.read_text()
+    for old, new in (("computeRef: cpu", "computeRef: gpu-one\n  priority: low"), ("  compressionRef: digits-compact\n", ""),
+                     ("hiddenSizes: [256, 128]", "hiddenSizes: [1024, 1024]"),
+                     ("    epochs: 30\n", f"    epochs: 1000\n    maxSteps: {LOW_STEPS}\n")):
+        assert old in text, old
+        text = text.replace(old, new)
+    model.write_text(text)
+    q = Quickstart(stack, work)
+    q.git("init", "-q")
+    q.git("add", ".")
+    q.git("commit", "-qm", "a long low-priority training on a one-GPU queue")
+    custom = client.CustomObjectsApi(q.api)
+    cq_name = queue_object_name(PREEMPT_NS, "gpu-one")
+
+    def workloads() -> list[dict[str, Any]]:
+        return custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", PREEMPT_NS, "workloads")["items"]
+
+    def train_pods(model_name: str) -> list[client.V1Pod]:
+        pods = q.core.list_namespaced_pod(PREEMPT_NS, label_selector="workflows.argoproj.io/workflow").items
+        return [p for p in pods if p.metadata.name.startswith(model_name + "-")
+                and (p.metadata.labels or {}).get(STEP) == "train"]
+
+    def running(model_name: str) -> client.V1Pod | None:
+        return next((p for p in train_pods(model_name) if p.status.phase == "Running"
+                     and p.metadata.deletion_timestamp is None), None)
+
+    def train_node(version: str) -> dict[str, Any] | None:
+        items = q.workflows.get(namespace=PREEMPT_NS, label_selector=f"{MODEL_VERSION}={version}").to_dict()["items"]
+        return _nodes(items[0]).get("train") if items else None
+
+    def explain() -> str:
+        lines = [f"{w['metadata']['name']} ({[o['name'] for o in w['metadata'].get('ownerReferences') or []]}): "
+                 f"{[(c['type'], c['status'], c.get('reason')) for c in (w.get('status') or {}).get('conditions') or []]}"
+                 for w in workloads()]
+        lines += [f"pod {p.metadata.name}: {p.status.phase}, gates {[g.name for g in p.spec.scheduling_gates or []]}"
+                  for p in q.core.list_namespaced_pod(PREEMPT_NS).items]
+        return "\n".join(lines) + "\nKueue's log:\n" + shared_node.kueue().controller.log_tail()[-3000:]
+
+    try:
+        with shared_node.namespace(PREEMPT_NS, {**kueue.MANAGED_NAMESPACES, **PSA_RESTRICTED}):
+            low_version = q.version()
+            q.forgectl("apply", "--env", "cluster", "--auto-approve")
+            low_pod = _wait("the low-priority training to be admitted and run", lambda: running("digits-mlp"), timeout=600, every=2)
+            claim = q.core.read_namespaced_persistent_volume_claim("forge-workspace", PREEMPT_NS)
+            workspace = Path(q.core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path)
+            train_dir = workspace / "models" / "digits-mlp" / low_version / "train"
+            _wait("its first checkpoint", lambda: (train_dir / "checkpoints" / "last.pt").exists(), timeout=300, every=0.5)
+            [low_wl] = [w for w in workloads() if any(o["name"] == low_pod.metadata.name
+                                                      for o in w["metadata"].get("ownerReferences") or [])]
+
+            # the urgent training: the plan names the workload it will preempt, from Kueue's Workloads
+            (work / "urgent.yaml").write_text(URGENT_MODEL)
+            q.git("add", ".")
+            q.git("commit", "-qm", "an urgent training on the same pool")
+            plan = q.forgectl("plan", "--env", "cluster", check=False)
+            assert plan.returncode in (0, 2), plan.stdout[-3000:] + plan.stderr[-3000:]
+            said = " ".join(plan.stdout.split())
+            expected = (f"train asks 1 nvidia.com/gpu of ClusterQueue {cq_name}: will preempt {low_wl['metadata']['name']} "
+                        f"(Pod {low_pod.metadata.name}, priority 100): lower priority than its 1000 (0 of 1 free; "
+                        "withinClusterQueue LowerPriority)")
+            assert expected in said, plan.stdout[-4000:]
+            assert not (train_dir / "metrics.json").exists(), "the low-priority training ended before the urgent one came"
+            t_apply = time.monotonic()
+            q.forgectl("apply", "--env", "cluster", "--auto-approve")
+            preempted: dict[str, Any] = {}
+
+            def urgent_running_low_preempted() -> client.V1Pod | None:
+                for w in workloads():
+                    cond = next((c for c in (w.get("status") or {}).get("conditions") or []
+                                 if c["type"] == "Preempted" and c["status"] == "True"), None)
+                    if cond and w["metadata"]["name"] == low_wl["metadata"]["name"]:
+                        preempted.setdefault("condition", cond)
+                        preempted.setdefault("at", time.monotonic())
+                return running("digits-urgent") if preempted else None
+
+            try:
+                urgent_pod = _wait("Kueue to preempt the low-priority training and run the urgent one",
+                                   urgent_running_low_preempted, timeout=600, every=0.5)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{explain()}") from e
+            t_urgent = time.monotonic()
+            assert preempted["condition"]["reason"] == "InClusterQueue", preempted
+            assert not (train_dir / "metrics.json").exists(), "the low-priority training ended before it was preempted"
+
+            # the step is retried; its new pod waits gated while the urgent one holds the GPU
+            def retry_gated() -> client.V1Pod | None:
+                return next((p for p in train_pods("digits-mlp") if p.metadata.name != low_pod.metadata.name
+                             and any(g.name == ADMISSION_GATE for g in p.spec.scheduling_gates or [])), None)
+
+            try:
+                _wait("Argo's retry of the preempted step, gated by Kueue", retry_gated, timeout=300, every=0.5)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{explain()}") from e
+            urgent_version = q.version("digits-urgent")
+            _wait("the urgent training to finish", lambda: (train_node(urgent_version) or {}).get("phase") == "Succeeded",
+                  timeout=600, every=1)
+            t_freed = time.monotonic()
+            try:
+                resumed = _wait("the low-priority training to be admitted again", lambda: running("digits-mlp"),
+                                timeout=300, every=0.5)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{explain()}") from e
+            t_resumed = time.monotonic()
+            assert resumed.metadata.name != low_pod.metadata.name
+            done = _wait("the resumed training to finish", lambda: (train_node(low_version) or {}).get("phase") in (
+                "Succeeded", "Failed", "Error") and train_node(low_version), timeout=900, every=2)
+            assert done["phase"] == "Succeeded", done
+            metrics = json.loads((train_dir / "metrics.json").read_text())
+            # resumed from a checkpoint of the first attempt, and counted on to the end
+            assert metrics["resumedFromStep"] >= 50 and metrics["resumedFromStep"] % 50 == 0, metrics
+            assert metrics["steps"] == LOW_STEPS, metrics
+            items = q.workflows.get(namespace=PREEMPT_NS, label_selector=f"{MODEL_VERSION}={low_version}").to_dict()["items"]
+            attempts = _attempts(items[0], "train")
+            assert len(attempts) >= 2 and attempts[0]["phase"] in ("Failed", "Error"), attempts
+            print(f"\npreemption within a queue: urgent training running {t_urgent - t_apply:.1f} s after its apply "
+                  f"(low preempted {preempted['at'] - t_apply:.1f} s after: {preempted['condition'].get('message')}); "
+                  f"the low one admitted again {t_resumed - t_freed:.1f} s after the urgent one finished (quota free → "
+                  f"pod running), resumed from step {metrics['resumedFromStep']} of {LOW_STEPS}; first attempt "
+                  f"{attempts[0]['phase']}: {attempts[0].get('message')}; urgent pod {urgent_pod.metadata.name}")
             q.forgectl("down", "--env", "cluster", "--auto-approve")
     finally:
         q.api.close()

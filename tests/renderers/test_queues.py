@@ -15,7 +15,7 @@ import pytest
 from reconciler.load.loader import LoadResult, load_files
 from reconciler.load.sources import SourceFile
 from reconciler.plan.plan import build_plan
-from reconciler.plan.queues import queue_line, queue_notes
+from reconciler.plan.queues import admitted_workloads, queue_line, queue_notes
 from reconciler.plan.review import annotate
 from renderers import RenderContext, render
 from renderers.cost import capacity_problems, estimate
@@ -270,9 +270,9 @@ def test_an_environment_sees_only_the_shared_flavors_its_queues_name() -> None:
     assert shared_in_use([o for o in ours if o["kind"] == "ResourceFlavor"]) == []
 
 
-def _admission_notes(text: str, status: dict[str, Any] | None) -> list[str]:
+def _admission_notes(text: str, status: dict[str, Any] | None, workloads: list[dict[str, Any]] | None = None) -> list[str]:
     """The plan's admission lines for ``text`` rendered anew (its Workflow a create) against a live
-    ClusterQueue with ``status`` (None: the queue is new too)."""
+    ClusterQueue with ``status`` (None: the queue is new too) and Kueue's ``workloads`` when read."""
     head = _load(text)
     desired = _rendered(head)
     live = [copy.deepcopy(o) for o in desired if o["kind"] not in ("Workflow",)] if status is not None else []
@@ -281,7 +281,8 @@ def _admission_notes(text: str, status: dict[str, Any] | None) -> list[str]:
             o["status"] = status
     env = head.specs.get(Environment, "cluster")
     assert env is not None
-    plan = annotate(build_plan(desired, live, environment="cluster", target="kubernetes"), head, env)
+    plan = annotate(build_plan(desired, live, environment="cluster", target="kubernetes"), head, env,
+                    workloads=admitted_workloads(workloads) if workloads is not None else None)
     return [n for n in plan.notes if n.startswith("Workflow ")]
 
 
@@ -301,3 +302,73 @@ def test_the_plan_says_whether_a_new_workflows_training_is_admitted_now_or_what_
     # nothing read of Kueue: the quota alone
     [new] = _admission_notes(_llm(), None)
     assert new.endswith("of ClusterQueue forge-llm-h100-pool (quota 64): queued; Kueue's state not read"), new
+
+
+def _workload(name: str, priority: int, gpus: int, reserved_at: str, *, queue: str = "forge-llm-h100-pool",
+              admitted: bool = True) -> dict[str, Any]:
+    """A Workload as Kueue v0.17 writes it for an Argo step's pod (v1beta2: `spec.priority`,
+    `status.admission.podSetAssignments[].resourceUsage`, the `QuotaReserved` condition)."""
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": f"pod-{name}-0a1b2", "uid": name,
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": "u"}]},
+            "spec": {"queueName": "h100-pool", "priority": priority},
+            "status": {"admission": {"clusterQueue": queue, "podSetAssignments": [
+                {"name": "main", "count": 1, "resourceUsage": {"nvidia.com/gpu": str(gpus), "cpu": "12"}}]},
+                "conditions": [{"type": "QuotaReserved", "status": "True" if admitted else "False",
+                                "lastTransitionTime": reserved_at, "reason": "QuotaReserved", "message": ""}]}}
+
+
+def test_the_plan_names_the_lower_priority_workloads_a_new_training_will_preempt() -> None:
+    """At 60 of 64 GPUs in use, the 8-GPU training (priority 1000, `high`) does not fit; Kueue's
+    within-queue preemption takes lower-priority workloads, the most recently admitted first, and
+    gives back any it then does not need (its fill-back): the plan names exactly those."""
+    low_old = _workload("low-old", 100, 4, "2026-12-05T10:00:00Z")
+    low_new = _workload("low-new", 100, 4, "2026-12-05T11:00:00Z")
+    medium = _workload("medium", 500, 8, "2026-12-05T11:30:00Z")
+    high = _workload("high-peer", 1000, 44, "2026-12-05T09:00:00Z")
+    other_queue = _workload("elsewhere", 100, 8, "2026-12-05T12:00:00Z", queue="forge-other-pool")
+    pending = _workload("waiting", 100, 8, "2026-12-05T12:00:00Z", admitted=False)
+    everyone = [low_old, low_new, medium, high, other_queue, pending]
+    [line] = _admission_notes(_llm(), _status("60", "0", 0, 4), everyone)
+    # 4 free, 4 more needed: the newest of the lowest priority is enough
+    assert line.endswith(": will preempt pod-low-new-0a1b2 (Pod low-new, priority 100): lower priority than its 1000 "
+                         "(4 of 64 free; withinClusterQueue LowerPriority); a preempted step is retried and waits again"), line
+    # all 64 in use, 8 needed: both low ones (4 + 4), not the medium one (the lowest priority first)
+    [both] = _admission_notes(_llm(), _status("64", "0", 0, 4), everyone)
+    assert "will preempt pod-low-new-0a1b2 (Pod low-new, priority 100), pod-low-old-0a1b2 (Pod low-old, priority 100)" in both, both
+    # fill-back: with one low (4) and the medium (8) admitted and 8 needed, the low is taken first (not
+    # enough), then the medium; the low is given back, since the medium alone frees the 8
+    [filled] = _admission_notes(_llm(), _status("64", "0", 0, 3), [low_old, medium, high])
+    assert "will preempt pod-medium-0a1b2 (Pod medium, priority 500):" in filled and "low-old" not in filled, filled
+    # nothing of lower priority frees enough: it waits, as without the Workloads
+    [waits] = _admission_notes(_llm(), _status("64", "0", 0, 1), [high])
+    assert "waits for 8 more nvidia.com/gpu (0 of 64 free" in waits, waits
+    # a queue whose policy is Never preempts nothing
+    never = _llm("      withinClusterQueue: LowerPriority", "      withinClusterQueue: Never")
+    [kept] = _admission_notes(never, _status("60", "0", 0, 4), everyone)
+    assert "will preempt" not in kept and "waits for 4 more" in kept, kept
+
+
+def test_a_models_own_priority_places_its_training_and_changes_nothing_it_produces() -> None:
+    """`priority: low` on a Model of a `high` pool: its train pod runs at PriorityClass `forge-low`
+    and is labelled with the environment's `-low` WorkloadPriorityClass (rendered beside `-high`
+    only when a model uses it), so a `high` training of the same queue preempts it. Placement only:
+    the model's version, its train step's key and config are those of the same model without it."""
+    from renderers.workflow import plan_steps
+    from specs import Model
+
+    plain = _load(_llm())
+    low_text = _llm("  name: support-lm\nspec:\n", "  name: support-lm\nspec:\n  priority: low\n")
+    low = _load(low_text)
+    objects = _rendered(low)
+    wf = _one(objects, "Workflow")
+    train = next(t for t in wf["spec"]["templates"] if t["name"] == "train")
+    assert train["metadata"]["labels"][PRIORITY_CLASS] == "forge-llm-low"
+    assert train["priorityClassName"] == "forge-low", train.get("priorityClassName")
+    assert sorted((o["metadata"]["name"], o["value"]) for o in objects if o["kind"] == "WorkloadPriorityClass") == [
+        ("forge-llm-low", 100)]
+    env = plain.specs.get(Environment, "cluster")
+    assert env is not None
+    steps = [plan_steps(r.specs, r.specs.get(Model, "support-lm"), env) for r in (plain, low)]  # type: ignore[arg-type]
+    (v0, s0, _), (v1, s1, _) = steps
+    assert v0 == v1 and [s.key for s in s0] == [s.key for s in s1] and [s.config for s in s0] == [s.config for s in s1]
