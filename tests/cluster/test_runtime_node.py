@@ -35,6 +35,10 @@ rendered objects are never changed. The stages run in order and share the cluste
    two nodes: the PyTorchJob Argo's train step creates waits suspended by Kueue while one of its
    two GPUs is held by another workload (neither replica has a pod), starts both replicas at once
    when it is freed, and the real Training Operator runs it to Succeeded (issue 30).
+8. two Models on a queued pool of one fake GPU: `forgectl plan` names the running `low` training's
+   Workload as the one a new `high` training will preempt; applied, Kueue preempts it, Argo
+   retries the step, whose pod waits gated until the urgent training is done and then resumes
+   from the last checkpoint, counting on to the end (issue 30).
 
 The quick-start's namespace enforces Pod Security `restricted` (labelled as a platform team would
 before Forge applies anything): the API server's own PodSecurity admission refuses any pod below
@@ -53,6 +57,7 @@ Needs root; never skips.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -907,9 +912,11 @@ spec:
   queue:
     quota: {{gpus: 1}}
 """
-#: The low-priority training: wide enough and long enough (4,000 steps, a checkpoint every 50) to be
-#: running when the urgent one is submitted; a high-priority one of the same pool, short.
-LOW_STEPS = 4000
+#: The low-priority training: wide enough and long enough (2,500 steps of 25–130 ms, a checkpoint
+#: every 50) to be running when the urgent one is submitted; the urgent one of the same pool long
+#: enough (1,500 steps) for Argo's retry of the preempted step (after its 10 s backoff) to find the
+#: GPU taken and wait gated.
+LOW_STEPS = 2500
 URGENT_MODEL = """\
 apiVersion: forge.dev/v1alpha1
 kind: Model
@@ -917,10 +924,15 @@ metadata: {name: digits-urgent}
 spec:
   datasetRef: digits
   computeRef: gpu-one
-  architecture: {type: mlp, hiddenSizes: [256, 128]}
-  hyperparameters: {learningRate: 0.002, batchSize: 64, epochs: 10, seed: 11}
+  architecture: {type: mlp, hiddenSizes: [1024, 1024]}
+  hyperparameters: {learningRate: 0.002, batchSize: 64, epochs: 100, maxSteps: 1500, seed: 11}
   evaluation: {thresholds: [{metric: accuracy, min: 0.5}]}
 """
+
+
+def _parse_time(text: str) -> datetime.datetime:
+    """An RFC 3339 time as the API server writes it (`2026-12-05T10:24:15Z`)."""
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_checkpoint(
@@ -1044,14 +1056,20 @@ def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_ch
             urgent_version = q.version("digits-urgent")
             _wait("the urgent training to finish", lambda: (train_node(urgent_version) or {}).get("phase") == "Succeeded",
                   timeout=600, every=1)
-            t_freed = time.monotonic()
             try:
                 resumed = _wait("the low-priority training to be admitted again", lambda: running("digits-mlp"),
                                 timeout=300, every=0.5)
             except AssertionError as e:
                 raise AssertionError(f"{e}\n{explain()}") from e
-            t_resumed = time.monotonic()
             assert resumed.metadata.name != low_pod.metadata.name
+            # the node's own times (one clock, whole seconds): the urgent training's container ended
+            # (Argo's finishedAt of the attempt: its containers' latest end), the GPU's quota free;
+            # the retried training's container started; the low one's Workload marked Preempted
+            urgent_items = q.workflows.get(namespace=PREEMPT_NS, label_selector=f"{MODEL_VERSION}={urgent_version}").to_dict()["items"]
+            freed_at = _parse_time(_attempts(urgent_items[0], "train")[-1]["finishedAt"])
+            resumed_at = next(c.state.running.started_at for c in resumed.status.container_statuses or []
+                              if c.name == "main" and c.state.running)
+            preempted_at = _parse_time(preempted["condition"]["lastTransitionTime"])
             done = _wait("the resumed training to finish", lambda: (train_node(low_version) or {}).get("phase") in (
                 "Succeeded", "Failed", "Error") and train_node(low_version), timeout=900, every=2)
             assert done["phase"] == "Succeeded", done
@@ -1062,11 +1080,13 @@ def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_ch
             items = q.workflows.get(namespace=PREEMPT_NS, label_selector=f"{MODEL_VERSION}={low_version}").to_dict()["items"]
             attempts = _attempts(items[0], "train")
             assert len(attempts) >= 2 and attempts[0]["phase"] in ("Failed", "Error"), attempts
-            print(f"\npreemption within a queue: urgent training running {t_urgent - t_apply:.1f} s after its apply "
-                  f"(low preempted {preempted['at'] - t_apply:.1f} s after: {preempted['condition'].get('message')}); "
-                  f"the low one admitted again {t_resumed - t_freed:.1f} s after the urgent one finished (quota free → "
-                  f"pod running), resumed from step {metrics['resumedFromStep']} of {LOW_STEPS}; first attempt "
-                  f"{attempts[0]['phase']}: {attempts[0].get('message')}; urgent pod {urgent_pod.metadata.name}")
+            print(f"\npreemption within a queue: low preempted {preempted['at'] - t_apply:.1f} s after the urgent one's "
+                  f"apply ({preempted['condition'].get('message')}), urgent training running {t_urgent - t_apply:.1f} s "
+                  f"after it; quota free → the low one's container running again: "
+                  f"{(resumed_at - freed_at).total_seconds():.0f} s; preempted → training again: "
+                  f"{(resumed_at - preempted_at).total_seconds():.0f} s (the urgent training in between), from step "
+                  f"{metrics['resumedFromStep']} of {LOW_STEPS}; first attempt {attempts[0]['phase']}: "
+                  f"{attempts[0].get('message')}; urgent pod {urgent_pod.metadata.name}")
             q.forgectl("down", "--env", "cluster", "--auto-approve")
     finally:
         q.api.close()
