@@ -703,24 +703,30 @@ def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack
 TRAINING_NS = "forge-training"  # a namespace of its own, managed by Kueue
 GPU = "nvidia.com/gpu"
 GPU_NODE_LABELS = {"forge.dev/test-gpu": "h100"}  # the pool's nodeSelector: its flavor's nodeLabels
-#: A pool of one fake GPU per node, whose jobs take at least two: the quick-start's model trained
-#: with DDP on two nodes — a PyTorchJob (Master + 1 Worker), gloo on the CPU.
-GPU_POOL = f"""\
+
+
+def gpu_pool(name: str, gpus: int, cohort: str | None = None) -> str:
+    """A queued pool of one fake GPU per node whose jobs take ``gpus`` of them, with ``gpus`` of
+    quota (in ``cohort``, if any)."""
+    return f"""\
 apiVersion: forge.dev/v1alpha1
 kind: Compute
-metadata: {{name: gpu-pool}}
+metadata: {{name: {name}}}
 spec:
   accelerator: {{type: nvidia-h100-80gb}}
   gpusPerNode: 1
-  minGpus: 2
-  maxGpus: 2
+  minGpus: {gpus}
+  maxGpus: {gpus}
   priority: high
   nodeSelector: {json.dumps(GPU_NODE_LABELS)}
   node: {{cpu: 400m, memory: 1536Mi}}
   queue:
-    cohort: forge-training-test
-    quota: {{gpus: 2}}
-"""
+""" + (f"    cohort: {cohort}\n" if cohort else "") + f"    quota: {{gpus: {gpus}}}\n"
+
+
+#: Jobs that take two nodes: the quick-start's model trained with DDP on two nodes — a PyTorchJob
+#: (Master + 1 Worker), gloo on the CPU.
+GPU_POOL = gpu_pool("gpu-pool", 2, cohort="forge-training-test")
 JOB_NAME = "training.kubeflow.org/job-name"  # the Training Operator's label on a job's pods
 
 
@@ -897,21 +903,7 @@ def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training
 
 PREEMPT_NS = "forge-preempt"  # a namespace of its own, managed by Kueue
 #: One fake GPU of quota: two trainings of this pool cannot run at once.
-ONE_GPU_POOL = f"""\
-apiVersion: forge.dev/v1alpha1
-kind: Compute
-metadata: {{name: gpu-one}}
-spec:
-  accelerator: {{type: nvidia-h100-80gb}}
-  gpusPerNode: 1
-  minGpus: 1
-  maxGpus: 1
-  priority: high
-  nodeSelector: {json.dumps(GPU_NODE_LABELS)}
-  node: {{cpu: 400m, memory: 1536Mi}}
-  queue:
-    quota: {{gpus: 1}}
-"""
+ONE_GPU_POOL = gpu_pool("gpu-one", 1)
 #: The low-priority training: wide enough and long enough (2,500 steps of 25–130 ms, a checkpoint
 #: every 50) to be running when the urgent one is submitted; the urgent one of the same pool long
 #: enough (1,500 steps) for Argo's retry of the preempted step (after its 10 s backoff) to find the
