@@ -29,6 +29,7 @@ from renderers.pods import SECURITY_CONTEXT, SHM_MOUNT, placement, scratch_volum
 from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.queues import queue_labels
 from renderers.scheduling import Schedule, schedule_resources
+from renderers.shards import FAN_OUT_TASK, FanOut, credentials_env, fan_out_steps, fan_out_templates
 from renderers.stepargs import decode_step_config, step_args
 from renderers.versions import model_version, step_key
 from specs import Environment, Model, SpecSet
@@ -42,12 +43,15 @@ from specs.stepconfig import (
     CompressConfig,
     EvaluateConfig,
     ExplainConfig,
+    JoinShardsConfig,
     PickBestConfig,
     PrepareConfig,
+    PrepareGroupConfig,
     RegisterConfig,
     SearchStudy,
     StudyTrial,
     TrainConfig,
+    shard_group_ids,
 )
 
 STEP_CACHE_CONFIGMAP = "forge-step-cache"
@@ -64,6 +68,8 @@ class Step:
     key: str
     depends: tuple[str, ...] = ()
     reason: str = ""
+    fan_out: FanOut | None = None
+    """A fan-out step (a sharded data set's groups): one memoized task per item."""
 
 
 @dataclass
@@ -80,6 +86,12 @@ class RenderedWorkflow:
 def image(env: Environment, runtime: str) -> str:
     """Image of a runtime (`forge-train`, `forge-compress`, `forge-serve`, `forge-serve-seldon`)."""
     return f"{env.spec.image_registry.rstrip('/')}/{runtime}:{env.spec.image_tag}"
+
+
+def groups_dir(dataset: str) -> str:
+    """Workspace folder of a sharded data set's prepared groups, one sub-folder per group identity
+    (shared by every version of the data set, so an unchanged group is prepared once)."""
+    return f"data/{dataset}/groups"
 
 
 def data_dir(specs: SpecSet, model: Model) -> str:
@@ -211,7 +223,21 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
         steps.append(step)
         return step
 
-    add("prepare-data", "prepare", PrepareConfig(dataset=dataset.name, spec=dataset.spec, output=data), train_image, ())
+    shards = dataset.spec.source.shards
+    if shards is None:
+        add("prepare-data", "prepare", PrepareConfig(dataset=dataset.name, spec=dataset.spec, output=data), train_image, ())
+    else:
+        # The groups fan out (renderers/shards.py); the join keeps the name every later step reads
+        # its data from, `prepare-data`.
+        group_cfg = _config_json(PrepareGroupConfig(dataset=dataset.name, spec=dataset.spec, output=groups_dir(dataset.name)))
+        items = tuple(shard_group_ids(dataset.spec))
+        key = step_key("prepare-group", {**group_cfg, "items": list(items)}, train_image, [])
+        group_cfg["cacheKey"] = key
+        steps.append(Step(FAN_OUT_TASK, "prepare-group", group_cfg, train_image, key,
+                          fan_out=FanOut(items, shards.parallelism)))
+        add("prepare-data", "join-shards", JoinShardsConfig(dataset=dataset.name, spec=dataset.spec,
+                                                            groups=groups_dir(dataset.name), output=data),
+            train_image, (FAN_OUT_TASK,))
     ds = deepspeed_config(model, schedule.gpus) if model.spec.distributed.strategy == "deepspeed" else None
     trials = search_trials(model)
     if trials:
@@ -379,9 +405,16 @@ def task_templates(workflow: Mapping[str, Any]) -> dict[str, tuple[dict[str, Any
 
 def workflow_steps(workflow: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Step name → {"key": memoize key, "config": step config} of a rendered Workflow: what the
-    renderer wrote, read back (the plan's reasons, the registry's lineage)."""
-    return {name: {"key": memoize.get("key", ""), "config": decode_step_config(run["container"])}
-            for name, (memoize, run) in task_templates(workflow).items() if memoize and "container" in run}
+    renderer wrote, read back (the plan's reasons, the registry's lineage). A fan-out's items are
+    steps of their own, named as Argo names their nodes (`group(0:<identity>)`)."""
+    templates = {t["name"]: t for t in workflow.get("spec", {}).get("templates", [])}
+    steps: dict[str, dict[str, Any]] = {}
+    for name, (memoize, run) in task_templates(workflow).items():
+        if memoize and "container" in run:
+            steps[name] = {"key": memoize.get("key", ""), "config": decode_step_config(run["container"])}
+        for node, key, pod in fan_out_steps(templates, run):  # a sharded data set's groups
+            steps[node] = {"key": key, "config": decode_step_config(pod.get("container") or {})}
+    return steps
 
 
 def _pytorchjob(step: Step, schedule: Schedule, model: Model, pod_spec: dict[str, Any], namespace: str, name: str,
@@ -441,6 +474,8 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             template["outputs"] = {"parameters": [{"name": "metrics", "valueFrom": {
                 "path": f"{DEFAULT_WORKSPACE}/{step.config['output']}/metrics.json", "default": "{}"}}]}
         container = _container(step, command, resources)
+        if step.kind in ("prepare-group", "join-shards"):
+            container["env"] = [*container["env"], *credentials_env(specs.dataset_of(model).spec)]
         multi_process = heavy and schedule.gpus_per_node > 1
         if multi_process:
             container["volumeMounts"] = [*container["volumeMounts"], SHM_MOUNT]
@@ -466,6 +501,11 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
                 template["volumes"] = [shm_volume(compute.spec.node.memory)]
             template["container"] = container
             apply_placement(template, step.kind, step.config)  # export/build-engine/benchmark only
+        if step.fan_out is not None:
+            container["args"] = [*container["args"], "--group", "{{inputs.parameters.group}}"]
+            templates += fan_out_templates(step.fan_out, template, namespace, step.image, STEP_CACHE_CONFIGMAP)
+            tasks.append({"name": step.name, "template": step.name})
+            continue
         templates += [memoized(step, template, namespace), template]
         task: dict[str, Any] = {"name": step.name, "template": memoized_name(step.name)}
         if step.depends:
@@ -474,6 +514,14 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
 
     search = model.spec.search
     dag: dict[str, Any] = {"tasks": tasks}
+    parallelism = search.parallelism if search else 2
+    pipeline: dict[str, Any] = {"name": "pipeline", "dag": dag}
+    fan_out = max((s.fan_out.parallelism for s in steps if s.fan_out is not None), default=0)
+    if fan_out > parallelism:
+        # The Workflow's `parallelism` counts pods: raised for the groups, while the pipeline's own
+        # keeps its other tasks (trials, variants) to what they ran at before.
+        pipeline["parallelism"] = parallelism
+        parallelism = fan_out
     on_exit = {
         "name": "record-outcome",
         "container": secured({
@@ -497,13 +545,13 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
         "spec": {
             "entrypoint": "pipeline",
             "onExit": "record-outcome",
-            "parallelism": search.parallelism if search else 2,
+            "parallelism": parallelism,
             "podGC": {"strategy": "OnWorkflowSuccess"},
             # Every pod of the Workflow (Argo gives a pod the Workflow's volumes its containers mount).
             "securityContext": SECURITY_CONTEXT,
             "ttlStrategy": {"secondsAfterSuccess": 604800},
             "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}}, *scratch_volumes()],
-            "templates": [{"name": "pipeline", "dag": dag}, *templates, on_exit],
+            "templates": [pipeline, *templates, on_exit],
         },
     }
     if env.spec.target == "kubernetes":

@@ -9,6 +9,8 @@ from runtimes import STEPS
 
 _MODULES = {
     "prepare": "runtimes.prepare",
+    "prepare-group": "runtimes.shard_steps:run_prepare_group",
+    "join-shards": "runtimes.shard_steps:run_join",
     "train": "runtimes.train",
     "pick-best": "runtimes.pick_best",
     "evaluate": "runtimes.evaluate",
@@ -33,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: unknown step {argv[0]!r}; expected one of {', '.join(STEPS)}", file=sys.stderr)
         print(f"usage: python -m runtimes {{{','.join(STEPS)}}} --config FILE | --config-json TEXT", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(_MODULES[argv[0]])
-    return module.run(argv[1:])
+    module, _, function = _MODULES[argv[0]].partition(":")
+    return int(getattr(importlib.import_module(module), function or "run")(argv[1:]))
 
 
 if __name__ == "__main__":

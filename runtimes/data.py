@@ -327,9 +327,20 @@ class Prepared:
         return self.splits[name]
 
 
+def is_sharded(folder: Path) -> bool:
+    """Whether a prepared folder is a sharded data set's (its splits stay in the groups' files)."""
+    return "sharded" in read_json(folder / "meta.json")
+
+
 def load_prepared(folder: Path, names: tuple[str, ...] = ("train", "validation", "test")) -> Prepared:
+    """The named splits in memory. A sharded data set's are read from its groups' files
+    (runtimes/shard_stream.py); training streams its train split instead of calling this."""
     meta = read_json(folder / "meta.json")
     splits: dict[str, dict[str, np.ndarray]] = {}
+    if "sharded" in meta:
+        from runtimes.shard_stream import read_split
+
+        return Prepared(meta=meta, splits={name: read_split(folder, meta, name) for name in names})
     for name in names:
         path = folder / f"{name}.npz"
         if not path.exists():

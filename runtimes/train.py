@@ -313,9 +313,13 @@ class _Data:
     arch: dict[str, Any]
     ctx: int | None  # context length (language models), else None
     task: str
-    x: Any
+    x: Any  # a sharded data set's: its first rows only (the final training metrics)
     y: Any
-    batches: _BatchSource
+    batches: _BatchSource | None
+    samples: int
+    stream: Any = None
+    """A sharded data set's train split (runtimes.shard_stream.ShardStream), streamed, never whole in memory."""
+    loader_workers: int = 0
 
 
 @dataclass
@@ -389,7 +393,7 @@ class Trainer:
     def __init__(self, config: TrainConfig):
         import torch
 
-        from runtimes.data import load_prepared
+        from runtimes.data import is_sharded, load_prepared
 
         self.config = config
         self.trial: TrialRun | None = None
@@ -402,7 +406,9 @@ class Trainer:
         self.hp = effective_hyperparameters(config, self.trial.params if self.trial else None)
         self.strategy = config.spec.distributed.strategy
         self.out = in_workspace(config.output)
-        self.data = load_prepared(in_workspace(config.data), ("train", "validation"))
+        # A sharded data set's train split is streamed (_training_data); only its validation split is loaded.
+        self.sharded = is_sharded(in_workspace(config.data))
+        self.data = load_prepared(in_workspace(config.data), ("validation",) if self.sharded else ("train", "validation"))
         self.meta = self.data.meta
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cpu")
@@ -459,10 +465,37 @@ class Trainer:
 
         arch = resolve_architecture(self.config.spec.architecture)
         ctx = arch.get("contextLength")
+        if self.sharded:
+            return self._streamed_data(arch)
         x, y = split_tensors(self.data.split("train"), self.meta, ctx)
         if len(x) == 0:
             raise StepFailed("the training split is empty")
-        return _Data(arch, ctx, self.meta["task"], x, y, _BatchSource(x, y, self.device))
+        return _Data(arch, ctx, self.meta["task"], x, y, _BatchSource(x, y, self.device), len(x))
+
+    def _streamed_data(self, arch: dict[str, Any]) -> _Data:
+        """A sharded data set's train split as this rank's stream. Under DDP every rank takes the
+        same number of rows (``even``), so that every rank takes the same number of steps."""
+        from runtimes.shard_stream import ShardStream
+
+        if self.config.spec.privacy is not None:
+            raise StepFailed("DP-SGD samples batches from the whole training set in memory; it is not supported on a sharded data set")
+        stream = ShardStream(in_workspace(self.config.data), self.meta, batch_rows=self.hp.batch_size, rank=self.rank,
+                             world=self.world, even=self.world > 1, seed=self.hp.seed)
+        x, y = stream.sample(4096)
+        workers = int(self.meta["sharded"].get("loaderWorkers", 0))
+        return _Data(arch, None, self.meta["task"], x, y, None, stream.total, stream, workers)
+
+    def _stream_batches(self, data: _Data, epoch: int, first: int) -> Any:
+        """This rank's batches of one epoch from its DataLoader (each worker streams its own rows),
+        from the ``first``-th on (a resumed epoch replays the same order and skips what it did)."""
+        from torch.utils.data import DataLoader
+
+        data.stream.set_epoch(epoch)
+        loader = DataLoader(data.stream, batch_size=None, num_workers=data.loader_workers,
+                            pin_memory=self.cuda, persistent_workers=False)
+        for i, (xb, yb) in enumerate(loader):
+            if i >= first:
+                yield xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
 
     def _build(self, data: _Data) -> _Parts:
         """The fresh model on its device, its loss, optimizer and learning-rate schedule, and the
@@ -489,9 +522,9 @@ class Trainer:
         criterion = loss_fn(data.task)
         if self.rank == 0:
             log.info("training %s v%s: %s, %d parameters, %d samples, strategy %s, precision %s, world %d",
-                     self.config.model, self.config.version, data.arch["type"], params, len(data.x), self.strategy,
+                     self.config.model, self.config.version, data.arch["type"], params, data.samples, self.strategy,
                      spec.precision, self.world)
-        micro_per_epoch, total = self._budget(len(data.x))
+        micro_per_epoch, total = self._budget(data)
         optimizer = self._optimizer(model)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(self.hp, total))
         ckpt_dir = self.out / "checkpoints"
@@ -499,12 +532,16 @@ class Trainer:
             ckpt_dir.mkdir(parents=True, exist_ok=True)
         return _Parts(model, criterion, optimizer, scheduler, micro_per_epoch, total, ckpt_dir)
 
-    def _budget(self, samples: int) -> tuple[int, int]:
+    def _budget(self, data: _Data) -> tuple[int, int]:
         """(micro-batches per epoch on this rank, optimizer steps of the run): the epochs' steps,
-        cut at ``maxSteps``."""
+        cut at ``maxSteps``. A stream's batches are counted as its loader's workers yield them."""
         hp = self.hp
-        local = math.ceil(samples / self.world)
-        micro_per_epoch = math.ceil(local / hp.batch_size)
+        if data.stream is not None:
+            from runtimes.shard_stream import batches_per_rank
+
+            micro_per_epoch = batches_per_rank(data.samples, self.world, data.loader_workers, hp.batch_size, data.stream.even)
+        else:
+            micro_per_epoch = math.ceil(math.ceil(data.samples / self.world) / hp.batch_size)
         steps_per_epoch = math.ceil(micro_per_epoch / hp.gradient_accumulation_steps)
         total = hp.epochs * steps_per_epoch
         if hp.max_steps is not None:
@@ -609,16 +646,24 @@ class Trainer:
         import torch
 
         hp, state, meter = self.hp, progress.state, progress.meter
-        gen = torch.Generator().manual_seed(hp.seed * 100_003 + epoch)
-        perm = data.batches.order(torch.randperm(len(data.x), generator=gen)[self.rank :: self.world])
         first = state["micro"] if epoch == state["epoch"] else 0
+        if data.batches is not None:
+            gen = torch.Generator().manual_seed(hp.seed * 100_003 + epoch)
+            perm = data.batches.order(torch.randperm(len(data.x), generator=gen)[self.rank :: self.world])
+        else:
+            stream = self._stream_batches(data, epoch, first)
         running, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for i in range(first, parts.micro_per_epoch):
-            idx = perm[i * hp.batch_size : (i + 1) * hp.batch_size]
-            if len(idx) == 0:
-                continue
-            meter.begin()
-            xb, yb = data.batches.get(idx)
+            if data.batches is not None:
+                idx = perm[i * hp.batch_size : (i + 1) * hp.batch_size]
+                if len(idx) == 0:
+                    continue
+                meter.begin()
+                xb, yb = data.batches.get(idx)
+            else:
+                meter.begin()
+                xb, yb = next(stream)
+                idx = yb
             if w.input_dtype is not None and xb.is_floating_point():
                 xb = xb.to(w.input_dtype)
             last = i == parts.micro_per_epoch - 1

@@ -304,3 +304,11 @@ class Threshold(SpecModel):
 Precision = Literal["fp32", "fp16", "bf16"]
 #: A pool's (or a Model's training's) priority: the PriorityClass and Kueue priority it runs at.
 Priority = Literal["high", "medium", "low"]
+
+
+def omit_default(data: Any, key: str, default: Any) -> Any:
+    """Leave a field added after v1alpha1 shipped out of a dump while it holds its default, so
+    specs that do not use it keep their rendered configs, step keys and model versions."""
+    if isinstance(data, dict) and key in data and data[key] == default:
+        del data[key]
+    return data

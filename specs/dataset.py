@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from specs.base import MAX_SEED, Digest, ImportRef, Name, SpecModel, check_relative_path
+from specs.base import MAX_SEED, Digest, ImportRef, Name, SpecModel, check_relative_path, omit_default
+from specs.shards import root_digest
 
 DataFormat = Literal["sklearn", "csv", "parquet", "npz", "text"]
 SKLEARN_DATASETS = ("digits", "iris", "wine", "breast_cancer", "diabetes")
@@ -15,6 +17,58 @@ MAX_CLEANING_STEPS = 64
 MAX_COLUMNS = 10_000
 MAX_CLASSES = 100_000
 Column = Annotated[str, Field(min_length=1, max_length=256)]
+#: Shards a sharded source may pin (docs/security.md): the list is part of the spec.
+MAX_SHARDS = 100_000
+GLOB_CHARS = "*?["
+
+
+class ShardFile(SpecModel):
+    """One pinned shard: its file name in the source's folder and its digest."""
+
+    name: str = Field(min_length=1, max_length=255, pattern=r"^[^/\\{}$*?\[\]]+$",
+                      description="File name in the folder the source's glob names (no `/`).")
+    digest: Digest = Field(description="sha256 of the file's bytes (`sha256sum`).")
+
+
+class Shards(SpecModel):
+    """A sharded Parquet source: the shards pinned in order, prepared in groups by a fan-out of
+    parallel steps, each group memoized by its own digest.
+
+    Why the shards are listed here rather than found at run time: the plan is made from the specs
+    alone (nothing in the data is listed or read), and it must say which groups a change re-prepares;
+    the list is what makes the fan-out's width and each group's cache key known before anything
+    runs. `runtimes.shards.file_digest` and `tree` compute the digests and the root
+    (examples/sharded/make_shards.py prints the whole block)."""
+
+    group_size: int = Field(ge=1, le=10_000, description="Consecutive shards prepared by one step of the fan-out.")
+    parallelism: int = Field(default=4, ge=1, le=1024, description="Groups prepared at the same time.")
+    credentials_secret: Name | None = Field(
+        default=None, description="`s3://` only: the Kubernetes Secret holding `AWS_ACCESS_KEY_ID` and "
+        "`AWS_SECRET_ACCESS_KEY` (the local target reads them from its own environment). Credentials never "
+        "come from a spec.",
+    )
+    loader_workers: int = Field(
+        default=0, ge=0, le=64, description="DataLoader worker processes streaming the training shards on each "
+        "rank (0: read in the training process).",
+    )
+    files: list[ShardFile] = Field(min_length=1, max_length=MAX_SHARDS,
+                                   description=f"The shards in order (at most {MAX_SHARDS:,}).")
+
+    @model_validator(mode="after")
+    def _unique(self) -> Shards:
+        names = [f.name for f in self.files]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"shard {dup!r} is listed twice")
+        return self
+
+    @property
+    def digests(self) -> list[str]:
+        return [f.digest for f in self.files]
+
+    @property
+    def groups(self) -> int:
+        return -(-len(self.files) // self.group_size)
 
 
 class Source(SpecModel):
@@ -29,6 +83,21 @@ class Source(SpecModel):
         examples=["sklearn://digits", "file://data/reviews.parquet"],
     )
     format: DataFormat = Field(description="How the bytes are read.")
+    shards: Shards | None = Field(
+        default=None, description="A sharded Parquet source: `uri` names the shards with a glob "
+        "(`file://data/events/*.parquet`, `pvc://claim/events/*.parquet`, `s3://bucket/events/*.parquet`).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_default(handler(self), "shards", None)  # unset, the Dataset's digest stays as it was
+
+    @property
+    def folder_and_glob(self) -> tuple[str, str]:
+        """(the folder part of the URI without its scheme, the last segment), e.g. ("data/events", "*.parquet")."""
+        rest = self.uri.partition("://")[2]
+        folder, _, glob = rest.rpartition("/")
+        return folder, glob
 
     @property
     def local_path(self) -> str | None:
@@ -52,6 +121,32 @@ class Source(SpecModel):
                 )
             if self.format != "sklearn":
                 raise ValueError("a `sklearn://` source needs `format: sklearn`")
+        return self
+
+    @model_validator(mode="after")
+    def _sharded(self) -> Source:
+        scheme = self.uri.partition("://")[0]
+        folder, glob = self.folder_and_glob
+        has_glob = any(c in self.uri for c in GLOB_CHARS)
+        if self.shards is None:
+            if has_glob:
+                raise ValueError("a glob in `uri` needs `shards` (the pinned shard list)")
+            return self
+        if scheme not in ("file", "pvc", "s3"):
+            raise ValueError(f"`shards` needs a `file://`, `pvc://` or `s3://` source, not {scheme}://")
+        if self.format != "parquet":
+            raise ValueError("`shards` needs `format: parquet`")
+        if not folder or not any(c in glob for c in GLOB_CHARS) or any(c in folder for c in GLOB_CHARS):
+            raise ValueError("with `shards`, `uri` names the shards with a glob in its last segment only, "
+                             "e.g. `file://data/events/*.parquet`")
+        if scheme == "s3" and self.shards.credentials_secret is None:
+            raise ValueError("an `s3://` source needs `shards.credentialsSecret`: the Secret holding "
+                             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (credentials never come from a spec)")
+        if scheme != "s3" and self.shards.credentials_secret is not None:
+            raise ValueError("`shards.credentialsSecret` is for an `s3://` source only")
+        unmatched = [f.name for f in self.shards.files if not fnmatch.fnmatchcase(f.name, glob)]
+        if unmatched:
+            raise ValueError(f"shard {unmatched[0]!r} does not match the glob {glob!r} of `uri`")
         return self
 
 
@@ -159,10 +254,7 @@ class Labeling(SpecModel):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        if isinstance(data, dict) and data.get("auto") is None:
-            data.pop("auto", None)  # unset, the Dataset's digest-bearing dump stays as it was
-        return data
+        return omit_default(handler(self), "auto", None)  # unset, the Dataset's digest stays as it was
 
     @model_validator(mode="after")
     def _one_source(self) -> Labeling:
@@ -197,4 +289,22 @@ class DatasetSpec(SpecModel):
     def _tabular_label(self) -> DatasetSpec:
         if self.source.format in ("csv", "parquet") and not (self.labeling.column or self.labeling.function):
             raise ValueError("a CSV or Parquet data set needs `labeling.column` or `labeling.function`")
+        return self
+
+    @model_validator(mode="after")
+    def _sharded(self) -> DatasetSpec:
+        shards = self.source.shards
+        if shards is None:
+            return self
+        if not self.labeling.column:
+            raise ValueError("a sharded data set needs `labeling.column` (each batch is labelled as it streams)")
+        if self.labeling.auto is not None:
+            raise ValueError("`labeling.auto` is not supported on a sharded data set")
+        other = sorted({s.op for s in self.cleaning if not isinstance(s, Clip)})
+        if other:
+            raise ValueError(f"a sharded data set streams its rows and applies `clip` only; not {', '.join(other)}")
+        root = root_digest(shards.digests, shards.group_size)
+        if self.digest != root:
+            raise ValueError(f"`digest` must be the root of the pinned shards' tree, {root} "
+                             "(runtimes.shards.tree of the listed digests)")
         return self

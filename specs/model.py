@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from specs.base import MAX_SEED, ImportRef, Name, Precision, Priority, SpecModel, Threshold
+from specs.base import MAX_SEED, ImportRef, Name, Precision, Priority, SpecModel, Threshold, omit_default
 
 #: Limits on counts a Model spec derives work from (docs/security.md lists them all).
 MAX_LAYERS = 64
@@ -26,14 +26,6 @@ MAX_STEPS = 1_000_000_000
 MAX_PARAMETERS = 10**14
 MAX_DATA_PARALLEL = 4096
 MAX_SEGMENTS = 1024
-
-
-def _omit_default(data: Any, key: str, default: Any) -> Any:
-    """Leave a field added after v1alpha1 shipped out of a dump while it holds its default, so
-    specs that do not use it keep their rendered configs, step keys and model versions."""
-    if isinstance(data, dict) and key in data and data[key] == default:
-        del data[key]
-    return data
 
 
 class MLP(SpecModel):
@@ -83,7 +75,7 @@ class GPT(SpecModel):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _omit_default(handler(self), "attention", "fused")
+        return omit_default(handler(self), "attention", "fused")
 
 
 class CustomArchitecture(SpecModel):
@@ -228,8 +220,8 @@ class Search(SpecModel):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = _omit_default(handler(self), "earlyStopping", "none")
-        return _omit_default(data, "early_stopping", "none")
+        data = omit_default(handler(self), "earlyStopping", "none")
+        return omit_default(data, "early_stopping", "none")
 
     @property
     def uses_study(self) -> bool:
@@ -327,7 +319,7 @@ class Evaluation(SpecModel):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _omit_default(handler(self), "robustness", None)
+        return omit_default(handler(self), "robustness", None)
 
     @model_validator(mode="after")
     def _unique(self) -> Evaluation:
@@ -430,10 +422,10 @@ class ModelSpec(SpecModel):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = _omit_default(_omit_default(handler(self), "compile", False), "deterministic", False)
-        data = _omit_default(_omit_default(data, "faultInjection", None), "fault_injection", None)
-        data = _omit_default(data, "priority", None)
-        return _omit_default(_omit_default(data, "privacy", None), "explanations", None)
+        data = omit_default(omit_default(handler(self), "compile", False), "deterministic", False)
+        data = omit_default(omit_default(data, "faultInjection", None), "fault_injection", None)
+        data = omit_default(data, "priority", None)
+        return omit_default(omit_default(data, "privacy", None), "explanations", None)
 
     #: Fields that place the training, not shape what it produces: out of the model's version,
     #: its step keys and its search's seeds.

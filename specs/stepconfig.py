@@ -19,6 +19,7 @@ from specs.compression import Benchmark, HardwareTarget, OnnxInt8, TensorRT, Var
 from specs.dataset import DatasetSpec
 from specs.endpoint import Batching, FaultInjection, ServingBackend
 from specs.model import Explanations, ModelSpec, ModelThreshold, Robustness, Search
+from specs.shards import group_digests, group_identity
 
 WORKSPACE_ENV = "FORGE_WORKSPACE"
 DEFAULT_WORKSPACE = "/forge/workspace"
@@ -47,6 +48,44 @@ class PrepareConfig(StepConfig):
     spec: DatasetSpec = Field(description="The Dataset spec.")
     output: str = Field(description="Folder to write the splits and `meta.json` into.")
     verify_digest: bool = Field(default=True, description="Fail when the data's digest differs from the spec.")
+
+
+def shard_settings(spec: DatasetSpec) -> dict[str, Any]:
+    """What a prepared group depends on besides its shards: label, features, clips, splits."""
+    return {"label": spec.labeling.column, "features": list(spec.features),
+            "clip": [c.model_dump(mode="json", by_alias=True) for c in spec.cleaning],
+            "splits": spec.splits.model_dump(mode="json", by_alias=True)}
+
+
+def shard_group_ids(spec: DatasetSpec) -> list[str]:
+    """Each group's identity (its folder name under the groups folder, and its fan-out item), in order."""
+    shards = spec.source.shards
+    assert shards is not None
+    settings = shard_settings(spec)
+    return [group_identity(d, i * shards.group_size, settings)
+            for i, d in enumerate(group_digests(shards.digests, shards.group_size))]
+
+
+class PrepareGroupConfig(StepConfig):
+    """Stream one group of a sharded Dataset's shards (`--group ID`, the fan-out item) into
+    `groups/<ID>/{train,validation,test}/<shard>.parquet` and `groups/<ID>/group.json`."""
+
+    step: Literal["prepare-group"] = "prepare-group"
+    dataset: Name = Field(description="Dataset name.")
+    spec: DatasetSpec = Field(description="The Dataset spec (with `source.shards`).")
+    output: str = Field(description="Folder of the prepared groups, one sub-folder per group identity.")
+    batch_rows: int = Field(default=16_384, ge=1, le=1 << 24, description="Rows read at a time (bounds the memory).")
+
+
+class JoinShardsConfig(StepConfig):
+    """Join a sharded Dataset's prepared groups: check every group and the root digest, check that
+    the source holds exactly the pinned shards, write `manifest.json` and `meta.json`."""
+
+    step: Literal["join-shards"] = "join-shards"
+    dataset: Name = Field(description="Dataset name.")
+    spec: DatasetSpec = Field(description="The Dataset spec (with `source.shards`).")
+    groups: str = Field(description="Folder of the prepared groups (the fan-out's `output`).")
+    output: str = Field(description="Folder for `manifest.json`, `meta.json` and `metrics.json`.")
 
 
 class AutoLabelConfig(StepConfig):
@@ -308,5 +347,5 @@ class ServeConfig(SpecModel):
         return data
 
 
-AnyStepConfig = (PrepareConfig | TrainConfig | PickBestConfig | EvaluateConfig | ExplainConfig | CompressConfig
+AnyStepConfig = (PrepareConfig | PrepareGroupConfig | JoinShardsConfig | TrainConfig | PickBestConfig | EvaluateConfig | ExplainConfig | CompressConfig
                  | ExportConfig | EngineConfig | BenchmarkConfig | RegisterConfig)

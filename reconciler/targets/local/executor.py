@@ -4,6 +4,12 @@ respecting dependencies, `parallelism`, `retryStrategy`, the step cache (`memoiz
 task's one-task DAG around the retried template: renderers.workflow.memoized) and the `onExit`
 handler.
 
+Fan-outs run as Argo runs them: a task with `withItems`, `withSequence` or `withParam` becomes one
+task per item, named and substituted as Argo's controller does (reconciler.targets.local.fanout),
+whose dependents wait for them all; a task whose template is a DAG of its own runs that DAG, at
+most its template's `parallelism` children at a time. The Workflow's `parallelism` bounds the
+step processes running at once (Argo: the Workflow's pods), with the target's own limit.
+
 What `depends` and `retryStrategy` mean is decided by Argo's own code (`reconciler.targets.local.upstream`:
 its expression evaluator over the scope its controller builds), never by reading the expression
 here: a task starts when its dependencies are done and Argo says its `depends` holds; a failed
@@ -27,11 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconciler.targets.local import upstream
+from reconciler.targets.local import fanout, upstream
 from reconciler.targets.local.processes import ProcessRecord, alive, die_with_parent, start_ticks, stop
 from reconciler.targets.local.state import StateDB
 from renderers.stepargs import decode_step_config
-from renderers.workflow import task_templates
 from specs.stepconfig import WORKSPACE_ENV
 
 MAX_LOCAL_BACKOFF = 5.0
@@ -53,6 +58,12 @@ class Task:
     """The task's `depends` as rendered (judged by Argo's evaluator)."""
     memoize: dict[str, Any] = field(default_factory=dict)
     """The step cache of its task template."""
+    children: list[Task] | None = None
+    """A DAG template's own tasks (the task runs that DAG), else None."""
+    limit: int | None = None
+    """That DAG template's `parallelism`: children running at once."""
+    group: str = ""
+    """The fan-out task it was expanded from (its dependents wait for the whole group)."""
 
     @property
     def key(self) -> str | None:
@@ -64,6 +75,18 @@ class Task:
 
 
 @dataclass
+class _Run:
+    """One run of a Workflow: every task's status (fan-out items and nested tasks included), the
+    first failure, and the bound on step processes running at once."""
+
+    workflow: str
+    pods: threading.BoundedSemaphore
+    status: dict[str, str] = field(default_factory=dict)
+    failure: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
 class Outcome:
     """How a workflow run ended."""
 
@@ -72,20 +95,45 @@ class Outcome:
     steps: dict[str, str] = field(default_factory=dict)
 
 
-def parse_tasks(workflow: dict[str, Any]) -> list[Task]:
-    """The DAG's tasks in order, with their dependencies, step cache and templates."""
-    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
-    dag = templates[workflow["spec"]["entrypoint"]].get("dag", {}).get("tasks", [])
+def _instance(templates: dict[str, dict[str, Any]], task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(its `memoize`, the template that runs it) of a task, with the inputs it passes substituted:
+    through a `memoized(...)` wrapper (a one-task DAG carrying the cache), or one template."""
+    template = templates.get(task["template"], {})
+    values = fanout.inputs(template, task.get("arguments") or {})
+    memoize = fanout.substitute(template.get("memoize") or {}, values)
+    inner = (template.get("dag") or {}).get("tasks", [])
+    if len(inner) == 1 and "memoize" in template:
+        inner_task = fanout.substitute(inner[0], values)
+        run = templates.get(inner_task["template"], {})
+        return memoize, fanout.substitute(run, fanout.inputs(run, inner_task.get("arguments") or {}))
+    return memoize, fanout.substitute(template, values)
+
+
+def _parse_dag(templates: dict[str, dict[str, Any]], dag: list[dict[str, Any]]) -> list[Task]:
     names = [t["name"] for t in dag]
-    runs = task_templates(workflow)
     tasks = []
     for task in dag:
         expression = task.get("depends", "")
         # which tasks it waits for: every task named in the expression (Argo waits for each)
         depends = [n for n in names if re.search(rf"(?<![A-Za-z0-9_-]){re.escape(n)}(?![A-Za-z0-9_-])", expression)]
-        memoize, run = runs[task["name"]]
-        tasks.append(Task(task["name"], depends, run, expression, memoize))
+        expanded = fanout.expand(task)
+        for one in expanded if expanded is not None else [task]:
+            memoize, run = _instance(templates, one)
+            children = None
+            if "dag" in run and not memoize:  # a DAG template of its own
+                children = _parse_dag(templates, run["dag"].get("tasks", []))
+            limit = int(run["parallelism"]) if children is not None and run.get("parallelism") else None
+            tasks.append(Task(one["name"], depends, run, expression, memoize, children, limit,
+                              task["name"] if expanded is not None else ""))
     return tasks
+
+
+def parse_tasks(workflow: dict[str, Any]) -> list[Task]:
+    """The entrypoint DAG's tasks in order (fan-outs expanded), with their dependencies, step cache
+    and templates; a task that runs a DAG template of its own carries that DAG's tasks."""
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    dag = templates[workflow["spec"]["entrypoint"]].get("dag", {}).get("tasks", [])
+    return _parse_dag(templates, dag)
 
 
 class WorkflowExecutor:
@@ -114,6 +162,10 @@ class WorkflowExecutor:
     def _env(self, container: dict[str, Any]) -> dict[str, str]:
         env = dict(os.environ)
         for item in container.get("env") or []:
+            if "valueFrom" in item:
+                # A Secret's key in a cluster (S3 credentials): the local target runs steps with
+                # forgectl's own environment, which holds them (or not) already.
+                continue
             env[item["name"]] = str(item.get("value", ""))
         env[WORKSPACE_ENV] = str(self.workspace)
         env["FORGE_SOURCE_ROOT"] = str(self.repo_root)
@@ -214,15 +266,37 @@ class WorkflowExecutor:
         tasks = parse_tasks(workflow)
         self._reap_leftovers(name)
         self.db.start_workflow_run(name, time.time())
-        parallel = max(1, min(int(workflow["spec"].get("parallelism") or 1), self.max_parallel))
-        status: dict[str, str] = {}
-        failure = ""
-        lock = threading.Lock()
+        entry = next(t for t in workflow["spec"]["templates"] if t["name"] == workflow["spec"]["entrypoint"])
+        run = _Run(name, threading.BoundedSemaphore(max(1, min(int(workflow["spec"].get("parallelism") or 1), self.max_parallel))))
         self.progress({"event": "workflow", "workflow": name, "steps": [t.name for t in tasks]})
+        self._run_dag(run, tasks, int(entry["parallelism"]) if entry.get("parallelism") else None)
+        status = run.status
+        phase = "Succeeded" if all(status.get(t.name) in ("succeeded", "cached", "omitted") for t in tasks) else "Failed"
+        message = run.failure if phase == "Failed" else f"{sum(s == 'cached' for s in status.values())} cached, {sum(s == 'succeeded' for s in status.values())} ran"
+        self._on_exit(workflow, phase, run.failure)
+        self.db.finish_workflow_run(name, phase, time.time(), message)
+        return Outcome(phase, message, status)
+
+    def _run_dag(self, run: _Run, tasks: list[Task], limit: int | None) -> None:
+        """Run one DAG's tasks as their dependencies allow, at most ``limit`` at a time (its
+        template's `parallelism`; step processes are bounded by the run's semaphore)."""
+        name, status, lock = run.workflow, run.status, run.lock
+        groups: dict[str, list[str]] = {}
+        for t in tasks:
+            if t.group:
+                groups.setdefault(t.group, []).append(t.name)
 
         def work(task: Task) -> None:
-            nonlocal failure
-            code, last = self._run_task(name, task)
+            if task.children is not None:
+                self._set_step(name, task.name, status="running", attempts=1, started=time.time())
+                self._run_dag(run, task.children, task.limit)
+                ok = all(status.get(c.name) in ("succeeded", "cached", "omitted") for c in task.children)
+                finish(task, *((0, "") if ok else (1, run.failure)))
+            else:
+                with run.pods:  # held until the step's end is recorded: the next one starts after it
+                    finish(task, *self._run_task(name, task))
+
+        def finish(task: Task, code: int, last: str) -> None:
             with lock:
                 if code == 0:
                     status[task.name] = "succeeded"
@@ -230,24 +304,34 @@ class WorkflowExecutor:
                         self.db.cache_step(task.key, task.name, name, task.output, time.time())
                 else:
                     status[task.name] = "failed"
-                    failure = failure or f"step {task.name} failed (exit {code}): {last}"
+                    run.failure = run.failure or f"step {task.name} failed (exit {code}): {last}"
             self._set_step(name, task.name, status=status[task.name], finished=time.time(), exit_code=code, message=last)
             self.progress({"event": "step", "workflow": name, "task": task.name, "status": status[task.name], "exit": code, "message": last})
 
         verdicts: dict[str, bool] = {}
 
+        def result(dep: str) -> upstream.TaskResult:
+            """What Argo's `depends` sees of a dependency: its phase, or a fan-out's group with its children's."""
+            if dep not in groups:
+                return ARGO_PHASE[status[dep]]
+            children = [ARGO_PHASE[status[c]] for c in groups[dep]]
+            failed = next((c for c in children if c in ("Failed", "Error")), None)
+            return {"phase": failed or "Succeeded", "children": children}
+
+        def done(dep: str) -> bool:
+            return all(c in status for c in groups.get(dep, [dep]))
+
         def ready(task: Task) -> bool:
             """Its dependencies are done and Argo's evaluation of its `depends` holds (asked once;
             a task whose `depends` is false is omitted, as Argo omits it)."""
-            nonlocal failure
-            if task.name in status or not all(d in status for d in task.depends):
+            if task.name in status or not all(done(d) for d in task.depends):
                 return False
             if task.name not in verdicts:
                 try:
                     verdicts[task.name] = not task.expression or upstream.argo_eval_depends(
-                        task.expression, {d: ARGO_PHASE[status[d]] for d in task.depends})
+                        task.expression, {d: result(d) for d in task.depends})
                 except upstream.UpstreamError as exc:
-                    status[task.name], failure = "failed", failure or f"step {task.name}: {exc}"
+                    status[task.name], run.failure = "failed", run.failure or f"step {task.name}: {exc}"
                     return False
                 if not verdicts[task.name]:
                     status[task.name] = "omitted"
@@ -265,7 +349,7 @@ class WorkflowExecutor:
                         status[task.name] = "cached"
                     self._set_step(name, task.name, status="cached", cached=1, finished=time.time(), exit_code=0)
                     self.progress({"event": "step", "workflow": name, "task": task.name, "status": "cached"})
-                elif len(running) < parallel:
+                elif limit is None or len(running) < limit:
                     thread = threading.Thread(target=work, args=(task,), daemon=True)
                     running[task.name] = thread
                     self.progress({"event": "step", "workflow": name, "task": task.name, "status": "running"})
@@ -276,11 +360,6 @@ class WorkflowExecutor:
             if idle:
                 break
             time.sleep(0.05)
-        phase = "Succeeded" if all(status.get(t.name) in ("succeeded", "cached", "omitted") for t in tasks) else "Failed"
-        message = failure if phase == "Failed" else f"{sum(s == 'cached' for s in status.values())} cached, {sum(s == 'succeeded' for s in status.values())} ran"
-        self._on_exit(workflow, phase, failure)
-        self.db.finish_workflow_run(name, phase, time.time(), message)
-        return Outcome(phase, message, status)
 
     def _on_exit(self, workflow: dict[str, Any], phase: str, failure: str) -> None:
         handler = workflow["spec"].get("onExit")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,6 +55,9 @@ class StateDB:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+        # One connection, shared by the executor's step threads: a transaction at a time (a second
+        # BEGIN on the connection while one is open fails, and the step's record would stay behind).
+        self._tx_lock = threading.RLock()
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
@@ -66,14 +70,15 @@ class StateDB:
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
+        """A write transaction (one at a time on this connection, whichever thread asks)."""
+        with self._tx_lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
 
     # -- objects ----------------------------------------------------------------------------
     def objects(self) -> list[dict[str, Any]]:
