@@ -15,6 +15,7 @@ from reconciler.specdiff import spec_changes
 from renderers.hardware import export_reasons
 from renderers.labels import KIND, MODEL_VERSION, NAME, ROLE
 from renderers.workflow import search_reasons, workflow_steps
+from specs.shards import changed_groups, group_digests
 
 
 def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
@@ -58,7 +59,9 @@ def _workflow_reasons(change: Change, changes: Iterable[Change],
     old_digest = old_prep.get("spec", {}).get("digest")
     new_digest = new_prep.get("spec", {}).get("digest")
     if old_digest and new_digest and old_digest != new_digest:
-        reasons.append(f"dataset `{new_prep.get('dataset')}` digest changed {old_digest[:19]}… → {new_digest[:19]}… → retrain model `{model}`")
+        shards = _shard_delta(old_prep.get("spec", {}), new_prep.get("spec", {}))
+        reasons.append(f"dataset `{new_prep.get('dataset')}` digest changed {old_digest[:19]}… → {new_digest[:19]}…"
+                       + (f" ({shards})" if shards else "") + f" → retrain model `{model}`")
     old_train: dict[str, Any] = next((s["config"] for n, s in old_steps.items() if n in ("train", "train-trial-0")), {})
     new_train: dict[str, Any] = next((s["config"] for n, s in new_steps.items() if n in ("train", "train-trial-0")), {})
     reasons += spec_changes(old_train.get("spec", {}), new_train.get("spec", {}))
@@ -79,6 +82,37 @@ def _workflow_reasons(change: Change, changes: Iterable[Change],
     if not reasons:
         reasons.append(f"model `{model}` version {version} (runtime or rendering changed)")
     return reasons
+
+
+def _shard_delta(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """How a sharded data set's pinned shards moved between two Dataset specs (as step configs
+    hold them): shards changed, added and removed by name, and the groups whose digest changed
+    (whether one is prepared again is the step cache's to say: "will run" lists the fan-out items
+    that are not hits); None unless both are sharded."""
+    old_shards = (old.get("source") or {}).get("shards")
+    new_shards = (new.get("source") or {}).get("shards")
+    if not old_shards or not new_shards:
+        return None
+    before = {f["name"]: f["digest"] for f in old_shards.get("files", [])}
+    after = [(f["name"], f["digest"]) for f in new_shards.get("files", [])]
+    changed = [n for n, d in after if n in before and before[n] != d]
+    added = [n for n, _ in after if n not in before]
+    removed = [n for n in before if n not in dict(after)]
+    size = int(new_shards.get("groupSize") or 1)
+    groups = changed_groups(group_digests(list(before.values()), int(old_shards.get("groupSize") or 1)),
+                            group_digests([d for _, d in after], size))
+    parts = [f"{len(changed)} of {len(after)} shards changed" + (f" ({_names(changed)})" if changed else "")]
+    if added:
+        parts.append(f"{len(added)} added ({_names(added)})")
+    if removed:
+        parts.append(f"{len(removed)} removed ({_names(removed)})")
+    total_groups = -(-len(after) // size)
+    parts.append(f"{len(groups)} of {total_groups} group{'s' if total_groups != 1 else ''} changed")
+    return ", ".join(parts)
+
+
+def _names(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f", … {len(names) - most} more" if len(names) > most else "")
 
 
 def _seldon_reasons(change: Change) -> list[str]:

@@ -72,6 +72,8 @@ def test_sharded_dataset_fans_out_trains_streamed_and_reprepares_one_group(tmp_p
     repo.git.add(A=True)
     repo.index.commit("one shard changed")
     plan = ws.forgectl("plan", "specs", check=False).stdout
+    # the plan counts what moved in the data set before what the cache makes of it
+    assert "(1 of 6 shards changed (part-00003.parquet), 1 of 3 groups changed) → retrain model" in " ".join(plan.split()), plan
     hits = plan.split("cache hit (unchanged since the last run): ")[1].splitlines()[0]
     runs = plan.split("will run: ")[1].splitlines()[0]
     assert hits.split(", ") == [groups[0], groups[2]], plan

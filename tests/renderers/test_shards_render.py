@@ -145,3 +145,22 @@ def test_argo_accepts_the_sharded_workflow(env: str) -> None:
                  _workflow(_specs(update={"uri": "s3://forge-data/digits/*.parquet"},
                                   shards={"credentialsSecret": "s3-reader", "parallelism": 8}), env)]
     assert upstream.argo_validate_many(workflows) == [[], []]
+
+
+def test_the_plan_counts_the_shards_and_groups_a_change_moves() -> None:
+    """The retrain reason of a sharded data set names the shards changed, added and removed, and
+    how many groups' digests moved (by position: a group's identity includes where it sits)."""
+    from reconciler.plan.reasons import _shard_delta
+
+    def spec(files: list[tuple[str, str]], group_size: int = 2) -> dict[str, object]:
+        return {"source": {"shards": {"groupSize": group_size, "files": [{"name": n, "digest": d} for n, d in files]}}}
+
+    d = [f"sha256:{i:064x}" for i in range(10)]
+    old = [(f"p{i}.parquet", d[i]) for i in range(6)]
+    one = [*old[:3], ("p3.parquet", d[9]), *old[4:]]
+    assert _shard_delta(spec(old), spec(one)) == "1 of 6 shards changed (p3.parquet), 1 of 3 groups changed"
+    grown = [*old, ("p6.parquet", d[6])]
+    assert _shard_delta(spec(old), spec(grown)) == "0 of 7 shards changed, 1 added (p6.parquet), 1 of 4 groups changed"
+    shrunk = old[1:]  # the first one gone: every group after it moves
+    assert _shard_delta(spec(old), spec(shrunk)) == "0 of 5 shards changed, 1 removed (p0.parquet), 3 of 3 groups changed"
+    assert _shard_delta({"source": {}}, spec(old)) is None
