@@ -23,6 +23,7 @@ from forgectl.controller_cli import install as controller_install
 from forgectl.controller_cli import uninstall as controller_uninstall
 from forgectl.experiment_cli import app as experiment_app
 from forgectl.experiment_cli import experiment_lines
+from forgectl.labels_cli import app as labels_app
 from forgectl.models_cli import app as models_app
 from forgectl.options import NO_OVERRIDES, EndpointArg, EnvOpt, PathsArg, RevOpt, SpecsOpt, TargetFlags, with_target_flags
 from forgectl.shell import (
@@ -291,6 +292,7 @@ def _confirm_and_apply(the_plan: Plan, shown: dict[str, Any], target: Target, ou
 rollout_app = typer.Typer(help="Inspect and steer rollouts: status, promote, abort, retry.", no_args_is_help=True)
 app.add_typer(rollout_app, name="rollout")
 app.add_typer(models_app, name="models")  # the registry, lineage, leaderboard
+app.add_typer(labels_app, name="labels")  # auto-labeling's reviewed labels (labeling.auto)
 app.add_typer(experiment_app, name="experiment")  # A/B experiments
 app.add_typer(controller_app, name="controller")  # the in-cluster controller (docs/controller.md)
 app.command("install")(controller_install)  # the controller's manifests (docs/controller.md)

@@ -216,7 +216,7 @@ def show(
 
 
 def trust_lines(record: Record) -> list[str]:
-    """`models show` lines for the privacy budget, robustness and explanations of a version."""
+    """`models show` lines for the privacy budget, robustness, explanations and auto-labels of a version."""
     lines = []
     privacy = record.privacy or {}
     if privacy:
@@ -240,6 +240,14 @@ def trust_lines(record: Record) -> list[str]:
                      + (f"; agreement with {explained.get('primary')}: {agreement}" if agreement else "")
                      + (f"; {explained.get('maps')} PNG maps" if explained.get("maps") else "")
                      + (f" in {explained['folder']}" if explained.get("folder") else ""))
+    labeling = record.labeling or {}
+    if labeling:
+        agreed = (labeling.get("agreement") or {}).get("autoLabels")
+        gate = labeling.get("gate") or {}
+        lines.append(f"{'labels':<13} {labeling.get('autoLabelled')} of {labeling.get('rows')} rows auto-labelled by "
+                     f"{labeling.get('model')} at confidence {labeling.get('confidence')}, {labeling.get('toReview')} to review"
+                     + (f"; agreement with held-back labels {agreed:.4f}" if isinstance(agreed, (int, float)) else "")
+                     + (f" (gate ≥ {gate.get('minAgreement')}: {'passed' if gate.get('passed') else 'FAILED'})" if gate else ""))
     return lines
 
 

@@ -1,5 +1,6 @@
 """Model → Argo `Workflow`: a DAG prepare-data → train (or a search fan-out + pick-best) →
-evaluate → compress (one task per variant) → register, with an `onExit` handler.
+evaluate → compress (one task per variant) → register, with an `onExit` handler; with
+`labeling.auto`, an `autolabel` step beside them (:func:`autolabel_steps`).
 
 Why a `Workflow` per model version rather than a `WorkflowTemplate` plus submissions: the plan must
 show exactly what will run, and a Workflow is that, fully rendered (configs, images, resources),
@@ -30,6 +31,7 @@ from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.queues import queue_labels
 from renderers.scheduling import Schedule, schedule_resources
 from renderers.shards import FAN_OUT_TASK, FanOut, credentials_env, fan_out_steps, fan_out_templates
+from renderers.sources import SOURCE_READERS, source_volume
 from renderers.stepargs import decode_step_config, step_args
 from renderers.versions import model_version, step_key
 from specs import Environment, Model, SpecSet
@@ -39,6 +41,7 @@ from specs.stepconfig import (
     DEFAULT_WORKSPACE,
     PERMANENT_EXIT_CODES,
     WORKSPACE_ENV,
+    AutoLabelConfig,
     AwaitConfig,
     CompressConfig,
     EvaluateConfig,
@@ -184,10 +187,12 @@ def _config_json(config: Any) -> dict[str, Any]:
 
 
 def training_stage(specs: SpecSet, model: Model) -> int:
-    """How many distillation teachers deep a Model is: 0 without teachers, else one more than its
-    deepest teacher (the loader refuses cycles)."""
+    """How many distillation teachers (or labelling models) deep a Model is: 0 without any, else
+    one more than its deepest (the loader refuses cycles)."""
     compression = specs.compression_of(model)
     teachers = [specs.get(Model, n) for n in specs.teachers_of(compression)] if compression else []
+    labeller = specs.labeller_of(model)
+    teachers += [specs.get(Model, labeller)] if labeller else []
     return max((1 + training_stage(specs, t) for t in teachers if t is not None and t.name != model.name), default=0)
 
 
@@ -305,11 +310,53 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
                         image(env, TENSORRT_IMAGE), compress_steps)
     for hw_step in hw.steps:
         add(*hw_step)
+    labels = autolabel_steps(specs, model, env, vdir, train_image)
+    for label_step in labels:
+        add(*label_step)
     add("register", "register",
         RegisterConfig(model=model.name, version=version, variants={**variants, **hw.variants},
                        output=registry_dir(model.name, version), benchmark=hw.benchmark, artifacts=hw.artifacts),
-        train_image, ("evaluate", *explain, *compress_steps, *hw.names))
+        train_image, ("evaluate", *explain, *compress_steps, *hw.names, *(s[0] for s in labels if s[1] == "autolabel")))
     return version, steps, schedule
+
+
+#: The step that pre-labels the Model's data set's unlabelled rows (`labeling.auto`).
+AUTOLABEL_STEP = "autolabel"
+
+
+def autolabel_steps(specs: SpecSet, model: Model, env: Environment, vdir: str,
+                    img: str) -> list[tuple[str, str, Any, str, tuple[str, ...]]]:
+    """The steps of `labeling.auto` (none when the Model's data set has none): `autolabel`
+    pre-labels the unlabelled rows with the labelling model's registered `base` variant, writes
+    `auto-labels.csv`, the review file and `report.json` (with the agreement with the held-back
+    labels, gated by `minAgreement`) into ``{vdir}/labels``. Empty without `labeling.auto`.
+
+    The labelling model is another Model: its version is the one its spec renders now (as a
+    distillation teacher's), which trains in a Workflow of its own that Argo does not order with
+    this one, so `await-labeller-<name>` waits for its registration (and fails with it); the step
+    runs beside `prepare-data` and training. A Model labelling its own data set labels with the
+    version this Workflow trained, after `evaluate`. `register` waits for it, so a version is
+    registered with its labels written and the gate passed. Reviewed labels come back through
+    `forgectl labels merge`, whose new digest is a new version of every Model on the data set."""
+    dataset = specs.dataset_of(model)
+    auto = dataset.spec.labeling.auto
+    if auto is None:
+        return []
+    out = f"{vdir}/labels"
+    if auto.model_ref == model.name:
+        return [(AUTOLABEL_STEP, "autolabel", AutoLabelConfig(dataset=dataset.name, spec=dataset.spec,
+                                                              model_dir=f"{vdir}/train", output=out),
+                 img, ("evaluate",))]
+    labeller = specs.get(Model, auto.model_ref)
+    assert labeller is not None  # the loader checks the reference
+    labeller_version = model_version(specs, labeller, env)
+    wait = f"await-labeller-{labeller.name}"[:63]
+    return [(wait, "await", await_registration(labeller.name, labeller_version, f"labelling model {labeller.name} "
+                                               f"{labeller_version}"), img, ()),
+            (AUTOLABEL_STEP, "autolabel", AutoLabelConfig(dataset=dataset.name, spec=dataset.spec,
+                                                          model_dir=registry_dir(labeller.name, labeller_version, "base"),
+                                                          output=out),
+             img, (wait,))]
 
 
 def _resources(schedule: Schedule, compute_cpu: str, compute_memory: str) -> dict[str, Any]:
@@ -456,6 +503,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
     train_placement = placement(compute, priority)
     # A queued pool's training waits for its quota (Kueue; renderers/queues.py): the labels of its queue.
     queue = queue_labels(compute, env, namespace, priority)
+    source = source_volume(specs.dataset_of(model).spec, DEFAULT_WORKSPACE)
     templates: list[dict[str, Any]] = []
     tasks: list[dict[str, Any]] = []
     light = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
@@ -476,6 +524,8 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
         container = _container(step, command, resources)
         if step.kind in ("prepare-group", "join-shards"):
             container["env"] = [*container["env"], *credentials_env(specs.dataset_of(model).spec)]
+        if source is not None and step.kind in SOURCE_READERS:
+            container["volumeMounts"] = [*container["volumeMounts"], source.mount]
         multi_process = heavy and schedule.gpus_per_node > 1
         if multi_process:
             container["volumeMounts"] = [*container["volumeMounts"], SHM_MOUNT]
@@ -550,7 +600,8 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             # Every pod of the Workflow (Argo gives a pod the Workflow's volumes its containers mount).
             "securityContext": SECURITY_CONTEXT,
             "ttlStrategy": {"secondsAfterSuccess": 604800},
-            "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}}, *scratch_volumes()],
+            "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}}, *scratch_volumes(),
+                        *([source.volume] if source is not None else [])],
             "templates": [pipeline, *templates, on_exit],
         },
     }

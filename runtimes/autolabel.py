@@ -10,8 +10,13 @@ transform as in training and serving). Writes under ``output``:
 - ``review.csv`` (or ``.parquet``): the other rows with the model's ``topK`` classes and
   probabilities (``top1``, ``p1``, …) and an empty label column for a reviewer: a filled label
   accepts the row, an empty one leaves it out;
-- ``report.json``: counts, the confidence, and with held-back labels the agreement of the
-  auto-labels (and of the top-1 over every row, and the top-k hit rate of the review rows).
+- ``report.json`` (and ``metrics.json``, the step's output parameter): counts, the confidence,
+  and with held-back labels the agreement of the auto-labels (and of the top-1 over every row,
+  and the top-k hit rate of the review rows); with ``minAgreement``, the gate — below it the step
+  fails (exit 3, not retried) after writing every file.
+
+In a Workflow this is the `autolabel` step (renderers/autolabel.py), which reads the labelling
+model from the registry.
 
 ``python -m runtimes merge-labels`` (runtimes/merge_labels.py) merges them into the source.
 """
@@ -23,7 +28,7 @@ import sys
 from typing import Any
 
 from runtimes._step import in_workspace, parse_config, run_step, write_json
-from runtimes.errors import StepFailed
+from runtimes.errors import StepFailed, ThresholdsFailed
 from specs.stepconfig import AutoLabelConfig
 
 log = logging.getLogger("forge.autolabel")
@@ -45,6 +50,25 @@ def write_table(frame: Any, path: Any) -> None:
         frame.to_parquet(path, index=False)
     else:
         frame.to_csv(path, index=False)
+
+
+def gate(report: dict[str, Any], min_agreement: float | None) -> str:
+    """Record the `minAgreement` gate in ``report`` (``gate``: threshold, measured, passed); the
+    failure's message when the auto-labels agree with the held-back labels less than it, else ""."""
+    if min_agreement is None:
+        return ""
+    measured = (report.get("agreement") or {}).get("autoLabels")
+    passed = measured is not None and measured >= min_agreement
+    report["gate"] = {"minAgreement": min_agreement, "agreement": measured, "passed": passed}
+    if passed:
+        return ""
+    if measured is None:
+        return (f"no row reached confidence {report['confidence']}: the agreement with the held-back labels cannot "
+                f"be measured, and `labeling.auto.minAgreement` is {min_agreement}")
+    return (f"the {report['autoLabelled']} auto-labels agree with the held-back labels "
+            f"({report['agreement']['column']}) on {measured:.4f} < `labeling.auto.minAgreement` {min_agreement}: "
+            f"the labelling model {report['model']} is not trusted to label this data (raise `confidence` or "
+            "retrain it); the review file is written")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     review_path = out / f"review.{auto.review_format}"
     write_table(review, review_path)
 
-    report: dict[str, Any] = {"dataset": config.dataset, "model": auto.model_ref, "confidence": auto.confidence,
+    report: dict[str, Any] = {"dataset": config.dataset, "datasetDigest": spec.digest, "model": auto.model_ref,
+                              "modelDir": config.model_dir, "confidence": auto.confidence,
                               "rows": int(len(unlabelled)), "autoLabelled": int(confident.sum()),
                               "toReview": int((~confident).sum()), "topK": auto.top_k,
                               "reviewFile": review_path.name, "labelColumn": label}
@@ -106,8 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             "reviewRowsTopK": float(in_top_k[~confident].mean()) if (~confident).any() else None,
             "column": auto.held_back_column,
         }
+    failed = gate(report, auto.min_agreement)
     write_json(out / "report.json", report)
     write_json(out / "metrics.json", report)
+    if failed:
+        raise ThresholdsFailed(failed)
     log.info("auto-labelled %d of %d rows at confidence ≥ %g; %d to review in %s%s", report["autoLabelled"],
              report["rows"], auto.confidence, report["toReview"], review_path,
              f"; agreement with held-back labels {report['agreement']['autoLabels']}" if "agreement" in report else "")

@@ -218,7 +218,9 @@ class AutoLabel(SpecModel):
     """Pre-label unlabelled rows with a registered model (`python -m runtimes autolabel`): rows whose
     top class reaches `confidence` get it as their label; the others go to a review file with the
     model's top-k classes. Accepted reviews are merged into the source (`python -m runtimes
-    merge-labels`), which changes its digest: the plan then shows which models retrain."""
+    merge-labels`, or `forgectl labels merge`, which rewrites the `digest`): the plan then shows
+    which models retrain. Rendered, it is the Workflow's `autolabel` step
+    (renderers/workflow.py, `autolabel_steps`)."""
 
     model_ref: Name = Field(description="The registered Model whose `base` variant pre-labels.")
     confidence: float = Field(gt=0, le=1, description="Top-class probability at or above which a row is labelled without review.")
@@ -232,10 +234,21 @@ class AutoLabel(SpecModel):
         default=None, description="A column of true labels held back from labelling, only to measure the agreement.",
     )
     review_format: Literal["csv", "parquet"] = Field(default="csv", description="Format of the review file.")
+    min_agreement: float | None = Field(
+        default=None, ge=0, le=1,
+        description="Fail the `autolabel` step when the auto-labels agree with the held-back labels less "
+        "than this (a fraction; needs `heldBackColumn`). None: recorded, not gated.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_default(handler(self), "minAgreement", None)  # unset, the Dataset's digest stays as it was
 
     @model_validator(mode="after")
     def _contained(self) -> AutoLabel:
         check_relative_path(self.unlabelled.partition("://")[2], "labeling.auto.unlabelled")
+        if self.min_agreement is not None and not self.held_back_column:
+            raise ValueError("`minAgreement` needs `heldBackColumn` (the held-back labels it is measured against)")
         return self
 
 

@@ -105,6 +105,13 @@ class SpecSet:
         ref = endpoint.spec.rollout_policy_ref or (env.spec.defaults.rollout_policy_ref if env else None)
         return self.get(RolloutPolicy, ref)
 
+    def labeller_of(self, model: Model) -> str | None:
+        """The Model that auto-labels the data set ``model`` trains on (`labeling.auto.modelRef`),
+        when it is another Model: its registration is awaited by ``model``'s Workflow."""
+        dataset = self.get(Dataset, model.spec.dataset_ref)
+        auto = dataset.spec.labeling.auto if dataset is not None else None
+        return auto.model_ref if auto is not None and auto.model_ref != model.name else None
+
     def teachers_of(self, compression: Compression) -> list[str]:
         """Names of the Models that teach a Compression's distillation stages."""
         return sorted(
@@ -163,6 +170,10 @@ def check_references(specs: SpecSet) -> list[ReferenceProblem]:
                 if isinstance(stage, Distill):
                     ref(comp, ("spec", "variants", vi, "stages", si, "teacherRef"), Model, stage.teacher_ref)
 
+    for ds in specs.of(Dataset):
+        if ds.spec.labeling.auto is not None:
+            ref(ds, ("spec", "labeling", "auto", "modelRef"), Model, ds.spec.labeling.auto.model_ref)
+
     for ep in specs.of(Endpoint):
         ref(ep, ("spec", "modelRef"), Model, ep.spec.model_ref)
         ref(ep, ("spec", "rolloutPolicyRef"), RolloutPolicy, ep.spec.rollout_policy_ref)
@@ -199,13 +210,19 @@ def check_references(specs: SpecSet) -> list[ReferenceProblem]:
 
 
 def _teacher_cycles(specs: SpecSet) -> list[ReferenceProblem]:
-    """A Model needs its teachers' workflows finished first; a cycle among them never finishes.
-    A model teaching its own compression (self-distillation from its uncompressed weights) is fine."""
+    """A Model needs its teachers' and its data's labelling model's workflows finished first; a
+    cycle among them never finishes. A model teaching its own compression (self-distillation from
+    its uncompressed weights) or labelling its own data (after its own evaluation) is fine."""
     edges: dict[str, list[str]] = {}
+    via: dict[tuple[str, str], tuple[str | int, ...]] = {}
     for model in specs.of(Model):
         comp = specs.compression_of(model)
         teachers = specs.teachers_of(comp) if comp else []
         edges[model.name] = [t for t in teachers if t != model.name and specs.get(Model, t) is not None]
+        labeller = specs.labeller_of(model)
+        if labeller is not None and specs.get(Model, labeller) is not None and labeller not in edges[model.name]:
+            edges[model.name].append(labeller)
+            via[(model.name, labeller)] = ("spec", "datasetRef")
 
     problems: list[ReferenceProblem] = []
     state: dict[str, int] = {}
@@ -221,8 +238,9 @@ def _teacher_cycles(specs: SpecSet) -> list[ReferenceProblem]:
                 if key not in reported:
                     reported.add(key)
                     problems.append(
-                        ReferenceProblem("Model", nxt, ("spec", "compressionRef"),
-                                         "reference cycle: " + " → ".join(cycle) + " (each model waits for its teacher)")
+                        ReferenceProblem("Model", nxt, via.get((nxt, cycle[1]), ("spec", "compressionRef")),
+                                         "reference cycle: " + " → ".join(cycle)
+                                         + " (each model waits for its teacher or its data's labelling model)")
                     )
             elif nxt not in state:
                 visit(nxt, stack)

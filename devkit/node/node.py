@@ -80,7 +80,7 @@ SYSCTLS = {
 }
 
 STORAGE_CLASS = "forge-hostpath"  # the default StorageClass: hostPath volumes the node makes
-VOLUMES = 8  # hostPath PersistentVolumes made at start (each binds one claim for the node's life)
+VOLUMES = 12  # hostPath PersistentVolumes made at start (each binds one claim for the node's life)
 VOLUME_SIZE = "100Gi"  # what each declares (hostPath enforces no size)
 # the PriorityClasses Forge's rendered pods name (renderers.pods.PRIORITY_CLASSES)
 PRIORITY_CLASSES = {"forge-high": 1000, "forge-medium": 500, "forge-low": 100}

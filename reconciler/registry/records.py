@@ -58,7 +58,8 @@ def _number(value: object) -> bool:
 
 @dataclass(frozen=True)
 class Parent:
-    """A version this one was made from: a distillation teacher of the student ``variant``."""
+    """A version this one was made from: a distillation teacher of the student ``variant``, or the
+    model that pre-labelled its data set (`labeling.auto`; relation ``labelling model``)."""
 
     model: str
     version: str | None
@@ -275,6 +276,9 @@ class Record:
     #: `trials.json` as the register step recorded it (metric, goal, best; with a study, its
     #: algorithm, trials, states and the epochs pruning saved).
     search: JSONObject | None = None
+    #: The `autolabel` step's report, when the Model's data set is auto-labelled (`labeling.auto`):
+    #: the labelling model, the counts, the agreement with the held-back labels and the gate.
+    labeling: JSONObject | None = None
     #: Who serves this version; None when not asked (a target's records carry none).
     served_by: tuple[Served, ...] | None = None
 
@@ -291,7 +295,7 @@ class Record:
             "artifacts": self.artifacts,
         }
         for key, value in (("privacy", self.privacy), ("robustness", self.robustness), ("explanations", self.explanations),
-                           ("search", self.search)):
+                           ("search", self.search), ("labeling", self.labeling)):
             if value is not None:
                 out[key] = value
         if self.served_by is not None:
@@ -306,7 +310,8 @@ class Record:
                    Lineage.from_json(data.get("lineage") or {}), dict(data.get("evaluation") or {}), data.get("hardware"),
                    {name: Variant.from_json(name, v) for name, v in (data.get("variants") or {}).items()},
                    data.get("artifacts") or {}, data.get("privacy"), data.get("robustness"), data.get("explanations"),
-                   data.get("search"), None if served is None else tuple(Served.from_json(s) for s in served))
+                   data.get("search"), data.get("labeling"),
+                   None if served is None else tuple(Served.from_json(s) for s in served))
 
 
 # -- building a record ----------------------------------------------------------------------------
@@ -332,6 +337,14 @@ def lineage(workflow: Mapping[str, Any]) -> Lineage:
                 version = parts[2] if len(parts) >= 3 and parts[0] == "registry" else None
                 if version and not any(p.model == teacher and p.version == version for p in parents):
                     parents.append(Parent(teacher, version, "distillation teacher", variant.get("name")))
+        elif config.get("step") == "autolabel":
+            # The labelling model's registered `base` (`registry/<model>/<version>/base`); a model
+            # labelling its own data set labels with this very version: no parent.
+            parts = str(config.get("modelDir") or "").split("/")
+            auto = ((config.get("spec") or {}).get("labeling") or {}).get("auto") or {}
+            if len(parts) >= 3 and parts[0] == "registry" and parts[1] == auto.get("modelRef"):
+                if not any(p.model == parts[1] and p.version == parts[2] for p in parents):
+                    parents.append(Parent(parts[1], parts[2], "labelling model"))
         elif config.get("step") in ("export", "build-engine"):
             exports[name] = {k: config.get(k) for k in ("source", "hardwareTarget", "opset", "maxAbsDiff", "int8", "tensorrt", "required")
                              if config.get(k) is not None}
@@ -381,11 +394,12 @@ def variant_figures(name: str, entry: JSONObject, evaluation: Mapping[str, Any] 
 
 
 def build_record(workflow: Mapping[str, Any], registry: JSONObject, evaluation: JSONObject | None,
-                 registered: float, environment: str, explanations: JSONObject | None = None) -> Record:
+                 registered: float, environment: str, explanations: JSONObject | None = None,
+                 labeling: JSONObject | None = None) -> Record:
     """The registry record of one version (pure): ``registry`` is the registration the register
     step wrote, ``evaluation`` the evaluate step's metrics. `privacy`, `robustness` (from the
     evaluate step's metrics) and `explanations` (the explain step's summary) only when the version
-    has them."""
+    has them; `labeling` (the autolabel step's report) only with `labeling.auto`."""
     line = lineage(workflow)
     privacy, robustness = ((evaluation or {}).get(k) for k in ("privacy", "robustness"))
     numbers = {k: v for k, v in (evaluation or {}).items() if _number(v) or k == "passed"}
@@ -405,6 +419,7 @@ def build_record(workflow: Mapping[str, Any], registry: JSONObject, evaluation: 
         robustness=robustness if isinstance(robustness, dict) else None,
         explanations=dict(explanations) if isinstance(explanations, Mapping) and explanations else None,
         search=registry["search"] if isinstance(registry.get("search"), Mapping) else None,
+        labeling=dict(labeling) if isinstance(labeling, Mapping) and labeling else None,
     )
 
 

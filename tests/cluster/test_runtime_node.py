@@ -1082,3 +1082,66 @@ def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_ch
             q.forgectl("down", "--env", "cluster", "--auto-approve")
     finally:
         q.api.close()
+
+
+SHARDED = REPO / "examples" / "sharded"
+SHARDED_NS = "forge-sharded"  # the example's `cluster` Environment's namespace
+SHARDS_CLAIM = "digits-shards"
+
+
+def test_9_a_sharded_dataset_fans_out_on_argo_from_a_claim_and_trains_streamed(
+        stack: _Stack, shared_node: nodekit.SharedNode, tmp_path: Path) -> None:
+    """Issue 31: examples/sharded with its shards on a PersistentVolumeClaim (`pvc://`), in a
+    namespace enforcing `restricted`: Argo runs the rendered fan-out — one memoized pod per group
+    of shards, the claim mounted read-only — then the join that checks the Merkle root, the
+    training on the streamed shards, evaluation and registration; the manifest the join wrote
+    holds every digit once."""
+    work = tmp_path / "sharded"
+    shutil.copytree(SHARDED, work, ignore=shutil.ignore_patterns("data"))
+    dataset = work / "dataset.yaml"
+    text = dataset.read_text()
+    assert "uri: file://data/digits/*.parquet" in text
+    dataset.write_text(text.replace("uri: file://data/digits/*.parquet", f"uri: pvc://{SHARDS_CLAIM}/digits/*.parquet"))
+    q = Quickstart(stack, work)
+    q.git("init", "-q")
+    q.git("add", ".")
+    q.git("commit", "-qm", "the sharded example, its shards on a claim")
+    try:
+        with shared_node.namespace(SHARDED_NS, PSA_RESTRICTED):
+            # the platform team's claim holding the shards (the node's hostPath volumes: one directory)
+            q.core.create_namespaced_persistent_volume_claim(SHARDED_NS, client.V1PersistentVolumeClaim(
+                metadata=client.V1ObjectMeta(name=SHARDS_CLAIM),
+                spec=client.V1PersistentVolumeClaimSpec(access_modes=["ReadWriteOnce"],
+                                                        resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}))))
+            claim = _wait("the shards' claim to bind", lambda: (c := q.core.read_namespaced_persistent_volume_claim(
+                SHARDS_CLAIM, SHARDED_NS)).spec.volume_name and c, timeout=60)
+            folder = Path(q.core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path) / "digits"
+            shutil.copytree(SHARDED / "data" / "digits", folder)
+            version = q.version("digits-sharded")
+            q.forgectl("apply", "--env", "cluster", "--auto-approve")
+
+            def finished() -> dict[str, Any] | None:
+                items = q.workflows.get(namespace=SHARDED_NS, label_selector=f"{MODEL_VERSION}={version}").to_dict()["items"]
+                phase = ((items[0].get("status") or {}).get("phase")) if items else None
+                return items[0] if phase in ("Succeeded", "Failed", "Error") else None
+
+            wf = _wait("the sharded Workflow to finish", finished, timeout=900, every=3)
+            nodes = wf["status"]["nodes"].values()
+            groups = sorted(n["displayName"] for n in nodes if n["type"] == "Pod" and n["displayName"].startswith("prepare-group"))
+            failed = [(n["displayName"], n.get("message")) for n in nodes if n["phase"] in ("Failed", "Error")]
+            assert wf["status"]["phase"] == "Succeeded", (wf["status"].get("message"), failed)
+            fan_out = sorted(n["displayName"] for n in nodes if n["displayName"].startswith("group("))
+            assert len(fan_out) == 3 and len(groups) == 3, (fan_out, groups)  # six shards in groups of two, a pod each
+            ws_claim = q.core.read_namespaced_persistent_volume_claim("forge-workspace", SHARDED_NS)
+            workspace = Path(q.core.read_persistent_volume(ws_claim.spec.volume_name).spec.host_path.path)
+            [data] = (workspace / "data" / "digits-shards").glob("[0-9a-f]" * 12)
+            manifest = json.loads((data / "manifest.json").read_text())
+            assert len(manifest["groups"]) == 3 and sum(manifest["rows"].values()) == 1797, manifest["rows"]
+            train = json.loads((workspace / "models" / "digits-sharded" / version / "train" / "metrics.json").read_text())
+            evaluated = json.loads((workspace / "models" / "digits-sharded" / version / "evaluate" / "metrics.json").read_text())
+            assert evaluated["accuracy"] >= 0.85, evaluated
+            print(f"\nsharded on Argo: fan-out {fan_out}; rows {manifest['rows']}; trained {train['steps']} steps "
+                  f"streamed; accuracy {evaluated['accuracy']:.3f}")
+            q.forgectl("down", "--env", "cluster", "--auto-approve")
+    finally:
+        q.api.close()

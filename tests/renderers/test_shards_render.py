@@ -143,8 +143,20 @@ def test_argo_accepts_the_sharded_workflow(env: str) -> None:
         pytest.fail(str(exc))
     workflows = [_workflow(_specs(), env),
                  _workflow(_specs(update={"uri": "s3://forge-data/digits/*.parquet"},
-                                  shards={"credentialsSecret": "s3-reader", "parallelism": 8}), env)]
-    assert upstream.argo_validate_many(workflows) == [[], []]
+                                  shards={"credentialsSecret": "s3-reader", "parallelism": 8}), env),
+                 _workflow(_specs(update={"uri": "pvc://digits-shards/digits/*.parquet"}), env)]
+    assert upstream.argo_validate_many(workflows) == [[], [], []]
+
+
+def test_a_pvc_source_is_mounted_read_only_where_the_data_steps_read_it() -> None:
+    """`pvc://claim/path`: the claim is a Workflow volume, mounted read-only at the workspace's
+    `pvc/<claim>` by the steps that read the source (the groups and the join), not by the others."""
+    wf = _workflow(_specs(update={"uri": "pvc://digits-shards/digits/*.parquet"}), "cluster")
+    assert {"name": "dataset-source", "persistentVolumeClaim": {"claimName": "digits-shards", "readOnly": True}} in wf["spec"]["volumes"]
+    mount = {"name": "dataset-source", "mountPath": "/forge/workspace/pvc/digits-shards", "readOnly": True}
+    mounted = {t["name"] for t in wf["spec"]["templates"] if mount in (t.get("container") or {}).get("volumeMounts", [])}
+    assert mounted == {"prepare-group", "prepare-data"}, mounted
+    assert "dataset-source" not in str(_workflow(_specs(), "cluster"))  # a file:// source mounts nothing
 
 
 def test_the_plan_counts_the_shards_and_groups_a_change_moves() -> None:

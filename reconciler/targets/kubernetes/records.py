@@ -1,6 +1,6 @@
 """The cluster's model registry: a record per finished Workflow, read from its status — the register
-node's `metrics` output parameter (the per-variant summary), and the evaluate and explain nodes'
-`metrics` outputs — and built by :func:`reconciler.registry.records.build_record`. Argo keeps
+node's `metrics` output parameter (the per-variant summary), and the evaluate, explain and
+autolabel nodes' `metrics` outputs — and built by :func:`reconciler.registry.records.build_record`. Argo keeps
 them with the Workflow, so there is nothing to store or backfill (pure)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from reconciler.registry.records import Record, build_record
 def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> Record | None:
     """A record from a cluster Workflow: the register node's `metrics` output parameter."""
     nodes = (workflow.get("status") or {}).get("nodes") or {}
-    outputs: dict[str, Any] = {}  # the evaluate and explain steps' `metrics` output parameters
+    outputs: dict[str, Any] = {}  # the evaluate, explain and autolabel steps' `metrics` output parameters
     for node in nodes.values():
-        if node.get("templateName") in ("evaluate", "explain") and node.get("phase") == "Succeeded":
+        if node.get("templateName") in ("evaluate", "explain", "autolabel") and node.get("phase") == "Succeeded":
             for param in (node.get("outputs") or {}).get("parameters") or []:
                 if param.get("name") == "metrics":
                     try:
@@ -50,9 +50,10 @@ def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> Reco
                         "hardware": summary.get("hardware"), "artifacts": summary.get("artifacts"),
                         "search": summary.get("search")}
             evaluation = outputs.get("evaluate")
-            explanations = outputs.get("explain")
+            explanations, labeling = outputs.get("explain"), outputs.get("autolabel")
             return build_record(workflow, registry, evaluation if isinstance(evaluation, dict) else None, when, environment,
-                                explanations if isinstance(explanations, dict) else None)
+                                explanations if isinstance(explanations, dict) else None,
+                                labeling if isinstance(labeling, dict) else None)
     return None
 
 

@@ -42,8 +42,11 @@ def ingest_local(db: StateDB, workspace: Path, workflow: Mapping[str, Any], envi
     evaluation = _read(workspace / evaluate["output"] / "metrics.json") if evaluate.get("output") else None
     explain = workflow_steps(workflow).get("explain", {}).get("config", {})
     explanations = _read(workspace / explain["output"] / "metrics.json") if explain.get("output") else None
+    autolabel = workflow_steps(workflow).get("autolabel", {}).get("config", {})
+    labeling = _read(workspace / autolabel["output"] / "metrics.json") if autolabel.get("output") else None
     when = registered if registered is not None else (workspace / relative).stat().st_mtime
     record = build_record(workflow, registry, evaluation if isinstance(evaluation, dict) else None, when, environment,
-                          explanations if isinstance(explanations, dict) else None)
+                          explanations if isinstance(explanations, dict) else None,
+                          labeling if isinstance(labeling, dict) else None)
     db.put_model_version(when, record)
     return record
