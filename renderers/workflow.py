@@ -31,7 +31,7 @@ from renderers.prerequisites import WORKSPACE_PVC, workflow_service_account
 from renderers.queues import queue_labels
 from renderers.scheduling import Schedule, schedule_resources
 from renderers.shards import FAN_OUT_TASK, FanOut, credentials_env, fan_out_steps, fan_out_templates
-from renderers.sources import SOURCE_READERS, source_volume
+from renderers.sources import SOURCE_READERS, source_volumes
 from renderers.stepargs import decode_step_config, step_args
 from renderers.versions import model_version, step_key
 from specs import Environment, Model, SpecSet
@@ -503,7 +503,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
     train_placement = placement(compute, priority)
     # A queued pool's training waits for its quota (Kueue; renderers/queues.py): the labels of its queue.
     queue = queue_labels(compute, env, namespace, priority)
-    source = source_volume(specs.dataset_of(model).spec, DEFAULT_WORKSPACE)
+    sources = source_volumes(specs.dataset_of(model).spec, DEFAULT_WORKSPACE)
     templates: list[dict[str, Any]] = []
     tasks: list[dict[str, Any]] = []
     light = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
@@ -522,10 +522,10 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             template["outputs"] = {"parameters": [{"name": "metrics", "valueFrom": {
                 "path": f"{DEFAULT_WORKSPACE}/{step.config['output']}/metrics.json", "default": "{}"}}]}
         container = _container(step, command, resources)
-        if step.kind in ("prepare-group", "join-shards"):
+        if step.kind in ("prepare-group", "join-shards", "autolabel"):  # autolabel: the first shard's columns
             container["env"] = [*container["env"], *credentials_env(specs.dataset_of(model).spec)]
-        if source is not None and step.kind in SOURCE_READERS:
-            container["volumeMounts"] = [*container["volumeMounts"], source.mount]
+        if step.kind in SOURCE_READERS:
+            container["volumeMounts"] = [*container["volumeMounts"], *(v.mount for v in sources)]
         multi_process = heavy and schedule.gpus_per_node > 1
         if multi_process:
             container["volumeMounts"] = [*container["volumeMounts"], SHM_MOUNT]
@@ -601,7 +601,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
             "securityContext": SECURITY_CONTEXT,
             "ttlStrategy": {"secondsAfterSuccess": 604800},
             "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": WORKSPACE_PVC}}, *scratch_volumes(),
-                        *([source.volume] if source is not None else [])],
+                        *(v.volume for v in sources)],
             "templates": [pipeline, *templates, on_exit],
         },
     }
