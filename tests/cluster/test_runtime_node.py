@@ -39,6 +39,11 @@ rendered objects are never changed. The stages run in order and share the cluste
    Workload as the one a new `high` training will preempt; applied, Kueue preempts it, Argo
    retries the step, whose pod waits gated until the urgent training is done and then resumes
    from the last checkpoint, counting on to the end (issue 30).
+9. examples/sharded with its shards on a claim: Argo runs the fan-out of one memoized pod per
+   group, the join, the training on the streamed shards (issue 31).
+10. auto-labeling: the student's Workflow waits for the labelling model's registration,
+   pre-labels the rows on a claim, gates the agreement and registers the student with the
+   labeller as its parent (issue 31).
 
 The quick-start's namespace enforces Pod Security `restricted` (labelled as a platform team would
 before Forge applies anything): the API server's own PodSecurity admission refuses any pod below
@@ -58,6 +63,7 @@ Needs root; never skips.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import shutil
@@ -1142,6 +1148,79 @@ def test_9_a_sharded_dataset_fans_out_on_argo_from_a_claim_and_trains_streamed(
             assert evaluated["accuracy"] >= 0.85, evaluated
             print(f"\nsharded on Argo: fan-out {fan_out}; rows {manifest['rows']}; trained {train['steps']} steps "
                   f"streamed; accuracy {evaluated['accuracy']:.3f}")
+            q.forgectl("down", "--env", "cluster", "--auto-approve")
+    finally:
+        q.api.close()
+
+
+LABELS_NS = "forge-labels"  # the `cluster` Environment of tests/trust/test_autolabel_workflow.py's specs
+LABELS_CLAIM = "scans"
+
+
+def test_10_auto_labeling_runs_on_argo_after_the_labelling_model_registers(
+        stack: _Stack, shared_node: nodekit.SharedNode, tmp_path: Path, runtime_python: str) -> None:
+    """Issue 31: a data set of scans on a claim (`pvc://`), auto-labelled by another Model, in a
+    namespace enforcing `restricted`. One apply: Argo trains the labelling model in its Workflow;
+    the student's Workflow waits for its registration, pre-labels the unlabelled rows with its
+    registered `base` (the claim mounted read-only), writes the review file, passes the
+    agreement gate on the held-back labels and registers the student with the labeller's version
+    as its parent — all read back from the workspace and `forgectl models list`."""
+    from tests.local.test_autolabel_workflow import WRITE_CSVS
+    from tests.trust.test_autolabel_workflow import SPECS
+
+    data = tmp_path / "data"
+    data.mkdir()
+    subprocess.run([runtime_python, "-c", WRITE_CSVS, str(data)], check=True, timeout=120)
+    digest = "sha256:" + hashlib.sha256((data / "scans.csv").read_bytes()).hexdigest()
+    classes = json.dumps([str(d) for d in range(10)])
+    specs = SPECS.format(labeller="labeller", model_ref="labeller", digest=digest, classes=classes)
+    for old, new in (('uri: "file://data/scans.csv"', f'uri: "pvc://{LABELS_CLAIM}/scans.csv"'),
+                     ("unlabelled: file://data/unlabelled.csv", f"unlabelled: pvc://{LABELS_CLAIM}/unlabelled.csv")):
+        assert old in specs, old
+        specs = specs.replace(old, new)
+    work = tmp_path / "labels"
+    work.mkdir()
+    (work / "specs.yaml").write_text(specs)
+    q = Quickstart(stack, work)
+    q.git("init", "-q")
+    q.git("add", ".")
+    q.git("commit", "-qm", "scans on a claim, auto-labelled by another model")
+    try:
+        with shared_node.namespace(LABELS_NS, PSA_RESTRICTED):
+            q.core.create_namespaced_persistent_volume_claim(LABELS_NS, client.V1PersistentVolumeClaim(
+                metadata=client.V1ObjectMeta(name=LABELS_CLAIM),
+                spec=client.V1PersistentVolumeClaimSpec(access_modes=["ReadWriteOnce"],
+                                                        resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}))))
+            claim = _wait("the scans' claim to bind", lambda: (c := q.core.read_namespaced_persistent_volume_claim(
+                LABELS_CLAIM, LABELS_NS)).spec.volume_name and c, timeout=60)
+            folder = Path(q.core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path)
+            for name in ("scans.csv", "unlabelled.csv"):
+                shutil.copy(data / name, folder / name)
+            student = q.version("student")
+            q.forgectl("apply", "--env", "cluster", "--auto-approve")
+
+            def finished() -> dict[str, Any] | None:
+                items = q.workflows.get(namespace=LABELS_NS, label_selector=f"{MODEL_VERSION}={student}").to_dict()["items"]
+                phase = ((items[0].get("status") or {}).get("phase")) if items else None
+                return items[0] if phase in ("Succeeded", "Failed", "Error") else None
+
+            wf = _wait("the student's Workflow to finish", finished, timeout=900, every=3)
+            failed = [(n["displayName"], n.get("message")) for n in wf["status"]["nodes"].values()
+                      if n["phase"] in ("Failed", "Error")]
+            assert wf["status"]["phase"] == "Succeeded", (wf["status"].get("message"), failed)
+            records = {r["model"]: r for r in q.json("models", "list")["versions"]}
+            labeller = records["labeller"]
+            assert records["student"]["lineage"]["parents"] == [
+                {"model": "labeller", "version": labeller["version"], "relation": "labelling model", "variant": None}]
+            ws_claim = q.core.read_namespaced_persistent_volume_claim("forge-workspace", LABELS_NS)
+            workspace = Path(q.core.read_persistent_volume(ws_claim.spec.volume_name).spec.host_path.path)
+            labels = workspace / "models" / "student" / student / "labels"
+            report = json.loads((labels / "report.json").read_text())
+            assert report["modelDir"] == f"registry/labeller/{labeller['version']}/base" and report["rows"] == 300, report
+            assert report["gate"]["passed"] is True and (labels / "review.csv").exists(), report
+            print(f"\nauto-labeling on Argo: {report['autoLabelled']} rows labelled, {report['toReview']} to review, "
+                  f"agreement {report['gate']['agreement']:.3f} (gate {report['gate']['minAgreement']}); student "
+                  f"{student} parent labeller@{labeller['version'][:12]}")
             q.forgectl("down", "--env", "cluster", "--auto-approve")
     finally:
         q.api.close()
