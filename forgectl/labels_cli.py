@@ -28,15 +28,21 @@ def merge(
     commit: Annotated[bool, typer.Option("--commit", help="Commit the source and the spec (only those two files).")] = False,
     output: Annotated[str, typer.Option("--output", "-o", help="text or json.")] = "text",
 ) -> None:
-    """Append the auto-labels and the accepted reviewed rows to the Dataset's CSV source and pin
-    its new digest in the spec's `digest:` line."""
+    """Append the auto-labels and the accepted reviewed rows to the Dataset's CSV source (a sharded
+    `file://` source: write them as a new Parquet shard in its folder and append it to
+    `source.shards.files`) and pin its new digest in the spec's `digest:` line."""
     from reconciler.labels.merge import merge_reviewed
 
     done = merge_reviewed(specs_paths or ["."], dataset, reviewed, auto_labels, env=env, commit=commit)
     if output == "json":
         print(json.dumps(done.to_json(), indent=2))
         return
-    print(f"{done.dataset}: merged {done.auto_labelled} auto-labelled and {done.accepted} reviewed row(s) "
-          f"({done.rejected} left out) into {done.source} ({done.rows} rows)")
+    if done.shard:
+        print(f"{done.dataset}: merged {done.auto_labelled} auto-labelled and {done.accepted} reviewed row(s) "
+              f"({done.rejected} left out) as the new shard {done.source} ({done.shard_digest}; shard "
+              f"{done.shards} of {done.shards})")
+    else:
+        print(f"{done.dataset}: merged {done.auto_labelled} auto-labelled and {done.accepted} reviewed row(s) "
+              f"({done.rejected} left out) into {done.source} ({done.rows} rows)")
     print(f"  digest {done.old_digest} → {done.new_digest} ({done.spec_file}:{done.spec_line})")
     print(f"  committed {done.commit[:12]}" if done.commit else "  not committed: `forgectl plan` shows the Models that retrain")

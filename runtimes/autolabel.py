@@ -52,6 +52,27 @@ def write_table(frame: Any, path: Any) -> None:
         frame.to_csv(path, index=False)
 
 
+def source_columns(spec: Any) -> list[str]:
+    """The source's columns: a sharded data set's from its first pinned shard's Parquet footer (the
+    shards are never read whole here), any other's from the source read as the prepare step reads it."""
+    from runtimes.data import read_source
+
+    shards = spec.source.shards
+    if shards is None:
+        return [str(c) for c in read_source(spec).frame.columns]
+    import pyarrow.parquet as pq
+
+    from runtimes.shard_source import open_source
+
+    location = open_source(spec.source)
+    first = shards.files[0].name
+    try:
+        with location.filesystem.open_input_file(location.path(first)) as fh:
+            return [str(n) for n in pq.read_schema(fh).names if not str(n).startswith("__index_level_")]
+    except (OSError, ValueError) as exc:
+        raise StepFailed(f"source {spec.source.uri}: cannot read the columns of the shard {first}: {exc}") from None
+
+
 def gate(report: dict[str, Any], min_agreement: float | None) -> str:
     """Record the `minAgreement` gate in ``report`` (``gate``: threshold, measured, passed); the
     failure's message when the auto-labels agree with the held-back labels less than it, else ""."""
@@ -75,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(AutoLabelConfig, argv, "python -m runtimes autolabel")
     import numpy as np
 
-    from runtimes.data import _resolve_local, read_source
+    from runtimes.data import _resolve_local
     from runtimes.serving.core import ServingCore
 
     spec = config.spec
@@ -85,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     label = spec.labeling.column
     if not label:
         raise StepFailed("auto-labeling needs `labeling.column` (the column the labels go into)")
-    source = read_source(spec)
-    features = list(spec.features) or [c for c in source.frame.columns if c not in (label, "__label__")]
+    features = list(spec.features) or [c for c in source_columns(spec) if c not in (label, "__label__")]
     unlabelled = read_table(_resolve_local(auto.unlabelled))
     missing = [c for c in features if c not in unlabelled.columns]
     if missing:

@@ -47,6 +47,90 @@ def merged_frame(source: Any, rows: list[list[object]], label: str) -> Any:
     return merged
 
 
+def _cell(value: object, kind: Any, label: bool, classes: list[str]) -> object:
+    """A merged cell as the shard column's type wants it (a label given as a class name becomes its
+    index when the label column holds integers)."""
+    import pyarrow as pa
+
+    if label and pa.types.is_integer(kind):
+        text = str(value).strip()
+        return classes.index(text) if text in classes else int(float(text))
+    if pa.types.is_integer(kind):
+        return int(float(str(value)))
+    if pa.types.is_floating(kind):
+        return float(str(value))
+    if pa.types.is_boolean(kind):
+        return str(value).strip().lower() in ("1", "true", "yes")
+    return str(value)
+
+
+def merge_shard(config: MergeLabelsConfig, label: str) -> int:
+    """A sharded source: the merged rows as one new Parquet shard with the pinned shards' schema
+    (columns, order and types of the first one), named after its digest (specs.shards
+    `labels_shard_name`), under ``output``; ``merge.json`` gives the file, its digest, the shard
+    list with it appended and the new root. The folder must hold exactly the pinned shards (the
+    join step's check); their bytes are not read again here (the join step checks each)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from runtimes.data import file_digest
+    from runtimes.shard_source import check_listing, open_source
+    from specs.shards import labels_shard_name, root_digest
+
+    spec = config.spec
+    shards = spec.source.shards
+    assert shards is not None
+    location = open_source(spec.source)
+    check_listing(location, [f.name for f in shards.files])
+    first = shards.files[0].name
+    try:
+        with location.filesystem.open_input_file(location.path(first)) as fh:
+            schema = pq.read_schema(fh).remove_metadata()
+    except (OSError, ValueError) as exc:
+        raise StepFailed(f"source {spec.source.uri}: cannot read the schema of the shard {first}: {exc}") from None
+    columns = [n for n in schema.names if not n.startswith("__index_level_")]
+    try:
+        auto, reviewed = table(in_workspace(config.labels) / "auto-labels.csv"), table(in_workspace(config.review))
+        merged = merge_rows(columns, label, auto, reviewed, spec.labeling.classes)
+    except LabelsError as exc:
+        raise StepFailed(str(exc)) from None
+    if not merged.rows:
+        raise StepFailed(f"{Path(config.review).name}: nothing to merge (no auto-labels, and no reviewed row has its "
+                         f"`{label}` filled)")
+    fields = [schema.field(n) for n in columns]
+    arrays = []
+    for i, f in enumerate(fields):
+        try:
+            arrays.append(pa.array([_cell(row[i], f.type, f.name == label, spec.labeling.classes) for row in merged.rows],
+                                   type=f.type))
+        except (ValueError, TypeError, pa.ArrowException) as exc:
+            raise StepFailed(f"column {f.name!r}: a merged value does not fit the shards' type {f.type}: {exc}") from None
+    out = in_workspace(config.output)
+    out.mkdir(parents=True, exist_ok=True)
+    staged = out / ".labels.parquet"
+    pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), staged, compression="zstd")
+    digest = file_digest(staged)
+    name = labels_shard_name(location.glob, digest)
+    if name is None:
+        staged.unlink()
+        raise StepFailed(f"the source's glob {location.glob!r} matches no name of the form labels-<digest>.parquet; "
+                         "write and pin the shard by hand")
+    if name in {f.name for f in shards.files}:
+        staged.unlink()
+        raise StepFailed(f"a shard named {name} is pinned already: these labels were merged before")
+    staged.rename(out / name)
+    files = [{"name": f.name, "digest": f.digest} for f in shards.files] + [{"name": name, "digest": digest}]
+    new_root = root_digest([f["digest"] for f in files], shards.group_size)
+    report = {"dataset": config.dataset, "source": spec.source.uri, "sharded": True, "autoLabelled": merged.auto_labelled,
+              "accepted": merged.accepted, "rejected": merged.rejected, "rows": len(merged.rows),
+              "oldDigest": spec.digest, "newDigest": new_root, "file": name, "fileDigest": digest, "files": files}
+    write_json(out / "merge.json", report)
+    log.info("merged %d auto-labelled and %d accepted rows into the new shard %s (%s): digest %s → %s",
+             merged.auto_labelled, merged.accepted, out / name, digest, spec.digest, new_root)
+    print(new_root)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(MergeLabelsConfig, argv, "python -m runtimes merge-labels")
     from runtimes.data import _resolve_local, file_digest
@@ -55,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     label = spec.labeling.column
     if spec.labeling.auto is None or not label or spec.source.format not in ("csv", "parquet"):
         raise StepFailed("merge-labels needs a CSV/Parquet Dataset with `labeling.column` and `labeling.auto`")
+    if spec.source.shards is not None:
+        return merge_shard(config, label)
     source_path = _resolve_local(spec.source.uri)
     old = file_digest(source_path)
     if old != spec.digest:

@@ -311,8 +311,6 @@ class DatasetSpec(SpecModel):
             return self
         if not self.labeling.column:
             raise ValueError("a sharded data set needs `labeling.column` (each batch is labelled as it streams)")
-        if self.labeling.auto is not None:
-            raise ValueError("`labeling.auto` is not supported on a sharded data set")
         other = sorted({s.op for s in self.cleaning if not isinstance(s, Clip)})
         if other:
             raise ValueError(f"a sharded data set streams its rows and applies `clip` only; not {', '.join(other)}")

@@ -59,3 +59,21 @@ def changed_groups(old: Sequence[str], new: Sequence[str]) -> list[int]:
 
 
 __all__ = ["changed_groups", "combine", "group_digests", "group_identity", "groups_of", "root_digest"]
+
+
+def labels_shard_name(glob: str, file_digest: str) -> str | None:
+    """The name of a shard of merged labels (`forgectl labels merge`): ``labels-<12 hex of its
+    digest>.parquet``, or the source's glob with its one ``*`` replaced by ``labels-<12 hex>`` when
+    that plain name would not match the glob (``part-*.parquet`` → ``part-labels-….parquet``);
+    None when neither matches."""
+    import fnmatch
+
+    short = file_digest.removeprefix("sha256:")[:12]
+    plain = f"labels-{short}.parquet"
+    if fnmatch.fnmatchcase(plain, glob):
+        return plain
+    if glob.count("*") == 1 and not any(c in glob for c in "?["):
+        named = glob.replace("*", f"labels-{short}")
+        if fnmatch.fnmatchcase(named, glob):
+            return named
+    return None

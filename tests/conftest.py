@@ -34,7 +34,7 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 def _env_python(kind: str) -> str:
     from reconciler.errors import TargetNotAvailable
-    from reconciler.targets.local.target import runtime_python as resolve
+    from reconciler.runtimeenv import runtime_python as resolve
     try:
         return resolve(kind)
     except TargetNotAvailable as exc:

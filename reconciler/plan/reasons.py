@@ -101,7 +101,8 @@ def _shard_delta(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     size = int(new_shards.get("groupSize") or 1)
     groups = changed_groups(group_digests(list(before.values()), int(old_shards.get("groupSize") or 1)),
                             group_digests([d for _, d in after], size))
-    parts = [f"{len(changed)} of {len(after)} shards changed" + (f" ({_names(changed)})" if changed else "")]
+    kept = sum(1 for n, _ in after if n in before)  # the shards both pin: what "changed" is counted of
+    parts = [f"{len(changed)} of {kept} shards changed" + (f" ({_names(changed)})" if changed else "")]
     if added:
         parts.append(f"{len(added)} added ({_names(added)})")
     if removed:

@@ -51,6 +51,7 @@ TARGETS_MAY_IMPORT = (
     "reconciler.targets",            # themselves: the protocol (base.py) and each target's own modules
     "reconciler.errors", "reconciler.diagnostics", "reconciler.resources", "reconciler.heap",  # the ground floor
     "reconciler.applied",            # the ground floor: the digest an apply records on each object
+    "reconciler.runtimeenv",         # the ground floor: the checkout's root and the runtime environments
     "reconciler.load",               # specs and sources (a Workflow's dataset paths, the git revision)
     "reconciler.metrics",            # the Prometheus client and the analysis of a measurement
     "reconciler.rollout",            # the rollout state and the controller's Backend protocol they implement

@@ -33,7 +33,7 @@ from specs.stepconfig import PERMANENT_EXIT_CODES
 pytestmark = pytest.mark.judges
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ("quickstart", "llm-finetune", "edge-vision", "trust", "sharded")
+EXAMPLES = ("quickstart", "llm-finetune", "edge-vision", "trust", "sharded", "sharded-labelled")
 ENVIRONMENTS = ("local", "cluster")
 
 
@@ -80,9 +80,9 @@ CASES = [f"{ex}/{env}" for ex in EXAMPLES for env in ENVIRONMENTS] + [
     f"{v}/{env}" for v in VARIANTS for env in ENVIRONMENTS
 ]
 MULTI_NODE_CASES = [c for c in CASES if "multi-node" in c]
-#: The trust example (issue 18: DP training, robustness, an explain step) and the sharded one (issue
-#: 31: a fan-out of shard groups) serve nothing.
-SERVING_CASES = [c for c in CASES if not c.startswith(("trust/", "sharded/"))]
+#: The trust example (issue 18: DP training, robustness, an explain step) and the sharded ones (issue
+#: 31: a fan-out of shard groups; auto-labelled with a TPE search) serve nothing.
+SERVING_CASES = [c for c in CASES if not c.startswith(("trust/", "sharded/", "sharded-labelled/"))]
 
 
 @functools.cache

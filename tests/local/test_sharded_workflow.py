@@ -38,17 +38,30 @@ spec.write_text(text.replace(pinned[3], digests[3]).replace(pinned[-1], tree(dig
 '''
 
 
-def test_sharded_dataset_fans_out_trains_streamed_and_reprepares_one_group(tmp_path: Path, runtime_python: str) -> None:
-    path = tmp_path / "repo"
-    shutil.copytree(EXAMPLE, path / "specs", ignore=shutil.ignore_patterns("data"))
-    shutil.copytree(EXAMPLE / "data", path / "data")
+def example_repo(example: Path, path: Path) -> git.Repo:
+    """A git repository at ``path`` holding ``example``: its specs under `specs/` (its scripts left
+    out), its data under `data/` (the Environment's root is the repository), committed."""
+    shutil.copytree(example, path / "specs", ignore=shutil.ignore_patterns("data", "*.py"))
+    shutil.copytree(example / "data", path / "data")
     repo = git.Repo.init(path)
     repo.config_writer().set_value("user", "name", "T").set_value("user", "email", "t@example.com").release()
     repo.git.add(A=True)
-    repo.index.commit("the sharded example")
+    repo.index.commit(f"the {example.name} example")
+    return repo
+
+
+def apply_example(example: Path, path: Path, runtime_python: str) -> tuple[git.Repo, Workspace, str, list[str]]:
+    """``example`` in a repository at ``path``, applied on the local target: the repository, the
+    workspace, what `apply` printed and the groups of shards the first Workflow names."""
+    repo = example_repo(example, path)
     ws = Workspace(path, runtime_python)
     applied = ws.forgectl("apply", "specs", "--auto-approve").stdout
-    groups = re.findall(r"group\(\d:[0-9a-f]{32}\)", applied.split("will run")[0])
+    return repo, ws, applied, re.findall(r"group\(\d:[0-9a-f]{32}\)", applied.split("will run")[0])
+
+
+def test_sharded_dataset_fans_out_trains_streamed_and_reprepares_one_group(tmp_path: Path, runtime_python: str) -> None:
+    path = tmp_path / "repo"
+    repo, ws, applied, groups = apply_example(EXAMPLE, path, runtime_python)
     assert len(groups) == 3, applied  # six shards in groups of two, each named before it runs
     [wf] = ws.status()["workflows"]
     assert wf["phase"] == "Succeeded", wf

@@ -172,7 +172,7 @@ def test_the_plan_counts_the_shards_and_groups_a_change_moves() -> None:
     one = [*old[:3], ("p3.parquet", d[9]), *old[4:]]
     assert _shard_delta(spec(old), spec(one)) == "1 of 6 shards changed (p3.parquet), 1 of 3 groups changed"
     grown = [*old, ("p6.parquet", d[6])]
-    assert _shard_delta(spec(old), spec(grown)) == "0 of 7 shards changed, 1 added (p6.parquet), 1 of 4 groups changed"
+    assert _shard_delta(spec(old), spec(grown)) == "0 of 6 shards changed, 1 added (p6.parquet), 1 of 4 groups changed"
     shrunk = old[1:]  # the first one gone: every group after it moves
     assert _shard_delta(spec(old), spec(shrunk)) == "0 of 5 shards changed, 1 removed (p0.parquet), 3 of 3 groups changed"
     assert _shard_delta({"source": {}}, spec(old)) is None

@@ -19,7 +19,6 @@ import getpass
 import json
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from reconciler.errors import ConflictError, LockHeldError, TargetError, TargetN
 from reconciler.registry.records import Record
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
+from reconciler.runtimeenv import FORGE_ROOT, runtime_python
 from reconciler.targets.base import ClusterAPI, ControllerAPI, LiveRead, Precondition, RolloutBackend, RunDetails, StepEvents
 from reconciler.targets.local.details import log_files, model_summaries
 from reconciler.targets.local.executor import Progress, WorkflowExecutor
@@ -42,24 +42,9 @@ from renderers.stepargs import decode_step_config
 from specs import Environment, SpecSet
 from specs.safety import OutsideRoot, resolve_inside
 
-FORGE_ROOT = Path(__file__).resolve().parents[3]
-
 
 def _step_of(predictor: dict[str, Any]) -> str:
     return predictor["componentSpecs"][0]["spec"]["containers"][0]["args"][0]
-
-
-def runtime_python(kind: str = "main") -> str:
-    """Python of a runtime environment (`scripts/runtime-env main|seldon`, cached), or
-    `$FORGE_RUNTIME_PYTHON` / `$FORGE_SELDON_PYTHON`."""
-    explicit = os.environ.get("FORGE_RUNTIME_PYTHON" if kind == "main" else "FORGE_SELDON_PYTHON")
-    if explicit:
-        return explicit
-    script = FORGE_ROOT / "scripts" / "runtime-env"
-    proc = subprocess.run(["bash", str(script), kind], capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise TargetNotAvailable(f"cannot set up the runtime environment ({script} {kind}):\n{proc.stderr[-2000:]}")
-    return proc.stdout.strip().splitlines()[-1]
 
 
 class HeldByProcess:
