@@ -1090,6 +1090,18 @@ def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_ch
         q.api.close()
 
 
+def _claim_folder(q: Quickstart, namespace: str, name: str) -> Path:
+    """A claim of the platform team's holding data, bound to one of the node's hostPath volumes:
+    its folder on this machine (what the test writes the data into)."""
+    q.core.create_namespaced_persistent_volume_claim(namespace, client.V1PersistentVolumeClaim(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PersistentVolumeClaimSpec(access_modes=["ReadWriteOnce"],
+                                                resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}))))
+    claim = _wait(f"the claim {name} to bind", lambda: (c := q.core.read_namespaced_persistent_volume_claim(
+        name, namespace)).spec.volume_name and c, timeout=60)
+    return Path(q.core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path)
+
+
 SHARDED = REPO / "examples" / "sharded"
 SHARDED_NS = "forge-sharded"  # the example's `cluster` Environment's namespace
 SHARDS_CLAIM = "digits-shards"
@@ -1115,13 +1127,7 @@ def test_9_a_sharded_dataset_fans_out_on_argo_from_a_claim_and_trains_streamed(
     try:
         with shared_node.namespace(SHARDED_NS, PSA_RESTRICTED):
             # the platform team's claim holding the shards (the node's hostPath volumes: one directory)
-            q.core.create_namespaced_persistent_volume_claim(SHARDED_NS, client.V1PersistentVolumeClaim(
-                metadata=client.V1ObjectMeta(name=SHARDS_CLAIM),
-                spec=client.V1PersistentVolumeClaimSpec(access_modes=["ReadWriteOnce"],
-                                                        resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}))))
-            claim = _wait("the shards' claim to bind", lambda: (c := q.core.read_namespaced_persistent_volume_claim(
-                SHARDS_CLAIM, SHARDED_NS)).spec.volume_name and c, timeout=60)
-            folder = Path(q.core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path) / "digits"
+            folder = _claim_folder(q, SHARDED_NS, SHARDS_CLAIM) / "digits"
             shutil.copytree(SHARDED / "data" / "digits", folder)
             version = q.version("digits-sharded")
             q.forgectl("apply", "--env", "cluster", "--auto-approve")
@@ -1187,13 +1193,7 @@ def test_10_auto_labeling_runs_on_argo_after_the_labelling_model_registers(
     q.git("commit", "-qm", "scans on a claim, auto-labelled by another model")
     try:
         with shared_node.namespace(LABELS_NS, PSA_RESTRICTED):
-            q.core.create_namespaced_persistent_volume_claim(LABELS_NS, client.V1PersistentVolumeClaim(
-                metadata=client.V1ObjectMeta(name=LABELS_CLAIM),
-                spec=client.V1PersistentVolumeClaimSpec(access_modes=["ReadWriteOnce"],
-                                                        resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}))))
-            claim = _wait("the scans' claim to bind", lambda: (c := q.core.read_namespaced_persistent_volume_claim(
-                LABELS_CLAIM, LABELS_NS)).spec.volume_name and c, timeout=60)
-            folder = Path(q.core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path)
+            folder = _claim_folder(q, LABELS_NS, LABELS_CLAIM)
             for name in ("scans.csv", "unlabelled.csv"):
                 shutil.copy(data / name, folder / name)
             student = q.version("student")
