@@ -910,11 +910,11 @@ def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training
 PREEMPT_NS = "forge-preempt"  # a namespace of its own, managed by Kueue
 #: One fake GPU of quota: two trainings of this pool cannot run at once.
 ONE_GPU_POOL = gpu_pool("gpu-one", 1)
-#: The low-priority training: wide enough and long enough (2,500 steps of 25–130 ms, a checkpoint
+#: The low-priority training: wide enough and long enough (1,500 steps of 25–130 ms, a checkpoint
 #: every 50) to be running when the urgent one is submitted; the urgent one of the same pool long
 #: enough (1,500 steps) for Argo's retry of the preempted step (after its 10 s backoff) to find the
 #: GPU taken and wait gated.
-LOW_STEPS = 2500
+LOW_STEPS = 1500
 URGENT_MODEL = """\
 apiVersion: forge.dev/v1alpha1
 kind: Model
