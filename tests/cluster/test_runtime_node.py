@@ -1152,6 +1152,7 @@ def test_9_a_sharded_dataset_fans_out_on_argo_from_a_claim_and_trains_streamed(
             train = json.loads((workspace / "models" / "digits-sharded" / version / "train" / "metrics.json").read_text())
             evaluated = json.loads((workspace / "models" / "digits-sharded" / version / "evaluate" / "metrics.json").read_text())
             assert evaluated["accuracy"] >= 0.85, evaluated
+            assert train["gradientCheckpointing"] == "sqrt", train  # the example's four blocks in two segments
             print(f"\nsharded on Argo: fan-out {fan_out}; rows {manifest['rows']}; trained {train['steps']} steps "
                   f"streamed; accuracy {evaluated['accuracy']:.3f}")
             q.forgectl("down", "--env", "cluster", "--auto-approve")

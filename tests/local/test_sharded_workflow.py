@@ -77,6 +77,8 @@ def test_sharded_dataset_fans_out_trains_streamed_and_reprepares_one_group(tmp_p
     # 4 epochs of the streamed train split, 2 loader workers, batches of 64: each worker ends on a short batch
     half = manifest["rows"]["train"] // 2
     assert train["steps"] == 4 * (-(-half // 64) + -(-(manifest["rows"]["train"] - half) // 64))
+    # the example checkpoints its four blocks in two segments (`gradientCheckpointing: sqrt`), in the Workflow
+    assert train["gradientCheckpointing"] == "sqrt" and train["throughput"]["savedTensorBytes"] > 0, train
     evaluated = json.loads((version / "evaluate" / "metrics.json").read_text())
     assert evaluated["accuracy"] >= 0.85
 
