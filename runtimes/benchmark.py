@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         raise StepFailed(f"benchmark: no bundle for variant(s) {', '.join(missing)}")
 
     memory = _probe_memory(folders, prepared, threads, max(settings.batch_sizes))
-    loaded, results, xs = _load_and_measure(folders, prepared, threads, memory)
+    loaded, results, xs = _load_and_measure(folders, prepared, threads, memory, max(settings.batch_sizes))
     _time_batches(settings, loaded, xs, results)
     doc = {"model": config.model, "version": config.version, "hardware": hardware(threads, config.hardware_target),
            "settings": settings.model_dump(mode="json", by_alias=True), "rounds": ROUNDS,
@@ -211,14 +211,14 @@ def main(argv: list[str] | None = None) -> int:
 def _probe_memory(folders: dict[str, Path], prepared: Any, threads: int, largest: int) -> dict[str, dict[str, Any]]:
     """Each variant's memory at the largest batch, probed one at a time in a child process
     before this process loads any model (so no variant's figure holds another's weights)."""
-    from runtimes.learn import split_tensors
+    from runtimes.learn import split_rows
 
     if any(read_json(f / "model.json").get("kind") in ONNX_KINDS for f in folders.values()):
         import onnxruntime  # noqa: F401 - before the probes fork: a runtime's import is not a variant's memory
     memory = {}
     for name, folder in folders.items():  # one at a time, before this process loads any model
         info = read_json(folder / "model.json")
-        x, _ = split_tensors(prepared.split("test"), prepared.meta, info.get("architecture", {}).get("contextLength"))
+        x, _ = split_rows(prepared, "test", info.get("architecture", {}).get("contextLength")).head(largest)
         memory[name] = probe(folder, threads, _batch(x, largest))
     log.info("memory: %s", ", ".join(f"{n} {m.get('memoryBytes', 0) / 2**20:.1f} MiB" for n, m in memory.items()))
     return memory
@@ -228,12 +228,13 @@ def _probe_memory(folders: dict[str, Path], prepared: Any, threads: int, largest
 _Loaded = dict[str, tuple[Callable[[Any], Any], dict[str, Any], str]]
 
 
-def _load_and_measure(folders: dict[str, Path], prepared: Any, threads: int,
-                      memory: dict[str, dict[str, Any]]) -> tuple[_Loaded, dict[str, dict[str, Any]], dict[str, Any]]:
-    """Load every variant as it is served and measure its accuracy on the test split:
-    (the loaded callables with their model.json and runtime, each variant's result so far —
-    size, parameters, metrics, memory —, each variant's test inputs)."""
-    from runtimes.learn import measure, split_tensors
+def _load_and_measure(folders: dict[str, Path], prepared: Any, threads: int, memory: dict[str, dict[str, Any]],
+                      largest: int) -> tuple[_Loaded, dict[str, dict[str, Any]], dict[str, Any]]:
+    """Load every variant as it is served and measure its accuracy on the test split (a sharded
+    one streamed a batch at a time): (the loaded callables with their model.json and runtime, each
+    variant's result so far — size, parameters, metrics, memory —, each variant's first ``largest``
+    test inputs, which the timed batches are cut from)."""
+    from runtimes.learn import measure_rows, split_rows
 
     loaded: _Loaded = {}
     results: dict[str, dict[str, Any]] = {}
@@ -242,10 +243,10 @@ def _load_and_measure(folders: dict[str, Path], prepared: Any, threads: int,
         fn, info, runtime = _loader(folder, threads)
         loaded[name] = (fn, info, runtime)
         ctx = info.get("architecture", {}).get("contextLength")
-        x, y = split_tensors(prepared.split("test"), prepared.meta, ctx)
-        xs[name] = x
+        test = split_rows(prepared, "test", ctx)
+        xs[name] = test.head(largest)[0]
         weights = folder / info.get("file", "model.pt")
-        metrics = measure(fn, x, y, info["task"])
+        metrics = measure_rows(fn, test, info["task"])
         results[name] = {"runtime": runtime, "kind": info["kind"], "sizeBytes": weights.stat().st_size,
                          "parameters": info.get("parameters"), **{k: v for k, v in metrics.items() if isinstance(v, float)},
                          **{k: v for k, v in memory[name].items() if k in ("memoryBytes", "peakRssBytes", "error")},

@@ -19,31 +19,35 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtimes._step import in_workspace, parse_config, run_step, write_json
 from runtimes.errors import StepFailed, VariantRejected
 from specs.compression import Distill, Prune, Quantize
 from specs.stepconfig import CompressConfig
 
+if TYPE_CHECKING:  # runtimes.learn imports torch when imported; this module only when it runs
+    from runtimes.learn import Rows
+
 log = logging.getLogger("forge.compress")
 
 
-def _figures(model: Any, folder_size: int, params: int | None, test: tuple[Any, Any], task: str) -> dict[str, Any]:
-    """What the report compares before and after: size, parameters, accuracy and loss on ``test``."""
-    from runtimes.learn import measure
+def _figures(model: Any, folder_size: int, params: int | None, test: Rows, task: str) -> dict[str, Any]:
+    """What the report compares before and after: size, parameters, accuracy and loss on ``test``
+    (a sharded split streamed a batch at a time)."""
+    from runtimes.learn import measure_rows
 
-    m = measure(model, *test, task)
+    m = measure_rows(model, test, task)
     return {"sizeBytes": folder_size, "parameters": params, "accuracy": m.get("accuracy"), "loss": m.get("loss")}
 
 
 @dataclass
 class _Tuning:
-    """What the stages' fine-tuning shares: the training split, the base run's learning rate and
-    seed (each stage tunes at a fraction of that rate), the batch size and the label loss."""
+    """What the stages' fine-tuning shares: the training split (a sharded one streamed, a shuffle
+    block at a time), the base run's learning rate and seed (each stage tunes at a fraction of that
+    rate), the batch size and the label loss."""
 
-    x: Any
-    y: Any
+    train: Rows
     lr: float
     batch: int
     seed: int
@@ -54,9 +58,9 @@ class _Tuning:
         return self.hard(out, y)
 
     def fit(self, model: Any, epochs: int, lr: float, loss: Callable[[Any, Any, Any], Any]) -> Any:
-        from runtimes.learn import fit
+        from runtimes.learn import fit_rows
 
-        return fit(model, self.x, self.y, epochs, lr, self.batch, self.seed, loss, log.info)
+        return fit_rows(model, self.train, epochs, lr, self.batch, self.seed, loss, log.info)
 
 
 @dataclass
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     new_info = _save(config, info, variant)
     loaded, _ = load_bundle(out)  # measured as served: through the one loader
     after = _figures(loaded, file_size(out), new_info["parameters"], test, task)
-    before["latencyMsP50"], after["latencyMsP50"] = compare_latency(base, loaded, test[0])
+    before["latencyMsP50"], after["latencyMsP50"] = compare_latency(base, loaded, test.head(1)[0])  # times one row
     report = _report(config, variant.stages, before, after)
     write_json(out / "report.json", report)
     log.info("variant %s: size %.1f%%, accuracy %.4f → %.4f (drop %.2f pt, bound %g)", config.variant.name,
@@ -122,20 +126,19 @@ def _load_base(config: CompressConfig) -> tuple[Any, dict[str, Any]]:
     return base, info
 
 
-def _splits(config: CompressConfig, info: dict[str, Any]) -> tuple[_Tuning, tuple[Any, Any]]:
+def _splits(config: CompressConfig, info: dict[str, Any]) -> tuple[_Tuning, Rows]:
     """Seeded with the base run's seed, the training split for the stages' fine-tuning and the
-    held-out test split the variant is judged on."""
+    held-out test split the variant is judged on (a sharded data set's both streamed)."""
     from runtimes.data import load_prepared
-    from runtimes.learn import loss_fn, seed_everything, split_tensors
+    from runtimes.learn import loss_fn, seed_everything, split_rows
 
     seed = int(info.get("seed", 0))
     seed_everything(seed)
     data = load_prepared(in_workspace(config.data), ("train", "test"))
     ctx = info["architecture"].get("contextLength")
-    xtr, ytr = split_tensors(data.split("train"), data.meta, ctx)
-    xte, yte = split_tensors(data.split("test"), data.meta, ctx)
-    tuning = _Tuning(xtr, ytr, lr=float(info.get("learningRate") or 1e-3), batch=64, seed=seed, hard=loss_fn(info["task"]))
-    return tuning, (xte, yte)
+    tuning = _Tuning(split_rows(data, "train", ctx), lr=float(info.get("learningRate") or 1e-3), batch=64, seed=seed,
+                     hard=loss_fn(info["task"]))
+    return tuning, split_rows(data, "test", ctx)
 
 
 def _apply_stage(config: CompressConfig, stage: Prune | Distill | Quantize, variant: _Variant, tuning: _Tuning) -> None:
@@ -174,13 +177,12 @@ def _distill(config: CompressConfig, stage: Distill, variant: _Variant, tuning: 
 
 
 def _quantize(config: CompressConfig, stage: Quantize, variant: _Variant, tuning: _Tuning) -> None:
-    """INT8: calibrated on a seeded sample of the training split; QAT fine-tunes at a tenth of the
-    base learning rate. The backend (and so the bundle kind) is runtimes.quantization's choice."""
-    import torch
-
+    """INT8: calibrated on a sample of the training split (seeded; a sharded split's read bounded,
+    see Rows.sample); QAT fine-tunes at a tenth of the base learning rate. The backend (and so the
+    bundle kind) is runtimes.quantization's choice."""
     from runtimes import quantization
 
-    calib = tuning.x[torch.randperm(len(tuning.x), generator=torch.Generator().manual_seed(tuning.seed))[: stage.calibration_samples]]
+    calib = tuning.train.sample(stage.calibration_samples, tuning.seed)
 
     def qat_train(m: Any, epochs: int = stage.qat_epochs) -> Any:
         return tuning.fit(m, epochs, tuning.lr * 0.1, tuning.label_loss)

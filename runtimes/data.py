@@ -318,12 +318,21 @@ def _save_npz(path: Path, **arrays: np.ndarray) -> None:
 
 @dataclass
 class Prepared:
-    """Prepared splits in memory."""
+    """Prepared splits in memory; a sharded data set's stay in its files (``folder``), read by
+    runtimes.learn.split_rows a bounded batch at a time."""
 
     meta: dict[str, Any]
     splits: dict[str, dict[str, np.ndarray]]
+    folder: Path | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return "sharded" in self.meta
 
     def split(self, name: str) -> dict[str, np.ndarray]:
+        if self.sharded:
+            raise StepFailed(f"the {name} split of a sharded data set is streamed, never loaded whole "
+                             "(runtimes.learn.split_rows)")
         return self.splits[name]
 
 
@@ -333,18 +342,17 @@ def is_sharded(folder: Path) -> bool:
 
 
 def load_prepared(folder: Path, names: tuple[str, ...] = ("train", "validation", "test")) -> Prepared:
-    """The named splits in memory. A sharded data set's are read from its groups' files
-    (runtimes/shard_stream.py); training streams its train split instead of calling this."""
+    """The named splits in memory. A sharded data set's splits are not loaded: training streams
+    its train split (runtimes.shard_stream.ShardStream) and every other step reads a split through
+    runtimes.learn.split_rows, a bounded batch at a time."""
     meta = read_json(folder / "meta.json")
     splits: dict[str, dict[str, np.ndarray]] = {}
     if "sharded" in meta:
-        from runtimes.shard_stream import read_split
-
-        return Prepared(meta=meta, splits={name: read_split(folder, meta, name) for name in names})
+        return Prepared(meta=meta, splits={}, folder=folder)
     for name in names:
         path = folder / f"{name}.npz"
         if not path.exists():
             raise StepFailed(f"prepared split missing: {path} (did the prepare step run?)")
         with np.load(path, allow_pickle=False) as npz:
             splits[name] = {k: npz[k] for k in npz.files}
-    return Prepared(meta=meta, splits=splits)
+    return Prepared(meta=meta, splits=splits, folder=folder)

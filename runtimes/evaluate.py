@@ -21,20 +21,24 @@ from runtimes.errors import ThresholdsFailed
 from specs.stepconfig import EvaluateConfig
 
 log = logging.getLogger("forge.evaluate")
+#: Test rows the latency is timed on (latency_ms goes through its first `runs` rows).
+LATENCY_ROWS = 1024
 
 
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(EvaluateConfig, argv, "python -m runtimes evaluate")
     from runtimes.data import load_prepared
-    from runtimes.learn import latency_ms, measure, split_tensors
+    from runtimes.learn import latency_ms, measure_rows, split_rows
     from runtimes.models import load_bundle
 
     model, info = load_bundle(in_workspace(config.model_dir))
     data = load_prepared(in_workspace(config.data), ("test",))
-    x, y = split_tensors(data.split("test"), data.meta, info["architecture"].get("contextLength"))
-    metrics = measure(model, x, y, info["task"])
-    if len(x):
-        metrics["latencyP99Ms"] = latency_ms(model, x, runs=100)["p99"]
+    # Measured over the whole split (a sharded one streamed a batch at a time); timed and attacked
+    # on a bounded sample of its first rows.
+    test = split_rows(data, "test", info["architecture"].get("contextLength"))
+    metrics = measure_rows(model, test, info["task"])
+    if len(test):
+        metrics["latencyP99Ms"] = latency_ms(model, test.head(LATENCY_ROWS)[0], runs=100)["p99"]
     extra: dict[str, Any] = {}
     trained = in_workspace(config.model_dir) / "metrics.json"
     privacy = (json.loads(trained.read_text()).get("privacy") if trained.exists() else None) or None
@@ -44,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.robustness is not None:
         from runtimes.robustness import adversarial_metrics
 
-        robust = adversarial_metrics(model, x, y, info["task"], config.robustness)
+        robust = adversarial_metrics(model, *test.head(config.robustness.samples), info["task"], config.robustness)
         extra["robustness"] = robust.pop("robustness")
         metrics.update(robust)
     results, failed = [], []
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             got = "not trained with differential privacy" if t.metric == "epsilon" and not privacy else f"got {value:.4g}"
             failed.append(f"{t.describe()} ({got})")
     out = in_workspace(config.output)
-    write_json(out / "metrics.json", {"model": config.model, **metrics, "metrics": metrics, "testRows": int(len(x)),
+    write_json(out / "metrics.json", {"model": config.model, **metrics, "metrics": metrics, "testRows": len(test),
                                       **extra, "thresholds": results, "passed": not failed})
     log.info("test metrics of %s: %s", config.model, ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
     if failed:

@@ -172,7 +172,7 @@ def _load(config: ExplainConfig) -> tuple[Any, dict[str, Any], dict[str, Any], t
     true class's logit cannot explain (no float weights to differentiate, not a classifier of
     features or images, no rows)."""
     from runtimes.data import load_prepared
-    from runtimes.learn import split_tensors
+    from runtimes.learn import split_rows
     from runtimes.models import load_bundle
 
     model, info = load_bundle(in_workspace(config.model_dir))
@@ -184,8 +184,7 @@ def _load(config: ExplainConfig) -> tuple[Any, dict[str, Any], dict[str, Any], t
                          f"(this model: task {info['task']}, input {data.meta.get('inputKind')})")
     model = model.float().eval()
     warnings.filterwarnings("ignore", message="Input Tensor .* did not already require gradients")
-    x, y = split_tensors(data.split("test"), data.meta, None)
-    x, y = x[: config.settings.samples], y[: config.settings.samples]
+    x, y = split_rows(data, "test").head(config.settings.samples)  # a sample: a sharded split's first rows only are read
     if not len(x):
         raise StepFailed("explain: the test split is empty")
     return model, info, data.meta, (x, y)

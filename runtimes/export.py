@@ -23,6 +23,7 @@ it like any other variant. ``report.json`` holds the verification figures of bot
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
@@ -30,11 +31,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtimes._step import in_workspace, parse_config, run_step, write_json
 from runtimes.errors import StepFailed, VariantRejected
 from specs.stepconfig import ExportConfig
+
+if TYPE_CHECKING:  # runtimes.learn imports torch when imported; this module only when it runs
+    from runtimes.learn import Rows
 
 log = logging.getLogger("forge.export")
 INPUT, OUTPUT = "input", "logits"
@@ -107,6 +111,28 @@ def compare(reference: Any, candidate: Any, y: Any, task: str) -> dict[str, Any]
     return out
 
 
+def merge_compared(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two :func:`compare` results of disjoint rows as one: the largest differences stay the
+    largest, the rates are weighted by rows."""
+    rows = a["rows"] + b["rows"]
+    return {"rows": rows, **{k: max(v, b[k]) if k.startswith("maxAbsDiff") else (v * a["rows"] + b[k] * b["rows"]) / rows
+                              for k, v in a.items() if k != "rows"}}
+
+
+def verify(model: Any, candidate: Callable[[Any], Any], test: Rows, task: str, reference: Any = None) -> dict[str, Any]:
+    """:func:`compare` of ``candidate`` with the PyTorch ``model`` on the test split: in memory at
+    once, against ``reference`` (the model's outputs on it, computed once for both graphs); a
+    sharded split a batch at a time, the model's outputs computed per batch and the figures merged,
+    so that neither model's outputs on the whole split are held."""
+    from runtimes.learn import predict
+
+    if not test.streamed:
+        x, y = test.tensors()
+        return compare(reference, predict(candidate, x), y, task)
+    return functools.reduce(merge_compared, (compare(predict(model, xb), predict(candidate, xb), yb, task)
+                                             for xb, yb in test.batches()))
+
+
 def _bundle(folder: Path, info: dict[str, Any], kind: str, extra: dict[str, Any]) -> dict[str, Any]:
     path = folder / "model.onnx"
     bundle = {**{k: v for k, v in info.items() if k not in ("file", "sizeBytes", "kind")}, **extra,
@@ -144,14 +170,13 @@ def quantize_int8(fp32: Path, dst: Path, calibration: Any, target: str, workdir:
 class _Inputs:
     """The float model an export is made from, and the data it is made and checked with: the
     test split to verify on, the training split to draw INT8 calibration rows from (with the
-    model's own seed)."""
+    model's own seed); a sharded data set's both streamed."""
 
     model: Any
     info: dict[str, Any]
     seed: int
-    xtr: Any
-    xte: Any
-    yte: Any
+    train: Rows
+    test: Rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +204,7 @@ def _load(config: ExportConfig) -> _Inputs:
     is not float weights (a quantized variant has no faithful ONNX graph to export) and for an
     empty test split (nothing to verify the export on)."""
     from runtimes.data import load_prepared
-    from runtimes.learn import seed_everything, split_tensors
+    from runtimes.learn import seed_everything, split_rows
     from runtimes.models import load_bundle
 
     model, info = load_bundle(in_workspace(config.model_dir))
@@ -189,11 +214,10 @@ def _load(config: ExportConfig) -> _Inputs:
     seed_everything(seed)
     data = load_prepared(in_workspace(config.data), ("train", "test"))
     ctx = info["architecture"].get("contextLength")
-    xtr, _ = split_tensors(data.split("train"), data.meta, ctx)
-    xte, yte = split_tensors(data.split("test"), data.meta, ctx)
-    if len(xte) == 0:
+    train, test = split_rows(data, "train", ctx), split_rows(data, "test", ctx)
+    if len(test) == 0:
         raise StepFailed("export: the test split is empty; nothing to verify the export on")
-    return _Inputs(model, info, seed, xtr, xte, yte)
+    return _Inputs(model, info, seed, train, test)
 
 
 def _onnx_fp32(config: ExportConfig, inputs: _Inputs, out: Path) -> tuple[dict[str, Any], Any]:
@@ -203,15 +227,15 @@ def _onnx_fp32(config: ExportConfig, inputs: _Inputs, out: Path) -> tuple[dict[s
     import onnxruntime
     import torch
 
-    from runtimes.learn import measure, predict
+    from runtimes.learn import measure_rows, predict
 
-    model, info, xte, yte, task = inputs.model, inputs.info, inputs.xte, inputs.yte, inputs.info["task"]
+    model, info, test, task = inputs.model, inputs.info, inputs.test, inputs.info["task"]
     fp32_dir = out / "onnx"
     log.info("exporting %s (%s) to ONNX opset %d", config.source, info["architecture"].get("type"), config.opset)
-    export_onnx(model, xte[:2], fp32_dir / "model.onnx", config.opset)
-    reference = predict(model, xte)
+    export_onnx(model, test.head(2)[0], fp32_dir / "model.onnx", config.opset)
+    reference = None if test.streamed else predict(model, test.tensors()[0])
     session = onnx_session(fp32_dir / "model.onnx")
-    fp32_check = compare(reference, predict(onnx_callable(session), xte), yte, task)
+    fp32_check = verify(model, onnx_callable(session), test, task, reference)
     fp32_check["tolerance"] = config.max_abs_diff
     fp32_check["passed"] = fp32_check["maxAbsDiff"] <= config.max_abs_diff
     versions = {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
@@ -227,7 +251,7 @@ def _onnx_fp32(config: ExportConfig, inputs: _Inputs, out: Path) -> tuple[dict[s
         write_json(out / "report.json", report)
         shutil.rmtree(fp32_dir, ignore_errors=True)
         raise VariantRejected(f"export of {config.source} rejected: {report['reason']} (see {config.output}/report.json)")
-    metrics = measure(onnx_callable(session), xte, yte, task)
+    metrics = measure_rows(onnx_callable(session), test, task)
     bundle = _bundle(fp32_dir, info, "onnx", {"variant": f"{config.source}-onnx", "source": config.source,
                                               "opset": config.opset, "hardwareTarget": config.hardware_target})
     report["onnx"].update({"accepted": True, "sizeBytes": bundle["sizeBytes"], "accuracy": metrics.get("accuracy")})
@@ -242,20 +266,18 @@ def _onnx_int8(config: ExportConfig, inputs: _Inputs, reference: Any, out: Path,
     ``report["onnxInt8"]``. Losing more accuracy than ``maxAccuracyDrop`` rejects it: report
     written, graph removed."""
     import numpy as np
-    import torch
 
-    from runtimes.learn import measure, predict
+    from runtimes.learn import measure_rows
 
-    info, xte, yte, task = inputs.info, inputs.xte, inputs.yte, inputs.info["task"]
+    info, test, task = inputs.info, inputs.test, inputs.info["task"]
     assert config.int8 is not None
     fp32_dir, int8_dir = out / "onnx", out / "onnx-int8"
     fp32_size = report["onnx"]["sizeBytes"]
-    g = torch.Generator().manual_seed(inputs.seed)
-    rows = inputs.xtr[torch.randperm(len(inputs.xtr), generator=g)[: config.int8.calibration_samples]]
+    rows = inputs.train.sample(config.int8.calibration_samples, inputs.seed)  # a sharded split's read bounded
     calibration = np.ascontiguousarray(rows.numpy())
     scheme = quantize_int8(fp32_dir / "model.onnx", int8_dir / "model.onnx", calibration, config.hardware_target, out)
     int8_session = onnx_session(int8_dir / "model.onnx")
-    check = compare(reference, predict(onnx_callable(int8_session), xte), yte, task)
+    check = verify(inputs.model, onnx_callable(int8_session), test, task, reference)
     drop = round(100.0 * ((check.get("accuracyReference") or 0.0) - (check.get("accuracy") or 0.0)), 4)
     accepted = drop <= config.max_accuracy_drop
     size = (int8_dir / "model.onnx").stat().st_size
@@ -273,7 +295,7 @@ def _onnx_int8(config: ExportConfig, inputs: _Inputs, reference: Any, out: Path,
     int8_bundle = _bundle(int8_dir, info, "onnx-int8", {"variant": f"{config.source}-onnx-int8", "source": config.source,
                                                         "opset": config.opset, "hardwareTarget": config.hardware_target,
                                                         "quantization": scheme})
-    int8_metrics = measure(onnx_callable(int8_session), xte, yte, task)
+    int8_metrics = measure_rows(onnx_callable(int8_session), test, task)
     write_json(int8_dir / "metrics.json", {"variant": int8_bundle["variant"], "accuracyDropPt": drop, **int8_metrics})
     write_json(int8_dir / "report.json", {"verification": check, "quantization": scheme, "accuracyDropPt": drop,
                                           "after": {"accuracy": check.get("accuracy"), "sizeBytes": size}})

@@ -11,13 +11,17 @@ file's footer and reads only the feature and label columns, batch by batch. Rows
 within blocks of ``shuffle_rows`` by a generator seeded by (seed, epoch, rank, worker), so an
 epoch's order is reproducible (a resumed run replays it) and memory stays bounded.
 
-Evaluation, compression and the other later steps read a (validation or test) split whole with
-:func:`read_split`, as they read a non-sharded data set.
+Every other read goes through :class:`SplitReader`, which never holds more than a batch: the
+train step's validation, evaluation and the steps after it iterate over a split ``batch_rows`` rows
+at a time, or read a bounded sample of it (:meth:`SplitReader.head`, :meth:`SplitReader.spread`).
+(Parquet reads a row group's column chunks whole, so the bound is the larger of a batch and a row
+group — a property of the prepared files, not of the split's length.)
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,18 +113,65 @@ def _read(files: list[SplitFile], features: list[str], label: str, start: int, s
             return
 
 
+class SplitReader:
+    """One split of a sharded data set, read in manifest order a bounded batch at a time: what the
+    train step's validation, evaluation and the steps after training go over, so that their memory
+    does not grow with the split."""
+
+    def __init__(self, folder: Path, meta: dict[str, Any], split: str) -> None:
+        manifest = manifest_of(folder, meta)
+        self.folder, self.meta, self.split = folder, meta, split
+        self.files = split_files(manifest, split)
+        self.features, self.label = list(manifest["features"]), str(manifest["label"])
+        self.task = str(meta["task"])
+        self.rows = sum(f.rows for f in self.files)
+
+    def batches(self, batch_rows: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(x, y) of rows [start, stop) (all by default), at most ``batch_rows`` rows each; the
+        targets typed as training's (float32 for a regression, int64 for classes)."""
+        stop = self.rows if stop is None else min(stop, self.rows)
+        for x, y in _read(self.files, self.features, self.label, start, stop, batch_rows):
+            yield x, _targets(y, self.task)
+
+    def head(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``rows`` rows, together: a bounded sample (the rows a step explains or times)."""
+        return self._join(self.batches(max(1, min(rows, 65_536)), 0, rows))
+
+    def spread(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """``rows`` rows (all, from a smaller split) taken from every file in proportion to its size,
+        the first ones of each: a bounded sample that sees every shard — calibration data — read
+        without going through the split."""
+        take = min(rows, self.rows)
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        offset = 0
+        for f in self.files:
+            # Cumulative shares, so that the counts add up to `take` exactly.
+            count = take * (offset + f.rows) // max(1, self.rows) - take * offset // max(1, self.rows)
+            if count:
+                parts.extend(self.batches(max(1, min(count, 65_536)), offset, offset + count))
+            offset += f.rows
+        return self._join(parts)
+
+    def shuffled(self, batch_rows: int, seed: int) -> ShardStream:
+        """The split as a shuffled stream (a block of rows at a time): fine-tuning's epochs."""
+        return ShardStream(self.folder, self.meta, self.split, batch_rows=batch_rows, seed=seed)
+
+    def _join(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        xs, ys = [], []
+        for x, y in chunks:
+            xs.append(x)
+            ys.append(y)
+        if not xs:
+            return np.zeros((0, len(self.features)), dtype=np.float32), _targets(np.zeros((0,)), self.task)
+        return np.concatenate(xs), np.concatenate(ys)
+
+
 def read_split(folder: Path, meta: dict[str, Any], split: str) -> dict[str, np.ndarray]:
-    """A whole split in memory, ``{"x", "y"}`` as a non-sharded prepared split (evaluation)."""
-    manifest = manifest_of(folder, meta)
-    files = split_files(manifest, split)
-    total = sum(f.rows for f in files)
-    xs, ys = [], []
-    for x, y in _read(files, manifest["features"], manifest["label"], 0, total, 65_536):
-        xs.append(x)
-        ys.append(y)
-    if not xs:
-        return {"x": np.zeros((0, len(manifest["features"])), dtype=np.float32), "y": np.zeros((0,), dtype=np.int64)}
-    return {"x": np.concatenate(xs), "y": _targets(np.concatenate(ys), meta["task"])}
+    """A whole split in memory, ``{"x", "y"}`` as a non-sharded prepared split. For tests and
+    tools on small data: no step reads a sharded split whole (:class:`SplitReader`)."""
+    reader = SplitReader(folder, meta, split)
+    x, y = reader.head(reader.rows)
+    return {"x": x, "y": y}
 
 
 def _torch_iterable() -> type:
@@ -135,11 +186,9 @@ class ShardStream(_torch_iterable()):  # type: ignore[misc]
 
     def __init__(self, folder: Path, meta: dict[str, Any], split: str = "train", *, batch_rows: int, rank: int = 0,
                  world: int = 1, even: bool = False, seed: int = 0, shuffle_rows: int = 16_384) -> None:
-        manifest = manifest_of(folder, meta)
-        self.files = split_files(manifest, split)
-        self.features, self.label = list(manifest["features"]), str(manifest["label"])
-        self.task = str(meta["task"])
-        self.total = sum(f.rows for f in self.files)
+        self.reader = SplitReader(folder, meta, split)
+        self.files, self.features, self.label = self.reader.files, self.reader.features, self.reader.label
+        self.task, self.total = self.reader.task, self.reader.rows
         self.batch_rows, self.rank, self.world, self.even = batch_rows, rank, world, even
         self.seed, self.shuffle_rows = seed, max(shuffle_rows, batch_rows)
         self.epoch = 0
@@ -185,9 +234,5 @@ class ShardStream(_torch_iterable()):  # type: ignore[misc]
         """The first ``rows`` rows of the split as tensors (the training metrics of the final weights)."""
         import torch
 
-        xs, ys, held = [], [], 0
-        for x, y in _read(self.files, self.features, self.label, 0, min(rows, self.total), self.batch_rows):
-            xs.append(x)
-            ys.append(y)
-            held += len(x)
-        return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(_targets(np.concatenate(ys), self.task))
+        x, y = self.reader.head(rows)
+        return torch.from_numpy(x), torch.from_numpy(y)

@@ -33,13 +33,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtimes._step import emit, hold_first_attempt, in_workspace, kill_first_attempt, parse_config, run_step, write_json
 from runtimes.errors import StepFailed
 from runtimes.study import TrialRun
 from specs.model import Hyperparameters
 from specs.stepconfig import TrainConfig
+
+if TYPE_CHECKING:  # runtimes.learn imports torch when imported; this module only when it runs
+    from runtimes.learn import Rows
 
 log = logging.getLogger("forge.train")
 
@@ -406,7 +409,8 @@ class Trainer:
         self.hp = effective_hyperparameters(config, self.trial.params if self.trial else None)
         self.strategy = config.spec.distributed.strategy
         self.out = in_workspace(config.output)
-        # A sharded data set's train split is streamed (_training_data); only its validation split is loaded.
+        # A sharded data set's splits are streamed: the train split by _streamed_data, the validation
+        # split by runtimes.learn.split_rows (load_prepared reads neither).
         self.sharded = is_sharded(in_workspace(config.data))
         self.data = load_prepared(in_workspace(config.data), ("validation",) if self.sharded else ("train", "validation"))
         self.meta = self.data.meta
@@ -415,7 +419,7 @@ class Trainer:
         self.rank, self.world = 0, 1
         # A checkpoint fits only the values it was trained with: a trial's asked values are part of it.
         self.fingerprint = _config_fingerprint(config, self.trial.params if self.trial else None)
-        self._validation: tuple[Any, Any] | None = None  # a search trial's validation split, once loaded
+        self._validation: Rows | None = None  # a search trial's validation split, once opened
 
     # -- set-up -------------------------------------------------------------------------------
     def _init_distributed(self) -> None:
@@ -621,15 +625,14 @@ class Trainer:
         the run stops here. Measured on the bare module's current weights, in eval mode."""
         import torch
 
-        from runtimes.learn import measure, split_tensors
+        from runtimes.learn import measure_rows, split_rows
 
         assert self.trial is not None
         if self._validation is None:
-            self._validation = split_tensors(self.data.split("validation"), self.meta, data.ctx)
-        vx, vy = self._validation
+            self._validation = split_rows(self.data, "validation", data.ctx)
         try:
             with torch.no_grad():
-                metrics = measure(w.model, vx, vy, data.task)
+                metrics = measure_rows(w.model, self._validation, data.task)
         finally:
             w.model.train()
         pruned = self.trial.report(metrics, epoch)
@@ -737,7 +740,7 @@ class Trainer:
         the other ranks."""
         import torch
 
-        from runtimes.learn import split_tensors
+        from runtimes.learn import split_rows
 
         if self.cuda:
             import gc
@@ -751,8 +754,8 @@ class Trainer:
             clean = _build(data.arch, self.meta)
             clean.load_state_dict(outcome.final)
             clean.eval()
-            vx, vy = split_tensors(self.data.split("validation"), self.meta, data.ctx)
-            val, train_metrics = self._measure(clean, (vx, vy), (data.x[:4096], data.y[:4096]), data.task)
+            validation = split_rows(self.data, "validation", data.ctx)  # streamed when sharded
+            val, train_metrics = self._measure(clean, validation, (data.x[:4096], data.y[:4096]), data.task)
             info = self._bundle_info(data, clean)
             save_bundle(self.out, clean, info)
             metrics = self._metrics(outcome, val, train_metrics, info["parameters"])
@@ -831,23 +834,24 @@ class Trainer:
                  json.dumps({k: round(v, 4) for k, v in val.items()}))
 
     # -- helpers ------------------------------------------------------------------------------
-    def _measure(self, clean: Any, validation: tuple[Any, Any], train: tuple[Any, Any], task: str) -> tuple[dict[str, float], dict[str, float]]:
-        """Validation and training metrics of the final weights, each an (inputs, targets) pair, on
-        the training device (a GPU measures a large LM in seconds where a CPU takes hours); on the
-        CPU if the device runs out of memory."""
+    def _measure(self, clean: Any, validation: Rows, train: tuple[Any, Any], task: str) -> tuple[dict[str, float], dict[str, float]]:
+        """Validation metrics (the split in memory, or a sharded one streamed a batch at a time) and
+        training metrics (an (inputs, targets) pair) of the final weights, on the training device (a
+        GPU measures a large LM in seconds where a CPU takes hours); on the CPU if the device runs
+        out of memory."""
         import torch
 
-        from runtimes.learn import measure
+        from runtimes.learn import measure, measure_rows
 
-        (vx, vy), (tx, ty) = validation, train
+        tx, ty = train
         try:
             clean.to(self.device)
-            return (measure(clean, vx, vy, task) if len(vx) else {}), measure(clean, tx, ty, task)
+            return (measure_rows(clean, validation, task) if len(validation) else {}), measure(clean, tx, ty, task)
         except torch.cuda.OutOfMemoryError:
             log.warning("out of device memory measuring the final model; measuring on the CPU")
             clean.to("cpu")
             torch.cuda.empty_cache()
-            return (measure(clean, vx, vy, task) if len(vx) else {}), measure(clean, tx, ty, task)
+            return (measure_rows(clean, validation, task) if len(validation) else {}), measure(clean, tx, ty, task)
         finally:
             clean.to("cpu")
 

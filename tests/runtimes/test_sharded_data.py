@@ -18,7 +18,12 @@ from tests.runtimes.helpers import ROOT
 
 pytestmark = pytest.mark.runtime
 
-WRITE = r'''
+def shard_writer(table: str, row_group: int) -> str:
+    """A script for the runtime environment (argv: folder, shards, rows per shard) that writes the
+    shards `s000.parquet`, … as the Arrow table ``table`` (an expression of shard ``i``'s ``rng``,
+    its row ids ``ids`` and ``rows``), row groups of ``row_group`` rows, and prints their
+    entries (name, digest) as JSON."""
+    return f'''
 import json, sys
 from pathlib import Path
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
@@ -29,12 +34,16 @@ out = []
 for i in range(n):
     ids = np.arange(i * rows, (i + 1) * rows)
     rng = np.random.default_rng(i)
-    table = pa.table({"rowid": ids.astype(np.float32), "f1": rng.normal(size=rows).astype(np.float32), "label": ids % 3})
-    path = folder / f"s{i:03d}.parquet"
-    pq.write_table(table, path, row_group_size=37)
-    out.append({"name": path.name, "digest": file_digest(path)})
+    table = {table}
+    path = folder / f"s{{i:03d}}.parquet"
+    pq.write_table(table, path, row_group_size={row_group})
+    out.append({{"name": path.name, "digest": file_digest(path)}})
 print(json.dumps(out))
 '''
+
+
+#: Shards whose rows are numbered (`rowid`), a normal feature and a label 0…2 (row groups of 37 rows).
+WRITE = shard_writer('pa.table({"rowid": ids.astype(np.float32), "f1": rng.normal(size=rows).astype(np.float32), "label": ids % 3})', 37)
 
 STREAM = r'''
 import json, sys
