@@ -25,11 +25,13 @@ def merge(
                                                      "(default: beside the reviewed file).")] = None,
     specs_paths: SpecsOpt = None,
     env: EnvOpt = None,
-    commit: Annotated[bool, typer.Option("--commit", help="Commit the source and the spec (only those two files).")] = False,
+    commit: Annotated[bool, typer.Option("--commit", help="Commit the source (or the new shard) and the spec, only those "
+                                         "(an `s3://` shard is in the bucket: the spec alone).")] = False,
     output: Annotated[str, typer.Option("--output", "-o", help="text or json.")] = "text",
 ) -> None:
-    """Append the auto-labels and the accepted reviewed rows to the Dataset's CSV source (a sharded
-    `file://` source: write them as a new Parquet shard in its folder and append it to
+    """Append the auto-labels and the accepted reviewed rows to the Dataset's `file://` CSV or
+    Parquet source (a sharded `file://` or `s3://` source: write them as a new Parquet shard in its
+    folder or bucket prefix, with the shell's AWS_* credentials, and append it to
     `source.shards.files`) and pin its new digest in the spec's `digest:` line."""
     from reconciler.labels.merge import merge_reviewed
 

@@ -34,8 +34,8 @@ ITEM_TASK = "group"
 GROUP_TEMPLATE = "prepare-group"
 MEMOIZED_GROUP_TEMPLATE = "memoized-prepare-group"
 CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-#: Read from the Secret when present (an S3-compatible store's address, its region).
-OPTIONAL_KEYS = ("AWS_ENDPOINT_URL", "AWS_REGION")
+#: Read from the Secret when present (an S3-compatible store's address, its region, a temporary credential's token).
+OPTIONAL_KEYS = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_SESSION_TOKEN")
 
 
 @dataclass(frozen=True)

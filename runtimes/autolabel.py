@@ -8,12 +8,17 @@ transform as in training and serving). Writes under ``output``:
 - ``auto-labels.csv``: the rows whose top-class probability reaches ``confidence``, with the
   label column filled in (the class name), ready to merge;
 - ``review.csv`` (or ``.parquet``): the other rows with the model's ``topK`` classes and
-  probabilities (``top1``, ``p1``, …) and an empty label column for a reviewer: a filled label
-  accepts the row, an empty one leaves it out;
+  probabilities (``top1``, ``p1``, …; ``_top1``, ``_p1``, … when a feature has such a name) and
+  an empty label column for a reviewer: a filled label accepts the row, an empty one leaves it out;
 - ``report.json`` (and ``metrics.json``, the step's output parameter): counts, the confidence,
   and with held-back labels the agreement of the auto-labels (and of the top-1 over every row,
   and the top-k hit rate of the review rows); with ``minAgreement``, the gate — below it the step
   fails (exit 3, not retried) after writing every file.
+
+Rows whose feature values the Dataset's source holds already are skipped (``alreadyInDataset`` in
+the report): after `forgectl labels merge`, the next version's step does not offer the merged rows
+again. The source is streamed once for it (a sharded one shard by shard); a row's key is its
+features as the model sees them (float32), so a merged row matches whatever type its column has.
 
 In a Workflow this is the `autolabel` step (renderers/autolabel.py), which reads the labelling
 model from the registry.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from runtimes._step import in_workspace, parse_config, run_step, write_json
@@ -73,10 +79,99 @@ def source_columns(spec: Any) -> list[str]:
         raise StepFailed(f"source {spec.source.uri}: cannot read the columns of the shard {first}: {exc}") from None
 
 
+def row_keys(values: Any) -> list[bytes]:
+    """A key per row of a 2-D array of feature values: the row as the model sees it (float32), so a
+    row merged into the data set (cast to its columns' types, or written back as CSV text) has the
+    key it had in the `unlabelled` file. -0.0 counts as 0.0."""
+    import numpy as np
+
+    rows = np.ascontiguousarray(np.asarray(values, dtype=np.float32) + np.float32(0.0))
+    return [row.tobytes() for row in rows]
+
+
+def source_batches(spec: Any, features: list[str], batch_rows: int = 65536) -> Iterator[Any]:
+    """The Dataset's source, ``features`` only, as float32 arrays of at most ``batch_rows`` rows:
+    read batch by batch (a sharded source shard by shard, through the filesystem the data steps
+    use), so a large data set is never held whole."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def arrays(parquet: Any, where: str) -> Iterator[Any]:
+        missing = [c for c in features if c not in parquet.schema_arrow.names]
+        if missing:
+            raise StepFailed(f"{where}: no feature column(s) {', '.join(missing[:5])}")
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=features):
+            yield np.column_stack([batch.column(i).to_numpy(zero_copy_only=False).astype(np.float32)
+                                   for i in range(batch.num_columns)])
+
+    shards = spec.source.shards
+    try:
+        if shards is not None:
+            from runtimes.shard_source import open_source
+
+            location = open_source(spec.source)
+            for shard in shards.files:
+                with location.filesystem.open_input_file(location.path(shard.name)) as fh:
+                    yield from arrays(pq.ParquetFile(fh), f"{spec.source.uri} shard {shard.name}")
+            return
+        import pandas as pd
+
+        from runtimes.data import _resolve_local
+
+        path = _resolve_local(spec.source.uri)
+        if spec.source.format == "parquet":
+            yield from arrays(pq.ParquetFile(path), spec.source.uri)
+            return
+        for chunk in pd.read_csv(path, usecols=features, chunksize=batch_rows):
+            yield chunk[features].to_numpy(dtype=np.float32)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise StepFailed(f"source {spec.source.uri}: cannot read its rows to skip those already labelled: {exc}") from None
+
+
+def in_dataset(spec: Any, features: list[str], values: Any) -> Any:
+    """Which rows of ``values`` (the `unlabelled` rows' features) the Dataset's source holds already
+    — rows `forgectl labels merge` merged, or labelled some other way — as a boolean array: those
+    are not offered again. The source is streamed once; only the unlabelled rows' keys are held."""
+    import numpy as np
+
+    keys: dict[bytes, list[int]] = {}
+    for i, key in enumerate(row_keys(values)):
+        keys.setdefault(key, []).append(i)
+    found = np.zeros(len(values), dtype=bool)
+    if not keys:
+        return found
+    for batch in source_batches(spec, features):
+        for key in row_keys(batch):
+            for i in keys.get(key, ()):
+                found[i] = True
+    return found
+
+
+def review_columns(features: list[str], label: str, top_k: int) -> tuple[str, list[str], list[str]]:
+    """The review file's own columns: ``row``, ``top1``…, ``p1``…, each set prefixed with as many
+    ``_`` as it takes to name no feature nor the label. Features named ``p0``, ``p1``, … (the
+    Parquet examples' pixels) would otherwise be overwritten by the probabilities, and a reviewed
+    row would merge them as its feature values."""
+    def free(names: list[str], taken: set[str]) -> list[str]:
+        prefix = ""
+        while any(prefix + n in taken for n in names):
+            prefix += "_"
+        return [prefix + n for n in names]
+
+    taken = {*features, label}
+    [row] = free([ROW], taken)
+    suggested = free([f"{c}{k + 1}" for c in ("top", "p") for k in range(top_k)], taken | {row})
+    return row, suggested[:top_k], suggested[top_k:]
+
+
 def gate(report: dict[str, Any], min_agreement: float | None) -> str:
     """Record the `minAgreement` gate in ``report`` (``gate``: threshold, measured, passed); the
     failure's message when the auto-labels agree with the held-back labels less than it, else ""."""
     if min_agreement is None:
+        return ""
+    if report["rows"] == 0:  # every row is in the data set already: no label to trust or distrust
+        report["gate"] = {"minAgreement": min_agreement, "agreement": None, "passed": True}
         return ""
     measured = (report.get("agreement") or {}).get("autoLabels")
     passed = measured is not None and measured >= min_agreement
@@ -111,11 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     missing = [c for c in features if c not in unlabelled.columns]
     if missing:
         raise StepFailed(f"{auto.unlabelled}: missing feature column(s) {', '.join(missing[:5])}")
+    # Rows the data set holds already (merged by `forgectl labels merge` after an earlier version
+    # labelled them) are not offered again: `positions` are the offered rows' places in the file.
+    in_source = in_dataset(spec, features, unlabelled[features].to_numpy(dtype=np.float32))
+    positions = np.flatnonzero(~in_source)
+    file_rows = len(unlabelled)
+    unlabelled = unlabelled.iloc[positions]
     core = ServingCore(in_workspace(config.model_dir))
     if core.task != "classification":
         raise StepFailed(f"the labelling model {auto.model_ref} is not a classifier (task {core.task})")
     classes = core.classes or [str(i) for i in range(int(core.info.get("numClasses") or 0))]
-    probs = core.predict(unlabelled[features].to_numpy(dtype=np.float32))["probabilities"]
+    x = unlabelled[features].to_numpy(dtype=np.float32)
+    probs = core.predict(x)["probabilities"] if len(x) else np.zeros((0, len(classes)), dtype=np.float32)
     order = np.argsort(-probs, axis=1)[:, : auto.top_k]
     top = probs[np.arange(len(probs)), order[:, 0]]
     confident = top >= auto.confidence
@@ -126,17 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     labelled[label] = names[order[confident, 0]]
     write_table(labelled, out / "auto-labels.csv")
     review = unlabelled.loc[~confident, features].copy()
-    review.insert(0, ROW, np.flatnonzero(~confident))
+    row_column, tops, ps = review_columns(features, label, order.shape[1])
+    review.insert(0, row_column, positions[~confident])  # the row's place in the `unlabelled` file
     for k in range(order.shape[1]):
-        review[f"top{k + 1}"] = names[order[~confident, k]]
-        review[f"p{k + 1}"] = np.round(probs[np.flatnonzero(~confident), order[~confident, k]], 4)
+        review[tops[k]] = names[order[~confident, k]]
+        review[ps[k]] = np.round(probs[np.flatnonzero(~confident), order[~confident, k]], 4)
     review[label] = ""
     review_path = out / f"review.{auto.review_format}"
     write_table(review, review_path)
 
     report: dict[str, Any] = {"dataset": config.dataset, "datasetDigest": spec.digest, "model": auto.model_ref,
                               "modelDir": config.model_dir, "confidence": auto.confidence,
-                              "rows": int(len(unlabelled)), "autoLabelled": int(confident.sum()),
+                              "rows": int(len(unlabelled)), "unlabelledRows": file_rows,
+                              "alreadyInDataset": int(in_source.sum()), "autoLabelled": int(confident.sum()),
                               "toReview": int((~confident).sum()), "topK": auto.top_k,
                               "reviewFile": review_path.name, "labelColumn": label}
     if auto.held_back_column:
@@ -156,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "metrics.json", report)
     if failed:
         raise ThresholdsFailed(failed)
-    log.info("auto-labelled %d of %d rows at confidence ≥ %g; %d to review in %s%s", report["autoLabelled"],
-             report["rows"], auto.confidence, report["toReview"], review_path,
+    log.info("auto-labelled %d of %d rows at confidence ≥ %g (%d in the data set already); %d to review in %s%s",
+             report["autoLabelled"], report["rows"], auto.confidence, report["alreadyInDataset"], report["toReview"],
+             review_path,
              f"; agreement with held-back labels {report['agreement']['autoLabels']}" if "agreement" in report else "")
     return 0
 

@@ -6,21 +6,29 @@ others are left out; which rows merge and which are refused is specs/labels.py, 
 `forgectl labels merge`), appends them to the source's rows — a CSV source's own lines kept
 byte for byte — and writes the merged table under ``output`` with the source's file name, plus
 ``merge.json``: counts, the old and the new digest (sha256 of the merged file, what `sha256sum`
-prints). Copy the file over the source and pin the new digest in the Dataset (what `forgectl
-labels merge` does in the repository for a CSV source): the plan then shows the models that retrain.
+prints). A Parquet source is rewritten with the same columns, types and compression. Copy the file
+over the source and pin the new digest in the Dataset (what `forgectl labels merge` does in the
+repository for a `file://` source): the plan then shows the models that retrain.
+
+A sharded source keeps its shards: the merged rows become one new shard (:func:`merge_shard`),
+staged under ``output``; ``--publish NAME`` then writes it into the source's folder (a local
+folder, or S3 through the same client the data steps read shards with), which `forgectl labels
+merge` runs once it has checked the spec's rewrite, so a shard is never left unpinned by a spec
+it could not write (``--withdraw NAME`` removes it again if that write fails).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from runtimes._step import in_workspace, parse_config, run_step, write_json
-from runtimes.autolabel import read_table, write_table
+from runtimes.autolabel import read_table
 from runtimes.errors import DigestMismatch, StepFailed
-from specs.labels import LabelsError, Table, append_csv, csv_table, merge_rows
+from specs.labels import LabelsError, Merged, Table, append_csv, csv_table, merge_rows
 from specs.stepconfig import MergeLabelsConfig
 
 log = logging.getLogger("forge.merge-labels")
@@ -34,17 +42,6 @@ def table(path: Path) -> Table:
     frame = read_table(path)
     return Table(path.name, tuple(str(c) for c in frame.columns),
                  [(i + 2, row) for i, row in enumerate(frame.to_dict("records"))])
-
-
-def merged_frame(source: Any, rows: list[list[object]], label: str) -> Any:
-    """A Parquet source with the merged rows appended (the label keeps the source's integer type)."""
-    import pandas as pd
-
-    added = pd.DataFrame(rows, columns=list(source.columns)).astype(source.dtypes.to_dict(), errors="ignore")
-    merged = pd.concat([source, added], ignore_index=True)
-    if source[label].dtype.kind in "iu":
-        merged[label] = merged[label].astype(source[label].dtype)
-    return merged
 
 
 def _cell(value: object, kind: Any, label: bool, classes: list[str]) -> object:
@@ -64,13 +61,28 @@ def _cell(value: object, kind: Any, label: bool, classes: list[str]) -> object:
     return str(value)
 
 
+def rows_table(rows: list[list[object]], schema: Any, columns: list[str], label: str, classes: list[str]) -> Any:
+    """The merged rows (values in ``columns`` order) as an Arrow table of those columns with
+    ``schema``'s types, so they append to the source's data without a type changing; a value that
+    does not fit its column's type is refused, naming the column."""
+    import pyarrow as pa
+
+    fields = [schema.field(n) for n in columns]
+    arrays = []
+    for i, f in enumerate(fields):
+        try:
+            arrays.append(pa.array([_cell(row[i], f.type, f.name == label, classes) for row in rows], type=f.type))
+        except (ValueError, TypeError, pa.ArrowException) as exc:
+            raise StepFailed(f"column {f.name!r}: a merged value does not fit the source's type {f.type}: {exc}") from None
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
 def merge_shard(config: MergeLabelsConfig, label: str) -> int:
     """A sharded source: the merged rows as one new Parquet shard with the pinned shards' schema
     (columns, order and types of the first one), named after its digest (specs.shards
     `labels_shard_name`), under ``output``; ``merge.json`` gives the file, its digest, the shard
     list with it appended and the new root. The folder must hold exactly the pinned shards (the
     join step's check); their bytes are not read again here (the join step checks each)."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from runtimes.data import file_digest
@@ -97,18 +109,11 @@ def merge_shard(config: MergeLabelsConfig, label: str) -> int:
     if not merged.rows:
         raise StepFailed(f"{Path(config.review).name}: nothing to merge (no auto-labels, and no reviewed row has its "
                          f"`{label}` filled)")
-    fields = [schema.field(n) for n in columns]
-    arrays = []
-    for i, f in enumerate(fields):
-        try:
-            arrays.append(pa.array([_cell(row[i], f.type, f.name == label, spec.labeling.classes) for row in merged.rows],
-                                   type=f.type))
-        except (ValueError, TypeError, pa.ArrowException) as exc:
-            raise StepFailed(f"column {f.name!r}: a merged value does not fit the shards' type {f.type}: {exc}") from None
+    added = rows_table(merged.rows, schema, columns, label, spec.labeling.classes)
     out = in_workspace(config.output)
     out.mkdir(parents=True, exist_ok=True)
     staged = out / ".labels.parquet"
-    pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), staged, compression="zstd")
+    pq.write_table(added, staged, compression="zstd")
     digest = file_digest(staged)
     name = labels_shard_name(location.glob, digest)
     if name is None:
@@ -131,14 +136,103 @@ def merge_shard(config: MergeLabelsConfig, label: str) -> int:
     return 0
 
 
+def merge_parquet(source_path: Path, out: Path, label: str, auto: Table, reviewed: Table,
+                  classes: list[str]) -> tuple[int, int, Merged]:
+    """A single Parquet source rewritten to ``out`` with the merged rows appended: the same columns,
+    order and types (the rows cast as a new shard's are), its compression and its metadata (a
+    pandas RangeIndex's length moved to the new row count). A source that stores a pandas index as
+    a column is refused: a merged row has no value for it. The rows after the merge, the source's,
+    and what merged."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(source_path)
+        source = parquet.read()
+    except (OSError, pa.ArrowException) as exc:
+        raise StepFailed(f"{source_path.name}: cannot read the Parquet source: {exc}") from None
+    index = [n for n in source.schema.names if n.startswith("__index_level_")]
+    if index:
+        raise StepFailed(f"{source_path.name}: the Parquet source stores a pandas index as the column(s) "
+                         f"{', '.join(index)}, which a merged row has no value for; write it without the index "
+                         "(`to_parquet(..., index=False)`), pin its digest, then merge")
+    columns = list(source.schema.names)
+    merged = merge_rows(columns, label, auto, reviewed, classes)
+    if not merged.rows:
+        return len(source), len(source), merged
+    added = rows_table(merged.rows, source.schema, columns, label, classes)
+    table = pa.concat_tables([source.replace_schema_metadata(None), added.replace_schema_metadata(None)])
+    table = table.replace_schema_metadata(_pandas_range(source.schema.metadata, table.num_rows))
+    meta = parquet.metadata
+    codec = meta.row_group(0).column(0).compression if meta.num_row_groups and meta.num_columns else "SNAPPY"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out, compression="none" if codec == "UNCOMPRESSED" else codec.lower())
+    return table.num_rows, len(source), merged
+
+
+def _pandas_range(metadata: dict[bytes, bytes] | None, rows: int) -> dict[bytes, bytes] | None:
+    """``metadata`` with a pandas RangeIndex of 0…n-1 stretched to ``rows`` (pandas would otherwise
+    find its length wrong and quietly fall back to a default index)."""
+    import json
+
+    if not metadata or b"pandas" not in metadata:
+        return metadata
+    try:
+        pandas = json.loads(metadata[b"pandas"])
+        for index in pandas.get("index_columns", []):
+            if isinstance(index, dict) and index.get("kind") == "range" and index.get("start") == 0 and index.get("step") == 1:
+                index["stop"] = rows
+    except (ValueError, AttributeError):
+        return metadata
+    return {**metadata, b"pandas": json.dumps(pandas).encode()}
+
+
+def publish(config: MergeLabelsConfig, name: str, withdraw: bool) -> int:
+    """``--publish NAME``: write the shard a previous run staged under ``output`` into the source's
+    folder (through the filesystem the steps read it with: S3 with the environment's credentials,
+    or the local folder), its digest checked against that run's ``merge.json`` first.
+    ``--withdraw NAME``: remove it again (`forgectl labels merge`, when the spec that would pin it
+    could not be written). Only for a sharded source: a single file is replaced by whoever pins it."""
+    from runtimes._step import read_json
+    from runtimes.data import file_digest
+    from runtimes.shard_source import delete_shard, open_source, put_shard
+
+    shards = config.spec.source.shards
+    if shards is None:
+        raise StepFailed("--publish and --withdraw write a shard of a sharded source (`source.shards`)")
+    staged = in_workspace(config.output) / name
+    done = read_json(in_workspace(config.output) / "merge.json") if (staged.parent / "merge.json").is_file() else {}
+    # Only the shard this merge staged, never one the spec pins: --withdraw deletes from the source.
+    if not staged.is_file() or done.get("file") != name or name in {f.name for f in shards.files}:
+        raise StepFailed(f"{staged}: not the new shard the merge in {config.output} staged (run merge-labels first)")
+    location = open_source(config.spec.source)
+    if withdraw:
+        delete_shard(location, name)
+        return 0
+    if file_digest(staged) != done.get("fileDigest"):
+        raise StepFailed(f"{staged}: its digest is not the {done.get('fileDigest')} its merge.json gives")
+    target = put_shard(location, name, staged)
+    log.info("wrote the shard %s (%s)", target, done["fileDigest"])
+    print(target)
+    return 0
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--publish", metavar="NAME", help="write the staged shard NAME into the sharded source's folder")
+    what.add_argument("--withdraw", metavar="NAME", help="remove the shard NAME from the sharded source's folder")
+
+
 def main(argv: list[str] | None = None) -> int:
-    config, _ = parse_config(MergeLabelsConfig, argv, "python -m runtimes merge-labels")
+    config, args = parse_config(MergeLabelsConfig, argv, "python -m runtimes merge-labels", _options)
     from runtimes.data import _resolve_local, file_digest
 
     spec = config.spec
     label = spec.labeling.column
     if spec.labeling.auto is None or not label or spec.source.format not in ("csv", "parquet"):
         raise StepFailed("merge-labels needs a CSV/Parquet Dataset with `labeling.column` and `labeling.auto`")
+    if args.publish or args.withdraw:
+        return publish(config, args.publish or args.withdraw, withdraw=bool(args.withdraw))
     if spec.source.shards is not None:
         return merge_shard(config, label)
     source_path = _resolve_local(spec.source.uri)
@@ -152,17 +246,18 @@ def main(argv: list[str] | None = None) -> int:
             text = source_path.read_text(encoding="utf-8")
             source_rows = csv_table(source_path.name, text)
             merged = merge_rows(source_rows.columns, label, auto, reviewed, spec.labeling.classes)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(append_csv(text, merged.rows), encoding="utf-8", newline="")
+            if merged.rows:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(append_csv(text, merged.rows), encoding="utf-8", newline="")
             total = len(source_rows.rows) + len(merged.rows)
             source_count = len(source_rows.rows)
         else:
-            source = read_table(source_path)
-            merged = merge_rows([str(c) for c in source.columns], label, auto, reviewed, spec.labeling.classes)
-            write_table(merged_frame(source, merged.rows, label), out)
-            total, source_count = len(source) + len(merged.rows), len(source)
+            total, source_count, merged = merge_parquet(source_path, out, label, auto, reviewed, spec.labeling.classes)
     except LabelsError as exc:
         raise StepFailed(str(exc)) from None
+    if not merged.rows:
+        raise StepFailed(f"{Path(config.review).name}: nothing to merge (no auto-labels, and no reviewed row has its "
+                         f"`{label}` filled): the digest stays {old}")
     new = file_digest(out)
     report = {"dataset": config.dataset, "source": spec.source.uri, "sourceRows": source_count,
               "autoLabelled": merged.auto_labelled, "accepted": merged.accepted, "rejected": merged.rejected,

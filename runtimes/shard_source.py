@@ -64,6 +64,8 @@ def _s3() -> Any:
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or None
     options: dict[str, Any] = {"access_key": key, "secret_key": secret,
                                "region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
+    if os.environ.get("AWS_SESSION_TOKEN"):  # temporary credentials (STS, SSO) come with one
+        options["session_token"] = os.environ["AWS_SESSION_TOKEN"]
     if endpoint:
         scheme, _, address = endpoint.partition("://")
         options.update(endpoint_override=address or scheme, scheme=scheme if address else "https")
@@ -96,3 +98,47 @@ def check_listing(location: ShardLocation, pinned: list[str]) -> None:
             [f"{len(extra)} shard(s) not pinned: {', '.join(extra[:5])}"] if extra else [])
         raise DigestMismatch(f"the source {location.folder}/{location.glob} differs from the Dataset's shards: "
                              + "; ".join(parts) + " (pin the new list and digest in the spec)")
+
+
+def put_shard(location: ShardLocation, name: str, staged: Path) -> str:
+    """Write the local file ``staged`` into the source's folder as the shard ``name`` (the same
+    filesystem the steps read shards through: S3 with the environment's credentials, or the local
+    folder); the shard's path. Refused when a file of that name is there already: a shard is never
+    replaced, since the spec pins its digest."""
+    from pyarrow.fs import FileType
+
+    target = location.path(name)
+    try:
+        exists = location.filesystem.get_file_info(target).type != FileType.NotFound
+    except OSError as exc:
+        raise StepFailed(f"cannot look for {target}: {exc}") from None
+    if exists:
+        raise StepFailed(f"{target}: a file of that name is in the source's folder already (these labels were "
+                         "merged before): nothing written")
+    # Local: a temporary name renamed over, so no reader sees half a shard. S3: an object appears
+    # whole when its upload completes (a multipart upload is committed by close()), so none is needed.
+    partial = location.path(f".{name}.partial") if location.root is not None else target
+    try:
+        with staged.open("rb") as src, location.filesystem.open_output_stream(partial) as out:
+            for chunk in iter(lambda: src.read(8 << 20), b""):
+                out.write(chunk)
+        if partial != target:
+            location.filesystem.move(partial, target)
+    except OSError as exc:
+        if partial != target and location.filesystem.get_file_info(partial).type == FileType.File:
+            location.filesystem.delete_file(partial)
+        raise StepFailed(f"cannot write the shard {target}: {exc}") from None
+    return target
+
+
+def delete_shard(location: ShardLocation, name: str) -> None:
+    """Remove the shard ``name`` from the source's folder (undoing :func:`put_shard` when the spec
+    that would pin it could not be written); nothing when it is not there."""
+    from pyarrow.fs import FileType
+
+    target = location.path(name)
+    try:
+        if location.filesystem.get_file_info(target).type == FileType.File:
+            location.filesystem.delete_file(target)
+    except OSError as exc:
+        raise StepFailed(f"cannot remove the shard {target}: {exc}") from None

@@ -108,6 +108,10 @@ def csv_table(file: str, text: str) -> Table:
         header = next(reader)
     except StopIteration:
         raise LabelsError(file, 1, "empty file (no header line)") from None
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:  # a row would silently keep the last one's value (a probability merged as a feature)
+        raise LabelsError(file, 1, f"the column(s) {', '.join(repr(c) for c in twice[:5])} appear more than once "
+                          "in the header")
     rows: list[tuple[int, Mapping[str, object]]] = []
     line = reader.line_num + 1
     try:

@@ -1,4 +1,4 @@
-"""`forgectl labels merge`: reviewed labels into a Dataset's source in the repository.
+"""`forgectl labels merge`: reviewed labels into a Dataset's source.
 
 The `autolabel` step of a Model's Workflow (renderers/workflow.py) leaves `auto-labels.csv` and a
 review file in the workspace; a reviewer fills the label column of the rows they accept. This
@@ -9,19 +9,24 @@ the Dataset's spec in place, on the line the loader says it is on, so the plan s
 retrain. With ``commit``, the two files are committed (nothing else), through
 :mod:`reconciler.load.gitrepo` (no hooks, no filters: nothing in the tree runs).
 
-A sharded `file://` source (`source.shards`) keeps its shards as they are: the merged rows become
-one new Parquet shard in its folder (the pinned shards' columns and types, named
-`labels-<12 hex of its digest>.parquet` or after the glob), written by `python -m runtimes
-merge-labels` in the runtime environment (forgectl's own has no Parquet library); its entry is
-appended to `source.shards.files` after the last one's lines and `digest:` moves to the new root,
-so the plan shows one new shard and only its group prepares. A `pvc://` or `s3://` source is
-refused (the shard belongs where the data lives).
+A single Parquet source is rewritten the same way by `python -m runtimes merge-labels` in the
+runtime environment (forgectl's own has no Parquet library): the same columns and types, the rows
+appended; the new file replaces the source and the digest line moves with it.
+
+A sharded `file://` or `s3://` source (`source.shards`) keeps its shards as they are: the merged
+rows become one new Parquet shard (the pinned shards' columns and types, named
+`labels-<12 hex of its digest>.parquet` or after the glob), written by the same runtime step into
+the source's folder or bucket prefix (S3 through the client the data steps read shards with, with
+the AWS_* credentials of the shell running forgectl); its entry is appended to
+`source.shards.files` after the last one's lines and `digest:` moves to the new root, so the plan
+shows one new shard and only its group prepares. A `pvc://` source is refused: the claim is a
+volume of the cluster, which this machine cannot write into.
 
 Refused before anything is written: a Dataset without `labeling.auto`, a source that is not a
-`file://` CSV inside the Environment's root, a source whose bytes no longer match the pinned
-digest (merge into the data the spec pins, nothing else), labels the `autolabel` step made for
-another digest (its `report.json` beside them says which: a second merge of the same review is
-refused), and any row that cannot merge.
+`file://` CSV or Parquet file inside the Environment's root (or a sharded `file://`/`s3://` one),
+a source whose bytes no longer match the pinned digest (merge into the data the spec pins, nothing
+else), labels the `autolabel` step made for another digest (its `report.json` beside them says
+which: a second merge of the same review is refused), and any row that cannot merge.
 """
 
 from __future__ import annotations
@@ -81,6 +86,12 @@ def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def _file_digest(path: Path) -> str:
+    """:func:`sha256_digest` of a file, read in chunks (a Parquet source need not fit in memory)."""
+    with path.open("rb") as fh:
+        return "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()
+
+
 def _read_csv(path: Path, what: str) -> tuple[str, Table]:
     if path.suffix == ".parquet":
         raise ForgeError(f"{printable(str(path))}: a Parquet {what}; `forgectl labels merge` reads CSV (merge Parquet "
@@ -103,23 +114,45 @@ def _labelled_digest(report: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _write(path: Path, data: bytes) -> None:
-    """Replace ``path``'s content at once (a temporary file beside it, renamed over it)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+def _replace_all(writes: list[tuple[Path, bytes | Path]]) -> None:
+    """Replace each path's content with the bytes (or the file) given: every new content is staged
+    in a temporary file beside its target first, then all are renamed over their targets, so a
+    failure while staging (a full disk) leaves every target as it was."""
+    staged: list[tuple[str, Path]] = []
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        for path, data in writes:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            staged.append((tmp, path))
+            with os.fdopen(fd, "wb") as fh:
+                if isinstance(data, Path):
+                    with data.open("rb") as src:
+                        shutil.copyfileobj(src, fh, 8 << 20)
+                else:
+                    fh.write(data)
+            os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _repinned(raw: Any, old: str) -> tuple[Path, list[str], int]:
+    """The spec file, its lines and the line its `digest:` is on (the loader's line), refused
+    (nothing written) unless that line holds ``old`` exactly once: the caller replaces it there."""
+    digest_line = raw.position(("spec", "digest"))[0]
+    spec_path = Path(raw.file)
+    lines = spec_path.read_bytes().decode("utf-8").splitlines(keepends=True)
+    if not 0 < digest_line <= len(lines) or lines[digest_line - 1].count(old) != 1:
+        raise ForgeError(f"{raw.file}:{digest_line}: `digest` is not written as {old} on a line of its own; nothing "
+                         "was written (merge with `python -m runtimes merge-labels` and pin the new digest by hand)")
+    return spec_path, lines, digest_line
 
 
 def merge_reviewed(paths: list[str], dataset: str, reviewed: Path, auto_labels: Path | None = None, *,
                    env: str | None = None, commit: bool = False) -> LabelsMerge:
     """Merge ``reviewed`` (and the auto-labels beside it, or ``auto_labels``) into ``dataset``'s
-    source and pin its new digest in the spec; commit both files with ``commit``."""
+    source and pin its new digest in the spec; commit the files that changed with ``commit``."""
     result = load_or_raise(paths)
     doc = result.specs.get(Dataset, dataset)
     if doc is None:
@@ -128,60 +161,72 @@ def merge_reviewed(paths: list[str], dataset: str, reviewed: Path, auto_labels: 
     raw = result.raws[("Dataset", dataset)]
     spec = doc.spec
     where = f"{raw.file}:{raw.position(('spec', 'labeling'))[0]}"
-    label = spec.labeling.column
-    if spec.labeling.auto is None or not label:
+    if spec.labeling.auto is None or not spec.labeling.column:
         raise ForgeError(f"{where}: Dataset {dataset!r} has no `labeling.auto` with a `labeling.column` to merge into")
-    if spec.source.shards is not None:
-        return _merge_shard(result, doc, raw, reviewed, auto_labels, env=env, commit=commit)
-    if spec.source.format != "csv" or not spec.source.uri.startswith("file://") or spec.source.local_path is None:
-        raise ForgeError(f"{raw.file}:{raw.position(('spec', 'source'))[0]}: `forgectl labels merge` writes a `file://` "
-                         f"CSV source; {spec.source.uri} ({spec.source.format}) is not one")
     environment = result.specs.environment(env)
+    uri_line = raw.position(("spec", "source", "uri"))[0]
     try:
         root = resolve_inside(Path.cwd(), environment.spec.root if environment else ".", what="root")
+    except OutsideRoot as exc:
+        raise ForgeError(f"{raw.file}:{uri_line}: {exc}") from None
+    if spec.source.shards is not None:
+        return _merge_shard(doc, raw, root, reviewed, auto_labels, commit=commit)
+    return _merge_file(doc, raw, root, reviewed, auto_labels, commit=commit)
+
+
+def _merge_file(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Path | None, *,
+                commit: bool) -> LabelsMerge:
+    """A single `file://` source: a CSV gets the rows appended here (its own lines byte for byte);
+    a Parquet file is rewritten by `python -m runtimes merge-labels` in the runtime environment
+    (forgectl's own has no Parquet library) with the same columns and types. Either way the new
+    file replaces the source, and the `digest:` line is re-pinned, together."""
+    dataset, spec, label = doc.name, doc.spec, doc.spec.labeling.column
+    uri_line = raw.position(("spec", "source", "uri"))[0]
+    fmt = spec.source.format
+    if fmt not in ("csv", "parquet") or not spec.source.uri.startswith("file://") or spec.source.local_path is None:
+        raise ForgeError(f"{raw.file}:{raw.position(('spec', 'source'))[0]}: `forgectl labels merge` writes a `file://` "
+                         f"CSV or Parquet source (or a sharded `file://` or `s3://` one); {spec.source.uri} ({fmt}) "
+                         "is not one")
+    try:
         source = resolve_inside(root, spec.source.local_path, what="source")
     except OutsideRoot as exc:
-        raise ForgeError(f"{raw.file}:{raw.position(('spec', 'source', 'uri'))[0]}: {exc}") from None
-    source_text, source_rows = _read_csv(source, "source")
-    old = sha256_digest(source_text.encode("utf-8"))
+        raise ForgeError(f"{raw.file}:{uri_line}: {exc}") from None
+    if not source.is_file():
+        raise ForgeError(f"{printable(str(source))}: no such file (source)")
+    old = _file_digest(source)
     digest_line = raw.position(("spec", "digest"))[0]
     if old != spec.digest:
         raise ForgeError(f"{raw.file}:{digest_line}: the source {spec.source.uri} has digest {old}, the Dataset pins "
                          f"{spec.digest}: labels merge into the data the spec pins (restore it, or pin it first)")
-    auto_path = auto_labels if auto_labels is not None else reviewed.parent / "auto-labels.csv"
-    if auto_labels is None and not auto_path.is_file():
-        raise ForgeError(f"{printable(str(auto_path))}: no auto-labels beside the reviewed file (the `autolabel` step "
-                         "writes `auto-labels.csv` beside `review.csv`; name it with --auto-labels)")
-    made_for = _labelled_digest(auto_path.parent / "report.json")
-    if made_for is not None and made_for != spec.digest:
-        raise ForgeError(f"{raw.file}:{digest_line}: the labels in {printable(str(auto_path.parent))} were made for "
-                         f"{dataset}'s digest {made_for}, the Dataset pins {spec.digest} (merged already, or made "
-                         "for another version of the data): nothing merged")
-    try:
-        _, auto_table = _read_csv(auto_path, "auto-labels file")
-        _, reviewed_table = _read_csv(reviewed, "reviewed file")
-        merged = merge_rows(source_rows.columns, label, auto_table, reviewed_table, spec.labeling.classes)
-    except LabelsError as exc:
-        raise ForgeError(str(exc)) from None
-    if not merged.rows:
-        raise ForgeError(f"{printable(str(reviewed))}: nothing to merge (no auto-labels, and no reviewed row has its "
-                         f"`{label}` filled): the digest stays {old}")
-    new_bytes = append_csv(source_text, merged.rows).encode("utf-8")
-    new = sha256_digest(new_bytes)
-    spec_path = Path(raw.file)
-    spec_bytes = spec_path.read_bytes()
-    lines = spec_bytes.decode("utf-8").splitlines(keepends=True)
-    if not 0 < digest_line <= len(lines) or lines[digest_line - 1].count(spec.digest) != 1:
-        raise ForgeError(f"{raw.file}:{digest_line}: `digest` is not written as {spec.digest} on this line; "
-                         f"pin {new} by hand (nothing was written)")
-    lines[digest_line - 1] = lines[digest_line - 1].replace(spec.digest, new)
-    _write(source, new_bytes)
-    _write(spec_path, "".join(lines).encode("utf-8"))
-    outcome = LabelsMerge(dataset, str(source), raw.file, digest_line, old, new, merged.auto_labelled, merged.accepted,
-                          merged.rejected, len(source_rows.rows) + len(merged.rows))
+    auto_path = _auto_labels_for(spec, raw, dataset, reviewed, auto_labels)
+    with tempfile.TemporaryDirectory(prefix="forge-labels-") as tmp:
+        new_content: bytes | Path
+        if fmt == "csv":
+            source_text, source_rows = _read_csv(source, "source")
+            try:
+                _, auto_table = _read_csv(auto_path, "auto-labels file")
+                _, reviewed_table = _read_csv(reviewed, "reviewed file")
+                merged = merge_rows(source_rows.columns, label, auto_table, reviewed_table, spec.labeling.classes)
+            except LabelsError as exc:
+                raise ForgeError(str(exc)) from None
+            if not merged.rows:
+                raise ForgeError(f"{printable(str(reviewed))}: nothing to merge (no auto-labels, and no reviewed row "
+                                 f"has its `{label}` filled): the digest stays {old}")
+            new_content = append_csv(source_text, merged.rows).encode("utf-8")
+            new = sha256_digest(new_content)
+            counts = (merged.auto_labelled, merged.accepted, merged.rejected, len(source_rows.rows) + len(merged.rows))
+        else:
+            workspace = _stage_inputs(Path(tmp), auto_path, reviewed)
+            done = _run_merge_labels(dataset, spec, root, workspace, reviewed.name, f"{raw.file}:{uri_line}")
+            new_content, new = workspace / "out" / str(done["file"]), str(done["newDigest"])
+            counts = (int(done["autoLabelled"]), int(done["accepted"]), int(done["rejected"]), int(done["rows"]))
+        spec_path, lines, digest_line = _repinned(raw, spec.digest)
+        lines[digest_line - 1] = lines[digest_line - 1].replace(spec.digest, new)
+        _replace_all([(source, new_content), (spec_path, "".join(lines).encode("utf-8"))])
+    outcome = LabelsMerge(dataset, str(source), raw.file, digest_line, old, new, *counts)
     if not commit:
         return outcome
-    message = (f"Labels for dataset {dataset}: {merged.auto_labelled} auto-labelled and {merged.accepted} reviewed "
+    message = (f"Labels for dataset {dataset}: {outcome.auto_labelled} auto-labelled and {outcome.accepted} reviewed "
                f"rows merged\n\n{spec.source.uri}: {old} → {new}\n")
     return LabelsMerge(**{**outcome.__dict__, "commit": _commit([source, spec_path], message)})
 
@@ -206,57 +251,67 @@ def _auto_labels_for(spec: Any, raw: Any, dataset: str, reviewed: Path, auto_lab
     return auto_path
 
 
-def _merge_shard(result: Any, doc: Any, raw: Any, reviewed: Path, auto_labels: Path | None, *,
-                 env: str | None, commit: bool) -> LabelsMerge:
-    """A sharded source: the merged rows become one new Parquet shard in the source's folder (written
-    by `python -m runtimes merge-labels` in the runtime environment, which has Parquet; forgectl's own
-    has none), appended to `source.shards.files` in the spec with its digest, and the `digest:` line
-    re-pinned to the new root: the plan shows one new shard, and only its group prepares."""
+def _stage_inputs(workspace: Path, auto_path: Path, reviewed: Path) -> Path:
+    """A workspace for the runtime's `merge-labels`: the auto-labels as ``labels/auto-labels.csv``
+    and the reviewed file under its own name (copies: the step never reads outside its workspace)."""
+    (workspace / "labels").mkdir()
+    shutil.copyfile(auto_path, workspace / "labels" / "auto-labels.csv")
+    shutil.copyfile(reviewed, workspace / reviewed.name)
+    return workspace
+
+
+def _merge_shard(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Path | None, *,
+                 commit: bool) -> LabelsMerge:
+    """A sharded source: the merged rows become one new Parquet shard (written by `python -m
+    runtimes merge-labels` in the runtime environment, which has Parquet and the S3 client the data
+    steps use; forgectl's own has neither), appended to `source.shards.files` in the spec with its
+    digest, and the `digest:` line re-pinned to the new root: the plan shows one new shard, and only
+    its group prepares. The shard goes into a `file://` folder or an `s3://` prefix; a `pvc://`
+    claim is refused (it is a volume in the cluster, which this machine cannot write into)."""
     dataset, spec = doc.name, doc.spec
     shards = spec.source.shards
     uri_line = raw.position(("spec", "source", "uri"))[0]
     scheme = spec.source.uri.partition("://")[0]
-    if scheme != "file":
-        raise ForgeError(f"{raw.file}:{uri_line}: `forgectl labels merge` writes a shard into a `file://` source only; "
-                         f"{spec.source.uri} is {scheme}://: write the shard where the data lives (`python -m runtimes "
-                         "merge-labels` in the runtime environment writes it, with `merge.json` giving its name, digest "
-                         "and the new root), then pin it in `source.shards.files` and `digest`")
-    environment = result.specs.environment(env)
-    folder_part, glob = spec.source.folder_and_glob
-    try:
-        root = resolve_inside(Path.cwd(), environment.spec.root if environment else ".", what="root")
-        folder = resolve_inside(root, folder_part, what="source")
-    except OutsideRoot as exc:
-        raise ForgeError(f"{raw.file}:{uri_line}: {exc}") from None
-    if not folder.is_dir():
-        raise ForgeError(f"{raw.file}:{uri_line}: the source's folder {printable(str(folder))} does not exist")
+    folder_part, _ = spec.source.folder_and_glob
+    if scheme == "pvc":
+        raise ForgeError(f"{raw.file}:{uri_line}: {spec.source.uri} is on a PersistentVolumeClaim, a volume of the "
+                         "cluster that `forgectl labels merge` cannot write into from this machine; run `python -m "
+                         "runtimes merge-labels` in a pod that mounts the claim (it writes the new shard into its "
+                         "output folder, and `merge.json` gives its name, digest and the new root), copy the shard "
+                         "into the claim's folder, then append it to `source.shards.files` and pin `digest` by hand")
+    if scheme == "s3":
+        missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not os.environ.get(k)]
+        if missing:
+            raise ForgeError(f"{raw.file}:{uri_line}: {spec.source.uri} is written with the S3 credentials of this "
+                             f"shell, and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
+                             "(export them, and AWS_ENDPOINT_URL for an S3-compatible store, as for the AWS CLI): "
+                             "nothing was written")
+        shard_folder = f"s3://{folder_part}"
+    else:
+        try:
+            folder = resolve_inside(root, folder_part, what="source")
+        except OutsideRoot as exc:
+            raise ForgeError(f"{raw.file}:{uri_line}: {exc}") from None
+        if not folder.is_dir():
+            raise ForgeError(f"{raw.file}:{uri_line}: the source's folder {printable(str(folder))} does not exist")
+        shard_folder = str(folder)
     auto_path = _auto_labels_for(spec, raw, dataset, reviewed, auto_labels)
     last = len(shards.files) - 1
     item = ("spec", "source", "shards", "files", last)
     name_line, digest_item_line = raw.position((*item, "name"))[0], raw.position((*item, "digest"))[0]
-    digest_line = raw.position(("spec", "digest"))[0]
-    spec_path = Path(raw.file)
-    lines = spec_path.read_bytes().decode("utf-8").splitlines(keepends=True)
+    spec_path, lines, digest_line = _repinned(raw, spec.digest)
     first, end = min(name_line, digest_item_line), max(name_line, digest_item_line)
     block = "".join(lines[first - 1 : end]) if 0 < first <= end <= len(lines) else ""
     if (not block.lstrip().startswith("- ") or block.count(shards.files[-1].name) != 1
-            or block.count(shards.files[-1].digest) != 1 or end - first > 1
-            or not 0 < digest_line <= len(lines) or lines[digest_line - 1].count(spec.digest) != 1):
-        raise ForgeError(f"{raw.file}:{name_line}: the last shard of `source.shards.files` and the `digest` are not "
-                         "written one item a line (`- name: …` then `digest: …`, or `- {name: …, digest: …}`) with "
-                         "`digest: …` on a line of its own; nothing was written (write the shard's entry by hand)")
+            or block.count(shards.files[-1].digest) != 1 or end - first > 1):
+        raise ForgeError(f"{raw.file}:{name_line}: the last shard of `source.shards.files` is not written one item a "
+                         "line (`- name: …` then `digest: …`, or `- {name: …, digest: …}`); nothing was written "
+                         "(write the shard's entry by hand)")
+    where = f"{raw.file}:{uri_line}"
     with tempfile.TemporaryDirectory(prefix="forge-labels-") as tmp:
-        workspace = Path(tmp)
-        (workspace / "labels").mkdir()
-        (workspace / "labels" / "auto-labels.csv").write_bytes(auto_path.read_bytes())
-        review_copy = workspace / reviewed.name
-        review_copy.write_bytes(reviewed.read_bytes())
-        done = _run_merge_labels(dataset, spec, root, workspace, review_copy.name, f"{raw.file}:{uri_line}")
+        workspace = _stage_inputs(Path(tmp), auto_path, reviewed)
+        done = _run_merge_labels(dataset, spec, root, workspace, reviewed.name, where)
         new_name, file_digest, new_root = str(done["file"]), str(done["fileDigest"]), str(done["newDigest"])
-        target = folder / new_name
-        if target.exists():
-            raise ForgeError(f"{printable(str(target))}: a file of that name is in the source's folder already "
-                             "(these labels were merged before): nothing written")
         entry = block.replace(shards.files[-1].name, new_name).replace(shards.files[-1].digest, file_digest)
         if not entry.endswith(("\n", "\r")):
             entry += "\r\n" if lines[first - 1].endswith("\r\n") else "\n"
@@ -265,23 +320,29 @@ def _merge_shard(result: Any, doc: Any, raw: Any, reviewed: Path, auto_labels: P
         new_lines[at] = new_lines[at].replace(spec.digest, new_root)
         new_text = "".join(new_lines)
         _check_rewrite(new_text, raw, doc, new_name, file_digest, new_root)
-        staged = workspace / "out" / new_name
-        shutil.copyfile(staged, folder / f".{new_name}.tmp")
-        os.replace(folder / f".{new_name}.tmp", target)
+        # The shard goes where the data lives first, the spec that pins it second: a spec never pins
+        # a shard that is not there, and a shard the spec could not pin is taken away again.
+        _runtime(_merge_config(dataset, spec, reviewed.name), root, workspace, where, "--publish", new_name)
         try:
-            _write(spec_path, new_text.encode("utf-8"))
-        except BaseException:
-            target.unlink(missing_ok=True)
+            _replace_all([(spec_path, new_text.encode("utf-8"))])
+        except BaseException as exc:
+            try:
+                _runtime(_merge_config(dataset, spec, reviewed.name), root, workspace, where, "--withdraw", new_name)
+            except ForgeError as undo:
+                raise ForgeError(f"{raw.file}: cannot write the spec ({exc}), and the shard {new_name} it would pin "
+                                 f"stays in {shard_folder}: {undo}; remove it by hand") from exc
             raise
+    target = f"{shard_folder}/{new_name}"
     new_line = digest_line + (entry.count("\n") if digest_line > end else 0)
-    outcome = LabelsMerge(dataset, str(target), raw.file, new_line, spec.digest, new_root, int(done["autoLabelled"]),
+    outcome = LabelsMerge(dataset, target, raw.file, new_line, spec.digest, new_root, int(done["autoLabelled"]),
                           int(done["accepted"]), int(done["rejected"]), int(done["rows"]), shard=new_name,
                           shard_digest=file_digest, shards=len(shards.files) + 1)
     if not commit:
         return outcome
     message = (f"Labels for dataset {dataset}: {outcome.auto_labelled} auto-labelled and {outcome.accepted} reviewed "
                f"rows merged as the shard {new_name}\n\n{spec.source.uri}: {spec.digest} → {new_root}\n")
-    return LabelsMerge(**{**outcome.__dict__, "commit": _commit([target, spec_path], message)})
+    committed = [Path(target), spec_path] if scheme == "file" else [spec_path]  # an S3 object is not in git
+    return LabelsMerge(**{**outcome.__dict__, "commit": _commit(committed, message)})
 
 
 def _check_rewrite(text: str, raw: Any, doc: Any, name: str, file_digest: str, root: str) -> None:
@@ -307,25 +368,36 @@ def _check_rewrite(text: str, raw: Any, doc: Any, name: str, file_digest: str, r
                          "by hand)")
 
 
-def _run_merge_labels(dataset: str, spec: Any, root: Path, workspace: Path, review: str, where: str) -> dict[str, Any]:
-    """`python -m runtimes merge-labels` in the runtime environment, in ``workspace``; its `merge.json`.
-    A refusal keeps the step's own file:line (a reviewed row's); one about the source's shards (exit
-    2: the folder does not hold what the spec pins) gets ``where``, the source's line in the spec."""
+def _merge_config(dataset: str, spec: Any, review: str) -> dict[str, Any]:
+    """The `merge-labels` step's config for a workspace laid out by :func:`_stage_inputs`."""
+    return {"step": "merge-labels", "dataset": dataset, "spec": spec.model_dump(mode="json", by_alias=True),
+            "labels": "labels", "review": review, "output": "out"}
+
+
+def _runtime(config: dict[str, Any], root: Path, workspace: Path, where: str, *args: str) -> None:
+    """`python -m runtimes merge-labels` (with ``args``) in the runtime environment, in ``workspace``.
+    Its environment is this one's (an `s3://` source is read and written with the shell's AWS_*
+    variables, as the AWS CLI would use them). A refusal keeps the step's own file:line (a reviewed
+    row's); one about the source (exit 2: it does not hold what the spec pins) gets ``where``, the
+    source's line in the spec."""
     from reconciler.runtimeenv import FORGE_ROOT, runtime_python
 
-    config = {"step": "merge-labels", "dataset": dataset, "spec": spec.model_dump(mode="json", by_alias=True),
-              "labels": "labels", "review": review, "output": "out"}
     env = {**os.environ, "FORGE_WORKSPACE": str(workspace), "FORGE_SOURCE_ROOT": str(root),
            "PYTHONPATH": str(FORGE_ROOT)}
     try:
-        proc = subprocess.run([runtime_python(), "-m", "runtimes", "merge-labels", "--config-json", json.dumps(config)],
-                              env=env, capture_output=True, text=True, timeout=3600, cwd=str(root))
+        proc = subprocess.run([runtime_python(), "-m", "runtimes", "merge-labels", "--config-json", json.dumps(config),
+                               *args], env=env, capture_output=True, text=True, timeout=3600, cwd=str(root))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ForgeError(f"cannot run the merge-labels step in the runtime environment: {exc}") from None
     if proc.returncode != 0:
         errors = [ln.removeprefix("error: ") for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
         message = printable(errors[-1] if errors else proc.stderr.strip()[-2000:] or f"merge-labels exited {proc.returncode}")
         raise ForgeError((f"{where}: " if proc.returncode == 2 else "") + message + " (nothing was written)")
+
+
+def _run_merge_labels(dataset: str, spec: Any, root: Path, workspace: Path, review: str, where: str) -> dict[str, Any]:
+    """`python -m runtimes merge-labels` in ``workspace`` (see :func:`_runtime`); its `merge.json`."""
+    _runtime(_merge_config(dataset, spec, review), root, workspace, where)
     try:
         done: dict[str, Any] = json.loads((workspace / "out" / "merge.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

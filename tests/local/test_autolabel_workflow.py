@@ -108,6 +108,10 @@ def test_autolabel_runs_in_the_workflow_and_its_labels_retrain_the_student(tmp_p
         runner = SourceRunner(runtime_python, path / ".forge" / "local" / "workspace", path)
         spec = _dataset_spec(path, digest)
         spec["labeling"]["auto"]["unlabelled"] = "file://data/noisy.csv"
+        # against the data before the merge: after it, the merged rows are in the source and the
+        # step would not offer them again (the confident ones among them)
+        (path / "data/before.csv").write_text(repo.git.show("HEAD~1:data/scans.csv") + "\n")
+        spec["source"] = {**spec["source"], "uri": "file://data/before.csv"}
         failed = runner.run("autolabel", {"step": "autolabel", "dataset": "scans", "spec": spec,
                                           "modelDir": report["modelDir"], "output": "gate"}, check=False)
         gate = json.loads((path / ".forge/local/workspace/gate/report.json").read_text())

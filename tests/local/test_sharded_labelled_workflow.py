@@ -5,7 +5,8 @@ runs its TPE trials against one Optuna study with ASHA pruning, waits for the la
 registration, pre-labels the unlabelled rows with it (gated on the held-back labels) and
 registers. A simulated review goes back through `forgectl labels merge --commit`, which writes
 the merged rows as a seventh shard and pins it; the plan then counts one new shard and prepares
-only its group, and so does the next `apply`. Merging the same review again is refused."""
+only its group, and so does the next `apply`, whose autolabel step no longer offers the merged
+rows. Merging the same review again is refused."""
 
 from __future__ import annotations
 
@@ -120,3 +121,8 @@ def test_sharded_autolabelled_search_runs_and_merged_labels_add_one_shard(tmp_pa
     manifest = json.loads((workspace / "data" / "digits-labelled" / merged["newDigest"][7:19] / "manifest.json").read_text())
     assert manifest["digest"] == merged["newDigest"] and len(manifest["groups"]) == 4
     assert sum(manifest["rows"].values()) == 1200 + merged["rows"]  # the six shards' rows and the merged ones
+    # the next version's autolabel step skips the rows merged into the data set: not offered again
+    reports = [json.loads(p.read_text()) for p in (workspace / "models" / "digits-tpe").glob("*/labels/report.json")]
+    [following] = [r for r in reports if r["datasetDigest"] == merged["newDigest"]]
+    assert following["alreadyInDataset"] == merged["rows"] and following["unlabelledRows"] == 597
+    assert following["rows"] == 597 - merged["rows"] == following["autoLabelled"] + following["toReview"]

@@ -151,3 +151,39 @@ def test_pre_label_review_merge_changes_the_digest_and_the_plan_retrains(runtime
                           capture_output=True, text=True, timeout=300, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
     out = plan.stdout + plan.stderr
     assert "dataset `scans` digest changed" in out and "retrain model `scan-classifier`" in out, out[-3000:]
+
+    # 6. the next version's autolabel step: the rows merged are in the data set now, not offered again
+    runner.run("autolabel", {"step": "autolabel", "dataset": "scans", "spec": {**spec, "digest": merge["newDigest"]},
+                             "modelDir": "models/labeller", "output": "labels-next"})
+    again = runner.read("labels-next/report.json")
+    merged_rows = merge["autoLabelled"] + merge["accepted"]
+    assert again["alreadyInDataset"] == merged_rows and again["unlabelledRows"] == 600
+    assert again["rows"] == 600 - merged_rows == again["autoLabelled"] + again["toReview"] == len(review) - half
+    features = [f"f{i}" for i in range(64)]
+    merged_keys = {tuple(float(r[f]) for f in features) for r in merged[700:]}
+    offered = _rows(runner.workspace / "labels-next/auto-labels.csv") + _rows(runner.workspace / "labels-next/review.csv")
+    assert offered and not {tuple(float(r[f]) for f in features) for r in offered} & merged_keys
+    # a review row still names its place in the unlabelled file: one of the rows the reviewer left out
+    left_out = {int(r["row"]) for r in review[half:]}
+    assert {int(r["row"]) for r in _rows(runner.workspace / "labels-next/review.csv")} <= left_out
+
+
+def test_the_gate_passes_when_every_row_is_in_the_data_set_already() -> None:
+    """After a merge of every row, the next version has nothing to label: no label to distrust, so
+    `minAgreement` does not fail its Workflow (rows left but none confident still fails it)."""
+    from runtimes.autolabel import gate
+
+    report: dict = {"rows": 0, "autoLabelled": 0, "confidence": 0.9, "model": "m"}
+    assert gate(report, 0.8) == "" and report["gate"] == {"minAgreement": 0.8, "agreement": None, "passed": True}
+    report = {"rows": 5, "autoLabelled": 0, "confidence": 0.9, "model": "m"}
+    assert "no row reached confidence 0.9" in gate(report, 0.8) and report["gate"]["passed"] is False
+
+
+def test_the_review_columns_never_take_a_features_name() -> None:
+    """Pixels named p0…p63 (examples/sharded-labelled): the probabilities may not overwrite p1…p3."""
+    from runtimes.autolabel import review_columns
+
+    assert review_columns(["f0", "f1"], "digit", 2) == ("row", ["top1", "top2"], ["p1", "p2"])
+    assert review_columns([f"p{i}" for i in range(64)], "digit", 3) == ("row", ["_top1", "_top2", "_top3"],
+                                                                        ["_p1", "_p2", "_p3"])
+    assert review_columns(["row", "_p2"], "top1", 2) == ("_row", ["__top1", "__top2"], ["__p1", "__p2"])

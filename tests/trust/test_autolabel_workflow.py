@@ -289,6 +289,7 @@ def test_labels_merge_appends_the_rows_rewrites_the_digest_line_and_commits(repo
     ("a,b,digit\n7,8,1\n", "row,a,b,digit\n1,9,10,0\n2,11,12,7\n", "review.csv:3", "label '7' is not one of the Dataset's classes"),
     ("a,digit\n7,1\n", "row,a,b,digit\n", "auto-labels.csv:1", "no column 'b'"),
     ("a,b,digit\n7,8,1\n", "row,a,b,digit\n1,9,10\n", "review.csv:2", "3 field(s), the header has 4"),
+    ("a,b,digit\n7,8,1\n", "row,a,b,b,digit\n1,9,10,0.5,0\n", "review.csv:1", "'b' appear more than once"),
 ])
 def test_labels_merge_refuses_bad_rows_with_file_and_line_and_writes_nothing(
         repo: Path, auto: str, reviewed: str, where: str, message: str) -> None:
@@ -307,3 +308,66 @@ def test_labels_merge_refuses_a_source_that_moved_and_a_dataset_without_auto_lab
     assert done.returncode == 1 and "specs.yaml:" in done.stderr and "the Dataset pins" in done.stderr, done.stderr
     done = _forgectl(repo, "labels", "merge", "digits", "--reviewed", str(review), "--specs", "specs.yaml")
     assert done.returncode == 1 and "writes a `file://` CSV source" in done.stderr or "no `labeling.auto`" in done.stderr, done.stderr
+
+
+WRITE_PARQUET = ("import sys, pandas as pd; pd.DataFrame({'a': [1, 3, 5], 'b': [2.0, 4.0, 6.0], 'digit': [0, 1, 0]})"
+                 ".to_parquet(sys.argv[1], index=False, compression='zstd')")
+READ_PARQUET = r'''
+import json, sys
+import pandas as pd, pyarrow.parquet as pq
+f = pq.ParquetFile(sys.argv[1])
+frame = pd.read_parquet(sys.argv[1])
+print(json.dumps({"types": [str(t) for t in f.schema_arrow.types], "names": f.schema_arrow.names,
+                  "compression": f.metadata.row_group(0).column(0).compression, "rows": frame.values.tolist(),
+                  "index": frame.index.tolist()}))
+'''
+
+
+@pytest.mark.runtime
+def test_labels_merge_rewrites_a_parquet_source_with_its_types_and_commits(
+        tmp_path: Path, runtime_python: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = _repo(tmp_path / "repo")
+    monkeypatch.setenv("FORGE_RUNTIME_PYTHON", runtime_python)  # the Parquet is written by the runtime environment
+    source = repo / "data" / "scans.parquet"
+    subprocess.run([runtime_python, "-c", WRITE_PARQUET, str(source)], check=True, timeout=120)
+    old = "sha256:" + hashlib.sha256(source.read_bytes()).hexdigest()
+    text = (repo / "specs.yaml").read_text().replace('source: {uri: "file://data/scans.csv", format: csv}',
+                                                     'source: {uri: "file://data/scans.parquet", format: parquet}')
+    (repo / "specs.yaml").write_text(text.replace(_digest(SCANS), old))
+    r = git.Repo(repo)
+    r.index.add(["specs.yaml", "data/scans.parquet"])
+    r.index.commit("scans as Parquet")
+    folder = repo / ".forge" / "workspace" / "labels"
+    folder.mkdir(parents=True)
+    (folder / "auto-labels.csv").write_text("a,b,digit\n7,8,1\n")
+    (folder / "report.json").write_text(json.dumps({"dataset": "scans", "datasetDigest": old}))
+    review = folder / "review.csv"
+    before = {p: (repo / p).read_bytes() for p in ("specs.yaml", "data/scans.parquet")}
+    # a bad row: refused with its file and line by the runtime's merge, nothing written
+    review.write_text("row,a,b,top1,p1,digit\n1,9,10,0,0.6,7\n")
+    done = _forgectl(repo, "labels", "merge", "scans", "--reviewed", str(review), "--specs", "specs.yaml")
+    assert done.returncode == 1 and "review.csv:2:" in done.stderr and "not one of the Dataset's classes" in done.stderr, done.stderr
+    assert {p: (repo / p).read_bytes() for p in before} == before and "Traceback" not in done.stderr
+
+    review.write_text("row,a,b,top1,p1,digit\n1,9,10,0,0.6,0\n2,11,12,1,0.55,\n")
+    done = _forgectl(repo, "labels", "merge", "scans", "--reviewed", str(review), "--specs", "specs.yaml", "--commit",
+                     "-o", "json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    new = "sha256:" + hashlib.sha256(source.read_bytes()).hexdigest()
+    assert (result["autoLabelled"], result["accepted"], result["rejected"], result["rows"]) == (1, 1, 1, 5)
+    assert result["oldDigest"] == old != new == result["newDigest"]
+    after = (repo / "specs.yaml").read_text()
+    assert after == before["specs.yaml"].decode().replace(old, new)  # one line changed, in place
+    assert after.splitlines()[result["specLine"] - 1] == f"  digest: {new}"
+    read = json.loads(subprocess.run([runtime_python, "-c", READ_PARQUET, str(source)], check=True, capture_output=True,
+                                     text=True, timeout=120).stdout)
+    assert read["names"] == ["a", "b", "digit"] and read["types"] == ["int64", "double", "int64"]  # the source's types
+    assert read["rows"] == [[1, 2, 0], [3, 4, 1], [5, 6, 0], [7, 8, 1], [9, 10, 0]] and read["index"] == [0, 1, 2, 3, 4]
+    assert read["compression"] == "ZSTD"
+    assert r.head.commit.hexsha == result["commit"] and not r.is_dirty()
+    assert sorted(r.head.commit.stats.files) == ["data/scans.parquet", "specs.yaml"]
+    plan = _forgectl(repo, "plan", "specs.yaml", "--base", "HEAD~1")
+    assert "dataset `scans` digest changed" in plan.stdout + plan.stderr and "retrain model `student`" in plan.stdout + plan.stderr
+    again = _forgectl(repo, "labels", "merge", "scans", "--reviewed", str(review), "--specs", "specs.yaml")
+    assert again.returncode == 1 and "were made for" in again.stderr, again.stderr
