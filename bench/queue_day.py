@@ -54,7 +54,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -69,15 +68,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import queue_day_core as core  # noqa: E402
+from devkit import pools  # noqa: E402
 from devkit.node import extended_resources, kueue  # noqa: E402
 from devkit.node.controllers import apply_docs  # noqa: E402
-from reconciler.load.loader import load_files  # noqa: E402
-from reconciler.load.sources import SourceFile  # noqa: E402
 from renderers.queues import queue_labels, render_queues  # noqa: E402
 from specs import Compute, Environment  # noqa: E402
 
 GPU = "nvidia.com/gpu"
-NODE_LABELS = {"forge.dev/test-gpu": "h100"}  # the pools' nodeSelector: their flavor's nodeLabels
+NODE_LABELS = pools.GPU_NODE_LABELS  # the pools' nodeSelector: their flavor's nodeLabels
 POOL = "gpu-pool"
 COHORT = "forge-queue-day"
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -144,30 +142,22 @@ def external_node(kubeconfig: str, image: str | None) -> ExternalNode:
 def own_cluster() -> Iterator[Any]:
     """A cluster + node + Kueue of our own, as the node tests start theirs (tests/cluster/nodekit.py
     ``node_cluster`` and ``SharedNode.kueue``), every process stopped by its PID at the end."""
-    from devkit.cluster import Cluster
-    from devkit.node.node import Node
+    from devkit.node.session import cluster_with_node
 
     if os.geteuid() != 0:
         raise SystemExit("the node needs root (containerd, runc, iptables, cgroups); or pass --kubeconfig")
     kueue.ensure_binary(log)
     t0 = time.monotonic()
-    log("starting kube-apiserver + etcd with the CRDs (node=True)")
-    cluster = Cluster.start(tempfile.mkdtemp(prefix="forge-bench-day-cluster-"), node=True,
-                            die_with_parent=True, log=lambda m: None)
-    node, manager = None, None
-    try:
-        log("starting the node (containerd, kubelet, scheduler, controller-manager, kube-proxy, CoreDNS)")
-        node = Node.start(cluster, tempfile.mkdtemp(prefix="forge-bench-day-node-"), die_with_parent=True, log=log)
+    log("starting kube-apiserver + etcd with the CRDs, and the node (containerd, kubelet, scheduler, "
+        "controller-manager, kube-proxy, CoreDNS)")
+    with cluster_with_node("forge-bench-day", node_prefix="forge-bench-day-node-", log=log) as (cluster, node):
         manager = kueue.start(cluster, node, die_with_parent=True, log=log)
         log(f"cluster, node and Kueue up in {time.monotonic() - t0:.1f} s")
-        yield node
-    finally:
-        log("stopping Kueue, the node and the cluster")
-        if manager is not None:
+        try:
+            yield node
+        finally:
+            log("stopping Kueue, the node and the cluster")
             manager.controller.stop()
-        if node is not None:
-            node.stop(quiet=True)
-        cluster.stop(quiet=True)
 
 
 def advertise_gpus(node: Any, gpus: int) -> None:
@@ -186,35 +176,13 @@ def advertise_gpus(node: Any, gpus: int) -> None:
 def pool_specs(team: core.Team, namespace: str, borrowing: bool) -> tuple[Compute, Environment, Any]:
     """A team's Environment and queued pool (its quota; in the cohort when ``borrowing``), loaded
     and validated as forgectl loads specs."""
-    cohort = f"    cohort: {COHORT}\n" if borrowing else ""
-    text = f"""\
-apiVersion: forge.dev/v1alpha1
-kind: Environment
-metadata: {{name: cluster}}
-spec:
-  target: kubernetes
-  kubernetes: {{namespace: {namespace}}}
----
-apiVersion: forge.dev/v1alpha1
-kind: Compute
-metadata: {{name: {POOL}}}
-spec:
-  accelerator: {{type: nvidia-h100-80gb}}
-  gpusPerNode: {core.NODE_GPUS}
-  minGpus: 1
-  maxGpus: {team.quota}
-  priority: high
-  nodeSelector: {json.dumps(NODE_LABELS)}
-  node: {{cpu: "2", memory: 2Gi}}
-  queue:
-{cohort}    quota: {{gpus: {team.quota}}}
-"""
-    result = load_files([SourceFile(f"team-{team.name}.yaml", text.encode())])
-    if not result.ok:
-        raise SystemExit(f"team {team.name}'s pool: {result.diagnostics}")
-    compute, env = result.specs.get(Compute, POOL), result.specs.get(Environment, "cluster")
-    assert compute is not None and env is not None
-    return compute, env, result.specs
+    text = pools.environment(namespace) + "---\n" + pools.queued_pool(
+        POOL, gpus_per_node=core.NODE_GPUS, min_gpus=1, max_gpus=team.quota, quota=team.quota,
+        cohort=COHORT if borrowing else None, node_labels=NODE_LABELS)
+    try:
+        return pools.load_pool(text, POOL, f"team-{team.name}.yaml")
+    except ValueError as exc:
+        raise SystemExit(f"team {team.name}'s pool: {exc}") from None
 
 
 @dataclass

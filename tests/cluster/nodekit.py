@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -39,6 +38,7 @@ from devkit.cluster import Cluster
 from devkit.node import argo, coredns, kueue, promop, seldon, traefik, training_operator
 from devkit.node.controllers import HostController
 from devkit.node.node import Node
+from devkit.node.session import cluster_with_node
 
 T = TypeVar("T")
 
@@ -61,18 +61,9 @@ def node_cluster(pytestconfig: pytest.Config, prefix: str, *, wait_for_other: fl
         pytest.fail("the node needs root (containerd, runc, iptables, cgroups); this test does not skip")
     with shown(pytestconfig):
         extra_images = list(build() or ())
-    cluster = Cluster.start(tempfile.mkdtemp(prefix=f"{prefix}-cluster-"), node=True,
-                            die_with_parent=True, log=lambda m: None)
-    n = None
-    try:
-        with shown(pytestconfig):
-            n = Node.start(cluster, tempfile.mkdtemp(prefix=node_prefix or f"{prefix}-"), die_with_parent=True,
-                           extra_images=extra_images, wait_for_other=wait_for_other)
-        yield cluster, n
-    finally:
-        if n is not None:
-            n.stop(quiet=True)
-        cluster.stop(quiet=True)
+    with cluster_with_node(prefix, node_prefix=node_prefix, extra_images=extra_images, wait_for_other=wait_for_other,
+                           starting=lambda: shown(pytestconfig)) as started:
+        yield started
 
 
 class SharedNode:

@@ -31,10 +31,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from devkit import pools
 from devkit.node import extended_resources, kueue
 from devkit.node.controllers import apply_docs
-from reconciler.load.loader import load_files
-from reconciler.load.sources import SourceFile
 from renderers.queues import ADMISSION_GATE, QUEUE_NAME, queue_labels, queue_object_name, render_queues
 from specs import Compute, Environment
 from tests.cluster import nodekit
@@ -45,35 +44,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TEAM_A, TEAM_B = "forge-kueue-a", "forge-kueue-b"
 POOL = "gpu-pool"
 GPU = "nvidia.com/gpu"
-NODE_LABELS = {"forge.dev/test-gpu": "h100"}  # the pool's nodeSelector: its flavor's nodeLabels
+NODE_LABELS = pools.GPU_NODE_LABELS  # the pool's nodeSelector: its flavor's nodeLabels
 PRIORITY = "forge-high"  # the PriorityClass a train pod of a `high` pool runs at (renderers/pods.py)
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 WAIT = 180.0  # bounds a failure only (a loaded 2-core machine); never what is measured
 
-SPECS = f"""\
-apiVersion: forge.dev/v1alpha1
-kind: Environment
-metadata: {{name: cluster}}
-spec:
-  target: kubernetes
-  kubernetes: {{namespace: {TEAM_A}}}
----
-apiVersion: forge.dev/v1alpha1
-kind: Compute
-metadata: {{name: {POOL}}}
-spec:
-  accelerator: {{type: nvidia-h100-80gb}}
-  gpusPerNode: 8
-  minGpus: 1
-  maxGpus: 4
-  priority: high
-  nodeSelector: {NODE_LABELS}
-  node: {{cpu: "2", memory: 2Gi}}
-  queue:
-    cohort: forge-kueue-test
-    quota: {{gpus: 2}}
-    borrowingLimit: {{gpus: 2}}
-"""
+SPECS = pools.environment(TEAM_A) + "---\n" + pools.queued_pool(
+    POOL, gpus_per_node=8, min_gpus=1, max_gpus=4, quota=2, cohort="forge-kueue-test", borrowing_limit=2)
 
 
 def node_images() -> list[tuple[str, str]]:
@@ -84,11 +61,7 @@ def node_images() -> list[tuple[str, str]]:
 
 
 def _specs() -> tuple[Compute, Environment, Any]:
-    result = load_files([SourceFile("specs.yaml", SPECS.encode())])
-    assert result.ok, result.diagnostics
-    compute, env = result.specs.get(Compute, POOL), result.specs.get(Environment, "cluster")
-    assert compute is not None and env is not None
-    return compute, env, result.specs
+    return pools.load_pool(SPECS, POOL, "specs.yaml")
 
 
 @pytest.fixture(scope="module")
