@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import queue
-import signal
 import socket
 import statistics
 import subprocess
@@ -58,6 +57,7 @@ from urllib.parse import urlparse
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.runtime_env import ROOT, ensure_runtime_env  # noqa: E402
+from devkit.common import stop_group  # noqa: E402
 
 MAX_REQUESTS = 500_000
 MODELS = {
@@ -211,18 +211,8 @@ def start_server(ws: Path, name: str, tag: str, variant: str, batching: dict, ba
         if '"serving"' in line:
             event = json.loads(line)
             return proc, event["url"], event
-    stop(proc)
+    stop_group(proc)
     raise RuntimeError(f"server {tag} did not start (exit {proc.returncode}): {errlog.read_text()[-1500:]}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 # -- the client -----------------------------------------------------------------------------------
@@ -430,7 +420,7 @@ def measure(ws: Path, name: str, args: argparse.Namespace) -> dict[str, Any]:
                         f"batch {r['mean_batch']}  phases {r['phases_ms']}  errors {r['errors']}")
     finally:
         for proc, _, _ in servers.values():
-            stop(proc)
+            stop_group(proc)
 
     sweep: dict[str, Any] = {}
     for tag, by_n in runs.items():

@@ -153,13 +153,15 @@ class Requirement:
     """One thing the cluster admin provides, and why Forge needs it."""
 
     kind: str  # "CustomResourceDefinition", "PriorityClass", "StorageClass", "ExtendedResource", "ControllerRights",
-    #            "PodSecurity", "TrafficSplitter", "Gateway", "TrafficMirror"
+    #            "PodSecurity", "TrafficSplitter", "Gateway", "TrafficMirror", "Secret"
     name: str
     why: str
     #: For a CRD: the API group/version path the objects use (`/apis/<group>/<version>`).
     api_path: str = ""
     #: For a Gateway: the listener the routes attach to (`sectionName`), if one is named.
     listener: str = ""
+    #: For a Secret: the keys the pods read from it.
+    keys: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, str]:
         """A plain dict for `-o json`."""
@@ -198,6 +200,14 @@ def _pods(obj: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, Any]]]:
         for predictor in spec.get("predictors", []):
             for component in predictor.get("componentSpecs", []):
                 yield f"SeldonDeployment {obj['metadata']['name']} predictor {predictor['name']}", component["spec"]
+
+
+def _secret_refs(container: Mapping[str, Any]) -> Iterable[Mapping[str, str]]:
+    """The Secret keys a container's environment needs (an `optional` one does not stop the pod)."""
+    for env in container.get("env") or ():
+        ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+        if ref and not ref.get("optional"):
+            yield ref
 
 
 def cluster_requirements(manifests: Iterable[Mapping[str, Any]], pod_security: str | None = None) -> list[Requirement]:
@@ -274,10 +284,15 @@ def cluster_requirements(manifests: Iterable[Mapping[str, Any]], pod_security: s
                                      "of docs/cluster-prerequisites.md"))
             containers = [pod["container"]] if "container" in pod else list(pod.get("containers", []))
             for container in containers:
+                for ref in _secret_refs(container):
+                    name = f"{(obj.get('metadata') or {}).get('namespace', '')}/{ref['name']}"
+                    had = found.get(("Secret", name))
+                    keys = tuple(sorted({*(had.keys if had else ()), ref["key"]}))
+                    found[("Secret", name)] = Requirement("Secret", name, had.why if had else f"{what} reads it", keys=keys)
                 for resource in (container.get("resources") or {}).get("limits", {}):
                     if "/" in resource:
                         need(Requirement("ExtendedResource", resource, f"{what} requests it (a device plugin advertises it)"))
     order = {"CustomResourceDefinition": 0, "TrafficSplitter": 1, "Gateway": 1, "TrafficMirror": 1, "ControllerRights": 2,
-             "PodSecurity": 3, "PriorityClass": 4, "StorageClass": 5, "ExtendedResource": 6}
+             "PodSecurity": 3, "PriorityClass": 4, "StorageClass": 5, "ExtendedResource": 6, "Secret": 7}
     return sorted(found.values(), key=lambda r: (order.get(r.kind, 9), r.name))
 

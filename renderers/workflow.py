@@ -40,6 +40,8 @@ from specs.model import Choice, IntRange, Uniform
 from specs.stepconfig import (
     DEFAULT_WORKSPACE,
     PERMANENT_EXIT_CODES,
+    STUDY_RUN_ENV,
+    STUDY_URL_ENV,
     WORKSPACE_ENV,
     AutoLabelConfig,
     AwaitConfig,
@@ -153,16 +155,29 @@ def search_trials(model: Model) -> list[dict[str, float | int | str]]:
     return trials
 
 
-def search_study(model: Model, version: str) -> SearchStudy | None:
+def search_study(model: Model, version: str, env: Environment | None = None) -> SearchStudy | None:
     """The Optuna study of a search that needs one (`tpe`, or early stopping): a SQLite file in the
-    version's folder on the workspace volume, which every trial pod mounts; its sampler seeded from
-    the spec's digest, like the random trials."""
+    version's folder on the workspace volume, which every trial pod mounts, or the cluster's
+    PostgreSQL database when the Environment names one; its sampler seeded from the spec's digest,
+    like the random trials."""
     search = model.spec.search
     if search is None or not search.uses_study:
         return None
     seed = int(digest(model.spec.result_dump())[:8], 16)
+    kube = env.spec.kubernetes if env is not None and env.spec.target == "kubernetes" else None
     return SearchStudy(storage=f"{version_dir(model.name, version)}/search/study.db", name=f"{model.name}-{version}",
-                       search=search, seed=seed)
+                       search=search, seed=seed, database=kube.study_database if kube is not None else None)
+
+
+def study_env(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The environment a step of a study kept in a database reads it by: the URL from the Secret,
+    and the Workflow's uid naming the run (empty for a SQLite study, or a step without one)."""
+    study = config.get("study") or (config.get("trial") or {}).get("study") or {}
+    database = study.get("database")
+    if not database:
+        return []
+    return [{"name": STUDY_URL_ENV, "valueFrom": {"secretKeyRef": {"name": database["secret"], "key": database["key"]}}},
+            {"name": STUDY_RUN_ENV, "value": "{{workflow.uid}}"}]
 
 
 def search_reasons(steps: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -177,7 +192,9 @@ def search_reasons(steps: Mapping[str, Mapping[str, Any]]) -> list[str]:
             f" — {len(trials)} trials, {search.get('parallelism')} at a time, best {search.get('metric')} "
             f"({search.get('goal')}) picked")
     study = (trials[0].get("trial") or {}).get("study") or {}
-    if study:
+    if study.get("database"):
+        line += f" from the study in the PostgreSQL database of Secret {study['database'].get('secret')}"
+    elif study:
         line += f" from the study {study.get('storage')}"
     return [line]
 
@@ -247,7 +264,7 @@ def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, lis
     trials = search_trials(model)
     if trials:
         names = []
-        study = search_study(model, version)
+        study = search_study(model, version, env)
         for i, overrides in enumerate(trials):
             cfg = TrainConfig(model=model.name, version=version, spec=trained_spec, overrides=overrides, data=data,
                               output=f"{vdir}/trials/{i}", deepspeed=ds,
@@ -524,6 +541,7 @@ def render_workflow(specs: SpecSet, model: Model, env: Environment, namespace: s
         container = _container(step, command, resources)
         if step.kind in ("prepare-group", "join-shards", "autolabel"):  # autolabel: the first shard's columns
             container["env"] = [*container["env"], *credentials_env(specs.dataset_of(model).spec)]
+        container["env"] = [*container["env"], *study_env(step.config)]
         if step.kind in SOURCE_READERS:
             container["volumeMounts"] = [*container["volumeMounts"], *(v.mount for v in sources)]
         multi_process = heavy and schedule.gpus_per_node > 1

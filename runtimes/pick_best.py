@@ -46,7 +46,7 @@ def _from_study(config: PickBestConfig) -> int:
     """The best completed trial of the search's study (a pruned trial never wins), its bundle
     copied to ``output``; ``trials.json`` adds the study: best trial and values, the count of each
     state, the epochs trained against the budget of every trial trained to the end."""
-    from runtimes.study import study_summary
+    from runtimes.study import study_name, study_summary
 
     assert config.study is not None
     summary = study_summary(config.study)
@@ -57,7 +57,7 @@ def _from_study(config: PickBestConfig) -> int:
     epochs = _epochs_budget(config.trials)
     write_json(in_workspace(config.output) / "trials.json", {
         "metric": config.metric, "goal": config.goal, "values": summary.values, "best": summary.best_output,
-        "study": {"storage": config.study.storage, "name": config.study.name, "algorithm": config.study.search.algorithm,
+        "study": {"storage": config.study.where, "name": study_name(config.study), "algorithm": config.study.search.algorithm,
                   "earlyStopping": config.study.search.early_stopping, **summary.to_json(),
                   "epochsBudget": epochs, "epochsSaved": max(0, epochs - summary.epochs_trained) if epochs else None},
     })

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from runtimes._step import in_workspace
 from runtimes.errors import StepFailed
 from specs.model import Choice, IntRange, Search, Uniform
 from specs.searchresult import TrialRow
-from specs.stepconfig import SearchStudy
+from specs.stepconfig import STUDY_RUN_ENV, STUDY_URL_ENV, SearchStudy
 
 log = logging.getLogger("forge.study")
 
@@ -46,10 +47,25 @@ LOCK_TIMEOUT_S = 60
 def _storage(study: SearchStudy) -> Any:
     import optuna
 
+    if study.database is not None:
+        url = os.environ.get(STUDY_URL_ENV, "")
+        if not url:
+            raise StepFailed(f"the study {study.name} is kept in the database of Secret {study.database.secret} "
+                             f"(key {study.database.key}), but ${STUDY_URL_ENV} is empty in this step")
+        # pool_pre_ping: a trial's connection idles through an epoch, and the server may drop it.
+        return optuna.storages.RDBStorage(url=url, engine_kwargs={"pool_pre_ping": True})
     path = in_workspace(study.storage)
     path.parent.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{Path(path).resolve()}"
     return optuna.storages.RDBStorage(url=url, engine_kwargs={"connect_args": {"timeout": LOCK_TIMEOUT_S}})
+
+
+def study_name(study: SearchStudy) -> str:
+    """The study's name in its storage: the model and version, and in a database (which outlives
+    the workspace the trials' outputs are on) the run too, so a version trained again on a fresh
+    workspace never picks a trial whose output is gone."""
+    run = os.environ.get(STUDY_RUN_ENV, "") if study.database is not None else ""
+    return f"{study.name}-{run}" if run else study.name
 
 
 def _sampler(search: Search, seed: int) -> Any:
@@ -85,14 +101,14 @@ def open_study(study: SearchStudy, index: int = 0) -> Any:
     for attempt in range(6):
         try:
             return optuna.create_study(
-                storage=_storage(study), study_name=study.name, load_if_exists=True,
+                storage=_storage(study), study_name=study_name(study), load_if_exists=True,
                 sampler=_sampler(search, study.seed + index), pruner=_pruner(search),
                 direction="maximize" if search.goal == "maximize" else "minimize",
             )
         except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as exc:
             # a locked file, or the other trial stamped the schema's version first
             if attempt == 5:
-                raise StepFailed(f"cannot open the study {study.name} in {study.storage}: {exc}") from None
+                raise StepFailed(f"cannot open the study {study.name} in {study.where}: {exc}") from None
             time.sleep(0.5 * 2**attempt)
     raise AssertionError("unreachable")
 
@@ -217,7 +233,7 @@ def study_summary(study_config: SearchStudy) -> StudySummary:
     epochs the trials trained in all (what pruning saved is the rest of the budget)."""
     import optuna
 
-    study = optuna.load_study(study_name=study_config.name, storage=_storage(study_config))
+    study = optuna.load_study(study_name=study_name(study_config), storage=_storage(study_config))
     trials = study.get_trials(deepcopy=False)
     rows = tuple(_row(t) for t in trials)
     states: dict[str, int] = {}

@@ -61,6 +61,15 @@ class WorkspaceSettings(SpecModel):
     )
 
 
+class StudyDatabase(SpecModel):
+    """A PostgreSQL database that keeps a cluster's hyperparameter-search studies, reached by every
+    trial pod wherever it runs. Its SQLAlchemy URL (``postgresql+psycopg2://user:password@host/db``)
+    is one key of a Secret in the Environment's namespace: no address or password is in a spec."""
+
+    secret: Name = Field(description="The Secret that holds the database's URL.")
+    key: str = Field(default="url", pattern=r"^[-._a-zA-Z0-9]{1,253}$", description="The Secret's key holding the URL.")
+
+
 class KubernetesSettings(SpecModel):
     """Settings of the `kubernetes` target; unset values behave as `kubectl` does."""
 
@@ -81,6 +90,12 @@ class KubernetesSettings(SpecModel):
     )
     workspace: WorkspaceSettings = Field(
         default_factory=WorkspaceSettings, description="The shared workspace volume."
+    )
+    study_database: StudyDatabase | None = Field(
+        default=None,
+        description="Where hyperparameter searches keep their Optuna studies on this cluster: a PostgreSQL "
+        "database named by a Secret. Unset, a study is a SQLite file on the workspace volume, which serves trials "
+        "on one node (SQLite's file locks do not hold across the nodes of a network file system).",
     )
     pod_security: PodSecurityLevel = Field(
         default="restricted",

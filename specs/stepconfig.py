@@ -14,10 +14,11 @@ from typing import Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
-from specs.base import Name, SpecModel
+from specs.base import Name, SpecModel, omit_default
 from specs.compression import Benchmark, HardwareTarget, OnnxInt8, TensorRT, Variant
 from specs.dataset import DatasetSpec
 from specs.endpoint import Batching, FaultInjection, ServingBackend
+from specs.environment import StudyDatabase
 from specs.model import Explanations, ModelSpec, ModelThreshold, Robustness, Search
 from specs.shards import group_digests, group_identity
 
@@ -109,14 +110,37 @@ class MergeLabelsConfig(StepConfig):
     output: str = Field(description="Folder for the merged source file and `merge.json` (with its digest).")
 
 
+#: The variable a study's steps read a `studyDatabase` URL from (the Secret's key, rendered as env).
+STUDY_URL_ENV = "FORGE_STUDY_URL"
+#: The variable naming the run a study in a database belongs to (the Workflow's uid): a database
+#: outlives the workspace, so a version trained again starts a study of its own.
+STUDY_RUN_ENV = "FORGE_STUDY_RUN"
+
+
 class SearchStudy(SpecModel):
     """The Optuna study of a search whose trials learn (`tpe`) or stop early (`asha`, `median`): an
-    RDB storage every trial reaches — a SQLite file on the workspace volume."""
+    RDB storage every trial reaches — a SQLite file on the workspace volume, or the cluster's
+    PostgreSQL database (the Environment's `kubernetes.studyDatabase`)."""
 
-    storage: str = Field(description="The study's SQLite file (workspace-relative).")
+    storage: str = Field(description="The study's SQLite file (workspace-relative); ignored with `database`.")
     name: str = Field(description="The study's name (the model and its version).")
     search: Search = Field(description="The Model's search: algorithm, early stopping, metric, goal, space.")
     seed: int = Field(ge=0, description="Seed of the sampler (from the spec's digest).")
+    database: StudyDatabase | None = Field(
+        default=None, description="The PostgreSQL database holding the study instead (its URL from a Secret, "
+        f"as `{STUDY_URL_ENV}`; the run's id as `{STUDY_RUN_ENV}`).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_default(handler(self), "database", None)  # a SQLite study keeps its step keys
+
+    @property
+    def where(self) -> str:
+        """Where the study is kept, as a person reads it."""
+        if self.database is not None:
+            return f"the PostgreSQL database of Secret {self.database.secret}"
+        return self.storage
 
 
 class StudyTrial(SpecModel):

@@ -50,6 +50,23 @@ def _named(api: ClusterAPI, req: Requirement, path: str) -> Finding:
     return Finding(req, "ok", "present")
 
 
+def _secret(api: ClusterAPI, req: Requirement) -> Finding:
+    """Whether the Secret holds the keys the pods read (their names only: no value is kept or shown)."""
+    namespace, _, name = req.name.partition("/")
+    try:
+        found = api.read_path(f"/api/v1/namespaces/{namespace}/secrets/{name}", what=f"Secret {req.name}")
+    except ForbiddenError:
+        # Forge's roles never grant reading Secrets (their values): an admin's credentials can check.
+        return Finding(req, "unknown", f"not allowed to read Secrets (Forge's roles do not grant it): check that "
+                                       f"{name!r} exists in {namespace} with the key(s) {', '.join(req.keys)}")
+    if found is None:
+        return Finding(req, "missing", f"no Secret {name!r} in {namespace}: create it with the key(s) {', '.join(req.keys)}")
+    lacking = [k for k in req.keys if k not in (found.get("data") or {}) and k not in (found.get("stringData") or {})]
+    if lacking:
+        return Finding(req, "missing", f"Secret {name!r} has no key {', '.join(lacking)}")
+    return Finding(req, "ok", f"holds {', '.join(req.keys)}")
+
+
 def _storage_class(api: ClusterAPI, req: Requirement) -> Finding:
     if req.name != "(default)":
         return _named(api, req, f"/apis/storage.k8s.io/v1/storageclasses/{req.name}")
@@ -135,6 +152,8 @@ def check(api: ClusterAPI, requirements: list[Requirement]) -> list[Finding]:
                 findings.append(_traffic_splitter(api, req))
             elif req.kind == "Gateway":
                 findings.append(_gateway(api, req))
+            elif req.kind == "Secret":
+                findings.append(_secret(api, req))
             elif req.kind == "ShadowCopies":
                 # Forge's own servers do it: nothing to ask of the cluster but that the live pods
                 # reach the shadow's Service (the namespace's network, as for any Service)

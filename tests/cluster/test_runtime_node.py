@@ -28,9 +28,10 @@ rendered objects are never changed. The stages run in order and share the cluste
    `shadow-agreement` in the in-cluster Prometheus and `rollout status`.
 5. `down` deletes what Forge owns: the controllers remove the pods they made.
 6. examples/search in a namespace of its own: Argo runs the rendered TPE + ASHA search — its trial
-   pods two at a time, one Optuna study in a SQLite file on the workspace volume they share —
+   pods two at a time, one Optuna study in the cluster's PostgreSQL (Debian's, a pod the harness
+   starts: devkit.node.postgres; its URL in the Secret the Environment's `studyDatabase` names) —
    then pick-best, evaluate and register; the registry's record of the search agrees with what
-   Optuna reads back from that file (issue 31: the search on the node cluster's Argo).
+   Optuna reads back from that database (issue 31: the search on the node cluster's Argo).
 7. the quick-start's model on a queued pool of one fake GPU per node, trained with DDP on
    two nodes: the PyTorchJob Argo's train step creates waits suspended by Kueue while one of its
    two GPUs is held by another workload (neither replica has a pod), starts both replicas at once
@@ -82,8 +83,9 @@ import pytest
 import yaml
 from kubernetes import client, dynamic
 
+from devkit import pools
 from devkit.cluster import Cluster
-from devkit.node import argo, promop, runtime_image, traefik
+from devkit.node import argo, postgres, promop, runtime_image, traefik
 from devkit.node.controllers import HostController
 from devkit.node.node import Node
 from devkit.rollout import BODY
@@ -131,7 +133,7 @@ def node_images() -> list[tuple[str, str]]:
     traefik.ensure_binary()
     kueue.ensure_binary()
     training_operator.ensure_binary()
-    return [argo.executor_image(), *promop.images()] + [(str(_BUILT["archive"]), r) for r in _BUILT["refs"]]
+    return [argo.executor_image(), *promop.images(), postgres.image()] + [(str(_BUILT["archive"]), r) for r in _BUILT["refs"]]
 
 
 @pytest.fixture(scope="module")
@@ -620,6 +622,7 @@ def test_5_down_removes_what_forge_owns(qs: Quickstart) -> None:
 
 SEARCH = REPO / "examples" / "search"
 SEARCH_NS = "forge-search"  # the search example's `cluster` Environment's namespace
+STUDY_SECRET = "forge-studies"  # the Secret holding the study database's URL
 
 
 def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack, shared_node: nodekit.SharedNode,
@@ -632,6 +635,11 @@ def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack
     compute = work / "compute.yaml"
     assert 'cpu: "2"' in compute.read_text()
     compute.write_text(compute.read_text().replace('cpu: "2"', "cpu: 800m", 1))
+    # on a cluster the study is kept in PostgreSQL (the harness's server, its URL in a Secret)
+    envs = work / "environments.yaml"
+    envs.write_text(envs.read_text().replace(f"    namespace: {SEARCH_NS}\n",
+                                             f"    namespace: {SEARCH_NS}\n    studyDatabase: {{secret: {STUDY_SECRET}}}\n", 1))
+    assert STUDY_SECRET in envs.read_text()
     model = yaml.safe_load((work / "model.yaml").read_text())["spec"]
     search, epochs = model["search"], model["hyperparameters"]["epochs"]
     trials = [f"train-trial-{i}" for i in range(search["trials"])]
@@ -642,6 +650,16 @@ def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack
     t0 = time.monotonic()
     try:
         with shared_node.namespace(SEARCH_NS, PSA_RESTRICTED):
+            def secret_finding() -> dict[str, Any]:
+                doctor = q.forgectl("doctor", "--env", "cluster", "-o", "json", check=False)
+                return next(f for f in json.loads(doctor.stdout)["findings"]
+                            if (f["kind"], f["name"]) == ("Secret", f"{SEARCH_NS}/{STUDY_SECRET}"))
+
+            # `doctor` names the Secret the trials will read until the harness's database provides it
+            assert secret_finding()["status"] == "missing"
+            database = postgres.start(q.core, SEARCH_NS, STUDY_SECRET)
+            assert secret_finding()["status"] == "ok"
+            print(f"\nPostgreSQL ready in {time.monotonic() - t0:.0f} s")
             applied = q.forgectl("apply", "--env", "cluster", "--auto-approve").stdout
             assert f"search: tpe, early stopping asha — {search['trials']} trials, {search['parallelism']} at a time" \
                 in applied, applied
@@ -666,13 +684,16 @@ def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack
             assert {*trials, "prepare-data", "pick-best", "evaluate", "register"} <= set(steps), steps
             # each trial a pod of its own, side by side but never more at once than the search allows
             # (Argo's `parallelism`): the trial containers' own run times, as the kubelet reported them
-            runs = {}
+            runs, failed = {}, []
             for pod in q.core.list_namespaced_pod(SEARCH_NS).items:
                 node = (pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "")
                 main = next((c for c in pod.status.container_statuses or [] if c.name == "main"), None)
                 if "train-trial-" in node and main is not None and main.state.terminated is not None:
                     runs[node] = (main.state.terminated.started_at.timestamp(), main.state.terminated.finished_at.timestamp())
-            assert len(runs) == len(trials), sorted(runs)
+                    if main.state.terminated.exit_code:
+                        log = q.core.read_namespaced_pod_log(pod.metadata.name, SEARCH_NS, container="main", tail_lines=40)
+                        failed.append(f"{node}: exit {main.state.terminated.exit_code}\n{log}")
+            assert len(runs) == len(trials) and not failed, (sorted(runs), failed)
             assert _most_at_once(list(runs.values())) == search["parallelism"], runs
 
             # the registry's record of the search, on the workspace volume the steps wrote
@@ -690,8 +711,12 @@ def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack
             rungs = {3**k for k in range(epochs) if 3**k <= epochs}
             for r in rows:  # ASHA stopped a pruned trial at a rung; a complete one trained every epoch
                 assert (r["epochsTrained"] == epochs) if r["state"] == "complete" else (r["prunedAtEpoch"] in rungs), r
-            # ... and it is what Optuna reads back from the study file the trial pods shared
-            seen = {t["number"]: t for t in _optuna_trials(runtime_python, workspace / study["storage"], study["name"])}
+            # ... and it is what Optuna reads back from the database the trial pods shared, as this
+            # Workflow's run of the version (its uid in the study's name)
+            assert study["storage"] == f"the PostgreSQL database of Secret {STUDY_SECRET}"
+            assert study["name"] == f"digits-search-{version}-{wf['metadata']['uid']}"
+            assert not list(workspace.glob("models/**/study.db"))
+            seen = {t["number"]: t for t in _optuna_trials(runtime_python, database.host_url, study["name"])}
             assert {n: t["state"] for n, t in seen.items()} == {r["number"]: r["state"] for r in rows}
             for r in complete:
                 assert seen[r["number"]]["value"] == pytest.approx(r["value"])
@@ -708,26 +733,14 @@ def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack
 
 TRAINING_NS = "forge-training"  # a namespace of its own, managed by Kueue
 GPU = "nvidia.com/gpu"
-GPU_NODE_LABELS = {"forge.dev/test-gpu": "h100"}  # the pool's nodeSelector: its flavor's nodeLabels
+GPU_NODE_LABELS = pools.GPU_NODE_LABELS  # the pools' nodeSelector: their flavor's nodeLabels
 
 
 def gpu_pool(name: str, gpus: int, cohort: str | None = None) -> str:
     """A queued pool of one fake GPU per node whose jobs take ``gpus`` of them, with ``gpus`` of
     quota (in ``cohort``, if any)."""
-    return f"""\
-apiVersion: forge.dev/v1alpha1
-kind: Compute
-metadata: {{name: {name}}}
-spec:
-  accelerator: {{type: nvidia-h100-80gb}}
-  gpusPerNode: 1
-  minGpus: {gpus}
-  maxGpus: {gpus}
-  priority: high
-  nodeSelector: {json.dumps(GPU_NODE_LABELS)}
-  node: {{cpu: 400m, memory: 1536Mi}}
-  queue:
-""" + (f"    cohort: {cohort}\n" if cohort else "") + f"    quota: {{gpus: {gpus}}}\n"
+    return pools.queued_pool(name, gpus_per_node=1, min_gpus=gpus, max_gpus=gpus, quota=gpus,
+                             node=("400m", "1536Mi"), cohort=cohort)
 
 
 #: Jobs that take two nodes: the quick-start's model trained with DDP on two nodes — a PyTorchJob
@@ -770,6 +783,34 @@ def _explain_training(q: Quickstart, custom: client.CustomObjectsApi, job: str, 
     return "\n".join(lines)
 
 
+def _on_gpu_pool(stack: _Stack, work: Path, pool: str, namespace: str, edits: tuple[tuple[str, str], ...],
+                 message: str) -> Quickstart:
+    """The quick-start's training (no Endpoint) in ``namespace`` on the queued GPU ``pool``, its
+    model's text edited (each (old, new) must be there), committed; the node advertising the fake
+    GPUs the pools' flavor selects."""
+    from devkit.node import extended_resources
+
+    node = stack.node
+    extended_resources.advertise(node, {GPU: "8"}, GPU_NODE_LABELS)
+    _wait(f"the node advertising {GPU}", lambda: extended_resources.advertised(node).get(GPU) == "8", timeout=60)
+    shutil.copytree(QUICKSTART, work)
+    (work / "endpoint.yaml").unlink()  # the training only
+    (work / "gpu.yaml").write_text(pool)
+    envs = work / "environments.yaml"
+    envs.write_text(envs.read_text().replace(f"namespace: {NS}", f"namespace: {namespace}"))
+    model = work / "model.yaml"
+    text = model.read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    model.write_text(text)
+    q = Quickstart(stack, work)
+    q.git("init", "-q")
+    q.git("add", ".")
+    q.git("commit", "-qm", message)
+    return q
+
+
 def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training_operator(
         stack: _Stack, shared_node: nodekit.SharedNode, tmp_path: Path) -> None:
     """Issue 30: the quick-start's model on a queued pool of one GPU per node (the node advertises
@@ -778,7 +819,7 @@ def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training
     with one of the two GPUs held by another workload, neither replica has a pod; freed, both start
     together — and the real Training Operator runs it (torchrun, gloo, world size 2) to Succeeded,
     which Argo's train step and `forgectl status` report."""
-    from devkit.node import extended_resources, kueue
+    from devkit.node import kueue
     from renderers.queues import queue_labels
     from specs import Compute
 
@@ -788,23 +829,11 @@ def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training
     # the Workers' init container in the training image (sh, seq, getent), as docs/cluster-prerequisites.md says
     [train_image] = [r for r in stack.refs if "forge-train" in r]
     operator = shared_node.training_operator(train_image)
-    node = stack.node
-    extended_resources.advertise(node, {GPU: "8"}, GPU_NODE_LABELS)
-    _wait(f"the node advertising {GPU}", lambda: extended_resources.advertised(node).get(GPU) == "8", timeout=60)
-
-    work = tmp_path / "training"
-    shutil.copytree(QUICKSTART, work)
-    (work / "endpoint.yaml").unlink()  # the training only
-    (work / "gpu.yaml").write_text(GPU_POOL)
-    envs = work / "environments.yaml"
-    envs.write_text(envs.read_text().replace(f"namespace: {NS}", f"namespace: {TRAINING_NS}"))
-    model = work / "model.yaml"
-    model.write_text(model.read_text().replace("computeRef: cpu", "computeRef: gpu-pool")
-                     .replace("  precision: fp32\n", "  precision: fp32\n  distributed: {strategy: ddp}\n"))
-    q = Quickstart(stack, work)
-    q.git("init", "-q")
-    q.git("add", ".")
-    q.git("commit", "-qm", "the quick-start on two nodes of a queued GPU pool")
+    q = _on_gpu_pool(stack, tmp_path / "training", GPU_POOL, TRAINING_NS, (
+        ("computeRef: cpu", "computeRef: gpu-pool"),
+        ("  precision: fp32\n", "  precision: fp32\n  distributed: {strategy: ddp}\n")),
+        "the quick-start on two nodes of a queued GPU pool")
+    work = q.work
     jobs = dynamic.DynamicClient(q.api).resources.get(api_version="kubeflow.org/v1", kind="PyTorchJob")
     custom = client.CustomObjectsApi(q.api)
     try:
@@ -830,7 +859,7 @@ def test_7_a_two_node_training_is_gang_admitted_by_kueue_and_run_by_the_training
                     security_context=client.V1PodSecurityContext(run_as_non_root=True, run_as_user=65534,
                                                                  seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault")),
                     containers=[client.V1Container(
-                        name="hold", image=node.images["busybox"][1], image_pull_policy="Never", command=["sh", "-c", "sleep 3600"],
+                        name="hold", image=stack.node.images["busybox"][1], image_pull_policy="Never", command=["sh", "-c", "sleep 3600"],
                         security_context=client.V1SecurityContext(allow_privilege_escalation=False,
                                                                   capabilities=client.V1Capabilities(drop=["ALL"])),
                         resources=client.V1ResourceRequirements(requests=gpu, limits=gpu))])))
@@ -942,33 +971,17 @@ def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_ch
     attempt and retries the step, whose new pod waits gated until the urgent training is done and
     then resumes from the last checkpoint: its step count continues to the end instead of
     restarting. Kueue, Argo and the train step do all of it; the test reads what they wrote."""
-    from devkit.node import extended_resources, kueue
+    from devkit.node import kueue
     from renderers.queues import ADMISSION_GATE, queue_object_name
 
     frameworks = shared_node.kueue().frameworks
     assert "pod" in frameworks, frameworks
-    node = stack.node
-    extended_resources.advertise(node, {GPU: "8"}, GPU_NODE_LABELS)
-    _wait(f"the node advertising {GPU}", lambda: extended_resources.advertised(node).get(GPU) == "8", timeout=60)
-
-    work = tmp_path / "preempt"
-    shutil.copytree(QUICKSTART, work)
-    (work / "endpoint.yaml").unlink()  # the trainings only
-    (work / "gpu.yaml").write_text(ONE_GPU_POOL)
-    envs = work / "environments.yaml"
-    envs.write_text(envs.read_text().replace(f"namespace: {NS}", f"namespace: {PREEMPT_NS}"))
-    model = work / "model.yaml"
-    text = model.read_text()
-    for old, new in (("computeRef: cpu", "computeRef: gpu-one\n  priority: low"), ("  compressionRef: digits-compact\n", ""),
-                     ("hiddenSizes: [256, 128]", "hiddenSizes: [1024, 1024]"),
-                     ("    epochs: 30\n", f"    epochs: 1000\n    maxSteps: {LOW_STEPS}\n")):
-        assert old in text, old
-        text = text.replace(old, new)
-    model.write_text(text)
-    q = Quickstart(stack, work)
-    q.git("init", "-q")
-    q.git("add", ".")
-    q.git("commit", "-qm", "a long low-priority training on a one-GPU queue")
+    q = _on_gpu_pool(stack, tmp_path / "preempt", ONE_GPU_POOL, PREEMPT_NS, (
+        ("computeRef: cpu", "computeRef: gpu-one\n  priority: low"), ("  compressionRef: digits-compact\n", ""),
+        ("hiddenSizes: [256, 128]", "hiddenSizes: [1024, 1024]"),
+        ("    epochs: 30\n", f"    epochs: 1000\n    maxSteps: {LOW_STEPS}\n")),
+        "a long low-priority training on a one-GPU queue")
+    work = q.work
     custom = client.CustomObjectsApi(q.api)
     cq_name = queue_object_name(PREEMPT_NS, "gpu-one")
 

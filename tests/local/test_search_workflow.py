@@ -35,17 +35,19 @@ def _example_model() -> dict[str, Any]:
     return dict(doc["spec"])
 
 
-def _optuna_trials(python: str, storage: Path, study: str) -> list[dict[str, Any]]:
-    """The study's trials as Optuna loads them from the SQLite file (in the runtime environment,
-    where Optuna is installed): number, state, value, params."""
+def _optuna_trials(python: str, storage: Path | str, study: str) -> list[dict[str, Any]]:
+    """The study's trials as Optuna loads them from the SQLite file (a path) or the database (a
+    SQLAlchemy URL), in the runtime environment, where Optuna is installed: number, state, value,
+    params."""
+    url = storage if isinstance(storage, str) else f"sqlite:///{storage}"
     code = (
         "import json, sys, optuna\n"
         "optuna.logging.set_verbosity(optuna.logging.WARNING)\n"
-        "s = optuna.load_study(study_name=sys.argv[2], storage='sqlite:///' + sys.argv[1])\n"
+        "s = optuna.load_study(study_name=sys.argv[2], storage=sys.argv[1])\n"
         "print(json.dumps([{'number': t.number, 'state': t.state.name.lower(), 'value': t.value, 'params': t.params}"
         " for t in s.trials]))\n"
     )
-    out = subprocess.run([python, "-c", code, str(storage), study], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([python, "-c", code, url, study], capture_output=True, text=True, timeout=120, check=True)
     return list(json.loads(out.stdout))
 
 

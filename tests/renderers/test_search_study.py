@@ -26,18 +26,23 @@ SEARCH = """\
 """
 
 
-def _steps(tmp_path: Path, algorithm: str, stopping: str) -> tuple[dict, list]:
-    root = tmp_path / f"{algorithm}-{stopping}"
+def _steps(tmp_path: Path, algorithm: str, stopping: str, env_name: str = "local",
+           database: bool = False) -> tuple[dict, list]:
+    root = tmp_path / f"{algorithm}-{stopping}-{env_name}-{database}"
     shutil.copytree(ROOT / "examples" / "quickstart", root)
     model_yaml = root / "model.yaml"
     model_yaml.write_text(model_yaml.read_text().replace("  precision: fp32\n", "  precision: fp32\n" + SEARCH.format(
         algorithm=algorithm, stopping=stopping)))
+    if database:
+        envs = root / "environments.yaml"
+        envs.write_text(envs.read_text().replace("    namespace: forge-quickstart\n",
+                                                 "    namespace: forge-quickstart\n    studyDatabase: {secret: forge-studies}\n"))
     specs = load_or_raise([str(root)]).specs
-    env = specs.environment("local")
+    env = specs.environment(env_name)
     model = specs.get(Model, "digits-mlp")
     assert env is not None and model is not None
     version, steps, _ = plan_steps(specs, model, env)
-    workflow = render_workflow(specs, model, env, "forge-local", None).manifest
+    workflow = render_workflow(specs, model, env, "forge-quickstart", None).manifest
     return {"version": version, "workflow": workflow}, steps
 
 
@@ -82,3 +87,43 @@ def test_the_plan_names_the_algorithm_trials_and_parallelism(tmp_path: Path) -> 
                     f"models/digits-mlp/{info['version']}/search/study.db")
     _, plain = _steps(tmp_path, "random", "none")
     assert search_reasons({s.name: {"config": s.config} for s in plain})[0].startswith("search: random, no early stopping — 6 trials")
+
+
+def test_a_clusters_study_database_reaches_the_trials_and_pick_best_by_its_secret(tmp_path: Path) -> None:
+    """With the Environment's `studyDatabase`, the study moves to PostgreSQL: the trials and
+    pick-best read its URL from the Secret and name the run by the Workflow's uid; no other step
+    sees the Secret, and without it the cluster's study stays the SQLite file it was (same keys)."""
+    from renderers.workflow import search_reasons
+
+    info, steps = _steps(tmp_path, "tpe", "asha", "cluster", database=True)
+    sqlite_info, sqlite_steps = _steps(tmp_path, "tpe", "asha", "cluster")
+    assert info["version"] == sqlite_info["version"]  # where the study is kept is no part of the result
+    study = next(s for s in steps if s.name == "pick-best").config["study"]
+    assert study["database"] == {"secret": "forge-studies", "key": "url"}
+    assert "database" not in next(s for s in sqlite_steps if s.name == "pick-best").config["study"]
+    templates = {t["name"]: t for t in info["workflow"]["spec"]["templates"]}
+    for step in steps:
+        env = {e["name"]: e for e in templates[step.name]["container"]["env"]}
+        if step.name.startswith("train-trial-") or step.name == "pick-best":
+            assert env["FORGE_STUDY_URL"]["valueFrom"] == {"secretKeyRef": {"name": "forge-studies", "key": "url"}}
+            assert env["FORGE_STUDY_RUN"]["value"] == "{{workflow.uid}}"
+        else:
+            assert "FORGE_STUDY_URL" not in env and "FORGE_STUDY_RUN" not in env, step.name
+    # the SQLite render's steps keep their keys; the database's trials are other steps
+    plain = {s.name: s.key for s in sqlite_steps}
+    assert all(plain[s.name] != s.key for s in steps if s.name.startswith("train-trial-"))
+    line, = search_reasons({s.name: {"config": s.config} for s in steps})
+    assert line.endswith("picked from the study in the PostgreSQL database of Secret forge-studies")
+
+
+def test_doctor_asks_for_the_study_databases_secret(tmp_path: Path) -> None:
+    """The Secret the trials read is the cluster admin's: `doctor` lists it with the key they read
+    (and, for the s3 credentials' optional keys, nothing: an optional key stops no pod)."""
+    from renderers.prerequisites import cluster_requirements
+
+    info, _ = _steps(tmp_path, "tpe", "asha", "cluster", database=True)
+    secrets = [r for r in cluster_requirements([info["workflow"]]) if r.kind == "Secret"]
+    assert [(r.name, r.keys) for r in secrets] == [("forge-quickstart/forge-studies", ("url",))]
+    assert secrets[0].why.startswith("Workflow ") and "train-trial-0" in secrets[0].why
+    plain, _ = _steps(tmp_path, "tpe", "asha", "cluster")
+    assert not [r for r in cluster_requirements([plain["workflow"]]) if r.kind == "Secret"]

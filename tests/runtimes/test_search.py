@@ -6,6 +6,7 @@ the trials run as the Workflow's fan-out runs them (separate processes, two at a
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -18,6 +19,18 @@ from devkit.runtime_steps import Runner
 from tests.runtimes.helpers import ROOT
 
 pytestmark = pytest.mark.runtime
+
+#: Three TPE trials at once, stopped early by the median rule.
+TPE_MEDIAN = """\
+  search:
+    algorithm: tpe
+    earlyStopping: median
+    trials: 3
+    parallelism: 3
+    space:
+      learningRate: {type: logUniform, min: 0.0001, max: 0.03}
+      weightDecay: {type: uniform, min: 0.0, max: 0.001}
+"""
 
 
 def _rendered(tmp_path: Path, search: str, epochs: int) -> list[Any]:
@@ -116,16 +129,7 @@ def test_grid_with_asha_prunes_the_trial_below_the_best_at_the_first_rung(digits
 
 
 def test_tpe_trials_ask_the_study_in_parallel_and_pick_best_reads_it(digits: Runner, tmp_path: Path) -> None:
-    steps = _rendered(tmp_path, """\
-  search:
-    algorithm: tpe
-    earlyStopping: median
-    trials: 3
-    parallelism: 3
-    space:
-      learningRate: {type: logUniform, min: 0.0001, max: 0.03}
-      weightDecay: {type: uniform, min: 0.0, max: 0.001}
-""", epochs=3)
+    steps = _rendered(tmp_path, TPE_MEDIAN, epochs=3)
     trials = [s for s in steps if s.name.startswith("train-trial-")]
     _run_trials(digits, trials, at_once=3)
     storage = digits.workspace / trials[0].config["trial"]["study"]["storage"]
@@ -148,3 +152,42 @@ def test_tpe_trials_ask_the_study_in_parallel_and_pick_best_reads_it(digits: Run
     assert {r["number"] for r in study["trials"]} == {digits.read(f"{t.config['output']}/metrics.json")["trial"]["number"] for t in trials}
     shown = _shown(_register(digits, steps, pick)["search"])
     assert f"best trial {study['bestTrial']}" in shown and "tpe, early stopping median: 3 trials" in shown
+
+
+def test_trials_share_one_study_in_postgresql_per_run(digits: Runner, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch, runtime_python: str) -> None:
+    """A cluster's study kept in PostgreSQL (Debian's server, as the node's pod runs it, here on
+    127.0.0.1): three TPE trials open a study in a database with no tables yet at once (the
+    race to create them is Optuna's and the server's), pick-best reads it back, and it is named by
+    the run (the Workflow's uid), so a version trained again starts a study of its own."""
+    from devkit.node import postgres
+
+    steps = _rendered(tmp_path, TPE_MEDIAN, epochs=2)
+    database = {"secret": "forge-studies", "key": "url"}  # what the cluster's Environment renders
+    for step in steps:
+        study = step.config.get("study") or (step.config.get("trial") or {}).get("study")
+        if study is not None:
+            study["database"] = database
+    trials = [s for s in steps if s.name.startswith("train-trial-")]
+    pick = next(s for s in steps if s.name == "pick-best")
+    with postgres.on_host() as url:
+        monkeypatch.setenv("FORGE_STUDY_URL", url)
+        monkeypatch.setenv("FORGE_STUDY_RUN", "run-1")
+        _run_trials(digits, trials, at_once=3)
+        digits.run("pick-best", pick.config)
+        study = digits.read(f"{pick.config['output']}/trials.json")["study"]
+        name = f"{trials[0].config['trial']['study']['name']}-run-1"
+        assert study["name"] == name and study["storage"] == "the PostgreSQL database of Secret forge-studies"
+        assert sum(study["states"].values()) == 3
+        assert not (digits.workspace / trials[0].config["trial"]["study"]["storage"]).exists()  # no SQLite file
+        code = ("import json, sys, optuna\n"
+                "optuna.logging.set_verbosity(optuna.logging.WARNING)\n"
+                "print(json.dumps(optuna.get_all_study_names(storage=sys.argv[1])))\n")
+        names = subprocess.run([runtime_python, "-c", code, url], capture_output=True, text=True, check=True).stdout
+        assert json.loads(names) == [name]
+        # the same version trained again (another run): a study of its own, its first trial number 0
+        monkeypatch.setenv("FORGE_STUDY_RUN", "run-2")
+        digits.run("train", trials[0].config)
+        assert digits.read(f"{trials[0].config['output']}/metrics.json")["trial"]["number"] == 0
+        names = subprocess.run([runtime_python, "-c", code, url], capture_output=True, text=True, check=True).stdout
+        assert sorted(json.loads(names)) == [name, name[: -len("run-1")] + "run-2"]
