@@ -213,6 +213,9 @@ def show(
         search = SearchResult.from_json(record.search)
         console.print("  " + _e(search_line(search)))
         console.print(trials_table(search))
+        chart = trials_chart(search)
+        if chart is not None:
+            console.print(chart)
 
 
 def trust_lines(record: Record) -> list[str]:
@@ -284,6 +287,40 @@ def trials_table(search: SearchResult) -> Table:
                       _e(_num(r.value) if r.value is not None else "—"),
                       _e("—" if r.epochs_trained is None else r.epochs_trained), _e(r.pruned_at or "—"),
                       _e(params or r.output or "—"))
+    return table
+
+
+def trials_chart(search: SearchResult, width: int = 32) -> Table | None:
+    """The search as it ran: each trial's value as a bar in the order the trials were numbered,
+    with the best value so far — whether the sampler learned (TPE's later trials scoring higher)
+    and where the pruner stopped trials shows at a glance. None without a study or a value."""
+    from rich.bar import Bar
+
+    if search.study is None:
+        return None
+    rows = sorted((r for r in search.rows() if r.value is not None), key=lambda r: r.number)
+    if not rows:
+        return None
+    values = [float(r.value) for r in rows if r.value is not None]
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    better = max if search.goal == "maximize" else min
+    best: float | None = None
+    kept = f" (the best {len(search.rows())} of {search.study.trials_total} kept)" \
+        if search.study.trials_total > len(search.rows()) else ""
+    table = Table(title=f"Search trials in order{kept}: {search.metric}, bars from {_num(lo)} to {_num(hi)}",
+                  title_justify="left")
+    for col in ("trial", "state", search.metric or "value", "", "best so far"):
+        table.add_column(_e(col), overflow="fold")
+    for r in rows:
+        value = float(r.value) if r.value is not None else lo
+        if r.state == "complete":
+            best = value if best is None else better(best, value)
+        # a pruned trial's bar is its last reported value, drawn dim: it never competed for best
+        bar = Bar(size=span, begin=0, end=max(value - lo, span / (2 * width)), width=width,
+                  color="green" if search.is_best(r) else "grey50" if r.state != "complete" else "blue")
+        table.add_row(_e(f"{r.number}{' *' if search.is_best(r) else ''}"), _e(r.state), _e(_num(value)), bar,
+                      _e(_num(best) if best is not None else "—"))
     return table
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from forgectl.models_cli import search_line, trials_table
+from forgectl.models_cli import search_line, trials_chart, trials_table
 from specs.searchresult import SearchResult, summarised
 
 STUDY = {
@@ -72,3 +72,26 @@ def test_a_search_without_a_study_ranks_its_values() -> None:
     text = console.export_text()
     assert "2 trials, best loss (minimize) 0.2 from trials/b" in text
     assert "1 *" in text and "trials/b" in text
+
+
+def test_models_show_draws_the_trials_in_the_order_they_ran() -> None:
+    """The chart under the table: trials by number (a trial with no value left out), each value a
+    bar between the lowest and the highest, and the best completed value so far — a pruned trial's
+    higher early value never counts as the best."""
+    result = SearchResult.from_json(STUDY)
+    chart = trials_chart(result, width=20)
+    assert chart is not None
+    console = Console(width=200, record=True)
+    console.print(chart)
+    text = console.export_text()
+    assert "Search trials in order: accuracy, bars from 0.91 to 0.97" in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("│")]
+    assert [ln.split("│")[1].strip() for ln in lines] == ["0", "1", "2 *"]
+    assert [ln.split("│")[-2].strip() for ln in lines] == ["0.91", "0.91", "0.95"]
+    bars = [ln.split("│")[4] for ln in lines]
+    assert len(bars[0].strip()) < len(bars[2].strip()) < len(bars[1].strip())  # 0.91 < 0.95 < 0.97
+    kept = SearchResult.from_json(summarised(STUDY, 2))
+    console = Console(width=200, record=True)
+    console.print(trials_chart(kept))
+    assert "Search trials in order (the best 2 of 4 kept)" in console.export_text()
+    assert trials_chart(SearchResult.from_json({"metric": "loss", "goal": "minimize", "best": "a", "values": {"a": 0.2}})) is None
