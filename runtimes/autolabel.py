@@ -117,9 +117,9 @@ def source_batches(spec: Any, features: list[str], batch_rows: int = 65536) -> I
             return
         import pandas as pd
 
-        from runtimes.data import _resolve_local
+        from runtimes.data import resolve_local
 
-        path = _resolve_local(spec.source.uri)
+        path = resolve_local(spec.source.uri)
         if spec.source.format == "parquet":
             yield from arrays(pq.ParquetFile(path), spec.source.uri)
             return
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(AutoLabelConfig, argv, "python -m runtimes autolabel")
     import numpy as np
 
-    from runtimes.data import _resolve_local
+    from runtimes.data import resolve_local
     from runtimes.serving.core import ServingCore
 
     spec = config.spec
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if not label:
         raise StepFailed("auto-labeling needs `labeling.column` (the column the labels go into)")
     features = list(spec.features) or [c for c in source_columns(spec) if c not in (label, "__label__")]
-    unlabelled = read_table(_resolve_local(auto.unlabelled))
+    unlabelled = read_table(resolve_local(auto.unlabelled))
     missing = [c for c in features if c not in unlabelled.columns]
     if missing:
         raise StepFailed(f"{auto.unlabelled}: missing feature column(s) {', '.join(missing[:5])}")

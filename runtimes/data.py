@@ -67,7 +67,7 @@ class RawData:
     image_shape: tuple[int, ...] | None = None
 
 
-def _resolve_local(uri: str) -> Path:
+def resolve_local(uri: str) -> Path:
     """The file a `file://`, `text://` or `pvc://` source names, which must stay inside its root (the
     source root, or the workspace's `pvc/` folder): `..`, absolute paths and symlinks leading out are
     refused, and so are FIFOs and devices."""
@@ -104,7 +104,7 @@ def read_source(spec: DatasetSpec) -> RawData:
         image_shape = (1, 8, 8) if name == "digits" else None
         return RawData(digest=digest, frame=frame, classes=classes, image_shape=image_shape)
 
-    path = _resolve_local(uri)
+    path = resolve_local(uri)
     if not path.is_file():
         raise StepFailed(f"source {uri!r}: no file at {path}")
     if path.stat().st_size > MAX_SOURCE_BYTES:

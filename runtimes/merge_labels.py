@@ -225,7 +225,7 @@ def _options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     config, args = parse_config(MergeLabelsConfig, argv, "python -m runtimes merge-labels", _options)
-    from runtimes.data import _resolve_local, file_digest
+    from runtimes.data import file_digest, resolve_local
 
     spec = config.spec
     label = spec.labeling.column
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         return publish(config, args.publish or args.withdraw, withdraw=bool(args.withdraw))
     if spec.source.shards is not None:
         return merge_shard(config, label)
-    source_path = _resolve_local(spec.source.uri)
+    source_path = resolve_local(spec.source.uri)
     old = file_digest(source_path)
     if old != spec.digest:
         raise DigestMismatch(f"source {spec.source.uri}: digest {old} differs from the Dataset's {spec.digest}")
