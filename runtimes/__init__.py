@@ -16,6 +16,6 @@ own exit code); the dispatcher prints its one-line message and exits non-zero, n
 """
 
 STEPS = ("prepare", "prepare-group", "join-shards", "train", "pick-best", "evaluate", "explain", "compress", "export", "build-engine", "benchmark", "register",
-         "serve", "serve-seldon", "await", "autolabel", "merge-labels")
+         "serve", "serve-seldon", "await", "autolabel", "merge-labels", "labels-export")
 
 __all__ = ["STEPS"]

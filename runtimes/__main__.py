@@ -25,6 +25,7 @@ _MODULES = {
     "await": "runtimes.await_files",
     "autolabel": "runtimes.autolabel",
     "merge-labels": "runtimes.merge_labels",
+    "labels-export": "runtimes.labels_export",
 }
 
 

@@ -20,6 +20,7 @@ it could not write (``--withdraw NAME`` removes it again if that write fails).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ from runtimes._step import in_workspace, parse_config, run_step, write_json
 from runtimes.autolabel import read_table
 from runtimes.errors import DigestMismatch, StepFailed
 from specs.labels import LabelsError, Merged, Table, append_csv, csv_table, merge_rows
-from specs.stepconfig import MergeLabelsConfig
+from specs.stepconfig import RESULT_PREFIX, MergeLabelsConfig
 
 log = logging.getLogger("forge.merge-labels")
 
@@ -221,6 +222,9 @@ def _options(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--publish", metavar="NAME", help="write the staged shard NAME into the sharded source's folder")
     what.add_argument("--withdraw", metavar="NAME", help="remove the shard NAME from the sharded source's folder")
+    what.add_argument("--then-publish", action="store_true",
+                      help="a sharded source: merge, write the new shard into the source's folder, and print "
+                           "merge.json as one line (a pod on a cluster, whose log forgectl reads)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,7 +238,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.publish or args.withdraw:
         return publish(config, args.publish or args.withdraw, withdraw=bool(args.withdraw))
     if spec.source.shards is not None:
-        return merge_shard(config, label)
+        merge_shard(config, label)
+        if args.then_publish:
+            # One pod on a cluster does both (`forgectl labels merge` has checked its rewrite of the
+            # spec first, and withdraws the shard with --withdraw if writing it fails after all).
+            from runtimes._step import read_json
+
+            done = read_json(in_workspace(config.output) / "merge.json")
+            publish(config, str(done["file"]), withdraw=False)
+            print(RESULT_PREFIX + json.dumps(done, separators=(",", ":")), flush=True)
+        return 0
+    if args.then_publish:
+        raise StepFailed("--then-publish writes a new shard of a sharded source (`source.shards`)")
     source_path = resolve_local(spec.source.uri)
     old = file_digest(source_path)
     if old != spec.digest:

@@ -110,6 +110,19 @@ class MergeLabelsConfig(StepConfig):
     output: str = Field(description="Folder for the merged source file and `merge.json` (with its digest).")
 
 
+#: What starts the one line a one-off pod's step prints for forgectl to read from the pod's log
+#: (`labels-export`, `merge-labels --then-publish`): the log holds the step's stderr as well.
+RESULT_PREFIX = "forge-result: "
+
+
+class LabelsExportConfig(StepConfig):
+    """Print an `autolabel` step's output folder (its review file, auto-labels and report) as one
+    JSON line, for `forgectl labels pull` to read from the pod's log on a cluster."""
+
+    step: Literal["labels-export"] = "labels-export"
+    labels: str = Field(description="The autolabel step's output folder (workspace-relative).")
+
+
 #: The variable a study's steps read a `studyDatabase` URL from (the Secret's key, rendered as env).
 STUDY_URL_ENV = "FORGE_STUDY_URL"
 #: The variable naming the run a study in a database belongs to (the Workflow's uid): a database

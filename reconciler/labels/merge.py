@@ -34,9 +34,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,9 +152,12 @@ def _repinned(raw: Any, old: str) -> tuple[Path, list[str], int]:
 
 
 def merge_reviewed(paths: list[str], dataset: str, reviewed: Path, auto_labels: Path | None = None, *,
-                   env: str | None = None, commit: bool = False) -> LabelsMerge:
+                   env: str | None = None, commit: bool = False, options: Any = None,
+                   progress: Callable[[str], None] | None = None) -> LabelsMerge:
     """Merge ``reviewed`` (and the auto-labels beside it, or ``auto_labels``) into ``dataset``'s
-    source and pin its new digest in the spec; commit the files that changed with ``commit``."""
+    source and pin its new digest in the spec; commit the files that changed with ``commit``. A
+    `pvc://` sharded source is written through a pod of the Environment's cluster (``options``:
+    the command line's kubeconfig, context and namespace; ``progress`` hears what it waits for)."""
     result = load_or_raise(paths)
     doc = result.specs.get(Dataset, dataset)
     if doc is None:
@@ -170,7 +175,13 @@ def merge_reviewed(paths: list[str], dataset: str, reviewed: Path, auto_labels: 
     except OutsideRoot as exc:
         raise ForgeError(f"{raw.file}:{uri_line}: {exc}") from None
     if spec.source.shards is not None:
-        return _merge_shard(doc, raw, root, reviewed, auto_labels, commit=commit)
+        target = None
+        if spec.source.uri.startswith("pvc://") and environment is not None:
+            from reconciler.plan.session import TargetOptions, open_target
+
+            target = open_target(environment, options or TargetOptions())
+        return _merge_shard(doc, raw, root, reviewed, auto_labels, commit=commit, environment=environment,
+                            target=target, progress=progress)
     return _merge_file(doc, raw, root, reviewed, auto_labels, commit=commit)
 
 
@@ -260,29 +271,60 @@ def _stage_inputs(workspace: Path, auto_path: Path, reviewed: Path) -> Path:
     return workspace
 
 
+class _LocalShardWriter:
+    """Writes a merge's new shard with `python -m runtimes merge-labels` on this machine: staged in
+    a temporary workspace, then published into a `file://` folder or an `s3://` prefix."""
+
+    published_by_stage = False
+
+    def __init__(self, dataset: str, spec: Any, root: Path, workspace: Path, review: str, where: str) -> None:
+        self.dataset, self.spec, self.root, self.staging, self.review, self.where = (
+            dataset, spec, root, workspace, review, where)
+
+    def stage(self) -> dict[str, Any]:
+        return _run_merge_labels(self.dataset, self.spec, self.root, self.staging, self.review, self.where)
+
+    def publish(self, name: str) -> None:
+        _runtime(_merge_config(self.dataset, self.spec, self.review), self.root, self.staging, self.where,
+                 "--publish", name)
+
+    def withdraw(self, name: str) -> None:
+        _runtime(_merge_config(self.dataset, self.spec, self.review), self.root, self.staging, self.where,
+                 "--withdraw", name)
+
+
+#: What the spec's rewrite is checked with before any shard exists (the name and digests the merge
+#: will give are not known yet; the check is of the rewrite's shape).
+_PLACEHOLDER_SHARD = ("labels-000000000000.parquet", "sha256:" + "0" * 64, "sha256:" + "1" * 64)
+
+
 def _merge_shard(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Path | None, *,
-                 commit: bool) -> LabelsMerge:
+                 commit: bool, environment: Any = None, target: Any = None, progress: Any = None) -> LabelsMerge:
     """A sharded source: the merged rows become one new Parquet shard (written by `python -m
     runtimes merge-labels` in the runtime environment, which has Parquet and the S3 client the data
     steps use; forgectl's own has neither), appended to `source.shards.files` in the spec with its
     digest, and the `digest:` line re-pinned to the new root: the plan shows one new shard, and only
-    its group prepares. The shard goes into a `file://` folder or an `s3://` prefix; a `pvc://`
-    claim is refused (it is a volume in the cluster, which this machine cannot write into)."""
+    its group prepares. The shard goes into a `file://` folder or an `s3://` prefix from this
+    machine, or, through a pod on the Environment's cluster (reconciler/labels/cluster.py), into a
+    `pvc://` claim."""
     dataset, spec = doc.name, doc.spec
     shards = spec.source.shards
     uri_line = raw.position(("spec", "source", "uri"))[0]
+    where = f"{raw.file}:{uri_line}"
     scheme = spec.source.uri.partition("://")[0]
     folder_part, _ = spec.source.folder_and_glob
     if scheme == "pvc":
-        raise ForgeError(f"{raw.file}:{uri_line}: {spec.source.uri} is on a PersistentVolumeClaim, a volume of the "
-                         "cluster that `forgectl labels merge` cannot write into from this machine; run `python -m "
-                         "runtimes merge-labels` in a pod that mounts the claim (it writes the new shard into its "
-                         "output folder, and `merge.json` gives its name, digest and the new root), copy the shard "
-                         "into the claim's folder, then append it to `source.shards.files` and pin `digest` by hand")
-    if scheme == "s3":
+        pods = target.pod_api() if target is not None else None
+        if pods is None:
+            name = environment.name if environment is not None else "local"
+            raise ForgeError(f"{where}: {spec.source.uri} is on a PersistentVolumeClaim, which `forgectl labels merge` "
+                             f"writes through a pod of the cluster the Environment names; {name!r} is not a "
+                             "`kubernetes` Environment (name one with --env)")
+        shard_folder = f"pvc://{folder_part}"
+    elif scheme == "s3":
         missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not os.environ.get(k)]
         if missing:
-            raise ForgeError(f"{raw.file}:{uri_line}: {spec.source.uri} is written with the S3 credentials of this "
+            raise ForgeError(f"{where}: {spec.source.uri} is written with the S3 credentials of this "
                              f"shell, and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
                              "(export them, and AWS_ENDPOINT_URL for an S3-compatible store, as for the AWS CLI): "
                              "nothing was written")
@@ -291,9 +333,9 @@ def _merge_shard(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Pa
         try:
             folder = resolve_inside(root, folder_part, what="source")
         except OutsideRoot as exc:
-            raise ForgeError(f"{raw.file}:{uri_line}: {exc}") from None
+            raise ForgeError(f"{where}: {exc}") from None
         if not folder.is_dir():
-            raise ForgeError(f"{raw.file}:{uri_line}: the source's folder {printable(str(folder))} does not exist")
+            raise ForgeError(f"{where}: the source's folder {printable(str(folder))} does not exist")
         shard_folder = str(folder)
     auto_path = _auto_labels_for(spec, raw, dataset, reviewed, auto_labels)
     last = len(shards.files) - 1
@@ -307,41 +349,63 @@ def _merge_shard(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Pa
         raise ForgeError(f"{raw.file}:{name_line}: the last shard of `source.shards.files` is not written one item a "
                          "line (`- name: …` then `digest: …`, or `- {name: …, digest: …}`); nothing was written "
                          "(write the shard's entry by hand)")
-    where = f"{raw.file}:{uri_line}"
-    with tempfile.TemporaryDirectory(prefix="forge-labels-") as tmp:
-        workspace = _stage_inputs(Path(tmp), auto_path, reviewed)
-        done = _run_merge_labels(dataset, spec, root, workspace, reviewed.name, where)
-        new_name, file_digest, new_root = str(done["file"]), str(done["fileDigest"]), str(done["newDigest"])
+
+    def rewritten(new_name: str, file_digest: str, new_root: str) -> tuple[str, str]:
         entry = block.replace(shards.files[-1].name, new_name).replace(shards.files[-1].digest, file_digest)
         if not entry.endswith(("\n", "\r")):
             entry += "\r\n" if lines[first - 1].endswith("\r\n") else "\n"
         new_lines = [*lines[:end], entry, *lines[end:]]
         at = digest_line - 1 + (1 if digest_line > end else 0)
         new_lines[at] = new_lines[at].replace(spec.digest, new_root)
-        new_text = "".join(new_lines)
-        _check_rewrite(new_text, raw, doc, new_name, file_digest, new_root)
+        text = "".join(new_lines)
+        _check_rewrite(text, raw, doc, new_name, file_digest, new_root)
+        return text, entry
+
+    rewritten(*_PLACEHOLDER_SHARD)  # refused here, before any shard is written, if the rewrite cannot be made
+    with tempfile.TemporaryDirectory(prefix="forge-labels-") as tmp:
+        writer: Any
+        if scheme == "pvc":
+            from reconciler.labels.cluster import ClusterShardWriter
+
+            review_key = reviewed.name if re.fullmatch(r"[-._a-zA-Z0-9]+", reviewed.name) else "reviewed" + reviewed.suffix
+            config = ClusterShardWriter.input_config(dataset, spec.model_dump(mode="json", by_alias=True), review_key)
+            inputs = {"auto-labels.csv": auto_path.read_bytes(), review_key: reviewed.read_bytes()}
+            assert pods is not None
+            writer = ClusterShardWriter(pods, environment, config, folder_part.split("/", 1)[0], inputs, where,
+                                        progress or (lambda _: None))
+        else:
+            writer = _LocalShardWriter(dataset, spec, root, _stage_inputs(Path(tmp), auto_path, reviewed),
+                                       reviewed.name, where)
+        done = writer.stage()
+        new_name, file_digest, new_root = str(done["file"]), str(done["fileDigest"]), str(done["newDigest"])
+        published = writer.published_by_stage
         # The shard goes where the data lives first, the spec that pins it second: a spec never pins
         # a shard that is not there, and a shard the spec could not pin is taken away again.
-        _runtime(_merge_config(dataset, spec, reviewed.name), root, workspace, where, "--publish", new_name)
         try:
+            new_text, entry = rewritten(new_name, file_digest, new_root)
+            if not published:
+                writer.publish(new_name)
+                published = True
             _replace_all([(spec_path, new_text.encode("utf-8"))])
         except BaseException as exc:
-            try:
-                _runtime(_merge_config(dataset, spec, reviewed.name), root, workspace, where, "--withdraw", new_name)
-            except ForgeError as undo:
-                raise ForgeError(f"{raw.file}: cannot write the spec ({exc}), and the shard {new_name} it would pin "
-                                 f"stays in {shard_folder}: {undo}; remove it by hand") from exc
+            if published:
+                try:
+                    writer.withdraw(new_name)
+                except ForgeError as undo:
+                    raise ForgeError(f"{raw.file}: cannot write the spec ({exc}), and the shard {new_name} it would "
+                                     f"pin stays in {shard_folder}: {undo}; remove it by hand") from exc
             raise
-    target = f"{shard_folder}/{new_name}"
+    target_path = f"{shard_folder}/{new_name}"
     new_line = digest_line + (entry.count("\n") if digest_line > end else 0)
-    outcome = LabelsMerge(dataset, target, raw.file, new_line, spec.digest, new_root, int(done["autoLabelled"]),
+    outcome = LabelsMerge(dataset, target_path, raw.file, new_line, spec.digest, new_root, int(done["autoLabelled"]),
                           int(done["accepted"]), int(done["rejected"]), int(done["rows"]), shard=new_name,
                           shard_digest=file_digest, shards=len(shards.files) + 1)
     if not commit:
         return outcome
     message = (f"Labels for dataset {dataset}: {outcome.auto_labelled} auto-labelled and {outcome.accepted} reviewed "
                f"rows merged as the shard {new_name}\n\n{spec.source.uri}: {spec.digest} → {new_root}\n")
-    committed = [Path(target), spec_path] if scheme == "file" else [spec_path]  # an S3 object is not in git
+    # An S3 object or a claim's file is not in git: the spec alone.
+    committed = [Path(target_path), spec_path] if scheme == "file" else [spec_path]
     return LabelsMerge(**{**outcome.__dict__, "commit": _commit(committed, message)})
 
 

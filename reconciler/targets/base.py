@@ -146,6 +146,29 @@ class ControllerAPI(Protocol):
         ...
 
 
+class PodAPI(Protocol):
+    """One-off pods in the environment's namespace, each answering by its log (what `forgectl
+    labels` runs on a cluster: renderers/labelpods.py): create, watch, read the log, delete."""
+
+    namespace: str
+
+    def create_object(self, resource: Resource, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST ``body`` into its own namespace; the object as stored (its uid)."""
+        ...
+
+    def get_object(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object, or None."""
+        ...
+
+    def delete_object(self, resource: Resource, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        """Delete one object; False when it was not there."""
+        ...
+
+    def read_log(self, pod: str) -> str:
+        """The log of the one container of ``pod`` in :attr:`namespace`."""
+        ...
+
+
 class Fence(Protocol):
     """The environment's lock as its holder sees it while writing: whether it is still held and
     until when it surely is. Every write of a target that holds its lock checks it just before it
@@ -267,6 +290,17 @@ class Target(Protocol):
     def controller_api(self) -> ControllerAPI | None:
         """Where the in-cluster controller writes its status objects and Events, or None where
         there is no cluster (the local target)."""
+        ...
+
+    def pod_api(self) -> PodAPI | None:
+        """Where one-off pods run (reading and writing the claims of the cluster), or None where
+        there is no cluster (the local target: :meth:`workspace_files` reads its workspace)."""
+        ...
+
+    def workspace_files(self, folder: str) -> dict[str, bytes] | None:
+        """The files of a workspace folder (not its sub-folders), by name, where the workspace is
+        on this machine (the local target); None where it is a claim of a cluster (read it by a pod,
+        :meth:`pod_api`) or the folder does not exist."""
         ...
 
     def log_files(self, name: str) -> list[Path]:

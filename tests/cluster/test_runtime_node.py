@@ -42,9 +42,10 @@ rendered objects are never changed. The stages run in order and share the cluste
    from the last checkpoint, counting on to the end (issue 30).
 9. examples/sharded with its shards on a claim: Argo runs the fan-out of one memoized pod per
    group, the join, the training on the streamed shards (issue 31).
-10. auto-labeling: the student's Workflow waits for the labelling model's registration,
-   pre-labels the rows on a claim, gates the agreement and registers the student with the
-   labeller as its parent (issue 31).
+10. examples/sharded-labelled with its data on a claim: the fan-out, a TPE + ASHA search whose
+   Workflow waits for the labelling model's registration, pre-labels the claim's unlabelled rows,
+   gates the agreement and registers with the labeller as its parent; the review file pulled and
+   the reviewed labels merged into the claim as a new shard by `forgectl labels` (issue 31).
 
 The quick-start's namespace enforces Pod Security `restricted` (labelled as a platform team would
 before Forge applies anything): the API server's own PodSecurity admission refuses any pod below
@@ -1173,68 +1174,100 @@ def test_9_a_sharded_dataset_fans_out_on_argo_from_a_claim_and_trains_streamed(
         q.api.close()
 
 
-LABELS_NS = "forge-labels"  # the `cluster` Environment of tests/trust/test_autolabel_workflow.py's specs
-LABELS_CLAIM = "scans"
+SHARDED_LABELLED = REPO / "examples" / "sharded-labelled"
+LABELLED_NS = "forge-sharded-labelled"  # the example's `cluster` Environment's namespace
+DATA_CLAIM = "digits-data"
 
 
-def test_10_auto_labeling_runs_on_argo_after_the_labelling_model_registers(
+def test_10_a_sharded_auto_labelled_search_runs_on_argo_and_its_review_merges_into_the_claim(
         stack: _Stack, shared_node: nodekit.SharedNode, tmp_path: Path, runtime_python: str) -> None:
-    """Issue 31: a data set of scans on a claim (`pvc://`), auto-labelled by another Model, in a
-    namespace enforcing `restricted`. One apply: Argo trains the labelling model in its Workflow;
-    the student's Workflow waits for its registration, pre-labels the unlabelled rows with its
-    registered `base` (the claim mounted read-only), writes the review file, passes the
-    agreement gate on the held-back labels and registers the student with the labeller's version
-    as its parent — all read back from the workspace and `forgectl models list`."""
-    from tests.local.test_autolabel_workflow import WRITE_CSVS
-    from tests.trust.test_autolabel_workflow import SPECS
+    """Issue 31: examples/sharded-labelled with its shards and its unlabelled rows on a claim
+    (`pvc://`), in a namespace enforcing `restricted`. One apply: Argo prepares the groups of
+    shards (memoized, the claim mounted read-only) and trains the labeller; the searched Model's
+    Workflow runs its TPE trials with ASHA against one study on the workspace, waits for the
+    labeller's registration, pre-labels the unlabelled rows with it, passes the agreement gate and
+    registers with the labeller as its parent. Then the review goes round without kubectl:
+    `forgectl labels pull` brings the review file off the workspace claim (a one-off pod), a
+    reviewer fills half of it, and `forgectl labels merge --commit` writes the merged rows as a
+    seventh shard into the data's claim (another pod) and pins it: the plan counts one new shard
+    and prepares only its group."""
+    from tests.local.test_sharded_labelled_workflow import REVIEW
 
-    data = tmp_path / "data"
-    data.mkdir()
-    subprocess.run([runtime_python, "-c", WRITE_CSVS, str(data)], check=True, timeout=120)
-    digest = "sha256:" + hashlib.sha256((data / "scans.csv").read_bytes()).hexdigest()
-    classes = json.dumps([str(d) for d in range(10)])
-    specs = SPECS.format(labeller="labeller", model_ref="labeller", digest=digest, classes=classes)
-    for old, new in (('uri: "file://data/scans.csv"', f'uri: "pvc://{LABELS_CLAIM}/scans.csv"'),
-                     ("unlabelled: file://data/unlabelled.csv", f"unlabelled: pvc://{LABELS_CLAIM}/unlabelled.csv")):
-        assert old in specs, old
-        specs = specs.replace(old, new)
-    work = tmp_path / "labels"
-    work.mkdir()
-    (work / "specs.yaml").write_text(specs)
+    work = tmp_path / "sharded-labelled"
+    shutil.copytree(SHARDED_LABELLED, work, ignore=shutil.ignore_patterns("data"))
+    dataset = work / "dataset.yaml"
+    text = dataset.read_text()
+    for old, new in (("uri: file://data/digits/*.parquet", f"uri: pvc://{DATA_CLAIM}/digits/*.parquet"),
+                     ("unlabelled: file://data/unlabelled.parquet", f"unlabelled: pvc://{DATA_CLAIM}/unlabelled.parquet")):
+        assert old in text, old
+        text = text.replace(old, new)
+    dataset.write_text(text)
     q = Quickstart(stack, work)
     q.git("init", "-q")
     q.git("add", ".")
-    q.git("commit", "-qm", "scans on a claim, auto-labelled by another model")
+    q.git("commit", "-qm", "the sharded, auto-labelled example, its data on a claim")
     try:
-        with shared_node.namespace(LABELS_NS, PSA_RESTRICTED):
-            folder = _claim_folder(q, LABELS_NS, LABELS_CLAIM)
-            for name in ("scans.csv", "unlabelled.csv"):
-                shutil.copy(data / name, folder / name)
-            student = q.version("student")
+        with shared_node.namespace(LABELLED_NS, PSA_RESTRICTED):
+            folder = _claim_folder(q, LABELLED_NS, DATA_CLAIM)
+            shutil.copytree(SHARDED_LABELLED / "data" / "digits", folder / "digits")
+            shutil.copy(SHARDED_LABELLED / "data" / "unlabelled.parquet", folder / "unlabelled.parquet")
+            # The platform team's claim is writable by the runtimes' user (the merge pod adds a shard):
+            # a storage driver applies the pod's fsGroup; the node's hostPath volumes do not.
+            for path in (folder / "digits", *(folder / "digits").iterdir()):
+                os.chown(path, 1000, 1000)
+            labeller_version, searched_version = q.version("digits-labeller"), q.version("digits-tpe")
             q.forgectl("apply", "--env", "cluster", "--auto-approve")
 
-            def finished() -> dict[str, Any] | None:
-                items = q.workflows.get(namespace=LABELS_NS, label_selector=f"{MODEL_VERSION}={student}").to_dict()["items"]
-                phase = ((items[0].get("status") or {}).get("phase")) if items else None
-                return items[0] if phase in ("Succeeded", "Failed", "Error") else None
+            def finished(version: str) -> Callable[[], dict[str, Any] | None]:
+                def phase() -> dict[str, Any] | None:
+                    items = q.workflows.get(namespace=LABELLED_NS, label_selector=f"{MODEL_VERSION}={version}").to_dict()["items"]
+                    done = ((items[0].get("status") or {}).get("phase")) if items else None
+                    return items[0] if done in ("Succeeded", "Failed", "Error") else None
+                return phase
 
-            wf = _wait("the student's Workflow to finish", finished, timeout=900, every=3)
+            wf = _wait("the searched Model's Workflow to finish", finished(searched_version), timeout=1200, every=3)
             failed = [(n["displayName"], n.get("message")) for n in wf["status"]["nodes"].values()
                       if n["phase"] in ("Failed", "Error")]
             assert wf["status"]["phase"] == "Succeeded", (wf["status"].get("message"), failed)
+            trials = sorted({n["displayName"].split("(")[0] for n in wf["status"]["nodes"].values()  # "(0)": the attempt
+                             if n["type"] == "Pod" and n["displayName"].startswith("train-trial-")})
+            assert trials == [f"train-trial-{i}" for i in range(4)], trials
+            assert _wait("the labeller's Workflow", finished(labeller_version), timeout=60)["status"]["phase"] == "Succeeded"
             records = {r["model"]: r for r in q.json("models", "list")["versions"]}
-            labeller = records["labeller"]
-            assert records["student"]["lineage"]["parents"] == [
-                {"model": "labeller", "version": labeller["version"], "relation": "labelling model", "variant": None}]
-            ws_claim = q.core.read_namespaced_persistent_volume_claim("forge-workspace", LABELS_NS)
-            workspace = Path(q.core.read_persistent_volume(ws_claim.spec.volume_name).spec.host_path.path)
-            labels = workspace / "models" / "student" / student / "labels"
-            report = json.loads((labels / "report.json").read_text())
-            assert report["modelDir"] == f"registry/labeller/{labeller['version']}/base" and report["rows"] == 300, report
-            assert report["gate"]["passed"] is True and (labels / "review.csv").exists(), report
-            print(f"\nauto-labeling on Argo: {report['autoLabelled']} rows labelled, {report['toReview']} to review, "
-                  f"agreement {report['gate']['agreement']:.3f} (gate {report['gate']['minAgreement']}); student "
-                  f"{student} parent labeller@{labeller['version'][:12]}")
+            assert records["digits-tpe"]["lineage"]["parents"] == [
+                {"model": "digits-labeller", "version": labeller_version, "relation": "labelling model", "variant": None}]
+
+            # the review, pulled off the workspace claim by a pod: no kubectl, no copy by hand
+            pulled = q.json("labels", "pull", "digits-tpe", "--to", str(tmp_path / "review"))
+            assert pulled["version"] == searched_version, pulled
+            assert {"auto-labels.csv", "report.json", "review.csv"} <= set(pulled["files"]), pulled
+            report = pulled["report"]
+            assert report["rows"] == 597 and report["autoLabelled"] + report["toReview"] == 597 and report["toReview"] > 0
+            assert report["gate"]["passed"] is True and report["modelDir"] == f"registry/digits-labeller/{labeller_version}/base"
+            reviewed = tmp_path / "reviewed.csv"
+            subprocess.run([runtime_python, "-c", REVIEW, str(tmp_path / "review"), str(SHARDED_LABELLED), str(reviewed)],
+                           check=True, timeout=120)
+            merged = q.json("labels", "merge", "digits-labelled", "--reviewed", str(reviewed), "--auto-labels",
+                            str(tmp_path / "review" / "auto-labels.csv"), "--commit")
+            assert merged["autoLabelled"] == report["autoLabelled"] and merged["accepted"] == report["toReview"] // 2
+            assert merged["shards"] == 7 and merged["source"] == f"pvc://{DATA_CLAIM}/digits/{merged['shard']}", merged
+            shard = folder / "digits" / merged["shard"]
+            assert "sha256:" + hashlib.sha256(shard.read_bytes()).hexdigest() == merged["shardDigest"]
+            assert shard.stat().st_uid == 1000  # written by the merge pod, as the runtimes' user
+            spec = yaml.safe_load(dataset.read_text())["spec"]
+            assert spec["source"]["shards"]["files"][-1] == {"name": merged["shard"], "digest": merged["shardDigest"]}
+            assert spec["digest"] == merged["newDigest"]
+            head = subprocess.run(["git", "show", "--name-only", "--format=%H", "HEAD"], cwd=work, check=True,
+                                  capture_output=True, text=True).stdout.split()
+            assert head == [merged["commit"], "dataset.yaml"], head
+            leftovers = q.core.list_namespaced_pod(LABELLED_NS, label_selector="forge.dev/labels").items
+            assert not [p for p in leftovers if not p.metadata.deletion_timestamp], leftovers
+
+            plan = " ".join(q.forgectl("plan", "--env", "cluster").stdout.split())
+            assert plan.count(f"1 added ({merged['shard']}), 1 of 4 groups changed) → retrain model") == 2, plan
+            print(f"\nsharded, auto-labelled search on Argo: trials {trials}; {report['autoLabelled']} rows labelled, "
+                  f"{report['toReview']} to review, agreement {report['gate']['agreement']:.3f}; pulled and merged as "
+                  f"{merged['shard']} into the claim (shard 7 of 7)")
             q.forgectl("down", "--env", "cluster", "--auto-approve")
     finally:
         q.api.close()

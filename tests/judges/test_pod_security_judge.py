@@ -172,6 +172,38 @@ def test_the_training_operators_own_init_container_is_refused(judge: Path) -> No
     assert 'container "init-pytorch" must set securityContext.allowPrivilegeEscalation=false' in refused[0]["forbidden"]
 
 
+def _labels_pods() -> list[dict[str, Any]]:
+    """The one-off pods of `forgectl labels` on examples/sharded-labelled's cluster Environment."""
+    from reconciler.load.environments import load_environment
+    from renderers.labelpods import merge_pod, pull_pod
+    from specs import Dataset
+    from specs.stepconfig import MergeLabelsConfig
+
+    result, env = load_environment([str(Path(__file__).resolve().parents[2] / "examples" / "sharded-labelled")], None,
+                                   "cluster")
+    dataset = result.specs.get(Dataset, "digits-labelled")
+    assert dataset is not None
+    config = MergeLabelsConfig(dataset=dataset.name, spec=dataset.spec, labels="/forge/inputs",
+                               review="/forge/inputs/review.csv", output="labels-merges/digits-labelled/1")
+    return [pull_pod(env, "forge-sharded-labelled", "forge-labels-pull-1", "models/digits-tpe/v/labels"),
+            merge_pod(env, "forge-sharded-labelled", "forge-labels-merge-1", config, "digits-data", "inputs-1"),
+            merge_pod(env, "forge-sharded-labelled", "forge-labels-withdraw-1", config, "digits-data", "inputs-1",
+                      withdraw="labels-0123456789ab.parquet")]
+
+
+def test_the_one_off_pods_of_forgectl_labels_pass_restricted(judge: Path) -> None:
+    """`forgectl labels pull` and `merge` run pods of their own (renderers/labelpods.py): decoded
+    strictly as Pods and judged like the rest; without the security context they are refused."""
+    pods = _judge(_labels_pods())
+    assert [p["pod"] for p in pods] == ["Pod forge-labels-pull-1", "Pod forge-labels-merge-1", "Pod forge-labels-withdraw-1"]
+    assert not _refusals(pods) and all(not p["object_errors"] for p in pods), pods
+    bare = _labels_pods()[1]
+    bare["spec"].pop("securityContext")
+    bare["spec"]["containers"][0].pop("securityContext")
+    [refused] = _judge([bare])
+    assert not refused["ok"] and "runAsNonRoot != true" in refused["forbidden"], refused
+
+
 def test_the_documented_controller_settings_are_the_judged_ones() -> None:
     """docs/cluster-prerequisites.md shows the admin the settings these tests judge with."""
     import textwrap

@@ -75,6 +75,11 @@ def test_sharded_autolabelled_search_runs_and_merged_labels_add_one_shard(tmp_pa
     assert report["gate"]["minAgreement"] == 0.9 and report["gate"]["passed"] is True
     assert report["modelDir"] == f"registry/digits-labeller/{labeller['version']}/base"
 
+    # `forgectl labels pull` copies the files out of the workspace (on a cluster by a pod: node stage 10)
+    pulled = json.loads(ws.forgectl("labels", "pull", "digits-tpe", "--specs", "specs", "--to", str(tmp_path / "pulled"),
+                                    "-o", "json").stdout)
+    assert pulled["version"] == searched["version"] and {"auto-labels.csv", "report.json", "review.csv"} <= set(pulled["files"])
+    assert all((tmp_path / "pulled" / n).read_bytes() == (labels / n).read_bytes() for n in pulled["files"])
     reviewed = tmp_path / "reviewed.csv"
     subprocess.run([runtime_python, "-c", REVIEW, str(labels), str(path), str(reviewed)], check=True, timeout=120)
     merged = json.loads(ws.forgectl("labels", "merge", "digits-labelled", "--reviewed", str(reviewed), "--auto-labels",

@@ -187,3 +187,33 @@ def test_the_review_columns_never_take_a_features_name() -> None:
     assert review_columns([f"p{i}" for i in range(64)], "digit", 3) == ("row", ["_top1", "_top2", "_top3"],
                                                                         ["_p1", "_p2", "_p3"])
     assert review_columns(["row", "_p2"], "top1", 2) == ("_row", ["__top1", "__top2"], ["__p1", "__p2"])
+
+
+def test_labels_export_prints_the_folder_as_one_line_that_forgectl_checks(tmp_path: Path) -> None:
+    """`python -m runtimes labels-export` (the pod `forgectl labels pull` runs on a cluster): every
+    file of the folder, base64 with its sha256, on one line after the result prefix; the step's
+    log lines beside it do not disturb it; a folder that is not there is one clear error."""
+    import base64
+    import hashlib
+
+    from specs.stepconfig import RESULT_PREFIX
+
+    labels = tmp_path / "models" / "m" / "v" / "labels"
+    labels.mkdir(parents=True)
+    files = {"review.csv": b"row,digit\n3,\n", "auto-labels.csv": b"row,digit\n1,7\n", "report.json": b"{}"}
+    for name, data in files.items():
+        (labels / name).write_bytes(data)
+    (labels / ".partial").write_bytes(b"x")  # hidden files stay behind
+    env = {**os.environ, "FORGE_WORKSPACE": str(tmp_path)}
+    config = json.dumps({"step": "labels-export", "labels": "models/m/v/labels"})
+    done = subprocess.run([sys.executable, "-m", "runtimes", "labels-export", "--config-json", config], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [line] = [ln for ln in done.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    answer = json.loads(line[len(RESULT_PREFIX):])
+    got = {e["name"]: base64.b64decode(e["base64"]) for e in answer["files"]}
+    assert got == files and all(e["sha256"] == hashlib.sha256(got[e["name"]]).hexdigest() for e in answer["files"])
+    missing = subprocess.run([sys.executable, "-m", "runtimes", "labels-export", "--config-json",
+                              json.dumps({"step": "labels-export", "labels": "models/m/other/labels"})],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "models/m/other/labels: no such folder on the workspace" in missing.stderr

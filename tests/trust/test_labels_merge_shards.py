@@ -80,14 +80,17 @@ def _to_s3(repo: Path, bucket: str) -> None:
         "      groupSize: 2\n", "      groupSize: 2\n      credentialsSecret: s3-reader\n"))
 
 
-def test_a_pvc_source_is_refused_saying_why_and_what_to_do(repo: Path) -> None:
+def test_a_pvc_source_on_the_local_target_is_refused_saying_why_and_what_to_do(repo: Path) -> None:
+    """A claim is written through a pod of a cluster (tests/cluster/test_runtime_node.py stage 10
+    merges into one): the local Environment has none."""
     spec = repo / "specs" / "dataset.yaml"
     spec.write_text(spec.read_text().replace("file://data/digits/*.parquet", "pvc://scans/digits/*.parquet"))
     review = _review(repo, [_row(1.0, "3")], [])
     before = _files(repo)
     done = _forgectl(repo, "labels", "merge", "digits-labelled", "--reviewed", str(review), "--specs", "specs")
     assert done.returncode == 1 and "specs/dataset.yaml:17:" in done.stderr, done.stderr
-    assert "cannot write into from this machine" in done.stderr and "in a pod that mounts the claim" in done.stderr
+    assert "writes through a pod of the cluster the Environment names" in done.stderr, done.stderr
+    assert "'local' is not a `kubernetes` Environment (name one with --env)" in done.stderr, done.stderr
     assert _files(repo) == before
 
 

@@ -48,13 +48,14 @@ from reconciler.errors import (
     UnreachableError,
 )
 from reconciler.registry.records import Record
-from reconciler.resources import BY_KIND, LEASE, OWNED, SHARED_REFERRERS, ObjectRef, Resource, shared_in_use
+from reconciler.resources import BY_KIND, LEASE, OWNED, POD, SHARED_REFERRERS, ObjectRef, Resource, shared_in_use
 from reconciler.rollout.controller import RolloutState
 from reconciler.targets.base import (
     ClusterAPI,
     ControllerAPI,
     LeaseTiming,
     LiveRead,
+    PodAPI,
     Precondition,
     RolloutBackend,
     RunDetails,
@@ -162,7 +163,8 @@ class KubernetesTarget:
     # -- transport --------------------------------------------------------------------------
     def _call(self, method: str, path: str, *, verb: str, ref: str, namespace: str | None,
               query: list[tuple[str, str]] | None = None, body: Any = None,
-              content_type: str = "application/json", fenced: bool = False, accept: str = "application/json") -> Any:
+              content_type: str = "application/json", fenced: bool = False, accept: str = "application/json",
+              text: bool = False) -> Any:
         """One API request with bounded retries of transient failures (``retries``, then until
         ``retry_window`` seconds since the first attempt); errors become typed. A ``fenced`` one (a
         write) is checked against the held Lease before every attempt: after a lost Lease nothing is
@@ -184,6 +186,8 @@ class KubernetesTarget:
                 resp = self.api.call_api(method_, url, headers, data, post, _request_timeout=self.timeout)
                 payload = resp.read()
                 if resp.status < 400:
+                    if text:
+                        return payload.decode("utf-8", errors="replace") if payload else ""
                     return json.loads(payload) if payload else None
                 error = self._translate(resp.status, payload, resp.reason, verb, ref, namespace)
             except ApiException as exc:
@@ -461,6 +465,12 @@ class KubernetesTarget:
                 return None
             raise
 
+    def read_log(self, pod: str) -> str:
+        """The log of the one container of ``pod`` in this namespace (stdout and stderr, as the
+        kubelet keeps them): what a one-off pod of `forgectl labels` answered."""
+        return str(self._call("GET", POD.path(self.namespace, pod) + "/log", verb="get", ref=f"pods/{pod}/log",
+                              namespace=self.namespace, accept="*/*", text=True))
+
     # -- locking ------------------------------------------------------------------------------
     @property
     def holder(self) -> str | None:
@@ -719,6 +729,14 @@ class KubernetesTarget:
             if exc.status == 404:
                 return None
             raise
+
+    def pod_api(self) -> PodAPI | None:
+        """This target: pods in its namespace (:meth:`create_object`, :meth:`read_log`, …)."""
+        return self
+
+    def workspace_files(self, folder: str) -> dict[str, bytes] | None:
+        """None: the workspace is a claim of the cluster, read by a pod (:meth:`pod_api`)."""
+        return None
 
     def log_files(self, name: str) -> list[Path]:
         """Logs of a cluster live in the cluster."""

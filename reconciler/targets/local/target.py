@@ -30,7 +30,16 @@ from reconciler.registry.records import Record
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import RolloutState
 from reconciler.runtimeenv import FORGE_ROOT, runtime_python
-from reconciler.targets.base import ClusterAPI, ControllerAPI, LiveRead, Precondition, RolloutBackend, RunDetails, StepEvents
+from reconciler.targets.base import (
+    ClusterAPI,
+    ControllerAPI,
+    LiveRead,
+    PodAPI,
+    Precondition,
+    RolloutBackend,
+    RunDetails,
+    StepEvents,
+)
 from reconciler.targets.local.details import log_files, model_summaries
 from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
@@ -317,3 +326,14 @@ class LocalTarget:
     def controller_api(self) -> ControllerAPI | None:
         """None: the in-cluster controller's status objects need a cluster."""
         return None
+
+    def pod_api(self) -> PodAPI | None:
+        """None: no pods here; the workspace is a folder of this machine (:meth:`workspace_files`)."""
+        return None
+
+    def workspace_files(self, folder: str) -> dict[str, bytes] | None:
+        """The files directly in ``folder`` of this environment's workspace (None when it is absent)."""
+        path = self.workspace / folder
+        if not path.is_dir():
+            return None
+        return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")}
