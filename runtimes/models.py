@@ -64,7 +64,12 @@ class _Checkpointed(nn.Module):
         segments = min(self.checkpoint_segments or len(blocks), len(blocks))
         length = -(-len(blocks) // max(1, segments))
         for start in range(0, len(blocks), length):
-            x = checkpoint(_run_segment, x, blocks[start:start + length], use_reentrant=False)
+            segment = blocks[start:start + length]
+            # The RNG state is saved and restored around a segment only where its recomputation
+            # draws random numbers (dropout): on a GPU that save reads the device's generator back
+            # to the host, a synchronisation per segment per step that a deterministic block does not need.
+            random = any(isinstance(m, nn.Dropout) and m.p > 0 for block in segment for m in block.modules())
+            x = checkpoint(_run_segment, x, segment, use_reentrant=False, preserve_rng_state=random)
         return x
 
 
