@@ -56,8 +56,9 @@ def pull(
         print(f"  {report.get('autoLabelled')} row(s) labelled at confidence ≥ {report.get('confidence')}, "
               f"{report.get('toReview')} to review" + (f"; agreement {gate['agreement']:.3f} (gate {gate.get('minAgreement')})"
                                                         if isinstance(gate.get("agreement"), float) else ""))
-    print(f"  next: fill the label column of {done.folder / 'review.csv'}, then `forgectl labels merge <dataset> "
-          f"--reviewed {done.folder / 'review.csv'}`")
+    review = done.folder / str(report.get("reviewFile") or "review.csv")
+    print(f"  next: fill the `{report.get('labelColumn') or 'label'}` column of {review}, then `forgectl labels merge "
+          f"{report.get('dataset') or '<dataset>'} --reviewed {review}`")
 
 
 @app.command("merge")

@@ -15,6 +15,11 @@ staged under ``output``; ``--publish NAME`` then writes it into the source's fol
 folder, or S3 through the same client the data steps read shards with), which `forgectl labels
 merge` runs once it has checked the spec's rewrite, so a shard is never left unpinned by a spec
 it could not write (``--withdraw NAME`` removes it again if that write fails).
+
+On a cluster (a `pvc://` source, whose claim only a pod can write) one pod runs
+``--then-publish``: the merge, then the shard written into the claim — or a single file replaced
+in place, its bytes kept under ``output`` — and merge.json printed as one line of its log for
+`forgectl labels merge`; ``--withdraw NAME`` undoes either (the file put back by digest).
 """
 
 from __future__ import annotations
@@ -200,7 +205,10 @@ def publish(config: MergeLabelsConfig, name: str, withdraw: bool) -> int:
 
     shards = config.spec.source.shards
     if shards is None:
-        raise StepFailed("--publish and --withdraw write a shard of a sharded source (`source.shards`)")
+        if withdraw:
+            return restore_source(config, name)
+        raise StepFailed("--publish writes a shard of a sharded source (`source.shards`); a single file is replaced "
+                         "by --then-publish")
     staged = in_workspace(config.output) / name
     done = read_json(in_workspace(config.output) / "merge.json") if (staged.parent / "merge.json").is_file() else {}
     # Only the shard this merge staged, never one the spec pins: --withdraw deletes from the source.
@@ -218,13 +226,63 @@ def publish(config: MergeLabelsConfig, name: str, withdraw: bool) -> int:
     return 0
 
 
+def _copy_over(data: Path, target: Path) -> None:
+    """Replace ``target`` with the bytes of ``data``: written beside it under a temporary name and
+    renamed over it, so no reader sees half a file."""
+    import shutil
+
+    partial = target.parent / f".{target.name}.partial"
+    try:
+        shutil.copyfile(data, partial)
+        partial.replace(target)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise StepFailed(f"cannot replace {target}: {exc}") from None
+
+
+def replace_source(config: MergeLabelsConfig, source_path: Path, done: dict[str, Any]) -> None:
+    """``--then-publish`` for a single-file source (a claim's file, in a pod on a cluster): the
+    merged file replaces the source; the source's bytes are kept under ``output`` first
+    (``<name>.before``), which ``--withdraw NAME`` puts back."""
+    import shutil
+
+    out = in_workspace(config.output)
+    try:
+        shutil.copyfile(source_path, out / f"{source_path.name}.before")
+    except OSError as exc:
+        raise StepFailed(f"cannot keep a copy of {source_path}: {exc}") from None
+    _copy_over(out / str(done["file"]), source_path)
+    log.info("replaced %s (%s → %s)", source_path, done["oldDigest"], done["newDigest"])
+
+
+def restore_source(config: MergeLabelsConfig, name: str) -> int:
+    """``--withdraw NAME`` for a single-file source: the bytes ``--then-publish`` replaced go back,
+    only while the source is still the merged file and the kept copy is the original (by digest)."""
+    from runtimes._step import read_json
+    from runtimes.data import file_digest, resolve_local
+
+    out = in_workspace(config.output)
+    before = out / f"{name}.before"
+    done = read_json(out / "merge.json") if (out / "merge.json").is_file() else {}
+    source_path = resolve_local(config.spec.source.uri)
+    if done.get("file") != name or source_path.name != name or not before.is_file():
+        raise StepFailed(f"{before}: not the copy a --then-publish in {config.output} kept (nothing to withdraw)")
+    if file_digest(before) != done.get("oldDigest") or file_digest(source_path) != done.get("newDigest"):
+        raise StepFailed(f"{source_path}: not the file the merge in {config.output} wrote (changed since): not restored")
+    _copy_over(before, source_path)
+    log.info("restored %s (%s)", source_path, done["oldDigest"])
+    return 0
+
+
 def _options(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--publish", metavar="NAME", help="write the staged shard NAME into the sharded source's folder")
-    what.add_argument("--withdraw", metavar="NAME", help="remove the shard NAME from the sharded source's folder")
+    what.add_argument("--withdraw", metavar="NAME", help="remove the shard NAME from the sharded source's folder (a "
+                                                        "single file: put back what --then-publish replaced)")
     what.add_argument("--then-publish", action="store_true",
-                      help="a sharded source: merge, write the new shard into the source's folder, and print "
-                           "merge.json as one line (a pod on a cluster, whose log forgectl reads)")
+                      help="merge, then write the new shard into the source's folder (a single file: replace it, "
+                           "its bytes kept under the output), and print merge.json as one line (a pod on a "
+                           "cluster, whose log forgectl reads)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,8 +306,6 @@ def main(argv: list[str] | None = None) -> int:
             publish(config, str(done["file"]), withdraw=False)
             print(RESULT_PREFIX + json.dumps(done, separators=(",", ":")), flush=True)
         return 0
-    if args.then_publish:
-        raise StepFailed("--then-publish writes a new shard of a sharded source (`source.shards`)")
     source_path = resolve_local(spec.source.uri)
     old = file_digest(source_path)
     if old != spec.digest:
@@ -281,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     log.info("merged %d auto-labelled and %d accepted rows into %s (%d rows): digest %s → %s",
              merged.auto_labelled, merged.accepted, out, total, old, new)
     print(new)
+    if args.then_publish:
+        replace_source(config, source_path, report)
+        print(RESULT_PREFIX + json.dumps(report, separators=(",", ":")), flush=True)
     return 0
 
 

@@ -1,11 +1,11 @@
 """`forgectl labels` against a cluster: the `autolabel` step's files off the workspace claim, and a
-`pvc://` sharded source's new shard written into its claim — each by a one-off pod
+`pvc://` source's merged labels written into its claim — each by a one-off pod
 (renderers/labelpods.py) whose log carries the answer back.
 
 `pull` is read-only: `python -m runtimes labels-export` prints the folder (each file's bytes and
-sha256) and the files are written here only after every digest matches. `merge` runs
-`python -m runtimes merge-labels --then-publish` with the reviewed file and the auto-labels in a
-ConfigMap the pod owns (the API server's garbage collector removes it with the pod), stages the
+sha256) and the files are written here only after every digest matches. `merge` (a `pvc://`
+source, sharded or a single file) runs `python -m runtimes merge-labels --then-publish` with the
+reviewed file and the auto-labels in a ConfigMap the pod owns (the API server's garbage collector removes it with the pod), stages the
 merge on the workspace claim (`labels-merges/<dataset>/<id>`: what a `--withdraw` pod needs) and
 prints merge.json. On the local target the same files are read from its workspace folder.
 Every pod is deleted once it has answered, or once forgectl stops waiting.
@@ -28,12 +28,14 @@ from reconciler.load.loader import LoadResult
 from reconciler.resources import POD, Resource
 from reconciler.targets.base import PodAPI, Target
 from renderers.labelpods import DEADLINE_SECONDS, INPUTS_PATH, MAX_INPUT_BYTES, inputs_config_map, merge_pod, pull_pod
+from renderers.prerequisites import WORKSPACE_PVC
 from renderers.versions import model_version
 from renderers.workflow import version_dir
 from specs import Environment, Model
 from specs.stepconfig import EXIT_DIGEST_MISMATCH, RESULT_PREFIX, MergeLabelsConfig
 
 CONFIG_MAP = Resource("", "v1", "ConfigMap", "configmaps")
+CLAIM = Resource("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 #: A pod still Pending after this long with a reason the kubelet gives (an image it cannot pull, a
 #: claim it cannot mount) is given up on, with that reason.
 STUCK_SECONDS = 120.0
@@ -84,6 +86,7 @@ def pull_labels(target: Target, environment: Environment, model: str, version: s
     folder = labels_dir(model, version)
     pods = target.pod_api()
     if pods is not None:
+        require_claims(pods, {WORKSPACE_PVC: "the workspace, where the `autolabel` step wrote: apply the specs first"})
         name = f"forge-labels-pull-{secrets.token_hex(4)}"
         progress(f"reading {folder} from the workspace claim (pod {pods.namespace}/{name})")
         answer = run_pod(pods, pull_pod(environment, pods.namespace, name, folder), progress=progress,
@@ -141,6 +144,15 @@ def _result(log: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def require_claims(pods: PodAPI, claims: Mapping[str, str]) -> None:
+    """Refuse, before any pod is made, when a claim the pod would mount is not in the namespace (a
+    pod would wait unscheduled for it): ``claims`` maps each name to what it is."""
+    for name, what in claims.items():
+        if pods.get_object(CLAIM, pods.namespace, name) is None:
+            raise ForgeError(f"no PersistentVolumeClaim {name!r} in the namespace {pods.namespace} ({what}): nothing "
+                             "was written")
+
+
 def run_pod(target: PodAPI, pod: dict[str, Any], *, inputs: Mapping[str, bytes] | None = None, inputs_name: str = "",
             progress: Progress = _quiet, what: str, where: str = "", timeout: float = DEADLINE_SECONDS + 60.0,
             answer: bool = True) -> dict[str, Any]:
@@ -190,9 +202,11 @@ def run_pod(target: PodAPI, pod: dict[str, Any], *, inputs: Mapping[str, bytes] 
             target.delete_object(CONFIG_MAP, namespace, inputs_name)
 
 
-class ClusterShardWriter:
-    """Writes a merge's new shard into a `pvc://` source's claim by pods (see the module docstring):
-    :meth:`stage` merges and publishes in one pod, :meth:`withdraw` removes the shard again."""
+class ClusterMergeWriter:
+    """Writes a merge into a `pvc://` source's claim by pods (see the module docstring): :meth:`stage`
+    merges and publishes in one pod — a sharded source's new shard, or a single file replaced (its
+    bytes kept on the workspace claim) — and :meth:`withdraw` undoes that: the shard removed, the
+    file put back."""
 
     published_by_stage = True
 
@@ -221,18 +235,21 @@ class ClusterShardWriter:
         return pod, f"forge-labels-inputs-{suffix}"
 
     def stage(self) -> dict[str, Any]:
-        """Merge the rows into a new shard and write it into the claim; merge.json's content."""
+        """Merge the rows and write them into the claim; merge.json's content."""
+        require_claims(self.target, {WORKSPACE_PVC: "the workspace, where the merge is staged: apply the specs first",
+                                     self.claim: "the data set's source"})
         pod, inputs = self._pod()
-        self.progress(f"merging in the cluster (pod {self.target.namespace}/{pod['metadata']['name']}), the shard "
-                      f"written into the claim {self.claim}")
+        self.progress(f"merging in the cluster (pod {self.target.namespace}/{pod['metadata']['name']}), written into "
+                      f"the claim {self.claim}")
         return run_pod(self.target, pod, inputs=self.inputs, inputs_name=inputs, progress=self.progress,
                        what="merge-labels", where=self.where)
 
     def publish(self, name: str) -> None:
-        """Nothing more to do: :meth:`stage` wrote the shard into the claim."""
+        """Nothing more to do: :meth:`stage` wrote into the claim."""
 
     def withdraw(self, name: str) -> None:
-        """Remove the shard ``name`` that :meth:`stage` wrote from the claim again."""
+        """Undo what :meth:`stage` wrote into the claim (the shard ``name`` removed, or the file
+        ``name`` put back as it was)."""
         pod, inputs = self._pod(withdraw=name)
         run_pod(self.target, pod, inputs=self.inputs, inputs_name=inputs, progress=self.progress,
-                what=f"withdrawing the shard {name}", where=self.where, answer=False)
+                what=f"withdrawing {name}", where=self.where, answer=False)

@@ -19,11 +19,13 @@ rows become one new Parquet shard (the pinned shards' columns and types, named
 the source's folder or bucket prefix (S3 through the client the data steps read shards with, with
 the AWS_* credentials of the shell running forgectl); its entry is appended to
 `source.shards.files` after the last one's lines and `digest:` moves to the new root, so the plan
-shows one new shard and only its group prepares. A `pvc://` source is refused: the claim is a
-volume of the cluster, which this machine cannot write into.
+shows one new shard and only its group prepares. A `pvc://` source (sharded or a single file) is
+on a claim of the cluster, which this machine cannot write into: a one-off pod there does the
+runtime's part (reconciler/labels/cluster.py), and the spec is re-pinned here as for the others.
 
 Refused before anything is written: a Dataset without `labeling.auto`, a source that is not a
-`file://` CSV or Parquet file inside the Environment's root (or a sharded `file://`/`s3://` one),
+`file://` CSV or Parquet file inside the Environment's root, a `pvc://` one, or a sharded
+`file://`/`s3://`/`pvc://` one (a `pvc://` source with an Environment that is not a cluster),
 a source whose bytes no longer match the pinned digest (merge into the data the spec pins, nothing
 else), labels the `autolabel` step made for another digest (its `report.json` beside them says
 which: a second merge of the same review is refused), and any row that cannot merge.
@@ -174,15 +176,84 @@ def merge_reviewed(paths: list[str], dataset: str, reviewed: Path, auto_labels: 
         root = resolve_inside(Path.cwd(), environment.spec.root if environment else ".", what="root")
     except OutsideRoot as exc:
         raise ForgeError(f"{raw.file}:{uri_line}: {exc}") from None
-    if spec.source.shards is not None:
-        target = None
-        if spec.source.uri.startswith("pvc://") and environment is not None:
-            from reconciler.plan.session import TargetOptions, open_target
+    target = None
+    if spec.source.uri.startswith("pvc://") and environment is not None:
+        from reconciler.plan.session import TargetOptions, open_target
 
-            target = open_target(environment, options or TargetOptions())
+        target = open_target(environment, options or TargetOptions())
+    if spec.source.shards is not None:
         return _merge_shard(doc, raw, root, reviewed, auto_labels, commit=commit, environment=environment,
                             target=target, progress=progress)
+    if spec.source.uri.startswith("pvc://"):
+        return _merge_claim_file(doc, raw, reviewed, auto_labels, commit=commit, environment=environment,
+                                 target=target, progress=progress)
     return _merge_file(doc, raw, root, reviewed, auto_labels, commit=commit)
+
+
+def _withdraw_after(exc: BaseException, writer: Any, name: str, spec_file: str, stays: str, fix: str) -> None:
+    """Undo what ``writer`` put where the data lives, the spec that would pin it having failed with
+    ``exc`` (the caller re-raises that); if undoing fails too, one error says what stays and what to do."""
+    try:
+        writer.withdraw(name)
+    except ForgeError as undo:
+        raise ForgeError(f"{spec_file}: cannot write the spec ({exc}), and {stays}: {undo}; {fix}") from exc
+
+
+def _pods_for(target: Any, environment: Any, where: str, uri: str) -> Any:
+    """Where a `pvc://` source is written: the cluster's pods, or a refusal saying so."""
+    pods = target.pod_api() if target is not None else None
+    if pods is None:
+        name = environment.name if environment is not None else "local"
+        raise ForgeError(f"{where}: {uri} is on a PersistentVolumeClaim, which `forgectl labels merge` writes through "
+                         f"a pod of the cluster the Environment names; {name!r} is not a `kubernetes` Environment "
+                         "(name one with --env)")
+    return pods
+
+
+def _cluster_writer(pods: Any, environment: Any, doc: Any, reviewed: Path, auto_path: Path, where: str,
+                    progress: Callable[[str], None] | None) -> Any:
+    """The pods that merge into the claim of ``doc``'s `pvc://` source, handed the reviewed file and
+    the auto-labels (reconciler/labels/cluster.py)."""
+    from reconciler.labels.cluster import ClusterMergeWriter
+
+    review_key = reviewed.name if re.fullmatch(r"[-._a-zA-Z0-9]+", reviewed.name) else "reviewed" + reviewed.suffix
+    config = ClusterMergeWriter.input_config(doc.name, doc.spec.model_dump(mode="json", by_alias=True), review_key)
+    inputs = {"auto-labels.csv": auto_path.read_bytes(), review_key: reviewed.read_bytes()}
+    claim = doc.spec.source.uri.removeprefix("pvc://").split("/", 1)[0]
+    return ClusterMergeWriter(pods, environment, config, claim, inputs, where, progress or (lambda _: None))
+
+
+def _merge_claim_file(doc: Any, raw: Any, reviewed: Path, auto_labels: Path | None, *, commit: bool,
+                      environment: Any, target: Any, progress: Callable[[str], None] | None) -> LabelsMerge:
+    """A single `pvc://` CSV or Parquet file: a pod of the cluster merges the rows and replaces the
+    file in its claim (checking first that it holds what the spec pins: this machine cannot read
+    it), keeping its bytes on the workspace claim; then the `digest:` line is re-pinned, and if that
+    write fails another pod puts the file back."""
+    spec = doc.spec
+    where = f"{raw.file}:{raw.position(('spec', 'source', 'uri'))[0]}"
+    if spec.source.format not in ("csv", "parquet"):
+        raise ForgeError(f"{where}: `forgectl labels merge` writes a CSV or Parquet source; {spec.source.uri} is "
+                         f"{spec.source.format}")
+    pods = _pods_for(target, environment, where, spec.source.uri)
+    auto_path = _auto_labels_for(spec, raw, doc.name, reviewed, auto_labels)
+    spec_path, lines, digest_line = _repinned(raw, spec.digest)  # refused here, before the claim is written
+    writer = _cluster_writer(pods, environment, doc, reviewed, auto_path, where, progress)
+    done = writer.stage()
+    new, name = str(done["newDigest"]), str(done["file"])
+    try:
+        lines[digest_line - 1] = lines[digest_line - 1].replace(spec.digest, new)
+        _replace_all([(spec_path, "".join(lines).encode("utf-8"))])
+    except BaseException as exc:
+        _withdraw_after(exc, writer, name, raw.file, f"{spec.source.uri} stays merged in its claim",
+                        f"pin {new} by hand, or restore the file")
+        raise
+    outcome = LabelsMerge(doc.name, spec.source.uri, raw.file, digest_line, spec.digest, new, int(done["autoLabelled"]),
+                          int(done["accepted"]), int(done["rejected"]), int(done["rows"]))
+    if not commit:
+        return outcome
+    message = (f"Labels for dataset {doc.name}: {outcome.auto_labelled} auto-labelled and {outcome.accepted} reviewed "
+               f"rows merged\n\n{spec.source.uri}: {spec.digest} → {new}\n")
+    return LabelsMerge(**{**outcome.__dict__, "commit": _commit([spec_path], message)})  # the file is on the claim
 
 
 def _merge_file(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Path | None, *,
@@ -196,8 +267,8 @@ def _merge_file(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Pat
     fmt = spec.source.format
     if fmt not in ("csv", "parquet") or not spec.source.uri.startswith("file://") or spec.source.local_path is None:
         raise ForgeError(f"{raw.file}:{raw.position(('spec', 'source'))[0]}: `forgectl labels merge` writes a `file://` "
-                         f"CSV or Parquet source (or a sharded `file://` or `s3://` one); {spec.source.uri} ({fmt}) "
-                         "is not one")
+                         f"or `pvc://` CSV or Parquet source (or a sharded `file://`, `s3://` or `pvc://` one); "
+                         f"{spec.source.uri} ({fmt}) is not one")
     try:
         source = resolve_inside(root, spec.source.local_path, what="source")
     except OutsideRoot as exc:
@@ -314,12 +385,7 @@ def _merge_shard(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Pa
     scheme = spec.source.uri.partition("://")[0]
     folder_part, _ = spec.source.folder_and_glob
     if scheme == "pvc":
-        pods = target.pod_api() if target is not None else None
-        if pods is None:
-            name = environment.name if environment is not None else "local"
-            raise ForgeError(f"{where}: {spec.source.uri} is on a PersistentVolumeClaim, which `forgectl labels merge` "
-                             f"writes through a pod of the cluster the Environment names; {name!r} is not a "
-                             "`kubernetes` Environment (name one with --env)")
+        pods = _pods_for(target, environment, where, spec.source.uri)
         shard_folder = f"pvc://{folder_part}"
     elif scheme == "s3":
         missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not os.environ.get(k)]
@@ -365,14 +431,7 @@ def _merge_shard(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Pa
     with tempfile.TemporaryDirectory(prefix="forge-labels-") as tmp:
         writer: Any
         if scheme == "pvc":
-            from reconciler.labels.cluster import ClusterShardWriter
-
-            review_key = reviewed.name if re.fullmatch(r"[-._a-zA-Z0-9]+", reviewed.name) else "reviewed" + reviewed.suffix
-            config = ClusterShardWriter.input_config(dataset, spec.model_dump(mode="json", by_alias=True), review_key)
-            inputs = {"auto-labels.csv": auto_path.read_bytes(), review_key: reviewed.read_bytes()}
-            assert pods is not None
-            writer = ClusterShardWriter(pods, environment, config, folder_part.split("/", 1)[0], inputs, where,
-                                        progress or (lambda _: None))
+            writer = _cluster_writer(pods, environment, doc, reviewed, auto_path, where, progress)
         else:
             writer = _LocalShardWriter(dataset, spec, root, _stage_inputs(Path(tmp), auto_path, reviewed),
                                        reviewed.name, where)
@@ -389,11 +448,8 @@ def _merge_shard(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Pa
             _replace_all([(spec_path, new_text.encode("utf-8"))])
         except BaseException as exc:
             if published:
-                try:
-                    writer.withdraw(new_name)
-                except ForgeError as undo:
-                    raise ForgeError(f"{raw.file}: cannot write the spec ({exc}), and the shard {new_name} it would "
-                                     f"pin stays in {shard_folder}: {undo}; remove it by hand") from exc
+                _withdraw_after(exc, writer, new_name, raw.file, f"the shard {new_name} it would pin stays in "
+                                f"{shard_folder}", "remove it by hand")
             raise
     target_path = f"{shard_folder}/{new_name}"
     new_line = digest_line + (entry.count("\n") if digest_line > end else 0)

@@ -45,7 +45,8 @@ rendered objects are never changed. The stages run in order and share the cluste
 10. examples/sharded-labelled with its data on a claim: the fan-out, a TPE + ASHA search whose
    Workflow waits for the labelling model's registration, pre-labels the claim's unlabelled rows,
    gates the agreement and registers with the labeller as its parent; the review file pulled and
-   the reviewed labels merged into the claim as a new shard by `forgectl labels` (issue 31).
+   the reviewed labels merged into the claim as a new shard by `forgectl labels` (issue 31);
+   10b: reviewed labels merged into a single CSV file on a claim by a pod.
 
 The quick-start's namespace enforces Pod Security `restricted` (labelled as a platform team would
 before Forge applies anything): the API server's own PodSecurity admission refuses any pod below
@@ -167,6 +168,15 @@ class Quickstart:
     def git(self, *args: str) -> None:
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=self.work,
                        check=True, capture_output=True)
+
+    @classmethod
+    def committed(cls, stack: _Stack, work: Path, message: str) -> Quickstart:
+        """``work`` as a git repository with everything in it committed (what a stage applies)."""
+        q = cls(stack, work)
+        q.git("init", "-q")
+        q.git("add", ".")
+        q.git("commit", "-qm", message)
+        return q
 
     def edit(self, file: str, old: str, new: str, message: str) -> None:
         path = self.work / file
@@ -644,10 +654,7 @@ def test_6_a_search_runs_its_trials_on_argo_and_registers_the_best(stack: _Stack
     model = yaml.safe_load((work / "model.yaml").read_text())["spec"]
     search, epochs = model["search"], model["hyperparameters"]["epochs"]
     trials = [f"train-trial-{i}" for i in range(search["trials"])]
-    q = Quickstart(stack, work)
-    q.git("init", "-q")
-    q.git("add", ".")
-    q.git("commit", "-qm", "the search example")
+    q = Quickstart.committed(stack, work, "the search example")
     t0 = time.monotonic()
     try:
         with shared_node.namespace(SEARCH_NS, PSA_RESTRICTED):
@@ -805,10 +812,7 @@ def _on_gpu_pool(stack: _Stack, work: Path, pool: str, namespace: str, edits: tu
         assert old in text, old
         text = text.replace(old, new)
     model.write_text(text)
-    q = Quickstart(stack, work)
-    q.git("init", "-q")
-    q.git("add", ".")
-    q.git("commit", "-qm", message)
+    q = Quickstart.committed(stack, work, message)
     return q
 
 
@@ -1134,10 +1138,7 @@ def test_9_a_sharded_dataset_fans_out_on_argo_from_a_claim_and_trains_streamed(
     text = dataset.read_text()
     assert "uri: file://data/digits/*.parquet" in text
     dataset.write_text(text.replace("uri: file://data/digits/*.parquet", f"uri: pvc://{SHARDS_CLAIM}/digits/*.parquet"))
-    q = Quickstart(stack, work)
-    q.git("init", "-q")
-    q.git("add", ".")
-    q.git("commit", "-qm", "the sharded example, its shards on a claim")
+    q = Quickstart.committed(stack, work, "the sharded example, its shards on a claim")
     try:
         with shared_node.namespace(SHARDED_NS, PSA_RESTRICTED):
             # the platform team's claim holding the shards (the node's hostPath volumes: one directory)
@@ -1202,10 +1203,7 @@ def test_10_a_sharded_auto_labelled_search_runs_on_argo_and_its_review_merges_in
         assert old in text, old
         text = text.replace(old, new)
     dataset.write_text(text)
-    q = Quickstart(stack, work)
-    q.git("init", "-q")
-    q.git("add", ".")
-    q.git("commit", "-qm", "the sharded, auto-labelled example, its data on a claim")
+    q = Quickstart.committed(stack, work, "the sharded, auto-labelled example, its data on a claim")
     try:
         with shared_node.namespace(LABELLED_NS, PSA_RESTRICTED):
             folder = _claim_folder(q, LABELLED_NS, DATA_CLAIM)
@@ -1269,5 +1267,71 @@ def test_10_a_sharded_auto_labelled_search_runs_on_argo_and_its_review_merges_in
                   f"{report['toReview']} to review, agreement {report['gate']['agreement']:.3f}; pulled and merged as "
                   f"{merged['shard']} into the claim (shard 7 of 7)")
             q.forgectl("down", "--env", "cluster", "--auto-approve")
+    finally:
+        q.api.close()
+
+
+LABELS_NS = "forge-labels"  # the `cluster` Environment of tests/trust/test_autolabel_workflow.py's specs
+SCANS_CLAIM = "scans"
+
+
+def test_10b_reviewed_labels_merge_into_a_single_file_on_a_claim_by_a_pod(
+        stack: _Stack, shared_node: nodekit.SharedNode, tmp_path: Path) -> None:
+    """Issue 31: a Dataset whose source is one CSV file on a claim (`pvc://`). `forgectl labels
+    merge --env cluster` hands the reviewed file and the auto-labels to a pod (a ConfigMap it owns),
+    which checks the claim's file against the pinned digest — a file changed behind the spec's back
+    is refused with the spec's line and nothing written — then appends the rows to it in place,
+    keeping its own lines byte for byte; the spec's digest moves and is committed alone."""
+    from tests.trust.test_autolabel_workflow import SPECS
+
+    original = b"".join([b"f0,f1,digit\n", *(f"{i},{i + 1},{i % 10}\n".encode() for i in range(20))])
+    digest = "sha256:" + hashlib.sha256(original).hexdigest()
+    specs = SPECS.format(labeller="labeller", model_ref="labeller", digest=digest,
+                         classes=json.dumps([str(d) for d in range(10)]))
+    assert 'uri: "file://data/scans.csv"' in specs
+    specs = specs.replace('uri: "file://data/scans.csv"', f'uri: "pvc://{SCANS_CLAIM}/scans.csv"')
+    work = tmp_path / "labels"
+    (work / "review").mkdir(parents=True)
+    (work / "specs.yaml").write_text(specs)
+    # what `forgectl labels pull` brings: the auto-labels, the review (one row accepted, one left
+    # empty: rejected) and the report naming the digest they were made for
+    (work / "review" / "auto-labels.csv").write_bytes(b"f0,f1,digit\n40,41,7\n42,43,8\n")
+    (work / "review" / "review.csv").write_bytes(b"f0,f1,digit\n50,51,3\n52,53,\n")
+    (work / "review" / "report.json").write_text(json.dumps({"datasetDigest": digest}))
+    q = Quickstart.committed(stack, work, "scans on a claim")
+    try:
+        with shared_node.namespace(LABELS_NS, PSA_RESTRICTED):
+            folder = _claim_folder(q, LABELS_NS, SCANS_CLAIM)
+            os.chown(folder, 1000, 1000)  # the merge pod writes beside the file (as the runtimes' user)
+            scans = folder / "scans.csv"
+            scans.write_bytes(original + b"99,99,9\n")  # changed behind the spec's back
+            spec_before = (work / "specs.yaml").read_bytes()
+            # nothing applied yet: the workspace claim the merge stages on is not there — said at once
+            early = q.forgectl("labels", "merge", "scans", "--reviewed", str(work / "review" / "review.csv"), "--env",
+                               "cluster", check=False)
+            assert early.returncode == 1 and "no PersistentVolumeClaim 'forge-workspace'" in early.stderr, early.stderr
+            _claim_folder(q, LABELS_NS, "forge-workspace")  # as `forgectl apply` makes it
+            refused = q.forgectl("labels", "merge", "scans", "--reviewed", str(work / "review" / "review.csv"), "--env",
+                                 "cluster", check=False)
+            assert refused.returncode == 1 and "specs.yaml:" in refused.stderr and "differs from the Dataset's" in refused.stderr, \
+                refused.stderr
+            assert (work / "specs.yaml").read_bytes() == spec_before and scans.read_bytes() == original + b"99,99,9\n"
+
+            scans.write_bytes(original)
+            merged = q.json("labels", "merge", "scans", "--reviewed", str(work / "review" / "review.csv"), "--commit")
+            assert scans.read_bytes() == original + b"40,41,7\n42,43,8\n50,51,3\n"  # its own lines byte for byte
+            assert merged["newDigest"] == "sha256:" + hashlib.sha256(scans.read_bytes()).hexdigest()
+            assert (merged["autoLabelled"], merged["accepted"], merged["rejected"], merged["rows"]) == (2, 1, 1, 23), merged
+            assert f"digest: {merged['newDigest']}" in (work / "specs.yaml").read_text()
+            head = subprocess.run(["git", "show", "--name-only", "--format=%H", "HEAD"], cwd=work, check=True,
+                                  capture_output=True, text=True).stdout.split()
+            assert head == [merged["commit"], "specs.yaml"], head
+            leftovers = q.core.list_namespaced_pod(LABELS_NS, label_selector="forge.dev/labels").items
+            assert not [p for p in leftovers if not p.metadata.deletion_timestamp], leftovers
+            again = q.forgectl("labels", "merge", "scans", "--reviewed", str(work / "review" / "review.csv"), "--env",
+                               "cluster", check=False)  # the report names the old digest: refused here, no pod
+            assert again.returncode == 1 and "were made for" in again.stderr, again.stderr
+            print(f"\nmerged into pvc://{SCANS_CLAIM}/scans.csv by a pod: {merged['oldDigest'][:19]} → "
+                  f"{merged['newDigest'][:19]} ({merged['rows']} rows)")
     finally:
         q.api.close()

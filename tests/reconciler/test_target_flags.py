@@ -91,7 +91,8 @@ def test_every_command_with_target_flags_has_the_same_four() -> None:
         assert params["namespace"].default == "forge-system" and "prometheus_url" not in params
     with_flags = sorted(name for name, c in commands.items() if any(p.name == "kubeconfig" for p in c.params)
                         and name not in ("install", "uninstall"))
-    assert with_flags == ["apply", "diff", "doctor", "down", "experiment status", "experiment stop", "models diff", "models list",
+    assert with_flags == ["apply", "diff", "doctor", "down", "experiment status", "experiment stop", "labels merge",
+                          "labels pull", "models diff", "models list",
                           "models report", "models show", "plan", "reconcile", "rollout abort", "rollout promote",
                           "rollout retry", "rollout status", "status"]
     for name in with_flags:

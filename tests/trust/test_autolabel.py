@@ -217,3 +217,48 @@ def test_labels_export_prints_the_folder_as_one_line_that_forgectl_checks(tmp_pa
                               json.dumps({"step": "labels-export", "labels": "models/m/other/labels"})],
                              env=env, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "models/m/other/labels: no such folder on the workspace" in missing.stderr
+
+
+def test_merge_labels_then_publish_replaces_a_single_file_and_withdraw_puts_it_back(tmp_path: Path,
+                                                                                    runtime_python: str) -> None:
+    """What the merge pod does to a single `pvc://` file on a cluster (here a `file://` one on this
+    machine, the same code): `--then-publish` replaces the source with the merged file, keeping its
+    bytes on the workspace, and prints merge.json on the result line; `--withdraw NAME` puts the
+    original back — and refuses once the source is no longer the merged file."""
+    import hashlib
+
+    from specs.stepconfig import RESULT_PREFIX
+
+    source = tmp_path / "data" / "scans.csv"
+    source.parent.mkdir()
+    original = b"a,b,digit\n1,2,3\n4,5,6\n"
+    source.write_bytes(original)
+    workspace = tmp_path / "ws"
+    (workspace / "in").mkdir(parents=True)
+    (workspace / "in" / "auto-labels.csv").write_bytes(b"a,b,digit\n7,8,1\n")
+    (workspace / "in" / "review.csv").write_bytes(b"a,b,digit\n9,10,2\n11,12,\n")
+    digest = "sha256:" + hashlib.sha256(original).hexdigest()
+    spec = {"source": {"uri": "file://data/scans.csv", "format": "csv"}, "version": "1", "digest": digest,
+            "labeling": {"column": "digit", "classes": [str(d) for d in range(10)],
+                         "auto": {"modelRef": "labeller", "confidence": 0.9, "unlabelled": "file://data/unlabelled.csv"}}}
+    config = json.dumps({"step": "merge-labels", "dataset": "scans", "spec": spec, "labels": "in",
+                         "review": "in/review.csv", "output": "merges/1"})
+    env = {**os.environ, "FORGE_WORKSPACE": str(workspace), "FORGE_SOURCE_ROOT": str(tmp_path)}
+
+    def step(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([runtime_python, "-m", "runtimes", "merge-labels", "--config-json", config, *args],
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    done = step("--then-publish")
+    assert done.returncode == 0, done.stderr
+    [line] = [ln for ln in done.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    merged = json.loads(line[len(RESULT_PREFIX):])
+    assert source.read_bytes() == original + b"7,8,1\n9,10,2\n"  # its own lines kept, the rows appended
+    assert merged["newDigest"] == "sha256:" + hashlib.sha256(source.read_bytes()).hexdigest()
+    assert (merged["oldDigest"], merged["autoLabelled"], merged["accepted"], merged["rejected"]) == (digest, 1, 1, 1)
+    assert (workspace / "merges" / "1" / "scans.csv.before").read_bytes() == original
+    undone = step("--withdraw", "scans.csv")
+    assert undone.returncode == 0, undone.stderr
+    assert source.read_bytes() == original
+    again = step("--withdraw", "scans.csv")  # the source is not the merged file any more
+    assert again.returncode == 1 and "not the file the merge in merges/1 wrote" in again.stderr, again.stderr
