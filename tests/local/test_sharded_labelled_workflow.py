@@ -26,6 +26,7 @@ pytestmark = pytest.mark.runtime
 
 # A reviewer fills the true label of the first half of the rows sent to review and leaves the rest.
 REVIEW = r'''
+import os
 import sys
 import pandas as pd
 labels, repo, out = sys.argv[1:]
@@ -34,6 +35,10 @@ truth = pd.read_parquet(repo + "/data/unlabelled.parquet")["truth"]
 half = len(review) // 2
 review["digit"] = [str(truth.iloc[int(r)]) if i < half else "" for i, r in enumerate(review["row"])]
 review.to_csv(out, index=False)
+# Done: leave before the interpreter's teardown, where a Parquet reader's thread can abort the
+# process after the work is complete (apache/arrow#34314; seen once here, exit 134).
+sys.stdout.flush()
+os._exit(0)
 '''
 
 SHARD_ROWS = r'''
