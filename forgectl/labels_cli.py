@@ -72,7 +72,7 @@ def merge(
     specs_paths: SpecsOpt = None,
     env: EnvOpt = None,
     commit: Annotated[bool, typer.Option("--commit", help="Commit the source (or the new shard) and the spec, only those "
-                                         "(an `s3://` shard is in the bucket: the spec alone).")] = False,
+                                         "(an `s3://` shard is in the bucket, a `pvc://` source on its claim: the spec alone).")] = False,
     output: Annotated[str, typer.Option("--output", "-o", help="text or json.")] = "text",
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
