@@ -25,7 +25,7 @@ from typing import Any
 
 from reconciler.diagnostics import ForgeError, printable
 from reconciler.load.loader import LoadResult
-from reconciler.resources import POD, Resource
+from reconciler.resources import BY_KIND, POD
 from reconciler.targets.base import PodAPI, Target
 from renderers.labelpods import DEADLINE_SECONDS, INPUTS_PATH, MAX_INPUT_BYTES, inputs_config_map, merge_pod, pull_pod
 from renderers.prerequisites import WORKSPACE_PVC
@@ -34,8 +34,7 @@ from renderers.workflow import version_dir
 from specs import Environment, Model
 from specs.stepconfig import EXIT_DIGEST_MISMATCH, RESULT_PREFIX, MergeLabelsConfig
 
-CONFIG_MAP = Resource("", "v1", "ConfigMap", "configmaps")
-CLAIM = Resource("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+CONFIG_MAP, CLAIM = BY_KIND["ConfigMap"], BY_KIND["PersistentVolumeClaim"]
 #: A pod still Pending after this long with a reason the kubelet gives (an image it cannot pull, a
 #: claim it cannot mount) is given up on, with that reason.
 STUCK_SECONDS = 120.0

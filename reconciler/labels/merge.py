@@ -43,14 +43,18 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from reconciler.diagnostics import ForgeError, printable
 from reconciler.load.gitrepo import GitError, open_repository
 from reconciler.load.loader import load_or_raise
-from specs import Dataset
+from specs import Dataset, Environment
 from specs.labels import LabelsError, Table, append_csv, csv_table, merge_rows
 from specs.safety import OutsideRoot, resolve_inside
+
+if TYPE_CHECKING:  # the session opens a target (the kubernetes client): only a `pvc://` merge loads it
+    from reconciler.plan.session import TargetOptions
+    from reconciler.targets.base import PodAPI, Target
 
 #: Who a `--commit` is by when the repository's own configuration names nobody (forgectl reads
 #: no global git configuration).
@@ -154,7 +158,7 @@ def _repinned(raw: Any, old: str) -> tuple[Path, list[str], int]:
 
 
 def merge_reviewed(paths: list[str], dataset: str, reviewed: Path, auto_labels: Path | None = None, *,
-                   env: str | None = None, commit: bool = False, options: Any = None,
+                   env: str | None = None, commit: bool = False, options: TargetOptions | None = None,
                    progress: Callable[[str], None] | None = None) -> LabelsMerge:
     """Merge ``reviewed`` (and the auto-labels beside it, or ``auto_labels``) into ``dataset``'s
     source and pin its new digest in the spec; commit the files that changed with ``commit``. A
@@ -176,7 +180,7 @@ def merge_reviewed(paths: list[str], dataset: str, reviewed: Path, auto_labels: 
         root = resolve_inside(Path.cwd(), environment.spec.root if environment else ".", what="root")
     except OutsideRoot as exc:
         raise ForgeError(f"{raw.file}:{uri_line}: {exc}") from None
-    target = None
+    target: Target | None = None
     if spec.source.uri.startswith("pvc://") and environment is not None:
         from reconciler.plan.session import TargetOptions, open_target
 
@@ -190,7 +194,27 @@ def merge_reviewed(paths: list[str], dataset: str, reviewed: Path, auto_labels: 
     return _merge_file(doc, raw, root, reviewed, auto_labels, commit=commit)
 
 
-def _withdraw_after(exc: BaseException, writer: Any, name: str, spec_file: str, stays: str, fix: str) -> None:
+class _MergeWriter(Protocol):
+    """Where a merge's runtime step runs and writes: this machine (:class:`_LocalShardWriter`) or a
+    cluster's pods (reconciler/labels/cluster.py `ClusterMergeWriter`)."""
+
+    #: Whether :meth:`stage` has written where the data lives already (a pod does both at once).
+    published_by_stage: bool
+
+    def stage(self) -> dict[str, Any]:
+        """Merge the rows; merge.json's content."""
+        ...
+
+    def publish(self, name: str) -> None:
+        """Write what :meth:`stage` staged where the data lives."""
+        ...
+
+    def withdraw(self, name: str) -> None:
+        """Undo :meth:`publish` (or a publishing :meth:`stage`)."""
+        ...
+
+
+def _withdraw_after(exc: BaseException, writer: _MergeWriter, name: str, spec_file: str, stays: str, fix: str) -> None:
     """Undo what ``writer`` put where the data lives, the spec that would pin it having failed with
     ``exc`` (the caller re-raises that); if undoing fails too, one error says what stays and what to do."""
     try:
@@ -199,19 +223,21 @@ def _withdraw_after(exc: BaseException, writer: Any, name: str, spec_file: str, 
         raise ForgeError(f"{spec_file}: cannot write the spec ({exc}), and {stays}: {undo}; {fix}") from exc
 
 
-def _pods_for(target: Any, environment: Any, where: str, uri: str) -> Any:
-    """Where a `pvc://` source is written: the cluster's pods, or a refusal saying so."""
+def _pods_for(target: Target | None, environment: Environment | None, where: str,
+              uri: str) -> tuple[PodAPI, Environment]:
+    """Where a `pvc://` source is written: the cluster's pods (and their Environment), or a refusal
+    saying so."""
     pods = target.pod_api() if target is not None else None
-    if pods is None:
+    if pods is None or environment is None:
         name = environment.name if environment is not None else "local"
         raise ForgeError(f"{where}: {uri} is on a PersistentVolumeClaim, which `forgectl labels merge` writes through "
                          f"a pod of the cluster the Environment names; {name!r} is not a `kubernetes` Environment "
                          "(name one with --env)")
-    return pods
+    return pods, environment
 
 
-def _cluster_writer(pods: Any, environment: Any, doc: Any, reviewed: Path, auto_path: Path, where: str,
-                    progress: Callable[[str], None] | None) -> Any:
+def _cluster_writer(pods: PodAPI, environment: Environment, doc: Any, reviewed: Path, auto_path: Path, where: str,
+                    progress: Callable[[str], None] | None) -> _MergeWriter:
     """The pods that merge into the claim of ``doc``'s `pvc://` source, handed the reviewed file and
     the auto-labels (reconciler/labels/cluster.py)."""
     from reconciler.labels.cluster import ClusterMergeWriter
@@ -224,7 +250,8 @@ def _cluster_writer(pods: Any, environment: Any, doc: Any, reviewed: Path, auto_
 
 
 def _merge_claim_file(doc: Any, raw: Any, reviewed: Path, auto_labels: Path | None, *, commit: bool,
-                      environment: Any, target: Any, progress: Callable[[str], None] | None) -> LabelsMerge:
+                      environment: Environment | None, target: Target | None,
+                      progress: Callable[[str], None] | None) -> LabelsMerge:
     """A single `pvc://` CSV or Parquet file: a pod of the cluster merges the rows and replaces the
     file in its claim (checking first that it holds what the spec pins: this machine cannot read
     it), keeping its bytes on the workspace claim; then the `digest:` line is re-pinned, and if that
@@ -234,10 +261,10 @@ def _merge_claim_file(doc: Any, raw: Any, reviewed: Path, auto_labels: Path | No
     if spec.source.format not in ("csv", "parquet"):
         raise ForgeError(f"{where}: `forgectl labels merge` writes a CSV or Parquet source; {spec.source.uri} is "
                          f"{spec.source.format}")
-    pods = _pods_for(target, environment, where, spec.source.uri)
+    pods, cluster = _pods_for(target, environment, where, spec.source.uri)
     auto_path = _auto_labels_for(spec, raw, doc.name, reviewed, auto_labels)
     spec_path, lines, digest_line = _repinned(raw, spec.digest)  # refused here, before the claim is written
-    writer = _cluster_writer(pods, environment, doc, reviewed, auto_path, where, progress)
+    writer = _cluster_writer(pods, cluster, doc, reviewed, auto_path, where, progress)
     done = writer.stage()
     new, name = str(done["newDigest"]), str(done["file"])
     try:
@@ -370,7 +397,8 @@ _PLACEHOLDER_SHARD = ("labels-000000000000.parquet", "sha256:" + "0" * 64, "sha2
 
 
 def _merge_shard(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Path | None, *,
-                 commit: bool, environment: Any = None, target: Any = None, progress: Any = None) -> LabelsMerge:
+                 commit: bool, environment: Environment | None = None, target: Target | None = None,
+                 progress: Callable[[str], None] | None = None) -> LabelsMerge:
     """A sharded source: the merged rows become one new Parquet shard (written by `python -m
     runtimes merge-labels` in the runtime environment, which has Parquet and the S3 client the data
     steps use; forgectl's own has neither), appended to `source.shards.files` in the spec with its
@@ -385,7 +413,7 @@ def _merge_shard(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Pa
     scheme = spec.source.uri.partition("://")[0]
     folder_part, _ = spec.source.folder_and_glob
     if scheme == "pvc":
-        pods = _pods_for(target, environment, where, spec.source.uri)
+        on_cluster = _pods_for(target, environment, where, spec.source.uri)
         shard_folder = f"pvc://{folder_part}"
     elif scheme == "s3":
         missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not os.environ.get(k)]
@@ -429,9 +457,9 @@ def _merge_shard(doc: Any, raw: Any, root: Path, reviewed: Path, auto_labels: Pa
 
     rewritten(*_PLACEHOLDER_SHARD)  # refused here, before any shard is written, if the rewrite cannot be made
     with tempfile.TemporaryDirectory(prefix="forge-labels-") as tmp:
-        writer: Any
+        writer: _MergeWriter
         if scheme == "pvc":
-            writer = _cluster_writer(pods, environment, doc, reviewed, auto_path, where, progress)
+            writer = _cluster_writer(*on_cluster, doc, reviewed, auto_path, where, progress)
         else:
             writer = _LocalShardWriter(dataset, spec, root, _stage_inputs(Path(tmp), auto_path, reviewed),
                                        reviewed.name, where)
