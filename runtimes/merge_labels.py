@@ -198,7 +198,8 @@ def publish(config: MergeLabelsConfig, name: str, withdraw: bool) -> int:
     folder (through the filesystem the steps read it with: S3 with the environment's credentials,
     or the local folder), its digest checked against that run's ``merge.json`` first.
     ``--withdraw NAME``: remove it again (`forgectl labels merge`, when the spec that would pin it
-    could not be written). Only for a sharded source: a single file is replaced by whoever pins it."""
+    could not be written). A single file's source has no shard to publish (``--then-publish``
+    replaces it in the merge's own run); ``--withdraw`` puts its original back (`restore_source`)."""
     from runtimes._step import read_json
     from runtimes.data import file_digest
     from runtimes.shard_source import delete_shard, open_source, put_shard
