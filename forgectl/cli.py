@@ -30,10 +30,12 @@ from forgectl.shell import (
     controllers_of,
     endpoint_in,
     err,
+    json_bytes,
     load_for,
     one_endpoint,
     open_environment,
     out,
+    print_json,
     safe,
     target_options,
 )
@@ -145,7 +147,7 @@ class PlanOutput(str, Enum):
 def _print_plan(plan_json: dict[str, Any], output: PlanOutput, *, verbose: bool = False) -> None:
     from reconciler.present import views
     if output is PlanOutput.json:
-        print(json.dumps(plan_json, indent=2, sort_keys=False))
+        print_json(plan_json)
     elif output is PlanOutput.markdown:
         print(views.markdown(plan_json))
     else:
@@ -183,7 +185,7 @@ def plan(
         shown = plan_json(live_plan(ctx.result, ctx.environment, ctx.target, ctx.namespace, paths, rev, refresh=refresh),
                           ctx.environment, ctx.target)
         if save is not None:
-            save.write_text(json.dumps(shown, indent=2) + "\n")
+            save.write_bytes(json_bytes(shown) + b"\n")
     _print_plan(shown, output, verbose=verbose)
     if save is not None and output is PlanOutput.text:
         err.print(f"saved the plan to {save}; apply exactly it with `forgectl apply {save}`")
@@ -265,7 +267,7 @@ def _confirm_and_apply(the_plan: Plan, shown: dict[str, Any], target: Target, ou
 
     if not the_plan.has_changes:
         if output is PlanOutput.json:
-            print(json.dumps({"plan": shown, "changeset": None}, indent=2))
+            print_json({"plan": shown, "changeset": None})
         raise typer.Exit(0)
     if not auto_approve:
         if not sys.stdin.isatty():
@@ -278,10 +280,10 @@ def _confirm_and_apply(the_plan: Plan, shown: dict[str, Any], target: Target, ou
             changeset = apply_plan(the_plan, target)
     except ApplyFailed as exc:
         if output is PlanOutput.json:
-            print(json.dumps({"plan": shown, "changeset": exc.changeset.to_json(), "error": str(exc)}, indent=2))
+            print_json({"plan": shown, "changeset": exc.changeset.to_json(), "error": str(exc)})
         raise
     if output is PlanOutput.json:
-        print(json.dumps({"plan": shown, "changeset": changeset.to_json()}, indent=2))
+        print_json({"plan": shown, "changeset": changeset.to_json()})
     else:
         s = changeset.to_json()["summary"]
         elapsed = time.monotonic() - started
@@ -362,7 +364,7 @@ def rollout_status(
     if api is not None:  # a cluster: what its controller says of the endpoint (docs/controller.md)
         data["controller"] = read_syncs(api, ctx.environment.name, ctx.namespace).to_json()
     if output is PlanOutput.json:
-        print(json.dumps(data, indent=2))
+        print_json(data)
         return
     from reconciler.present import views
     out.print(views.rollout_text(data))
@@ -425,7 +427,7 @@ def doctor(
     environment = ctx.environment
     findings = check_environment(ctx.result.specs, environment, ctx.target)  # a target without a cluster refuses
     if output is PlanOutput.json:
-        print(json.dumps({"environment": environment.name, "findings": [f.to_json() for f in findings]}, indent=2))
+        print_json({"environment": environment.name, "findings": [f.to_json() for f in findings]})
     else:
         from rich.table import Table
 
@@ -453,7 +455,7 @@ def status(
     ctx = open_environment(paths, None, env, flags)
     data = collect(ctx.result.specs, ctx.environment, ctx.target)
     if output is PlanOutput.json:
-        print(json.dumps(data, indent=2, default=str))
+        print_json(data, default=str)
     else:
         out.print(render_text(data))
 
@@ -533,7 +535,7 @@ def load_traffic(
         signal.signal(sig, lambda *_: stop.set())
     stats = generate(url, result.specs.model_of(spec).name, rate=rate, seconds=seconds, concurrency=concurrency, stop=stop)
     if output is PlanOutput.json:
-        print(json.dumps(stats, indent=2))
+        print_json(stats)
     else:
         out.print(stats)
 

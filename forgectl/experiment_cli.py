@@ -3,13 +3,12 @@ the rule that fired) and stop. The controller itself runs in `forgectl reconcile
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from forgectl.options import NO_OVERRIDES, EndpointArg, SpecsOpt, TargetFlags, with_target_flags
-from forgectl.shell import one_endpoint
+from forgectl.shell import one_endpoint, print_json
 
 if TYPE_CHECKING:
     from reconciler.controller.watch import Controllers
@@ -78,7 +77,7 @@ def status(
     rollout = controllers.backend.load_state(endpoint)
     data = status_data(endpoint, desired.model, desired.version, rollout.experiment if rollout else None)
     if output == "json":
-        print(json.dumps(data, indent=2))
+        print_json(data)
     else:
         print(status_text(data))
 

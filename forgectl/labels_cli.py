@@ -6,14 +6,13 @@ prints."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from forgectl.options import NO_OVERRIDES, EnvOpt, SpecsOpt, TargetFlags, with_target_flags
-from forgectl.shell import err, safe, target_options
+from forgectl.shell import err, print_json, safe, target_options
 
 app = typer.Typer(help="Labels of a Dataset's auto-labeling (`labeling.auto`): pull the review file, merge the "
                   "reviewed labels.", no_args_is_help=True)
@@ -47,7 +46,7 @@ def pull(
     folder = to if to is not None else Path(f"labels-{model}-{chosen[:12]}")
     done = pull_labels(opened.target, opened.environment, model, chosen, folder, progress=_progress)
     if output == "json":
-        print(json.dumps(done.to_json(), indent=2))
+        print_json(done.to_json())
         return
     report = done.report or {}
     print(f"{model} {chosen}: {', '.join(done.files)} → {done.folder}")
@@ -86,7 +85,7 @@ def merge(
     done = merge_reviewed(specs_paths or ["."], dataset, reviewed, auto_labels, env=env, commit=commit,
                           options=target_options(flags), progress=_progress)
     if output == "json":
-        print(json.dumps(done.to_json(), indent=2))
+        print_json(done.to_json())
         return
     if done.shard:
         print(f"{done.dataset}: merged {done.auto_labelled} auto-labelled and {done.accepted} reviewed row(s) "

@@ -26,7 +26,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from forgectl.options import NO_OVERRIDES, SpecsOpt, TargetFlags, with_target_flags
-from forgectl.shell import open_environment, out
+from forgectl.shell import open_environment, out, print_json
 from specs.searchresult import SearchResult
 
 if TYPE_CHECKING:
@@ -144,8 +144,8 @@ def list_models(
     environment, records = _records(specs, env, flags, model)
     boards = leaderboards(records, by.value, batch)
     if output is Output.json:
-        print(json.dumps({"environment": environment, "versions": [r.to_json() for r in records],
-                          "leaderboards": [b.to_json() for b in boards]}, indent=2, default=str))
+        print_json({"environment": environment, "versions": [r.to_json() for r in records],
+                    "leaderboards": [b.to_json() for b in boards]}, default=str)
         return
     console = _console()
     if not records:
@@ -173,7 +173,7 @@ def show(
     _, records = _records(specs, env, flags)
     record = find(records, ref)
     if output is Output.json:
-        print(json.dumps(record.to_json(), indent=2, default=str))
+        print_json(record.to_json(), default=str)
         return
     console = _console()
     lineage = record.lineage
@@ -341,7 +341,7 @@ def diff(
     ra, rb = pair(records, a, b)
     result = diff_records(ra, rb)
     if output is Output.json:
-        print(json.dumps(result.to_json(), indent=2, default=str))
+        print_json(result.to_json(), default=str)
         return
     console = _console()
     console.print(f"[bold]{_e(ra.model)}@{_e(ra.version[:12])} → {_e(rb.model)}@{_e(rb.version[:12])}[/bold]")
@@ -401,7 +401,7 @@ def report(
                          f"{sum(len(b.rows) for b in boards)} row(s)); it needs no network to open")
         return
     if output is Output.json:
-        print(json.dumps({"environment": environment, "leaderboards": [b.to_json() for b in boards]}, indent=2, default=str))
+        print_json({"environment": environment, "leaderboards": [b.to_json() for b in boards]}, default=str)
         return
     for board in boards:
         _console().print(board_table(board))

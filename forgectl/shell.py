@@ -10,8 +10,9 @@ Library imports stay inside the functions: a command pays only for what it uses 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -37,6 +38,35 @@ def safe(text: str) -> str:
     from reconciler.diagnostics import log_safe
 
     return "\n".join(escape(log_safe(line)) for line in text.split("\n"))
+
+
+def json_bytes(value: Any, *, default: Callable[[Any], Any] | None = None) -> bytes:
+    """``value`` as indented JSON (two spaces, UTF-8): by orjson, which writes a 10,000-endpoint
+    plan (hundreds of MB) about ten times faster than the standard library's indenting encoder, a
+    pure-Python one; a value orjson refuses (an integer past 64 bits, a key that is no string)
+    by the standard library."""
+    import orjson
+
+    try:
+        return orjson.dumps(value, default=default, option=orjson.OPT_INDENT_2)
+    except TypeError:
+        import json
+
+        return json.dumps(value, indent=2, default=default, ensure_ascii=False).encode()
+
+
+def print_json(value: Any, *, default: Callable[[Any], Any] | None = None) -> None:
+    """Write ``value`` to standard output as :func:`json_bytes` makes it, and a newline."""
+    import sys
+
+    data = json_bytes(value, default=default)
+    sys.stdout.flush()
+    stream = getattr(sys.stdout, "buffer", None)
+    if stream is None:  # a text-only stream (some test harnesses)
+        sys.stdout.write(data.decode() + "\n")
+    else:
+        stream.write(data + b"\n")
+        stream.flush()
 
 
 def load_for(paths: list[str] | None, rev: str | None, env_name: str | None) -> tuple[LoadResult, Environment]:

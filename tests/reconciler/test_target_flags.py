@@ -101,3 +101,20 @@ def test_every_command_with_target_flags_has_the_same_four() -> None:
             option = params[flag.removeprefix("--").replace("-", "_")]
             assert option.opts[0] == flag and option.help == help_text and option.default is None, (name, flag)
         assert params["namespace"].opts == ["--namespace", "-n"]
+
+
+def test_json_output_is_the_standard_librarys_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """`-o json` is written by orjson (a 10,000-endpoint plan is hundreds of MB): the same values as
+    the standard library's encoder reads back, non-ASCII text as UTF-8, and what orjson refuses (an
+    integer past 64 bits) written by the standard library instead."""
+    import json
+
+    from forgectl.shell import json_bytes, print_json
+
+    value = {"name": "modèle", "n": [1, 2.5, None, True], "nested": {"empty": {}, "list": []}}
+    assert json.loads(json_bytes(value)) == value
+    assert json_bytes(value).decode() == json.dumps(value, indent=2, ensure_ascii=False)
+    huge = {"n": 2**70}
+    assert json.loads(json_bytes(huge)) == huge
+    print_json(value)
+    assert json.loads(capsys.readouterr().out) == value
