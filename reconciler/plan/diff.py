@@ -187,25 +187,28 @@ def _get(obj: Any, path: tuple[str, ...]) -> Any:
     return obj
 
 
-def _removed(desired: Any, live: Any, path: str, out: list[FieldChange]) -> None:
+def _removed(desired: Any, live: Any, parts: tuple[str | int, ...], out: list[FieldChange]) -> None:
+    # Like _compare: an equal subtree has nothing removed, and a path is built only where a key went.
     if isinstance(desired, dict) and isinstance(live, dict):
         for key, value in live.items():
             if key not in desired:
-                out.append(FieldChange("remove", _join(path, key), value, None))
-            else:
-                _removed(desired[key], value, _join(path, key), out)
+                out.append(FieldChange("remove", _dotted(parts + (key,)), value, None))
+            elif (want := desired[key]) is not value and want != value:
+                _removed(want, value, parts + (key,), out)
 
 
 def field_diff(desired: Mapping[str, Any], live: Mapping[str, Any], manager: str = MANAGER, *, exact: bool = False) -> list[FieldChange]:
     """Every difference between ``desired`` and ``live`` that applying ``desired`` would make.
     With ``exact``, fields only ``live`` has are removals too (two renders compared in a pull
     request, where no server adds defaults)."""
+    if desired is live:  # one object (a pull request's base and head recalled from one render cache)
+        return []
     out: list[FieldChange] = []
     want = comparable(desired)
     have = comparable(live)
     _compare(want, have, (), out)
     if exact:
-        _removed(want, have, "", out)
+        _removed(want, have, (), out)
         return out
     for path in sorted(owned_paths(live, manager)):
         if path[0] in ("apiVersion", "kind", "status") or (path[0] == "metadata" and path[1:2] not in (("labels",), ("annotations",))):

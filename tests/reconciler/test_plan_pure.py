@@ -46,6 +46,16 @@ def test_removed_field_found_through_managed_fields() -> None:
     assert field_diff(desired, live) == []
 
 
+def test_exact_compare_finds_removals_at_any_depth() -> None:
+    """Two renders (a pull request's base and head): a key only the base has is a removal, however
+    deep, named by its path; equal subtrees and one object compared with itself are no change."""
+    base = obj("a", {"selector": {"matchLabels": {"app": "x", "tier": "web"}}, "resources": {"requests": {"storage": "1Gi"}}})
+    head = obj("a", {"selector": {"matchLabels": {"app": "x"}}, "resources": {"requests": {"storage": "1Gi"}}})
+    [change] = field_diff(head, base, exact=True)
+    assert (change.op, change.path, change.old) == ("remove", "spec.selector.matchLabels.tier", "web")
+    assert field_diff(base, base, exact=True) == [] and field_diff(base, obj("a", dict(base["spec"])), exact=True) == []
+
+
 def test_build_plan_pairs_and_orders() -> None:
     desired = [obj("keep", {"x": 1}), obj("new", {"x": 1}), obj("changed", {"x": 2})]
     live = [obj("keep", {"x": 1}), obj("changed", {"x": 1}), obj("gone", {"x": 1}),
