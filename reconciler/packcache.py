@@ -97,8 +97,11 @@ class Pack:
         return entries
 
     def get(self, key: str) -> Any:
-        """The value stored under ``key``, or None."""
-        value = self._old.get(key)
+        """The value stored under ``key`` by an earlier run or put by this one (a pull request's
+        head finds what its base's render just stored), or None."""
+        value = self._used.get(key)
+        if value is None:
+            value = self._old.get(key)
         if value is None:
             self.misses += 1
             return None
@@ -145,6 +148,8 @@ class Pack:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
+            # What is on disk now: saving again (several renders share a pack) writes only what is new.
+            self._old, self._dirty = dict(self._used), False
             _prune(self.path.parent)
         except (OSError, _TooLarge):
             return

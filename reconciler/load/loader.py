@@ -54,15 +54,20 @@ class LoadResult:
         return not any(d.severity.value == "error" for d in self.diagnostics)
 
 
-def load(paths: list[str], rev: str | None = None) -> LoadResult:
-    """Load the specs under ``paths`` from the working tree, or at git revision ``rev``; from the
-    working tree, also check that the data files the specs name stay inside their root, and skip
-    parsing the files an earlier run parsed cleanly (:mod:`reconciler.load.parsecache`)."""
+def load(paths: list[str], rev: str | None = None, cache: ParseCache | None = None) -> LoadResult:
+    """Load the specs under ``paths`` from the working tree, or at git revision ``rev``, skipping
+    the parse of the files an earlier run parsed cleanly (:mod:`reconciler.load.parsecache`: a
+    file's entry is found by its name and bytes, so a revision's unchanged files are the working
+    tree's); from the working tree, also check that the data files the specs name stay inside
+    their root. ``cache``: one the caller shares between loads and saves (a pull request's base
+    and head); by default this load reads and saves its own."""
+    own = cache is None
+    parses = ParseCache(paths) if cache is None else cache
+    result = load_files(files_from_git(paths, rev) if rev else files_from_paths(paths), parses)
+    if own:
+        parses.save()
     if rev:
-        return load_files(files_from_git(paths, rev))
-    cache = ParseCache(paths)
-    result = load_files(files_from_paths(paths), cache)
-    cache.save()
+        return result
     extra = check_local_paths(result, Path.cwd())
     if extra:
         result.diagnostics = sorted(set(result.diagnostics) | set(extra))
@@ -112,9 +117,9 @@ def check_local_paths(result: LoadResult, base: Path) -> list[Diagnostic]:
     return problems
 
 
-def load_or_raise(paths: list[str], rev: str | None = None) -> LoadResult:
+def load_or_raise(paths: list[str], rev: str | None = None, cache: ParseCache | None = None) -> LoadResult:
     """Like :func:`load`, raising :class:`SpecError` when there is any error."""
-    result = load(paths, rev)
+    result = load(paths, rev, cache)
     if not result.ok:
         raise SpecError(result.diagnostics)
     return result

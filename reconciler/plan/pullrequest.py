@@ -16,8 +16,10 @@ from reconciler.diagnostics import ForgeError
 from reconciler.errors import TargetError
 from reconciler.heap import gc_paused
 from reconciler.load.environments import load_environment
+from reconciler.load.parsecache import ParseCache
 from reconciler.load.sources import project_root, revision_of
 from reconciler.plan.plan import Plan
+from reconciler.plan.rendercache import RenderCache
 from reconciler.plan.review import live_risks, registry_records, reviewed_git_plan
 from reconciler.plan.session import TargetOptions, make_plan, namespace_of, open_target
 from specs import Environment
@@ -37,18 +39,24 @@ def pull_request_plan(paths: list[str] | None, base: str, head: str | None, env_
 
     Runs with the cyclic garbage collector paused, like the live plan (:func:`reconciler.heap.gc_paused`:
     two revisions loaded, rendered and compared are millions of acyclic objects, all alive until
-    the plan is printed; the collector's rescans of them were most of a 10,000-endpoint review)."""
-    with gc_paused():
+    the plan is printed; the collector's rescans of them were most of a 10,000-endpoint review),
+    frozen after (a one-shot command: no full collection over all of it once the plan is made)."""
+    with gc_paused(freeze=True):
         return _pull_request_plan(paths, base, head, env_name, overrides)
 
 
 def _pull_request_plan(paths: list[str] | None, base: str, head: str | None, env_name: str | None,
                        overrides: TargetOptions | None) -> dict[str, Any]:
     start = (paths or ["."])[0]
-    old, old_env = load_environment(paths, base, env_name)
-    new, new_env = load_environment(paths, head, env_name)
+    # One parse cache for both revisions (a file the pull request leaves alone is one entry), one
+    # render cache pack for the base's, the head's and the live render (reconciler.plan.rendercache).
+    parses = ParseCache(paths or ["."])
+    old, old_env = load_environment(paths, base, env_name, parses)
+    new, new_env = load_environment(paths, head, env_name, parses)
+    parses.save()
+    renders = RenderCache(new_env, namespace_of(new_env, TargetOptions()))
     the_plan = replace(reviewed_git_plan(old, old_env, new, new_env, base=base, head=head,
-                                         revision=revision_of(paths or ["."], head)),
+                                         revision=revision_of(paths or ["."], head), cache=renders),
                        base=base, head=head or "working tree")
     if new_env.spec.target != "kubernetes":
         return _noted(the_plan, "no live diff: the environment's target is not a cluster").to_json()
@@ -65,7 +73,9 @@ def _pull_request_plan(paths: list[str] | None, base: str, head: str | None, env
                       untrusted_root=project_root(Path(start)))
     try:
         target = open_target(reviewed, options)
-        live_plan, _ = make_plan(new.specs, new_env, target, namespace_of(reviewed, options), None, dry_run=False)
+        namespace = namespace_of(reviewed, options)
+        live_plan, _ = make_plan(new.specs, new_env, target, namespace, None, dry_run=False,
+                                 memo=renders.another(new_env, namespace))
         the_plan = replace(the_plan, live=live_plan)
         known = {(r.flag, r.message) for r in the_plan.risks}
         the_plan = replace(the_plan, risks=(*the_plan.risks, *(

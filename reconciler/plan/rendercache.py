@@ -56,10 +56,12 @@ class RenderCache:
     """A :class:`renderers.bundle.RenderMemo` on disk for one Environment and namespace; :meth:`save`
     after the render. :attr:`digests` holds the recorded digest of every object recalled or kept."""
 
-    def __init__(self, environment: Environment, namespace: str, folder: Path | None = None) -> None:
+    def __init__(self, environment: Environment, namespace: str, folder: Path | None = None, *,
+                 pack: Pack | None = None) -> None:
         self.environment = environment
-        self.pack = Pack(folder or cache_root() / "render", {"environment": environment.name, "namespace": namespace},
-                         code_version())
+        self.namespace = namespace
+        self.folder = folder or cache_root() / "render"
+        self.pack = pack or Pack(self.folder, {"environment": environment.name, "namespace": namespace}, code_version())
         self.digests: dict[ObjectRef, str] = {}
         #: Units answered from the cache, and units rendered and stored, by this render.
         self.recalled = 0
@@ -68,6 +70,15 @@ class RenderCache:
         #: What :meth:`recall` answered, by key: asked again (a Model's version before the render,
         #: then its Workflow in it) it answers at once and counts once.
         self._answered: dict[str, tuple[list[dict[str, Any]], Any]] = {}
+
+    def another(self, environment: Environment, namespace: str) -> RenderCache:
+        """The cache of another render in the same run (a pull request renders its base, its head
+        and the head against the cluster): on this one's pack when the Environment's name and the
+        namespace are the same (one read, one write), with its own digests and answers. Its
+        :meth:`save` is needed only when the scope differs; saving a shared pack twice writes once."""
+        if (environment.name, namespace) == (self.environment.name, self.namespace):
+            return RenderCache(environment, namespace, self.folder, pack=self.pack)
+        return RenderCache(environment, namespace, self.folder)
 
     def document_digest(self, doc: Document) -> str:
         """Digest of all of ``doc`` (annotations too: they reach the rendered objects), over

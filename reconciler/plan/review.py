@@ -24,6 +24,7 @@ from reconciler.load.loader import LoadResult
 from reconciler.plan.diff import value_diff
 from reconciler.plan.plan import Cost, DocumentChange, Plan, ServingBase, ServingCost, TrainingBase, TrainingCost
 from reconciler.plan.queues import AdmittedWorkload, admission_notes, admitted_workloads, queue_notes, queued_steps
+from reconciler.plan.rendercache import RenderCache
 from reconciler.plan.risks import (
     FLAGS,
     UNSATISFIABLE,
@@ -351,9 +352,12 @@ def reviewed_live_plan(result: LoadResult, environment: Environment, target: Tar
 
 
 def reviewed_git_plan(old: LoadResult, old_env: Environment, new: LoadResult, new_env: Environment, *, base: str,
-                      head: str | None, revision: str | None) -> Plan:
+                      head: str | None, revision: str | None, cache: RenderCache | None = None) -> Plan:
     """Pull-request mode: the manifests rendered at ``base`` against those at ``head`` (the working
-    tree when None), no cluster involved, reviewed against the base's specs."""
+    tree when None), no cluster involved, reviewed against the base's specs. ``cache``: the render
+    cache of the head's Environment and namespace (:mod:`reconciler.plan.rendercache`); the base
+    renders through :meth:`~reconciler.plan.rendercache.RenderCache.another` of it, so a unit the
+    pull request leaves alone is rendered by neither, and both are saved."""
     from reconciler.diagnostics import ForgeError
     from reconciler.plan.plan import build_plan
     from reconciler.plan.session import TargetOptions, desired_state, namespace_of
@@ -365,14 +369,20 @@ def reviewed_git_plan(old: LoadResult, old_env: Environment, new: LoadResult, ne
                            base_sizes=base_sizes)
     if blocked is not None:
         return blocked
+    old_context = RenderContext(old_env)
+    old_cache = cache.another(old_env, old_context.namespace) if cache is not None else None
     try:
-        old_rendered = render(old.specs, RenderContext(old_env))
+        old_rendered = render(old.specs, old_context, old_cache)
     except SchedulingError as exc:
         raise ForgeError(f"at the base revision {base}: {exc}") from exc
     # The head rendered as an apply over the base would render it: an endpoint whose model has a
     # new version keeps its stable one and gets the new one as a canary at 0 % (desired_state,
     # the apply's own render), so the plan shows the rollout that will run, not a replaced stable.
-    new_rendered = desired_state(new.specs, new_env, namespace_of(new_env, TargetOptions()), None, old_rendered.manifests)
+    new_rendered = desired_state(new.specs, new_env, namespace_of(new_env, TargetOptions()), None, old_rendered.manifests,
+                                 memo=cache)
+    for used in (old_cache, cache):
+        if used is not None:
+            used.save()
     plan = build_plan(new_rendered.manifests, old_rendered.manifests, environment=new_env.name, target="git",
                       revision=revision, exact=True)
     return annotate(plan, new, new_env, base=old, base_env=old_env, sizes=sizes, base_sizes=base_sizes)

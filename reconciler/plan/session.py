@@ -113,7 +113,7 @@ RENDER_INPUTS = frozenset({"SeldonDeployment"})
 
 def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, revision: str | None,
               *, dry_run: bool = True, refresh: bool = False, phase: PhaseHook = _no_phase,
-              cache: bool = False) -> tuple[Plan, Rendered]:
+              cache: bool = False, memo: RenderCache | None = None) -> tuple[Plan, Rendered]:
     """Read live, render, diff, and settle apparent updates by dry run (unless ``dry_run`` is
     false: pull-request mode holds a read-only credential and uses no write verb).
 
@@ -126,13 +126,15 @@ def make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str, 
     Forge, which keeps the digest, shows only there; `forgectl diff` and `plan --refresh`).
     ``phase(name)`` wraps each phase (see :data:`PhaseHook`). With ``cache`` an unchanged unit's
     objects and recorded digests come from the render cache (:mod:`reconciler.plan.rendercache`,
-    on disk outside the tree) instead of a render. Runs with the cyclic garbage collector paused
+    on disk outside the tree) instead of a render; ``memo``: such a cache opened already (a pull
+    request's plan shares one pack across its renders). Runs with the cyclic garbage collector paused
     (:func:`reconciler.heap.gc_paused`: tens of thousands of objects)."""
     with gc_paused(), ThreadPoolExecutor(1, thread_name_prefix="read-live") as pool:
         # The live read waits mostly on the API server (another process, another core): it runs
         # while this thread reads the render cache's pack (tens of MB of JSON), not after it.
         reading = pool.submit(lambda: LiveRead(target.read_live()) if refresh else target.read_live_metadata(RENDER_INPUTS))
-        memo = RenderCache(env, namespace) if cache else None
+        if memo is None and cache:
+            memo = RenderCache(env, namespace)
         with phase("read live"):
             read = reading.result()
         return _make_plan(specs, env, target, namespace, revision, read, dry_run=dry_run, phase=phase, cache=memo)

@@ -249,3 +249,52 @@ def test_every_example_renders_the_same_through_the_cache(example: str, tmp_path
     for env in specs.of(Environment):
         for revision in ("1111111", "2222222", None):  # cold, then recalled and stamped, then unstamped
             _render(specs, tmp_path / env.name, env, revision)
+
+
+# -- a pull request's plan --------------------------------------------------------------------------
+
+
+def test_a_pull_request_parses_and_renders_what_it_changes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`forgectl plan --base`: the two revisions share one parse cache (a file the pull request
+    leaves alone is parsed once between them) and one render pack (the head recalls what the base
+    rendered a moment before); a second plan of the same pull request parses and renders nothing;
+    and the plan is the very one made with no cache at all."""
+    from reconciler.plan.pullrequest import pull_request_plan
+    from tests.plan.repos import NO_KUBECONFIG, PlanRepo
+
+    repo = PlanRepo.of(tmp_path, "quickstart")
+    repo.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003")
+    monkeypatch.chdir(repo.root)
+    monkeypatch.setenv("KUBECONFIG", NO_KUBECONFIG)
+    kept: list[tuple[str, str]] = []
+    parses: list[tuple[int, int]] = []
+    real_keep, real_save = RenderCache.keep, ParseCache.save
+
+    def keep(self: RenderCache, unit: Document, *args: Any) -> None:
+        kept.append((unit.kind, unit.name))
+        real_keep(self, unit, *args)
+
+    def save(self: ParseCache) -> None:
+        parses.append((self.pack.hits, self.pack.misses))
+        real_save(self)
+
+    monkeypatch.setattr(RenderCache, "keep", keep)
+    monkeypatch.setattr(ParseCache, "save", save)
+    (tmp_path / "not-a-folder").write_text("")  # no pack can be read or written under a file
+    monkeypatch.setenv("FORGE_CACHE", str(tmp_path / "not-a-folder"))
+    plain = pull_request_plan(None, "HEAD", None, None)
+    files = len(list(repo.root.glob("*.yaml")))
+    units = {(d.kind, d.name) for d in load_or_raise(["."]).specs.documents if d.kind in ("Model", "Endpoint")}
+
+    monkeypatch.setenv("FORGE_CACHE", str(tmp_path / "cache"))
+    kept.clear(), parses.clear()
+    cold = pull_request_plan(None, "HEAD", None, None)
+    # the base parsed every file; the head only the one it changed
+    assert parses == [(files - 1, files + 1)]
+    # the base rendered every unit; the head the changed Model's Workflow and the Endpoint serving it
+    assert sorted(kept) == sorted([*units, ("Model", "digits-mlp"), ("Endpoint", "digits")])
+
+    kept.clear(), parses.clear()
+    warm = pull_request_plan(None, "HEAD", None, None)
+    assert kept == [] and parses == [(2 * files, 0)]
+    assert plain == cold == warm
