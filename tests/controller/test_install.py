@@ -77,6 +77,19 @@ def test_the_api_server_takes_every_object_and_the_pod_is_restricted(kube_cluste
     assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
 
 
+def test_the_memory_limit_is_the_operators_to_size() -> None:
+    """A sync holds the environment's specs, render and live objects at once: 1Gi by default,
+    `--memory-limit` for a larger environment (bench/controller_scale.py); a value that is no
+    Kubernetes quantity, or one below the request, is refused with exit 1 and nothing printed."""
+    [deployment] = [d for d in yaml.safe_load_all(install("--memory-limit", "3Gi")) if d["kind"] == "Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "3Gi"}}
+    for bad, why in (("3GB", "not a quantity: '3GB'"), ("64Mi", "below the container's request of 128Mi")):
+        done = subprocess.run([*FORGECTL, "install", "--dry-run", "--memory-limit", bad], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "NO_COLOR": "1"})
+        assert done.returncode == 1 and done.stdout == "" and why in done.stderr, (bad, done.stderr)
+
+
 def test_manage_binds_the_forgectl_role_in_each_namespace() -> None:
     from reconciler.controller.install import InstallOptions
 
