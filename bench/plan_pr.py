@@ -44,6 +44,7 @@ import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import plan_scale  # noqa: E402  (the specs and the change, shared with the live-plan bench)
+
+log = partial(plan_scale.log, bench="plan_pr")
 
 MODES = ("cold", "warm", "json")
 
@@ -68,8 +71,6 @@ class Run:
     output_bytes: int
 
 
-def log(message: str) -> None:
-    print(f"[plan_pr {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def git(repo: Path, *args: str) -> None:

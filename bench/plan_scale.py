@@ -78,8 +78,9 @@ OLD_LR = "0.002"
 NEW_LR = "0.001"
 
 
-def log(msg: str) -> None:
-    print(f"[plan_scale] {msg}", file=sys.stderr, flush=True)
+def log(msg: str, bench: str = "plan_scale") -> None:
+    """A progress line on stderr, named by its bench (the others import this module)."""
+    print(f"[{bench} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
