@@ -52,7 +52,7 @@ import plan_scale  # noqa: E402  (the specs, the change and the bulk set-up, sha
 
 log = partial(plan_scale.log, bench="controller_scale")
 
-from devkit.gitserver import free_port, start_git_server  # noqa: E402
+from devkit.gitserver import free_port, git, start_git_server  # noqa: E402
 
 SOURCE = "bench"
 CONTROLLER_NS = "forge-system"
@@ -106,9 +106,6 @@ def wait(what: str, predicate: Any, timeout: float, process: subprocess.Popen[by
         time.sleep(0.5)
     raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}:\n" + log_path.read_text()[-4000:])
 
-
-def git(work: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=work, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def bench_n(n: int, idle: float, kubectl: str, work: Path) -> dict[str, Any]:
@@ -178,7 +175,7 @@ def bench_n(n: int, idle: float, kubectl: str, work: Path) -> dict[str, Any]:
 
         # The baseline: the CLI applying a change of the same size (other models: those keep the old rate).
         plan_scale.change_models(specs, [(i + 1) % n for i in indices])
-        git(specs, "commit", "-qam", "another 1 %")
+        git("commit", "-qam", "another 1 %", cwd=specs)
         cmd, counts = plan_scale.forgectl_counted(work, "apply", str(specs), "--kubeconfig", kubeconfig, "--auto-approve")
         measured = plan_scale.run_measured(cmd, (0,), {**env, "PYTHONPATH": str(REPO)}, timeout=900, counted=counts)
         result["cli_apply"] = {"wall_s": round(measured.wall_s, 2), "cpu_s": round(measured.cpu_s, 2),

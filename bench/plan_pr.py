@@ -53,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import plan_scale  # noqa: E402  (the specs and the change, shared with the live-plan bench)
 
+from devkit.gitserver import git  # noqa: E402
+
 log = partial(plan_scale.log, bench="plan_pr")
 
 MODES = ("cold", "warm", "json")
@@ -73,20 +75,15 @@ class Run:
 
 
 
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=bench", "-c", "user.email=bench@localhost", *args],
-                   check=True, capture_output=True)
-
-
 def spec_repository(root: Path, n: int) -> Path:
     """A repository whose HEAD~1 holds the N-endpoint specs and HEAD changes 1 % of the models."""
     repo = root / f"specs-{n}"
     plan_scale.generate_specs(repo, n, "forge-bench")
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "base")
+    git("init", "-q", "-b", "main", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-qm", "base", cwd=repo)
     plan_scale.change_models(repo, plan_scale.changed_indices(n, 1.0))
-    git(repo, "commit", "-qam", "1 % of the models' learningRate")
+    git("commit", "-qam", "1 % of the models' learningRate", cwd=repo)
     return repo
 
 
