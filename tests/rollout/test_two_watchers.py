@@ -58,9 +58,13 @@ class Watch:
         cmd = [sys.executable, "-m", "forgectl", "reconcile", str(r.specs_dir), "--env", "cluster", "-n", r.namespace,
                "--kubeconfig", r.kubeconfig, "--watch", "--interval", "0.5", "--lease-duration", str(LEASE_SECONDS)]
         with out.open("w") as sink:
-            # PYTHONFAULTHANDLER: a SIGABRT writes every thread's stack to the log (see stop())
+            # PYTHONFAULTHANDLER: a SIGABRT writes every thread's stack to the log (see stop()).
+            # SIGINT's default disposition, as a terminal's foreground process has it: a suite run
+            # in the background of a shell without job control inherits SIGINT ignored, and Python
+            # keeps an inherited SIG_IGN (the watch then never sees Ctrl-C, correctly: nohup).
             self.proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "NO_COLOR": "1", "PYTHONFAULTHANDLER": "1"})
+                                         env={**os.environ, "NO_COLOR": "1", "PYTHONFAULTHANDLER": "1"},
+                                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.tag = f":{self.proc.pid} (reconcile --watch)"
 
     def text(self) -> str:
@@ -73,8 +77,7 @@ class Watch:
 
     def stop(self, timeout: float = 30) -> None:
         """SIGINT, as Ctrl-C: the watch lets its Lease go and exits. One still running after
-        ``timeout`` is a failure that says where each of its threads waits (seen twice under the
-        full suite's load, 2026-12-05: not reproduced alone or beside CPU burners)."""
+        ``timeout`` is a failure that says where each of its threads waits."""
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=timeout)
