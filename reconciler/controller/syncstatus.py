@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.resources import SYNC
+from reconciler.rollout.machine import ACTIVE, Phase
+from reconciler.rollout.steering import FAILED
 
 #: Outcome reason → (Ready, Reconciling, Stalled), as the module docstring's table.
 CONDITIONS: dict[str, tuple[str, str, str]] = {
@@ -47,6 +49,11 @@ REQUESTED_AT = "forge.dev/requested-at"
 WEBHOOK_MANAGER = "forge-controller-webhook"
 #: Longest condition message kept (the CRD allows 32 KiB; a status is read by people).
 MAX_MESSAGE = 4000
+#: Most rollout lines a status lists: every endpoint's up to this many; beyond it (an environment of
+#: thousands of endpoints would make a status of megabytes, past etcd's 1.5 MiB per object and
+#: rewritten at every change) those in progress first, then those that failed, then the rest, and
+#: ``rolloutPhases`` counts every endpoint by phase.
+MAX_ROLLOUTS = 100
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,29 @@ class SyncReport:
     summary: Mapping[str, int] | None = None
     rollouts: Sequence[RolloutLine] = field(default_factory=tuple)
     time: str = ""
+
+
+def _interest(line: RolloutLine) -> tuple[int, str]:
+    """Sort key of a rollout line: in progress, failed, promoted, idle; then by endpoint."""
+    phase = Phase(line.phase) if line.phase in Phase._value2member_map_ else None
+    rank = 0 if phase in ACTIVE else 1 if phase in FAILED else 2 if phase is Phase.PROMOTED else 3
+    return rank, line.endpoint
+
+
+def listed_rollouts(lines: Sequence[RolloutLine], limit: int = MAX_ROLLOUTS) -> list[RolloutLine]:
+    """The lines a status lists: all of them, by endpoint, when there are at most ``limit``; else the
+    ``limit`` most worth a look (:func:`_interest`), by endpoint."""
+    if len(lines) <= limit:
+        return sorted(lines, key=lambda line: line.endpoint)
+    return sorted(sorted(lines, key=_interest)[:limit], key=lambda line: line.endpoint)
+
+
+def rollout_phases(lines: Sequence[RolloutLine]) -> dict[str, int]:
+    """How many endpoints' rollouts are in each phase."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line.phase] = counts.get(line.phase, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def conditions(previous: Sequence[Mapping[str, Any]], reason: str, message: str, generation: int,
@@ -115,7 +145,8 @@ def requested_at(stored: Mapping[str, Any] | None) -> str | None:
 
 def status_object(stored: Mapping[str, Any], report: SyncReport) -> dict[str, Any]:
     """The status patch for ``stored`` (the Sync as read back) after ``report``: conditions, the
-    revisions (an unset one keeps what was there), the plan's summary and the rollouts."""
+    revisions (an unset one keeps what was there), the plan's summary and the rollouts (at most
+    :data:`MAX_ROLLOUTS` lines, and the count of every phase)."""
     meta = stored.get("metadata") or {}
     old = stored.get("status") or {}
     generation = int(meta.get("generation") or 0)
@@ -132,8 +163,12 @@ def status_object(stored: Mapping[str, Any], report: SyncReport) -> dict[str, An
     summary = report.summary if report.summary is not None else old.get("plan")
     if summary:
         status["plan"] = {k: int(summary.get(k, 0)) for k in ("created", "configured", "deleted", "unchanged")}
-    rollouts = [r.to_json() for r in report.rollouts] if report.rollouts else old.get("rollouts")
-    if rollouts:
-        status["rollouts"] = rollouts
+    if report.rollouts:
+        status["rollouts"] = [r.to_json() for r in listed_rollouts(report.rollouts)]
+        status["rolloutPhases"] = rollout_phases(report.rollouts)
+    else:
+        for key in ("rollouts", "rolloutPhases"):
+            if old.get(key):
+                status[key] = old[key]
     return {"apiVersion": SYNC.api_version, "kind": SYNC.kind,
             "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")}, "status": status}

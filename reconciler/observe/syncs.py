@@ -14,7 +14,7 @@ a note, never an error — `status` must show the environment whether or not a c
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.controller.syncstatus import RolloutLine
@@ -53,7 +53,10 @@ class SyncView:
     last_sync: str | None
     #: The last applied plan's change counts (created, configured, deleted, unchanged).
     plan: Mapping[str, int] | None
+    #: The endpoints' rollout lines the status lists (all, or the most worth a look of many:
+    #: :func:`reconciler.controller.syncstatus.listed_rollouts`) and how many are in each phase.
     rollouts: tuple[RolloutLine, ...]
+    phases: Mapping[str, int] = field(default_factory=dict)
 
     def condition(self, kind: str) -> Condition | None:
         """The condition of type ``kind`` (`Ready`, `Reconciling`, `Stalled`), if written."""
@@ -71,7 +74,7 @@ class SyncView:
                                 "lastTransitionTime": c.since} for c in self.conditions],
                 "lastAppliedRevision": self.applied, "lastAttemptedRevision": self.attempted, "leader": self.leader,
                 "lastSyncTime": self.last_sync, "plan": dict(self.plan) if self.plan is not None else None,
-                "rollouts": [r.to_json() for r in self.rollouts]}
+                "rollouts": [r.to_json() for r in self.rollouts], "rolloutPhases": dict(self.phases)}
 
 
 def sync_view(obj: Mapping[str, Any]) -> SyncView:
@@ -84,11 +87,12 @@ def sync_view(obj: Mapping[str, Any]) -> SyncView:
                                  int(r.get("weight", 0)), str(r.get("reason", "")))
                      for r in status.get("rollouts") or [])
     plan = status.get("plan")
+    phases = status.get("rolloutPhases")
     return SyncView(str(meta.get("name", "")), str(meta.get("namespace", "")), str(spec.get("url", "")),
                     str(spec.get("branch", "")), str(spec.get("environment", "")), conditions,
                     status.get("lastAppliedRevision"), status.get("lastAttemptedRevision"), status.get("leader"),
                     status.get("lastSyncTime"), {k: int(v) for k, v in plan.items()} if isinstance(plan, Mapping) else None,
-                    rollouts)
+                    rollouts, {str(k): int(v) for k, v in phases.items()} if isinstance(phases, Mapping) else {})
 
 
 def syncs_of(items: Iterable[Mapping[str, Any]], environment: str, namespace: str) -> list[SyncView]:
@@ -145,7 +149,8 @@ def read_syncs(api: ClusterAPI | None, environment: str, namespace: str) -> Sync
 def sync_lines(read: Mapping[str, Any], endpoint: str | None = None) -> list[str]:
     """Rich markup of :meth:`SyncsRead.to_json` for a terminal: each Sync's Ready condition with
     its reason and message, the revisions, the leader and the last plan's summary; then every
-    endpoint's rollout as the controller last walked it (only ``endpoint``'s when given)."""
+    endpoint's rollout as the controller last walked it (only ``endpoint``'s when given; of an
+    environment with more than the status lists, the count in each phase first)."""
     from rich.markup import escape
 
     if read.get("note"):
@@ -174,7 +179,11 @@ def sync_lines(read: Mapping[str, Any], endpoint: str | None = None) -> list[str
         if plan:
             lines.append(f"    last plan: {plan.get('created', 0)} created, {plan.get('configured', 0)} configured, "
                          f"{plan.get('deleted', 0)} deleted, {plan.get('unchanged', 0)} unchanged")
-        for rollout in sync.get("rollouts") or []:
+        phases, listed = sync.get("rolloutPhases") or {}, sync.get("rollouts") or []
+        if sum(phases.values()) > len(listed) and endpoint is None:
+            counts = ", ".join(f"{count:,} {escape(phase)}" for phase, count in phases.items())
+            lines.append(f"    rollouts: {counts} — {len(listed)} of {sum(phases.values()):,} listed (in progress first)")
+        for rollout in listed:
             if endpoint is not None and rollout["endpoint"] != endpoint:
                 continue
             step = f"step {rollout['step'] + 1}" if rollout["step"] >= 0 else "no step yet"

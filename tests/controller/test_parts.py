@@ -12,9 +12,10 @@ import pytest
 
 from reconciler.controller.config import load_config
 from reconciler.controller.server import pushed_branch, signature_ok
-from reconciler.controller.syncstatus import RolloutLine, SyncReport, conditions, status_object
+from reconciler.controller.syncstatus import MAX_ROLLOUTS, RolloutLine, SyncReport, conditions, status_object
 from reconciler.diagnostics import ForgeError, SpecError
 from reconciler.load.gitrepo import GitError, fetch_source
+from reconciler.observe.syncs import sync_lines, sync_view
 
 GOOD = """\
 apiVersion: forge.dev/v1alpha1
@@ -114,6 +115,36 @@ def test_a_status_keeps_the_applied_revision_when_a_later_one_fails() -> None:
     status = patch["status"]
     assert (status["lastAppliedRevision"], status["lastAttemptedRevision"], status["plan"]["created"]) == ("aaa", "bbb", 3)
     assert status["rollouts"] == [{"endpoint": "digits", "phase": "Progressing", "step": 1, "weight": 50, "reason": "step 2"}]
+
+
+def test_a_status_of_thousands_of_rollouts_lists_those_in_progress_and_counts_every_phase() -> None:
+    """10,000 endpoints' lines would make a status of megabytes (etcd keeps at most 1.5 MiB an object):
+    it lists :data:`MAX_ROLLOUTS`, those in progress first, then those that failed, and counts all."""
+    stored = {"metadata": {"name": "q", "namespace": "ns", "generation": 1}, "status": {}}
+    lines = [RolloutLine(f"e{i:05}", "Idle", -1, 0, "at rest") for i in range(10_000)]
+    lines[7000] = RolloutLine("e07000", "Progressing", 1, 50, "step 2")
+    lines[42] = RolloutLine("e00042", "RolledBack", 0, 0, "error rate 0.3 > 0.05")
+    lines[9] = RolloutLine("e00009", "Promoted", 2, 100, "every step passed")
+    for i in range(20, 40):
+        lines[i] = RolloutLine(f"e{i:05}", "WaitingForModel", -1, 0, "its Workflow runs")
+    status = status_object(stored, SyncReport("Succeeded", "ok", time="t", rollouts=tuple(lines)))["status"]
+    listed = [r["endpoint"] for r in status["rollouts"]]
+    assert len(listed) == MAX_ROLLOUTS and listed == sorted(listed)
+    assert {"e07000", "e00042", "e00009"} | {f"e{i:05}" for i in range(20, 40)} <= set(listed)
+    assert status["rolloutPhases"] == {"Idle": 9_977, "Progressing": 1, "Promoted": 1, "RolledBack": 1, "WaitingForModel": 20}
+    # a few endpoints: every line, whatever its phase; a report without rollouts keeps those written
+    few = status_object(stored, SyncReport("Succeeded", "ok", time="t", rollouts=tuple(lines[:3])))["status"]
+    assert [r["endpoint"] for r in few["rollouts"]] == ["e00000", "e00001", "e00002"] and few["rolloutPhases"] == {"Idle": 3}
+    kept = status_object({**stored, "status": few}, SyncReport("Succeeded", "again", time="t2"))["status"]
+    assert (kept["rollouts"], kept["rolloutPhases"]) == (few["rollouts"], few["rolloutPhases"])
+
+    # `forgectl status` says how many there are before the lines it lists
+    view = sync_view({"metadata": {"name": "q", "namespace": "ns"}, "spec": {"environment": "cluster"}, "status": status})
+    text = sync_lines({"syncs": [view.to_json()], "note": None})
+    assert "    rollouts: 9,977 Idle, 1 Progressing, 1 Promoted, 1 RolledBack, 20 WaitingForModel — 100 of 10,000 listed " \
+           "(in progress first)" in text, text
+    assert "    rollout e07000: Progressing, step 2, canary 50 %: step 2" in text
+    assert not any(line.startswith("    rollouts:") for line in sync_lines({"syncs": [view.to_json()]}, endpoint="e07000"))
 
 
 def test_the_webhook_signature_is_githubs() -> None:
