@@ -52,7 +52,6 @@ from reconciler.controller.syncstatus import (
 from reconciler.controller.watch import Controllers, controllers_for, prometheus_for, reconcile_pass
 from reconciler.diagnostics import ForgeError, SpecError
 from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TargetError
-from reconciler.load.endpoints import desired_endpoints
 from reconciler.load.gitrepo import fetch_source, highest_tag, remote_tags
 from reconciler.plan.session import TargetOptions, open_target
 from reconciler.resources import EVENT, SYNC
@@ -126,6 +125,11 @@ class Worker:
     controllers: Controllers | None = None
     #: The last sync's message, repeated by the status a rollout pass writes.
     _last_message: str | None = None
+    #: The rollout lines this replica last wrote to the Sync's status: a walk that changed none
+    #: writes nothing (one write every rollout interval, of every endpoint, is what it saves).
+    _reported: tuple[RolloutLine, ...] | None = None
+    #: The rollout lines of the last walk, as the process's gauges hold them.
+    _metered: frozenset[RolloutLine] = frozenset()
 
     # -- leadership --------------------------------------------------------------------------------
     def leading(self) -> bool:
@@ -133,7 +137,7 @@ class Worker:
         if self.fence is not None and not self.fence.held:
             log.warning("%s: lost the Lease of environment %s; following", self.source.name, self.source.environment)
             self.stack.close()
-            self.fence, self.controllers, self.loaded = None, None, None
+            self.fence, self.controllers, self.loaded, self._reported = None, None, None, None
             self.metrics.leader.labels(self.source.name).set(0)
         if self.fence is None:
             try:
@@ -307,26 +311,31 @@ class Worker:
         loaded = self.loaded
         if loaded is None:
             return
+        began = time.monotonic()
         if self.controllers is None:
             backend = self.target.rollout_backend(loaded.result.specs, loaded.environment, loaded.revision[:12])
             url = prometheus_for(loaded.environment, self.target)
             self.controllers = controllers_for(loaded.result, loaded.environment, backend, url, self.source.namespace)
         with inside(self.cache):  # a rollback's write-back reads the repository of the working directory
-            states, _ = reconcile_pass(self.controllers, desired_endpoints(loaded.result.specs, loaded.environment))
-        lines = [RolloutLine(endpoint, st.phase.value, st.step, st.weight, st.reason) for endpoint, st in sorted(states.items())]
-        for line in lines:
+            states, _ = reconcile_pass(self.controllers, loaded.endpoints)
+        self.metrics.walk_seconds.labels(self.source.name).observe(time.monotonic() - began)
+        lines = tuple(RolloutLine(endpoint, st.phase.value, st.step, st.weight, st.reason)
+                      for endpoint, st in sorted(states.items()))
+        for line in set(lines) - self._metered:  # the gauges of the lines this walk changed
             self.metrics.rollout(self.source.name, line.endpoint, line.phase, line.step, line.weight)
-        if lines:
-            self._report(SyncReport(self.last_reason or "Succeeded", self._last_message or "", leader=self.identity,
-                                    rollouts=lines, time=_now()))
+        self._metered = frozenset(lines)
+        if lines and lines != self._reported and self._report(SyncReport(
+                self.last_reason or "Succeeded", self._last_message or "", leader=self.identity, rollouts=lines, time=_now())):
+            self._reported = lines
 
     # -- the Sync object and its Events ------------------------------------------------------------
-    def _report(self, report: SyncReport) -> None:
+    def _report(self, report: SyncReport) -> bool:
+        """Write ``report`` to the Sync's status; whether it was written."""
         if report.reason != "Progressing":
             self._last_message = report.message
         api = self.target.controller_api()
         if api is None:
-            return
+            return False
         try:
             stored = api.get_object(SYNC, self.config.namespace, self.source.name)
             if stored is None:
@@ -334,11 +343,13 @@ class Worker:
                 stored = api.get_object(SYNC, self.config.namespace, self.source.name)
             if stored is not None:
                 api.apply_object(SYNC, status_object(stored, report), manager=MANAGER, subresource="status")
+                return True
         except LeaseLost:
             raise
         except TargetError as exc:
             log.warning("%s: cannot write the Sync status: %s", self.source.name, exc)
             self.metrics.errors.labels(self.source.name, "StatusWriteFailed").inc()
+        return False
 
     def _event(self, kind: str, reason: str, message: str) -> None:
         api = self.target.controller_api()

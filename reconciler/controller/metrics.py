@@ -1,7 +1,7 @@
 """The controller's own metrics (`/metrics`), registered once per process in their own registry
-(as fluxcd/pkg `runtime/controller/metrics.go`): sync duration and result by source, the last
-applied revision as an info metric, each endpoint's rollout phase and step, errors by typed cause,
-git fetch duration, and whether this replica leads each source's environment; and the process's
+(as fluxcd/pkg `runtime/controller/metrics.go`): sync duration and result by source, how long a
+walk of the rollouts takes, the last applied revision as an info metric, each endpoint's rollout
+phase and step, errors by typed cause, git fetch duration, and whether this replica leads each source's environment; and the process's
 own CPU seconds and resident memory (prometheus_client's process collector, as controller-runtime
 exports them), which its idle footprint is read from."""
 
@@ -30,6 +30,9 @@ class ControllerMetrics:
         self.syncs = Counter("forge_controller_syncs", "Syncs by source and result.", ["source", "result"], registry=r)
         self.fetch_seconds = Histogram("forge_controller_git_fetch_duration_seconds", "Duration of one git fetch.",
                                        ["source"], buckets=_BUCKETS, registry=r)
+        self.walk_seconds = Histogram("forge_controller_rollout_walk_duration_seconds",
+                                      "Duration of one walk of the rollout and experiment controllers (every endpoint once).",
+                                      ["source"], buckets=_BUCKETS, registry=r)
         self.errors = Counter("forge_controller_errors", "Errors by source and typed cause.", ["source", "cause"], registry=r)
         self.applied = Info("forge_controller_last_applied_revision", "The revision last applied, by source.", ["source"],
                             registry=r)

@@ -13,6 +13,7 @@ sync at a time, so the process-wide working directory is this sync's alone (:fun
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from pathlib import Path
 from reconciler.controller.config import Source
 from reconciler.diagnostics import ForgeError, SpecError
 from reconciler.errors import ApplyFailed, LeaseLost, TargetError
+from reconciler.load.endpoints import DesiredEndpoint, desired_endpoints
 from reconciler.load.loader import LoadResult, load
 from reconciler.plan.apply import apply_plan
 from reconciler.plan.live import ensure_runnable
@@ -54,6 +56,12 @@ class Loaded:
     revision: str
     result: LoadResult
     environment: Environment
+
+    @functools.cached_property
+    def endpoints(self) -> list[DesiredEndpoint]:
+        """Each Endpoint with the model version its specs want and its policy: the revision's alone
+        (model versions are digests of specs), so computed once, not at every walk of the rollouts."""
+        return desired_endpoints(self.result.specs, self.environment)
 
 
 @dataclass(frozen=True)

@@ -153,9 +153,13 @@ def kubectl(kubeconfig: str, *args: str, check: bool = True) -> subprocess.Compl
                           timeout=180)
 
 
-def sync_status(kubeconfig: str, namespace: str) -> dict[str, Any]:
+def sync_object(kubeconfig: str, namespace: str) -> dict[str, Any]:
     done = kubectl(kubeconfig, "-n", namespace, "get", f"sync/{SOURCE}", "-o", "json", check=False)
-    return json.loads(done.stdout).get("status", {}) if done.returncode == 0 else {}
+    return json.loads(done.stdout) if done.returncode == 0 else {}
+
+
+def sync_status(kubeconfig: str, namespace: str) -> dict[str, Any]:
+    return sync_object(kubeconfig, namespace).get("status", {})
 
 
 def ready(status: dict[str, Any]) -> dict[str, Any]:
@@ -485,6 +489,10 @@ def test_the_controller_alone_walks_the_rollout_of_a_pushed_version(kube_cluster
     rollout = wait_until(lambda: "offline gate passed" in (r := rollout_of(kubeconfig, namespace)).get("reason", "") and r,
                          timeout=60, what="the controller's rollout pass past the offline gate")
     assert rollout["phase"] == "WaitingForModel" and "waiting for the canary to be ready" in rollout["reason"], rollout
+    # a walk that changes no line writes no status: the Sync holds still over several walks (every 2 s)
+    held = sync_object(kubeconfig, namespace)["metadata"]["resourceVersion"]
+    time.sleep(7)
+    assert sync_object(kubeconfig, namespace)["metadata"]["resourceVersion"] == held
     sdep = json.loads(kubectl(kubeconfig, "-n", namespace, "get", "seldondeployment", "digits", "-o", "json").stdout)
     state = json.loads(sdep["metadata"]["annotations"]["forge.dev/rollout"])
     assert state["phase"] == "WaitingForModel" and state["canary"] and state["canary"] != state["stable"]
@@ -498,6 +506,7 @@ def test_the_controller_alone_walks_the_rollout_of_a_pushed_version(kube_cluster
     assert {c["type"]: c["status"] for c in sync["conditions"]} == {"Ready": "True", "Reconciling": "False", "Stalled": "False"}
     assert sync["leader"] == replica.identity and sync["plan"]["created"] > 0, sync
     [line] = [r for r in sync["rollouts"] if r["endpoint"] == "digits"]
+    assert sync["rolloutPhases"]["WaitingForModel"] >= 1 and sum(sync["rolloutPhases"].values()) == len(sync["rollouts"])
     assert line["phase"] == "WaitingForModel" and "offline gate passed" in line["reason"], line
     steered = json.loads(forgectl(kubeconfig, git_server.work, "rollout", "status", "digits", "--env", "cluster", "-n",
                                   namespace, "-o", "json"))
