@@ -169,12 +169,14 @@ class KubernetesRolloutBackend:
         self.deployments: dict[str, dict[str, Any]] = {}
         #: Each endpoint's HTTPRoute as last read (only where one splits its traffic).
         self.routes: dict[str, dict[str, Any]] = {}
-        self.workflows: list[dict[str, Any]] = []
+        #: Each model version's Workflow read this pass ((model, version) → it, None: none there).
+        self.workflows: dict[tuple[str, str], dict[str, Any] | None] = {}
 
     def refresh(self) -> None:
         """One LIST of SeldonDeployments (and of HTTPRoutes, where an Endpoint routes through a
-        Gateway) and one of Workflows per controller pass; then, while this target holds the
-        environment's Lease, the tenure stamped on every rollout in progress (:meth:`fence`)."""
+        Gateway) per controller pass, the Workflows read afresh as the pass asks for them
+        (:meth:`workflow_of`); then, while this target holds the environment's Lease, the tenure
+        stamped on every rollout in progress (:meth:`fence`)."""
         selector = owner_selector(self.env.name)
         self.deployments = {}
         for obj in self.target.list_kind(BY_KIND["SeldonDeployment"], selector):
@@ -187,8 +189,21 @@ class KubernetesRolloutBackend:
                 endpoint = (obj["metadata"].get("labels") or {}).get(ENDPOINT)
                 if endpoint:
                     self.routes[endpoint] = obj
-        self.workflows = self.target.list_kind(BY_KIND["Workflow"], selector)
+        self.workflows = {}
         self.fence()
+
+    def workflow_of(self, model: str, version: str) -> dict[str, Any] | None:
+        """The Workflow of ``version`` of ``model``, as this pass first asked for it: a LIST by its
+        labels, so a pass reads the Workflows of the versions its rollouts wait for (those in their
+        offline gate, a write-back's stable one), not every Workflow of the environment — at
+        thousands of endpoints at rest, a LIST of all of them was most of each pass's time."""
+        key = (model, version)
+        if key not in self.workflows:
+            selector = f"{owner_selector(self.env.name)},{NAME}={model},{MODEL_VERSION}={version}"
+            self.workflows[key] = next((wf for wf in self.target.list_kind(BY_KIND["Workflow"], selector)
+                                        if (labels := wf["metadata"].get("labels") or {}).get(NAME) == model
+                                        and labels.get(MODEL_VERSION) == version), None)
+        return self.workflows[key]
 
     def fence(self) -> None:
         """Stamp this holder's tenure on each rollout in progress not stamped with it yet (see the
@@ -304,18 +319,16 @@ class KubernetesRolloutBackend:
 
     def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
         """The offline gate: the phase of the version's Workflow."""
-        for wf in self.workflows:
-            labels = wf["metadata"].get("labels") or {}
-            if labels.get(NAME) == model and labels.get(MODEL_VERSION) == version:
-                phase = (wf.get("status") or {}).get("phase") or "Pending"
-                name = wf["metadata"]["name"]
-                if phase == "Succeeded":
-                    return True, True, f"Workflow {name} succeeded: evaluation thresholds met, version registered"
-                if phase in ("Failed", "Error"):
-                    message = failure_of(wf) or phase
-                    return True, False, f"Workflow {name} {phase.lower()}: {message}"
-                return False, False, f"Workflow {name} is {phase}"
-        return False, False, f"no Workflow for version {version} of model `{model}` (not applied yet?)"
+        wf = self.workflow_of(model, version)
+        if wf is None:
+            return False, False, f"no Workflow for version {version} of model `{model}` (not applied yet?)"
+        phase = (wf.get("status") or {}).get("phase") or "Pending"
+        name = wf["metadata"]["name"]
+        if phase == "Succeeded":
+            return True, True, f"Workflow {name} succeeded: evaluation thresholds met, version registered"
+        if phase in ("Failed", "Error"):
+            return True, False, f"Workflow {name} {phase.lower()}: {failure_of(wf) or phase}"
+        return False, False, f"Workflow {name} is {phase}"
 
     def canary_ready(self, endpoint: str, version: str) -> Readiness:
         """Ready when the canary's pods (labelled by Seldon from the predictor's labels: endpoint,
@@ -366,11 +379,8 @@ class KubernetesRolloutBackend:
 
     def stable_revision(self, model: str, version: str) -> str | None:
         """The git revision the stable version's Workflow was rendered from."""
-        for wf in self.workflows:
-            labels = wf["metadata"].get("labels") or {}
-            if labels.get(NAME) == model and labels.get(MODEL_VERSION) == version:
-                return (wf["metadata"].get("annotations") or {}).get("forge.dev/git-revision")
-        return None
+        wf = self.workflow_of(model, version)
+        return (wf["metadata"].get("annotations") or {}).get("forge.dev/git-revision") if wf is not None else None
 
     def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
         """None: in a cluster the live servers count their copies to the shadow in Prometheus
