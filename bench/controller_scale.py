@@ -13,7 +13,9 @@ For each N (default 1,000 and 10,000) this
    admin kubeconfig) on that repository (git polled every 5 s, rollouts walked every 2 s), and
    measures from `/proc`: the time until its Sync reports the revision applied, its peak RSS
    (VmHWM) then, its RSS and CPU over `--idle` seconds of walking N endpoints' rollouts, then
-   after a pushed change of 1 % of the models' `learningRate`: push → applied, and its peak RSS;
+   after a pushed change of 1 % of the models' `learningRate` and a request for a sync at once (the
+   Sync's `forge.dev/requested-at`, what the push webhook sets): push → applied, the sync's own
+   seconds and the walks' (the controller's `/metrics`), and its peak RSS;
 4. stops the controller and applies another 1 % change with `forgectl apply --auto-approve` (the
    baseline: the same plan and apply, once, in a process of its own), measured with `os.wait4`
    (wall, CPU) and its own VmHWM.
@@ -38,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,33 @@ def proc_memory(pid: int) -> dict[str, float]:
     ticks = os.sysconf("SC_CLK_TCK")
     return {"peak_rss_mib": round(fields["VmHWM"], 1), "rss_mib": round(fields["VmRSS"], 1),
             "cpu_s": round((int(stat[11]) + int(stat[12])) / ticks, 2)}
+
+
+def controller_metrics(port: int) -> dict[str, float]:
+    """From the controller's own `/metrics`: the seconds and count of its successful syncs and of its
+    rollout walks so far (sums of the two histograms)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    names = {"forge_controller_sync_duration_seconds_sum": "sync_s", "forge_controller_sync_duration_seconds_count": "syncs",
+             "forge_controller_rollout_walk_duration_seconds_sum": "walk_s",
+             "forge_controller_rollout_walk_duration_seconds_count": "walks"}
+    figures = dict.fromkeys(names.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = names.get(sample.name)
+            if key is not None and sample.labels.get("result", "Succeeded") == "Succeeded":
+                figures[key] += sample.value
+    return figures
+
+
+def between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the controller did between two reads of :func:`controller_metrics`: its syncs and walks,
+    their count and mean seconds."""
+    syncs, walks = after["syncs"] - before["syncs"], after["walks"] - before["walks"]
+    return {"syncs": int(syncs), "sync_mean_s": round((after["sync_s"] - before["sync_s"]) / syncs, 2) if syncs else None,
+            "walks": int(walks), "walk_mean_s": round((after["walk_s"] - before["walk_s"]) / walks, 2) if walks else None}
 
 
 def kubectl_json(kubectl: str, kubeconfig: str, *args: str) -> dict[str, Any] | None:
@@ -151,21 +181,28 @@ def bench_n(n: int, idle: float, kubectl: str, work: Path) -> dict[str, Any]:
         first = {"start_to_applied_s": round(time.perf_counter() - started, 2), **proc_memory(controller.pid)}
         log(f"N={n}: controller started → revision applied in {first['start_to_applied_s']} s, peak RSS "
             f"{first['peak_rss_mib']:.0f} MiB")
-        before = proc_memory(controller.pid)
+        before, counted = proc_memory(controller.pid), controller_metrics(port)
         time.sleep(idle)
         after = proc_memory(controller.pid)
         idle_figures = {"seconds": idle, "rss_mib": after["rss_mib"], "peak_rss_mib": after["peak_rss_mib"],
-                        "cpu_millicores": round(1000 * (after["cpu_s"] - before["cpu_s"]) / idle)}
+                        "cpu_millicores": round(1000 * (after["cpu_s"] - before["cpu_s"]) / idle),
+                        **between(counted, controller_metrics(port))}
         log(f"N={n}: idle {idle:.0f} s (walking {n:,} endpoints' rollouts): RSS {after['rss_mib']:.0f} MiB, "
-            f"{idle_figures['cpu_millicores']} millicores")
+            f"{idle_figures['cpu_millicores']} millicores, {idle_figures['walks']} walks of {idle_figures['walk_mean_s']} s")
 
         indices = plan_scale.changed_indices(n, 1.0)
         plan_scale.change_models(specs, indices)
+        counted = controller_metrics(port)
         revision = server.push("1 % of the models' learningRate")
         pushed = time.perf_counter()
+        # what a push webhook does (its follower passes it on so): ask the leader for a sync now
+        subprocess.run([kubectl, "--kubeconfig", kubeconfig, "-n", CONTROLLER_NS, "annotate", f"sync/{SOURCE}",
+                        f"forge.dev/requested-at={time.time():.3f}", "--overwrite"], check=True, capture_output=True)
         wait("the change's sync", lambda: applied(kubectl, kubeconfig, revision), 900, controller, log_path)
-        change = {"push_to_applied_s": round(time.perf_counter() - pushed, 2), **proc_memory(controller.pid)}
-        log(f"N={n}: push → applied {change['push_to_applied_s']} s, peak RSS {change['peak_rss_mib']:.0f} MiB")
+        change = {"push_to_applied_s": round(time.perf_counter() - pushed, 2), **proc_memory(controller.pid),
+                  **between(counted, controller_metrics(port))}
+        log(f"N={n}: push → applied {change['push_to_applied_s']} s (the sync itself {change['sync_mean_s']} s; "
+            f"{change['walks']} walks of {change['walk_mean_s']} s meanwhile), peak RSS {change['peak_rss_mib']:.0f} MiB")
         controller.send_signal(signal.SIGTERM)
         controller.wait(60)
         output = log_path.read_text()
