@@ -1,9 +1,9 @@
 """The controller's own metrics (`/metrics`), registered once per process in their own registry
 (as fluxcd/pkg `runtime/controller/metrics.go`): sync duration and result by source, how long a
 walk of the rollouts takes, the last applied revision as an info metric, each endpoint's rollout
-phase and step, errors by typed cause, git fetch duration, and whether this replica leads each source's environment; and the process's
-own CPU seconds and resident memory (prometheus_client's process collector, as controller-runtime
-exports them), which its idle footprint is read from."""
+phase and step, errors by typed cause, git fetch duration, and whether this replica leads each
+source's environment; and the process's own CPU seconds and resident memory (prometheus_client's
+process collector, as controller-runtime exports them), which its idle footprint is read from."""
 
 from __future__ import annotations
 

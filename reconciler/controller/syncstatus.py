@@ -21,6 +21,7 @@ ApplyFailed             False  True         False    the apply stopped part-way;
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,27 +86,20 @@ class SyncReport:
     time: str = ""
 
 
-def _interest(line: RolloutLine) -> tuple[int, str]:
-    """Sort key of a rollout line: in progress, failed, promoted, idle; then by endpoint."""
-    phase = Phase(line.phase) if line.phase in Phase._value2member_map_ else None
-    rank = 0 if phase in ACTIVE else 1 if phase in FAILED else 2 if phase is Phase.PROMOTED else 3
-    return rank, line.endpoint
+#: Rank of a phase in a status's list of many (lower first): in progress, failed, promoted, the rest.
+_RANK = {**{phase.value: 0 for phase in ACTIVE}, **{phase.value: 1 for phase in FAILED}, Phase.PROMOTED.value: 2}
 
 
 def listed_rollouts(lines: Sequence[RolloutLine], limit: int = MAX_ROLLOUTS) -> list[RolloutLine]:
     """The lines a status lists: all of them, by endpoint, when there are at most ``limit``; else the
-    ``limit`` most worth a look (:func:`_interest`), by endpoint."""
-    if len(lines) <= limit:
-        return sorted(lines, key=lambda line: line.endpoint)
-    return sorted(sorted(lines, key=_interest)[:limit], key=lambda line: line.endpoint)
+    ``limit`` most worth a look (:data:`_RANK`), by endpoint."""
+    chosen = sorted(lines, key=lambda line: (_RANK.get(line.phase, 3), line.endpoint))[:limit]
+    return sorted(chosen, key=lambda line: line.endpoint)
 
 
 def rollout_phases(lines: Sequence[RolloutLine]) -> dict[str, int]:
     """How many endpoints' rollouts are in each phase."""
-    counts: dict[str, int] = {}
-    for line in lines:
-        counts[line.phase] = counts.get(line.phase, 0) + 1
-    return dict(sorted(counts.items()))
+    return dict(sorted(Counter(line.phase for line in lines).items()))
 
 
 def conditions(previous: Sequence[Mapping[str, Any]], reason: str, message: str, generation: int,
