@@ -62,8 +62,6 @@ CONTROLLER_NS = "forge-system"
 NAMESPACE = "forge-bench"
 
 
-
-
 def mib(quantity: str) -> float:
     """A Kubernetes memory quantity (`1Gi`, `768Mi`) in MiB."""
     units = {"Ki": 1 / 1024, "Mi": 1.0, "Gi": 1024.0}
@@ -135,7 +133,6 @@ def wait(what: str, predicate: Any, timeout: float, process: subprocess.Popen[by
             return time.perf_counter() - start
         time.sleep(0.5)
     raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}:\n" + log_path.read_text()[-4000:])
-
 
 
 def bench_n(n: int, idle: float, kubectl: str, work: Path) -> dict[str, Any]:
