@@ -311,6 +311,16 @@ class Node:
             fcntl.flock(lockf, fcntl.LOCK_UN)
             time.sleep(2)
             fcntl.flock(lockf, fcntl.LOCK_EX)
+        # No node runs now, so whatever a node holds host-wide and is still here was left by one
+        # that vanished without a stop and without a record to stop it by (its state directory
+        # removed, /run cleared): a leftover FORGE-NODE-APISERVER chain alone fails the next start
+        # ("Chain already exists"), leftover KUBE-* chains route Services to pods long gone.
+        left = host_leftovers()
+        if left:
+            log(f"removing what a node that vanished left on this host: {', '.join(left[:6])}"
+                + (f" and {len(left) - 6} more" if len(left) > 6 else ""))
+            kube_proxy = bins.get("kube-proxy")
+            give_back_host(log, str(kube_proxy) if kube_proxy else None)
         if sd.exists():
             with contextlib.suppress(NodeError):
                 cls.load(sd).stop(quiet=True)
@@ -379,7 +389,7 @@ class Node:
         self.node_ip = gw
         self._apiserver_route()
         # the kubelet's cgroup root, in every mounted v1 hierarchy
-        for sub in self._cgroup_dirs():
+        for sub in _cgroup_dirs():
             (sub / CGROUP_ROOT).mkdir(exist_ok=True)
         self._save()
 
@@ -395,11 +405,6 @@ class Node:
               "--dport", "443", "-j", "DNAT", "--to-destination", f"127.0.0.1:{port}",
               "-m", "comment", "--comment", "forge node: pods to the loopback API server"])
         _run(["iptables", "-t", "nat", "-I", "PREROUTING", "1", "-i", BRIDGE, "-j", APISERVER_CHAIN])
-
-    @staticmethod
-    def _cgroup_dirs() -> list[Path]:
-        base = Path("/sys/fs/cgroup")
-        return [base / s for s in CGROUP_HIERARCHIES if (base / s / "cgroup.procs").exists()]
 
     def _pki(self, cluster: Any) -> None:
         pki = self.sd / "pki"
@@ -810,19 +815,13 @@ state = "{c / 'state'}"
         # a node that died (die_with_parent) leaves its containers running: whatever is still in
         # the node's cgroup is a pod's process
         if owns_host:
-            self._kill_cgroup_procs(log)
+            _kill_cgroup_procs(log)
         self._kill_shims(log)
         # 4. host-wide state
         self._remove_volumes(log)
-        if owns_host:
-            if "kube-proxy" in self.exes and Path(self.exes["kube-proxy"]).exists():
-                _run([self.exes["kube-proxy"], "--cleanup", "--proxy-mode=iptables"], check=False)
-            self._remove_cni_iptables()
-            remove_kube_iptables()
-            _run(["ip", "link", "del", BRIDGE], check=False)
         unmount_under(self.sd)
         if owns_host:
-            self._remove_cgroups(log)
+            self.notes += [f"cgroup {root} left behind" for root in give_back_host(log, self.exes.get("kube-proxy"))]
             for key, val in self.sysctls_saved.items():
                 with contextlib.suppress(OSError):
                     if _read_sysctl(key) != val:
@@ -900,58 +899,106 @@ state = "{c / 'state'}"
                     log(f"ending containerd-shim pid {pid}")
                     paths.stop_pid(pid, ticks, timeout=5)
 
-    def _remove_cni_iptables(self) -> None:
-        """The bridge plugin's ipMasq chains (``CNI-…``, comment ``name: "forge" id: …``) of pods
-        whose teardown did not run."""
-        rules = _run(["iptables", "-t", "nat", "-S", "POSTROUTING"], check=False).stdout.splitlines()
-        for rule in rules:
-            if 'name: \\"forge\\"' in rule or 'name: "forge"' in rule:
-                args = rule.split()
-                chain = args[args.index("-j") + 1] if "-j" in args else None
-                subprocess.run(["iptables", "-t", "nat", *(["-D"] + _split_rule(rule)[1:])], capture_output=True)
-                if chain and chain.startswith("CNI-"):
-                    subprocess.run(["iptables", "-t", "nat", "-F", chain], capture_output=True)
-                    subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True)
-        # chains of ours no POSTROUTING rule points at any more (a teardown cut short between
-        # its two steps) stay otherwise, and would outlive every later node
-        for rule in _run(["iptables", "-t", "nat", "-S"], check=False).stdout.splitlines():
+
+def _cgroup_dirs() -> list[Path]:
+    """The node's cgroup hierarchies on this host (v1 ones, and cgroup2's ``unified``)."""
+    base = Path("/sys/fs/cgroup")
+    return [base / s for s in CGROUP_HIERARCHIES if (base / s / "cgroup.procs").exists()]
+
+
+def _forge_cni_rule(rule: str) -> bool:
+    return 'name: \\"forge\\"' in rule or 'name: "forge"' in rule
+
+
+def _remove_cni_iptables() -> None:
+    """The bridge plugin's ipMasq chains (``CNI-…``, comment ``name: "forge" id: …``) of pods
+    whose teardown did not run."""
+    rules = _run(["iptables", "-t", "nat", "-S", "POSTROUTING"], check=False).stdout.splitlines()
+    for rule in rules:
+        if _forge_cni_rule(rule):
             args = rule.split()
-            if len(args) > 1 and args[0] == "-A" and args[1].startswith("CNI-") and (
-                    'name: \\"forge\\"' in rule or 'name: "forge"' in rule):
-                subprocess.run(["iptables", "-t", "nat", "-F", args[1]], capture_output=True)
-                subprocess.run(["iptables", "-t", "nat", "-X", args[1]], capture_output=True)
+            chain = args[args.index("-j") + 1] if "-j" in args else None
+            subprocess.run(["iptables", "-t", "nat", *(["-D"] + _split_rule(rule)[1:])], capture_output=True)
+            if chain and chain.startswith("CNI-"):
+                subprocess.run(["iptables", "-t", "nat", "-F", chain], capture_output=True)
+                subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True)
+    # chains of ours no POSTROUTING rule points at any more (a teardown cut short between
+    # its two steps) stay otherwise, and would outlive every later node
+    for rule in _run(["iptables", "-t", "nat", "-S"], check=False).stdout.splitlines():
+        args = rule.split()
+        if len(args) > 1 and args[0] == "-A" and args[1].startswith("CNI-") and _forge_cni_rule(rule):
+            subprocess.run(["iptables", "-t", "nat", "-F", args[1]], capture_output=True)
+            subprocess.run(["iptables", "-t", "nat", "-X", args[1]], capture_output=True)
 
-    def _kill_cgroup_procs(self, log: Log) -> None:
-        for attempt in range(20):
-            pids = set()
-            for sub in self._cgroup_dirs():
-                root = sub / CGROUP_ROOT
-                for d, _, files in os.walk(root, onerror=lambda e: None):
-                    if "cgroup.procs" in files:
-                        with contextlib.suppress(OSError):
-                            pids.update(int(p) for p in (Path(d) / "cgroup.procs").read_text().split())
-            if not pids:
-                return
-            if attempt == 0:
-                log(f"killing {len(pids)} process(es) left in the node's cgroup")
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, 9)
-            time.sleep(0.2)
 
-    def _remove_cgroups(self, log: Log) -> None:
-        for sub in self._cgroup_dirs():
+def _kill_cgroup_procs(log: Log) -> None:
+    """SIGKILL whatever runs in the node's cgroups (a dead node's pods), until none is left."""
+    for attempt in range(20):
+        pids = set()
+        for sub in _cgroup_dirs():
             root = sub / CGROUP_ROOT
-            if not root.exists():
-                continue
-            # bottom-up; a directory that vanished meanwhile (the kernel, or the kubelet) is fine
-            dirs = [Path(d) for d, _, _ in os.walk(root, topdown=False, onerror=lambda e: None) if Path(d) != root]
-            for d in [*dirs, root]:
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-            if root.exists():
-                log(f"could not remove cgroup {root} (processes left in it?)")
-                self.notes.append(f"cgroup {root} left behind")
+            for d, _, files in os.walk(root, onerror=lambda e: None):
+                if "cgroup.procs" in files:
+                    with contextlib.suppress(OSError):
+                        pids.update(int(p) for p in (Path(d) / "cgroup.procs").read_text().split())
+        if not pids:
+            return
+        if attempt == 0:
+            log(f"killing {len(pids)} process(es) left in the node's cgroup")
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        time.sleep(0.2)
+
+
+def _remove_cgroups(log: Log) -> list[str]:
+    """Remove the node's cgroup trees; return the roots that could not be removed."""
+    left = []
+    for sub in _cgroup_dirs():
+        root = sub / CGROUP_ROOT
+        if not root.exists():
+            continue
+        # bottom-up; a directory that vanished meanwhile (the kernel, or the kubelet) is fine
+        dirs = [Path(d) for d, _, _ in os.walk(root, topdown=False, onerror=lambda e: None) if Path(d) != root]
+        for d in [*dirs, root]:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if root.exists():
+            log(f"could not remove cgroup {root} (processes left in it?)")
+            left.append(str(root))
+    return left
+
+
+def host_leftovers() -> list[str]:
+    """What a node holds host-wide and is still here: its iptables chains and CNI rules, the
+    pods' bridge, its cgroups. Empty on a host no node runs on or has left anything on."""
+    found = []
+    for ipt in ("iptables", "ip6tables"):
+        if not shutil.which(ipt):
+            continue
+        for table in ("filter", "nat", "mangle"):
+            rules = _run([ipt, "-t", table, "-S"], check=False).stdout.splitlines()
+            found += [f"{ipt} -t {table} {r}" for r in rules if r.startswith(("-N KUBE-", "-N FORGE-NODE-"))
+                      or (r.startswith("-A") and _forge_cni_rule(r))]
+    if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0:
+        found.append(f"link {BRIDGE}")
+    found += [f"cgroup {sub / CGROUP_ROOT}" for sub in _cgroup_dirs() if (sub / CGROUP_ROOT).exists()]
+    return found
+
+
+def give_back_host(log: Log, kube_proxy: str | None = None) -> list[str]:
+    """Remove everything a node holds host-wide (see :func:`host_leftovers`) and return the
+    cgroups that could not be removed. ``kube_proxy``: its binary, whose ``--cleanup`` goes first.
+
+    Only under the machine's node LOCK, by the machine's one node (stopping) or by a start that
+    found what a node that vanished without a stop left (its state directory gone with it)."""
+    _kill_cgroup_procs(log)
+    if kube_proxy and Path(kube_proxy).exists():
+        _run([kube_proxy, "--cleanup", "--proxy-mode=iptables"], check=False)
+    _remove_cni_iptables()
+    remove_kube_iptables()
+    _run(["ip", "link", "del", BRIDGE], check=False)
+    return _remove_cgroups(log)
 
 
 def _has_cap_sys_resource() -> bool:

@@ -361,3 +361,49 @@ def test_stop_gives_everything_back(node: Node) -> None:
         assert "KUBE-" not in rules and "FORGE-NODE-" not in rules and 'name: \\"forge\\"' not in rules, rules
     for key, val in node.sysctls_saved.items():
         assert Path("/proc/sys", key).read_text().strip() == val, key
+
+
+@pytest.mark.stops_shared_node
+def test_a_start_removes_what_a_node_that_vanished_left(node_cluster: tuple[Cluster, Node], tmp_path: Path) -> None:
+    """A node killed with its state directory removed (a CI run stopped half-way, /tmp cleaned)
+    leaves its iptables chains, bridge, cgroups and pods' processes, and /run's record of it points
+    nowhere; the next start on the machine removes them instead of failing on "Chain already
+    exists" (or routing Services to pods long gone)."""
+    cluster, node = node_cluster
+    node.stop(quiet=True)  # stopped already when it runs after test_stop_gives_everything_back
+    assert not nodemod.host_leftovers()
+
+    def nat(*args: str) -> None:
+        subprocess.run(["iptables", "-t", "nat", *args], check=True, capture_output=True)
+
+    said: list[str] = []
+    again = None
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        nat("-N", nodemod.APISERVER_CHAIN)
+        nat("-A", nodemod.APISERVER_CHAIN, "-d", "10.0.0.1/32", "-j", "RETURN")
+        nat("-N", "KUBE-SERVICES")
+        nat("-I", "PREROUTING", "1", "-j", "KUBE-SERVICES")
+        subprocess.run(["ip", "link", "add", nodemod.BRIDGE, "type", "bridge"], check=True)
+        pod = nodemod._cgroup_dirs()[0] / nodemod.CGROUP_ROOT / "pod-left"
+        pod.mkdir(parents=True)
+        (pod / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+        nodemod.ACTIVE.write_text(f"{tmp_path / 'gone'}\n")  # the record of a node whose state went
+        planted = nodemod.host_leftovers()
+        assert any(nodemod.APISERVER_CHAIN in f for f in planted) and f"link {nodemod.BRIDGE}" in planted, planted
+
+        again = Node.start(cluster, tmp_path / "node", die_with_parent=True, log=said.append)
+        assert any(m.startswith("removing what a node that vanished left") for m in said), said
+        assert sleeper.wait(timeout=10) == -9  # the vanished node's pod process, SIGKILLed
+        with contextlib.closing(again.api()) as api:
+            conditions = client.CoreV1Api(api).read_node(again.name).status.conditions
+        assert [c.status for c in conditions if c.type == "Ready"] == ["True"]
+    finally:
+        if again is not None:
+            again.stop(quiet=True)
+        else:  # nothing of this test may outlive it
+            nodemod.give_back_host(lambda _: None)
+            nodemod.ACTIVE.unlink(missing_ok=True)
+        sleeper.kill()
+        sleeper.wait()
+    assert not nodemod.host_leftovers()
