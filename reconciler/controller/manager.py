@@ -54,11 +54,14 @@ from reconciler.diagnostics import ForgeError, SpecError
 from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TargetError
 from reconciler.load.gitrepo import fetch_source, highest_tag, remote_tags
 from reconciler.plan.session import TargetOptions, open_target
-from reconciler.resources import EVENT, SYNC
+from reconciler.resources import BY_KIND, EVENT, SYNC
 from reconciler.targets.base import Fence, LeaseTiming, Target
 from specs import Environment, duration_seconds
 
 log = logging.getLogger("forge.controller")
+
+#: What each rollout walk reads whole (see KubernetesRolloutBackend.refresh): watched while leading.
+WALKED = (BY_KIND["SeldonDeployment"], BY_KIND["HTTPRoute"])
 
 #: Jitter added to each poll interval, as a fraction of it (Flux: 5 %, Argo CD: up to a minute).
 JITTER = 0.1
@@ -142,6 +145,8 @@ class Worker:
         if self.fence is None:
             try:
                 self.fence = self.stack.enter_context(self.target.lock(holder=self.identity))
+                # the leader's walks read what they walk from caches kept by watches, not a LIST each
+                self.stack.enter_context(self.target.watching(WALKED))
             except LockHeldError:
                 # a follower says 0, not nothing: the "no leader" alert sums the replicas' gauges
                 self.metrics.leader.labels(self.source.name).set(0)

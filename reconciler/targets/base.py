@@ -292,6 +292,12 @@ class Target(Protocol):
         there is no cluster (the local target)."""
         ...
 
+    def watching(self, resources: Collection[Resource]) -> AbstractContextManager[None]:
+        """While inside, the rollout backend reads ``resources`` from caches its watches keep
+        rather than a LIST each pass (the in-cluster controller, as leader); a target whose reads
+        cost little keeps reading them as it does."""
+        ...
+
     def pod_api(self) -> PodAPI | None:
         """Where one-off pods run (reading and writing the claims of the cluster), or None where
         there is no cluster (the local target: :meth:`workspace_files` reads its workspace)."""

@@ -66,6 +66,11 @@ class FakeCluster:
     def list_kind(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(o) for r, o in self.objects.items() if r.kind == resource.kind]
 
+    list_current = list_kind  # no watch-fed cache here
+
+    def remember(self, obj: dict[str, Any]) -> None:
+        pass
+
     def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False, precondition: Precondition | None = None) -> dict[str, Any]:
         ref = ObjectRef.of(obj)
         self.writes.append(("apply", ref.kind, precondition))

@@ -102,6 +102,14 @@ class ClusterAccess(Target, Protocol):
         """LIST one kind with a label selector."""
         ...
 
+    def list_current(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
+        """One kind with a label selector as it stands: a LIST, or a watch-fed cache of one."""
+        ...
+
+    def remember(self, obj: dict[str, Any]) -> None:
+        """An object as this process wrote it, for the cache :meth:`list_current` may read."""
+        ...
+
     def merge_patch(self, ref: ObjectRef, body: Mapping[str, Any], manager: str, *,
                     resource_version: str | None = None) -> dict[str, Any]:
         """A JSON merge patch under field manager ``manager``, refused (409) unless the object is at
@@ -149,12 +157,15 @@ class _FencedWriter:
         ref = ObjectRef.of(obj)
         stored = self.target.apply(obj, dry_run=dry_run, precondition=None if dry_run else self.preconditions.get(ref))
         self.seen[ref] = stored
+        if not dry_run:
+            self.target.remember(stored)
         return stored
 
     def get(self, ref: ObjectRef) -> dict[str, Any] | None:
         found = self.target.get(ref)
         if found is not None:
             self.seen[ref] = found  # the Gateway's status write moved its resourceVersion
+            self.target.remember(found)
         return found
 
 
@@ -173,19 +184,20 @@ class KubernetesRolloutBackend:
         self.workflows: dict[tuple[str, str], dict[str, Any] | None] = {}
 
     def refresh(self) -> None:
-        """One LIST of SeldonDeployments (and of HTTPRoutes, where an Endpoint routes through a
-        Gateway) per controller pass, the Workflows read afresh as the pass asks for them
-        (:meth:`workflow_of`); then, while this target holds the environment's Lease, the tenure
-        stamped on every rollout in progress (:meth:`fence`)."""
+        """The SeldonDeployments (and HTTPRoutes, where an Endpoint routes through a Gateway) as
+        they stand, once per controller pass — a LIST each, or in the controller their watch-fed
+        caches (:meth:`ClusterAccess.list_current`) — the Workflows read afresh as the pass asks for
+        them (:meth:`workflow_of`); then, while this target holds the environment's Lease, the
+        tenure stamped on every rollout in progress (:meth:`fence`)."""
         selector = owner_selector(self.env.name)
         self.deployments = {}
-        for obj in self.target.list_kind(BY_KIND["SeldonDeployment"], selector):
+        for obj in self.target.list_current(BY_KIND["SeldonDeployment"], selector):
             endpoint = (obj["metadata"].get("labels") or {}).get(ENDPOINT)
             if endpoint:
                 self.deployments[endpoint] = obj
         self.routes = {}
         if any(gateway_routing(e, self.env) is not None for e in self.specs.of(Endpoint)):
-            for obj in self.target.list_kind(BY_KIND["HTTPRoute"], selector):
+            for obj in self.target.list_current(BY_KIND["HTTPRoute"], selector):
                 endpoint = (obj["metadata"].get("labels") or {}).get(ENDPOINT)
                 if endpoint:
                     self.routes[endpoint] = obj
@@ -233,8 +245,10 @@ class KubernetesRolloutBackend:
     def _stamp(self, ref: ObjectRef, version: str, token: FenceToken) -> dict[str, Any]:
         """Stamp ``token`` on ``ref`` if it is still at ``version``; the object as stored."""
         body = {"metadata": {"annotations": {FENCE_ANNOTATION: token.to_text()}}}
-        return self._fenced_write(f"the fence on {ref}", lambda: self.target.merge_patch(
+        stored = self._fenced_write(f"the fence on {ref}", lambda: self.target.merge_patch(
             ref, body, ROLLOUT_MANAGER, resource_version=version))
+        self.target.remember(stored)
+        return stored
 
     def serving(self, endpoint: str) -> ServingState | None:
         """What the endpoint's SeldonDeployment (as of the last refresh) serves."""
@@ -275,6 +289,7 @@ class KubernetesRolloutBackend:
                 current = latest
         if stored:
             self.deployments[endpoint] = stored
+            self.target.remember(stored)
 
     def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
         """Move the endpoint's traffic (see :func:`reconciler.traffic.serving.apply_serving`; with an

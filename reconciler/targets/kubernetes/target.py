@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ from reconciler.targets.base import (
     RunDetails,
     StepEvents,
 )
+from reconciler.targets.kubernetes.informer import Informer, Snapshot, WatchExpired
 from reconciler.targets.kubernetes.kubeconfig import load_client_config
 from reconciler.targets.kubernetes.lease import FenceToken, LeaseFence
 from reconciler.targets.kubernetes.records import records_from_workflows
@@ -124,6 +125,32 @@ def _decoded(payload: bytes) -> Any:
     return orjson.loads(payload)
 
 
+class _Watch:
+    """One open watch: the response's lines, each an event ``{"type": …, "object": …}``."""
+
+    def __init__(self, response: urllib3.BaseHTTPResponse, resource: Resource) -> None:
+        self._response = response
+        self._resource = resource
+
+    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for line in self._response:
+            if not line.strip():
+                continue
+            event = orjson.loads(line)
+            obj = event.get("object") or {}
+            if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                obj.setdefault("apiVersion", self._resource.api_version)
+                obj.setdefault("kind", self._resource.kind)
+            yield event.get("type") or "", obj
+
+    def close(self) -> None:
+        """End the watch from any thread: a read blocked on its socket returns."""
+        with suppress(Exception):
+            self._response.shutdown()
+        with suppress(Exception):
+            self._response.close()
+
+
 class KubernetesTarget:
     """A namespace of a real cluster (see module docstring)."""
 
@@ -167,6 +194,10 @@ class KubernetesTarget:
         #: a process paused between check and send (SIGSTOP, a GC pause, a frozen VM) stops. None in
         #: use; a test hands a pause here to hold the request at that point for as long as it likes.
         self.pause_before_send: Callable[[str, str], None] | None = None
+        #: The kinds :meth:`list_current` reads from a watch-fed cache (inside :meth:`watching`), and
+        #: the caches, by (kind, label selector).
+        self._watched: set[str] = set()
+        self._informers: dict[tuple[str, str], Informer] = {}
 
     # -- transport --------------------------------------------------------------------------
     def _call(self, method: str, path: str, *, verb: str, ref: str, namespace: str | None,
@@ -250,6 +281,10 @@ class KubernetesTarget:
         response held at once stays bounded however many objects there are, and the pages are
         one consistent snapshot. A continue token that expired meanwhile (410) restarts the LIST.
         ``accept``: the representation asked for (:data:`PARTIAL_METADATA` for metadata only)."""
+        return self.list_snapshot(resource, selector, accept=accept).items
+
+    def list_snapshot(self, resource: Resource, selector: str, *, accept: str = "application/json") -> Snapshot:
+        """:meth:`list_kind`, with the `resourceVersion` of its snapshot (where a watch continues)."""
         # The environment's Namespace is found by name: Forge ensures it exists, never owns it. A
         # shared kind (Kueue's ResourceFlavor) by Forge's label alone; the other cluster-scoped
         # kinds (Kueue's) cluster-wide by the ownership labels.
@@ -258,7 +293,7 @@ class KubernetesTarget:
         else:
             query = [("labelSelector", f"{MANAGED_BY}={MANAGER}" if resource.shared else selector)]
         items: list[dict[str, Any]] = []
-        token = ""
+        token, version = "", ""
         restarts = 0
         while True:
             page = [*query, ("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
@@ -274,12 +309,74 @@ class KubernetesTarget:
                 continue
             items.extend((data.get("items") or []) if data else [])  # a metadata-only empty page says null
             token = ((data or {}).get("metadata") or {}).get("continue") or ""
+            version = ((data or {}).get("metadata") or {}).get("resourceVersion") or version
             if not token:
                 break
         for item in items:  # LIST responses leave out apiVersion/kind on items
             item.setdefault("apiVersion", resource.api_version)
             item.setdefault("kind", resource.kind)
-        return items
+        return Snapshot(items, version)
+
+    def watch_kind(self, resource: Resource, selector: str, resource_version: str, seconds: int) -> _Watch:
+        """WATCH one namespaced kind with a label selector from ``resource_version``, bookmarks
+        asked for, for ``seconds`` (the server then ends it): the open stream of its events. A
+        `resourceVersion` the server no longer has history for is :class:`WatchExpired`."""
+        query = [("labelSelector", selector), ("watch", "1"), ("allowWatchBookmarks", "true"),
+                 ("resourceVersion", resource_version), ("timeoutSeconds", str(seconds))]
+        method, url, headers, data, post = self.api.param_serialize(
+            "GET", resource.path(self.namespace), query_params=query, header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"])
+        try:
+            # read timeout past the server's own end of the watch: a connection that died silently
+            # is given up then (and the informer lists again)
+            resp = self.api.call_api(method, url, headers, data, post, _request_timeout=(self.timeout, seconds + 30))
+        except ApiException as exc:
+            raise self._translate(exc.status or 0, exc.body, exc.reason, "watch", resource.plural, self.namespace) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise UnreachableError(f"the Kubernetes API server at {self.server} did not answer (watch "
+                                   f"{resource.plural}: {exc.__class__.__name__})") from exc
+        if resp.status == 410:
+            raise WatchExpired(f"watch {resource.plural} from resourceVersion {resource_version}: 410 Gone")
+        if resp.status >= 400:
+            raise self._translate(resp.status, resp.read(), resp.reason, "watch", resource.plural, self.namespace)
+        return _Watch(resp.response, resource)
+
+    @contextmanager
+    def watching(self, resources: Collection[Resource]) -> Iterator[None]:
+        """While inside, :meth:`list_current` of one of ``resources`` reads a watch-fed cache
+        (:mod:`.informer`) instead of LISTing: the controller's rollout walk, as leader. The
+        watches end when it is left."""
+        self._watched = {r.kind for r in resources}
+        try:
+            yield
+        finally:
+            informers, self._informers, self._watched = list(self._informers.values()), {}, set()
+            for informer in informers:
+                informer.stop()
+
+    def list_current(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
+        """The objects of one kind with a label selector as they stand: from the kind's watch-fed
+        cache inside :meth:`watching` (started here by its first LIST), else (or while the cache is
+        not in step with the server) by a LIST."""
+        if resource.kind not in self._watched:
+            return self.list_kind(resource, selector)
+        key = (resource.kind, selector)
+        informer = self._informers.get(key)
+        if informer is None:
+            first = self.list_snapshot(resource, selector)
+            informer = Informer(f"{resource.plural} {selector}", lambda: self.list_snapshot(resource, selector),
+                                lambda version, seconds: self.watch_kind(resource, selector, version, seconds))
+            self._informers[key] = informer
+            informer.start(first)
+            return first.items
+        items = informer.items()
+        return items if items is not None else self.list_kind(resource, selector)
+
+    def remember(self, obj: dict[str, Any]) -> None:
+        """An object as this process wrote it (the server's answer), for the cache of its kind."""
+        for (kind, _), informer in list(self._informers.items()):
+            if kind == obj.get("kind"):
+                informer.observe(obj)
 
     def read_live(self) -> list[dict[str, Any]]:
         """Every object Forge owns in this environment, whole: one LIST per kind."""

@@ -21,13 +21,13 @@ import os
 import socket
 import time
 from collections.abc import Collection, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from reconciler.errors import ConflictError, LockHeldError, TargetError, TargetNotAvailable
 from reconciler.registry.records import Record
-from reconciler.resources import ObjectRef
+from reconciler.resources import ObjectRef, Resource
 from reconciler.rollout.controller import RolloutState
 from reconciler.runtimeenv import FORGE_ROOT, runtime_python
 from reconciler.targets.base import (
@@ -326,6 +326,10 @@ class LocalTarget:
     def controller_api(self) -> ControllerAPI | None:
         """None: the in-cluster controller's status objects need a cluster."""
         return None
+
+    def watching(self, resources: Collection[Resource]) -> AbstractContextManager[None]:
+        """Nothing to keep: the local target's reads are files of this machine."""
+        return nullcontext()
 
     def pod_api(self) -> PodAPI | None:
         """None: no pods here; the workspace is a folder of this machine (:meth:`workspace_files`)."""
