@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -972,14 +972,8 @@ def _remove_cgroups(log: Log) -> list[str]:
 def host_leftovers() -> list[str]:
     """What a node holds host-wide and is still here: its iptables chains and CNI rules, the
     pods' bridge, its cgroups. Empty on a host no node runs on or has left anything on."""
-    found = []
-    for ipt in ("iptables", "ip6tables"):
-        if not shutil.which(ipt):
-            continue
-        for table in ("filter", "nat", "mangle"):
-            rules = _run([ipt, "-t", table, "-S"], check=False).stdout.splitlines()
-            found += [f"{ipt} -t {table} {r}" for r in rules if r.startswith(("-N KUBE-", "-N FORGE-NODE-"))
-                      or (r.startswith("-A") and _forge_cni_rule(r))]
+    found = [f"{ipt} -t {table} {r}" for ipt, table, rules in _iptables_rules() for r in rules
+             if r.startswith(("-N KUBE-", "-N FORGE-NODE-")) or (r.startswith("-A") and _forge_cni_rule(r))]
     if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0:
         found.append(f"link {BRIDGE}")
     found += [f"cgroup {sub / CGROUP_ROOT}" for sub in _cgroup_dirs() if (sub / CGROUP_ROOT).exists()]
@@ -1014,21 +1008,26 @@ def remove_kube_iptables() -> None:
     own (KUBE-FIREWALL, KUBE-KUBELET-CANARY), which nothing else removes, and the node's API server
     route. Only one node runs per machine (see LOCK)."""
     prefixes = ("KUBE-", "FORGE-NODE-")
+    for ipt, table, rules in _iptables_rules():
+        for rule in rules:
+            args = _split_rule(rule)
+            if args[:1] == ["-A"] and "-j" in args and args[args.index("-j") + 1].startswith(prefixes) \
+                    and not args[1].startswith(prefixes):
+                subprocess.run([ipt, "-t", table, "-D", *args[1:]], capture_output=True)
+        chains = [r.split()[1] for r in rules if r.startswith(("-N KUBE-", "-N FORGE-NODE-"))]
+        for c in chains:
+            subprocess.run([ipt, "-t", table, "-F", c], capture_output=True)
+        for c in chains:
+            subprocess.run([ipt, "-t", table, "-X", c], capture_output=True)
+
+
+def _iptables_rules() -> Iterator[tuple[str, str, list[str]]]:
+    """(iptables or ip6tables, table, its rules as ``-S`` prints them) for each table a node writes."""
     for ipt in ("iptables", "ip6tables"):
         if not shutil.which(ipt):
             continue
         for table in ("filter", "nat", "mangle"):
-            rules = _run([ipt, "-t", table, "-S"], check=False).stdout.splitlines()
-            for rule in rules:
-                args = _split_rule(rule)
-                if args[:1] == ["-A"] and "-j" in args and args[args.index("-j") + 1].startswith(prefixes) \
-                        and not args[1].startswith(prefixes):
-                    subprocess.run([ipt, "-t", table, "-D", *args[1:]], capture_output=True)
-            chains = [r.split()[1] for r in rules if r.startswith(("-N KUBE-", "-N FORGE-NODE-"))]
-            for c in chains:
-                subprocess.run([ipt, "-t", table, "-F", c], capture_output=True)
-            for c in chains:
-                subprocess.run([ipt, "-t", table, "-X", c], capture_output=True)
+            yield ipt, table, _run([ipt, "-t", table, "-S"], check=False).stdout.splitlines()
 
 
 def _tail(path: Path, n: int = 40) -> str:

@@ -83,12 +83,10 @@ class Informer:
     """A store of one kind's objects (as one LIST and selector name them), kept by a watch in a
     thread of its own from :meth:`start` until :meth:`stop`."""
 
-    def __init__(self, name: str, lister: Callable[[], Snapshot], watcher: Callable[[str, int], WatchStream], *,
-                 on_event: Callable[[str], None] | None = None) -> None:
+    def __init__(self, name: str, lister: Callable[[], Snapshot], watcher: Callable[[str, int], WatchStream]) -> None:
         self.name = name
         self._list = lister
         self._watch = watcher
-        self._on_event = on_event or (lambda kind: None)
         self._lock = threading.Lock()
         self._store: dict[tuple[str, str], dict[str, Any]] = {}
         self._version = ""
@@ -189,4 +187,3 @@ class Informer:
                     self._store[_key(obj)] = obj
                 self._version = version
                 self._live = True
-            self._on_event(kind)
