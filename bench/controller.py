@@ -46,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from devkit.cluster import Cluster  # noqa: E402
-from devkit.gitserver import GitServer, free_port, start_git_server  # noqa: E402
+from devkit.gitserver import GitServer, start_git_server  # noqa: E402
+from reconciler.targets.local.processes import free_port  # noqa: E402
 
 SECRET = b"bench-webhook-secret"
 SOURCE = "quickstart"

@@ -55,7 +55,8 @@ import plan_scale  # noqa: E402  (the specs, the change and the bulk set-up, sha
 
 log = partial(plan_scale.log, bench="controller_scale")
 
-from devkit.gitserver import free_port, git, start_git_server  # noqa: E402
+from devkit.gitserver import git, start_git_server  # noqa: E402
+from reconciler.targets.local.processes import free_port  # noqa: E402
 
 SOURCE = "bench"
 CONTROLLER_NS = "forge-system"

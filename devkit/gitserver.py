@@ -18,15 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from devkit.debs import debian_package
+from reconciler.targets.local.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 GIT_DAEMON = "/usr/lib/git-core/git-daemon"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def git(*args: str, cwd: Path) -> str:

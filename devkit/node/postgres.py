@@ -18,7 +18,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -127,9 +126,7 @@ def on_host(timeout: float = 180.0) -> Iterator[str]:
     if os.geteuid() != 0:
         raise RuntimeError("PostgreSQL on the host runs chrooted into its image's root: it needs root")
     root = _root()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = paths.free_port()
     (root / DATA.lstrip("/")).mkdir(exist_ok=True)
     data = Path(tempfile.mkdtemp(prefix="run-", dir=root / DATA.lstrip("/")))
     os.chown(data, UID, UID)

@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
-from devkit.gitserver import GitServer, free_port, start_git_server
+from devkit.gitserver import GitServer, start_git_server
+from reconciler.targets.local.processes import free_port
 from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -77,6 +77,27 @@ def test_ports_and_plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "FORGE_SECRET_FOR_TEST" not in env and set(env) <= {"PATH", "HOME", "LANG", "LC_ALL", "TZ"}
 
 
+def test_free_port_never_hands_one_port_twice_nor_one_the_kernel_hands_out(tmp_path: Path) -> None:
+    """Three processes at once each ask for 150 ports: no two answers alike (the lease file), none
+    in the kernel's ephemeral range (where any bind to port 0 or outgoing connection could take it
+    before the server binds it), none where NodePorts begin, and none that something holds."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        script = ("from reconciler.targets.local.processes import free_port\n"
+                  "print(' '.join(str(free_port()) for _ in range(150)))")
+        env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+                 for _ in range(3)]
+        ports = [int(p) for proc in procs for p in proc.communicate(timeout=120)[0].split()]
+        assert [proc.returncode for proc in procs] == [0, 0, 0]
+        assert len(ports) == len(set(ports)) == 450
+        eph_low, eph_high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        assert not [p for p in ports if eph_low <= p <= eph_high or p >= 30000 or p < 1024]
+        assert held.getsockname()[1] not in ports
+    assert all(processes.port_free(p) for p in ports[:20])
+
+
 def test_start_server_waits_until_ready_and_moves_off_a_taken_port(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

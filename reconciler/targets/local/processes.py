@@ -13,11 +13,15 @@ for the development harness (``devkit``: the test cluster, its Prometheus, the b
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -131,11 +135,79 @@ def stop_pid(pid: int, ticks: int, timeout: float = 10.0) -> None:
 # -- ports, logs, environment, packages ---------------------------------------------------------
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (the kernel picks it)."""
+# Ports handed to servers come from below the kernel's ephemeral range and above what people
+# configure by hand; kept under 30000, where Kubernetes' NodePorts begin (kube-proxy's rules
+# would carry a connection to such a port away to a Service).
+PORT_POOL = (20000, 30000)
+# A port handed out is not handed out again for this long: time enough for the server it was for
+# to bind it (after which the bind check below sees it taken).
+PORT_LEASE_S = 600.0
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _pool() -> range:
+    """PORT_POOL less the kernel's ephemeral range, where a machine's range was set wide."""
+    low, high = PORT_POOL
+    eph_low, eph_high = _ephemeral_range()
+    if eph_low <= low < eph_high:
+        low = eph_high + 1
+    if low < eph_low < high:
+        high = eph_low
+    return range(low, max(low, high))
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing holds now and that no caller on this machine was
+    handed in the last ``PORT_LEASE_S`` seconds.
+
+    Not the kernel's pick (``bind(("127.0.0.1", 0))``): that port comes from the ephemeral range,
+    the one the kernel also hands every other bind to port 0 and every outgoing connection, so
+    between this check and the server's own bind another process can take it — a kubelet then
+    exits with "address already in use", which is how a CI run's node failed to start while the
+    rest of the suite ran beside it. Ports from ``PORT_POOL`` are never the kernel's pick, and a
+    lease file shared by every process of this user (under ``flock``) keeps two callers from
+    being handed the same one."""
+    pool = _pool()
+    if len(pool) < 100:  # a machine whose ephemeral range covers the pool: the kernel's pick
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    leases_path = Path(tempfile.gettempdir()) / f"forge-ports-{os.getuid()}.json"
+    with open(leases_path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        now = time.time()
+        try:
+            leases = {int(k): float(v) for k, v in json.loads(leases_path.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            leases = {}
+        leases = {port: until for port, until in leases.items() if until > now}
+        for _ in range(len(pool)):
+            port = random.choice(pool)
+            if port not in leases and _bindable(port):
+                break
+        else:
+            raise OSError(f"no free port in {pool.start}-{pool.stop - 1} on 127.0.0.1")
+        leases[port] = now + PORT_LEASE_S
+        tmp = leases_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(leases))
+        tmp.replace(leases_path)
+        return port
 
 
 def port_free(port: int) -> bool:
