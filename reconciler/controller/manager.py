@@ -55,6 +55,7 @@ from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TargetErr
 from reconciler.load.gitrepo import fetch_source, highest_tag, remote_tags
 from reconciler.plan.session import TargetOptions, open_target
 from reconciler.resources import BY_KIND, EVENT, SYNC
+from reconciler.rollout.controller import RolloutState
 from reconciler.targets.base import Fence, LeaseTiming, Target
 from specs import Environment, duration_seconds
 
@@ -63,6 +64,9 @@ log = logging.getLogger("forge.controller")
 #: What each rollout walk reads whole (see KubernetesRolloutBackend.refresh): watched while leading.
 WALKED = (BY_KIND["SeldonDeployment"], BY_KIND["HTTPRoute"])
 
+#: Seconds between walks that reconcile every endpoint, those at rest with nothing changed too
+#: (client-go's resync): the other walks skip those (:func:`reconcile_pass`).
+FULL_WALK_SECONDS = 300.0
 #: Jitter added to each poll interval, as a fraction of it (Flux: 5 %, Argo CD: up to a minute).
 JITTER = 0.1
 
@@ -113,6 +117,7 @@ class Worker:
     fence: Fence | None = None
     next_sync: float = 0.0
     next_walk: float = 0.0
+    next_full_walk: float = 0.0
     triggered: bool = False
     #: A push this replica was told of (its time), to be acted on, or passed on while following.
     pushed: str | None = None
@@ -131,8 +136,10 @@ class Worker:
     #: The rollout lines this replica last wrote to the Sync's status: a walk that changed none
     #: writes nothing (one write every rollout interval, of every endpoint, is what it saves).
     _reported: tuple[RolloutLine, ...] | None = None
-    #: The rollout lines of the last walk, as the process's gauges hold them.
-    _metered: frozenset[RolloutLine] = frozenset()
+    #: Each endpoint's rollout state of the last walk and its line, as the process's gauges hold it.
+    _metered: dict[str, tuple[RolloutState, RolloutLine]] = field(default_factory=dict)
+    #: The lines of the last walk, in endpoint order.
+    _lines: tuple[RolloutLine, ...] = ()
 
     # -- leadership --------------------------------------------------------------------------------
     def leading(self) -> bool:
@@ -321,14 +328,31 @@ class Worker:
             backend = self.target.rollout_backend(loaded.result.specs, loaded.environment, loaded.revision[:12])
             url = prometheus_for(loaded.environment, self.target)
             self.controllers = controllers_for(loaded.result, loaded.environment, backend, url, self.source.namespace)
+        if began >= self.next_full_walk:
+            self.next_full_walk = began + FULL_WALK_SECONDS
+            self.controllers.at_rest.clear()
         with inside(self.cache):  # a rollback's write-back reads the repository of the working directory
             states, _ = reconcile_pass(self.controllers, loaded.endpoints)
         self.metrics.walk_seconds.labels(self.source.name).observe(time.monotonic() - began)
-        lines = tuple(RolloutLine(endpoint, st.phase.value, st.step, st.weight, st.reason)
-                      for endpoint, st in sorted(states.items()))
-        for line in set(lines) - self._metered:  # the gauges of the lines this walk changed
-            self.metrics.rollout(self.source.name, line.endpoint, line.phase, line.step, line.weight)
-        self._metered = frozenset(lines)
+        # Only the lines of states this walk made anew are built and compared (at rest, with
+        # nothing changed, it hands back the very states of the last one): at 10,000 endpoints,
+        # building, sorting and comparing them all took longer than the walk.
+        metered: dict[str, tuple[RolloutState, RolloutLine]] = {}
+        changed = len(states) != len(self._metered)
+        for endpoint, st in states.items():
+            held = self._metered.get(endpoint)
+            if held is not None and held[0] is st:
+                metered[endpoint] = held
+                continue
+            line = RolloutLine(endpoint, st.phase.value, st.step, st.weight, st.reason)
+            if held is None or held[1] != line:  # the gauges of the lines this walk changed
+                changed = True
+                self.metrics.rollout(self.source.name, line.endpoint, line.phase, line.step, line.weight)
+            metered[endpoint] = (st, line)
+        self._metered = metered
+        if changed:
+            self._lines = tuple(line for _, (_, line) in sorted(metered.items()))
+        lines = self._lines
         if lines and lines != self._reported and self._report(SyncReport(
                 self.last_reason or "Succeeded", self._last_message or "", leader=self.identity, rollouts=lines, time=_now())):
             self._reported = lines

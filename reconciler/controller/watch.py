@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.controller.leadership import Leadership
@@ -40,6 +40,15 @@ EXIT_ROLLED_BACK = 3
 
 
 @dataclass(frozen=True)
+class AtRest:
+    """An endpoint a pass left at rest: what it read, and the state and line it gave."""
+
+    read: tuple[object, str, str]
+    state: RolloutState
+    line: str
+
+
+@dataclass(frozen=True)
 class Controllers:
     """The controllers of one environment, on one backend."""
 
@@ -49,6 +58,10 @@ class Controllers:
     #: The Prometheus they measure with (None: none) and the namespace of the endpoints.
     prometheus: Prometheus | None = None
     namespace: str = ""
+    #: The endpoints whose last pass left them at rest, with what that pass read
+    #: (:meth:`RolloutBackend.observed`, the version and model the specs want) and the state and
+    #: line it gave: see :func:`reconcile_pass`.
+    at_rest: dict[str, AtRest] = field(default_factory=dict)
 
     def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
         """The shadow's figures: the target's own (the local router's mirror), else what the live
@@ -98,9 +111,17 @@ def reconcile_pass(controllers: Controllers, endpoints: list[DesiredEndpoint]) -
     controllers.backend.refresh()
     states: dict[str, RolloutState] = {}
     lines: dict[str, str] = {}
+    # What a pass decides for an endpoint at rest depends on nothing but what it reads of it (its
+    # serving and saved state) and the version and model the specs want: no clock, no Prometheus,
+    # no gate. So while those stay the same, the next pass has nothing to do there and reuses the
+    # state; at 10,000 endpoints at rest that was nearly all of a walk. A backend that cannot say
+    # what it read (no `observed`) has every endpoint reconciled every pass.
+    observed: Callable[[str], object | None] | None = getattr(controllers.backend, "observed", None)
+    at_rest = controllers.at_rest
     for endpoint, model, version, policy in endpoints:
         name = endpoint.name
         if endpoint.spec.experiment is not None:
+            at_rest.pop(name, None)
             experiment = controllers.experiments.reconcile(endpoint, version)
             if experiment is not None:
                 saved = controllers.backend.load_state(name)  # the experiment controller saved it there
@@ -108,10 +129,25 @@ def reconcile_pass(controllers: Controllers, endpoints: list[DesiredEndpoint]) -
                     states[name] = saved
                 lines[name] = experiment_line(name, experiment)
             continue
+        rest = at_rest.get(name)
+        if rest is not None and observed is not None:
+            read = (observed(name), version, model)
+            if read[0] is not None and read == rest.read:  # the same objects compare by identity: no deep compare
+                if read[0] is not rest.read[0]:
+                    at_rest[name] = AtRest(read, rest.state, rest.line)
+                states[name], lines[name] = rest.state, rest.line
+                continue
         state = controllers.rollouts.reconcile(endpoint, version, model, policy)
-        if state is not None:
-            states[name] = state
-            lines[name] = rollout_line(name, state)
+        if state is None:
+            at_rest.pop(name, None)
+            continue
+        states[name] = state
+        lines[name] = rollout_line(name, state)
+        after = observed(name) if observed is not None else None  # after its own writes
+        if state.phase in AT_REST and after is not None:
+            at_rest[name] = AtRest((after, version, model), state, lines[name])
+        else:
+            at_rest.pop(name, None)
     return states, lines
 
 

@@ -71,6 +71,9 @@ class FakeCluster:
     def remember(self, obj: dict[str, Any]) -> None:
         pass
 
+    def cache_mark(self, resource: Resource, selector: str) -> int | None:
+        return None  # no cache: every pass reads afresh
+
     def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False, precondition: Precondition | None = None) -> dict[str, Any]:
         ref = ObjectRef.of(obj)
         self.writes.append(("apply", ref.kind, precondition))
@@ -205,3 +208,68 @@ def test_a_rollout_at_rest_is_not_stamped_and_a_later_tenure_deposes(gateway) ->
     backend.target.put(obj)  # type: ignore[attr-defined]
     with pytest.raises(LeaseLost, match="a later holder of the environment's Lease"):
         backend.refresh()
+
+
+class CachedCluster(FakeCluster):
+    """The same, read as the controller reads it: from caches whose mark moves with every change
+    (any writer's), and a Lease tenure that can change hands."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changes, self.lists, self.token = 0, 0, MINE
+
+    def put(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        self.changes += 1
+        return super().put(obj)
+
+    def list_kind(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
+        self.lists += 1
+        return super().list_kind(resource, selector)
+
+    list_current = list_kind
+
+    def cache_mark(self, resource: Resource, selector: str) -> int | None:
+        return self.changes
+
+    @property
+    def fence_token(self) -> FenceToken | None:
+        return self.token
+
+
+def test_a_refresh_reads_again_only_when_a_cache_or_the_tenure_moved(gateway) -> None:
+    """At rest with nothing changed, a pass keeps what the last one read and fenced; another
+    writer's change, the backend's own write and a new tenure each make the next pass read (and
+    fence) again."""
+    specs, env, endpoint = gateway
+    cluster = CachedCluster()
+    for obj in (render_serving(specs, env, NS, None, endpoint, ServingState(STABLE, CANARY, 10)),
+                render_serving_route(env, NS, None, endpoint, ServingState(STABLE, CANARY, 10))):
+        assert obj is not None
+        obj["metadata"].setdefault("annotations", {})[FENCE_ANNOTATION] = MINE.to_text()
+        if obj["kind"] == "SeldonDeployment":
+            obj["metadata"]["annotations"][STATE_ANNOTATION] = json.dumps(progressing(10).to_json())
+        cluster.put(obj)
+    backend = KubernetesRolloutBackend(cluster, specs, env, None)  # type: ignore[arg-type]
+    backend.refresh()
+    assert cluster.lists == 2  # the SeldonDeployments and the HTTPRoutes
+    backend.refresh()
+    assert cluster.lists == 2 and cluster.writes == []
+
+    deployment = ObjectRef("SeldonDeployment", NS, "digits")
+    cluster.put(copy.deepcopy(cluster.objects[deployment]))  # another writer
+    backend.refresh()
+    assert cluster.lists == 4
+    assert backend.deployments["digits"]["metadata"]["resourceVersion"] == cluster.objects[deployment]["metadata"]["resourceVersion"]
+
+    backend.save_state("digits", progressing(10))  # its own write moves the mark as well
+    backend.refresh()
+    assert cluster.lists == 6 and backend.load_state("digits") == progressing(10)
+
+    cluster.token = FenceToken("lease-1", 3, "me again")  # a new tenure: stamped before anything is decided
+    backend.refresh()
+    assert cluster.lists == 8 and all(fence_of(o) == cluster.token for o in cluster.objects.values())
+    cluster.writes.clear()
+    backend.refresh()
+    assert cluster.lists == 10 and cluster.writes == []  # the stamps moved the marks: read once more, nothing to stamp
+    backend.refresh()
+    assert cluster.lists == 10

@@ -36,17 +36,25 @@ def informer_of(target: KubernetesTarget) -> Informer:
 def test_the_cache_follows_creates_changes_and_deletes_from_one_list(kube_cluster: Any, namespace: str) -> None:
     target = KubernetesTarget("cluster", namespace, kubeconfig=kube_cluster.kubeconfig)
     target.apply(configmap("a", "1", namespace))
+    assert target.cache_mark(CONFIGMAP, SELECTOR) is None  # no cache outside `watching`
     with target.watching([CONFIGMAP]):
         assert values(target) == {"a": "1"}  # the first read: the LIST the cache starts from
         informer = informer_of(target)
+        listed = target.cache_mark(CONFIGMAP, SELECTOR)
+        assert listed is not None
         target.apply(configmap("b", "2", namespace))
         target.apply(configmap("a", "3", namespace))
         target.apply(configmap("other", "9", namespace, labelled=False))  # not selected: never in the cache
         wait_until(lambda: values(target) == {"a": "3", "b": "2"}, 15, "the cache to follow the writes")
+        followed = target.cache_mark(CONFIGMAP, SELECTOR)
+        assert followed is not None and followed != listed  # the mark moves with the store
+        assert target.cache_mark(CONFIGMAP, SELECTOR) == followed and values(target) == {"a": "3", "b": "2"}
         target.delete(ObjectRef("ConfigMap", namespace, "b"))
         wait_until(lambda: values(target) == {"a": "3"}, 15, "the cache to drop the deleted ConfigMap")
+        assert target.cache_mark(CONFIGMAP, SELECTOR) not in (None, followed)
         assert informer.lists == 1 and informer.watches == 1  # nothing LISTed again
     assert not target._informers  # its watch ended with the block
+    assert target.cache_mark(CONFIGMAP, SELECTOR) is None
     assert values(target) == {"a": "3"}  # outside: a LIST, as before
 
 
@@ -56,9 +64,12 @@ def test_what_the_caller_wrote_is_read_back_before_its_event(kube_cluster: Any, 
     with target.watching([CONFIGMAP]):
         values(target)
         informer = informer_of(target)
+        before = informer.mark()
         stored = target.apply(configmap("a", "2", namespace))
         target.remember(stored)
         assert values(target) == {"a": "2"}  # at once, whenever the watch's event comes
+        remembered = informer.mark()
+        assert remembered != before  # a reader of the mark reads again after its own write
         older = {**stored, "metadata": {**stored["metadata"], "resourceVersion": "1"}, "data": {"value": "0"}}
         informer.observe(older)  # an older version does not take a newer one back
         assert values(target) == {"a": "2"}

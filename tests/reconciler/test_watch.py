@@ -4,6 +4,7 @@ server, no waiting)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -134,6 +135,64 @@ def test_an_experiment_endpoint_is_the_experiment_controllers() -> None:
     controllers.experiments.phase = "Decided"
     states, _ = reconcile_pass(controllers, desired_of(an_endpoint("ab", experiment=True), an_endpoint("digits")))
     assert settled(states)
+
+
+@dataclass
+class ObservedBackend(FakeBackend):
+    """A backend that says what it read of an endpoint (``observed``, as the kubernetes one hands
+    back its SeldonDeployment), and counts the endpoints the rollout controller asked it about."""
+
+    asked: list[str] = field(default_factory=list)
+
+    def serving(self, endpoint: str) -> ServingState | None:
+        self.asked.append(endpoint)
+        return super().serving(endpoint)
+
+    def observed(self, endpoint: str) -> object | None:
+        return (self.serving_now.get(endpoint), json.dumps(self.saved.get(endpoint), sort_keys=True))
+
+
+def test_a_pass_skips_an_endpoint_at_rest_until_what_it_reads_or_wants_changes() -> None:
+    backend = ObservedBackend({"digits": ServingState(V1), "other": ServingState(V1)})
+    controllers = _controllers(backend)
+    endpoints = desired_of(an_endpoint("digits"), an_endpoint("other"))
+    first, first_lines = reconcile_pass(controllers, endpoints)
+    assert sorted(backend.asked) == ["digits", "other"]
+    backend.asked.clear()
+    again, again_lines = reconcile_pass(controllers, endpoints)
+    assert backend.asked == [] and again == first and again_lines == first_lines  # nothing read, the same answer
+
+    backend.serving_now["other"] = ServingState(V2)  # someone changed what `other` serves: the specs' V1 goes out again
+    states, _ = reconcile_pass(controllers, endpoints)
+    assert backend.asked == ["other"] and states["other"].phase is Phase.PROMOTED  # (no policy: at once)
+    assert backend.serving_now["other"] == ServingState(V1)
+    backend.asked.clear()
+    reconcile_pass(controllers, endpoints)
+    assert backend.asked == []  # at rest again, as its own writes left it
+    controllers.at_rest.clear()  # the manager's full walk, every FULL_WALK_SECONDS
+    reconcile_pass(controllers, endpoints)
+    assert sorted(backend.asked) == ["digits", "other"]
+    backend.asked.clear()
+
+    backend.gate = (False, False, "Workflow still running")
+    wanted = desired_of(an_endpoint("digits"), an_endpoint("other"), version=V2)  # a revision wants V2
+    states, _ = reconcile_pass(controllers, wanted)
+    assert sorted(backend.asked) == ["digits", "other"] and {st.phase for st in states.values()} == {Phase.WAITING}
+    backend.asked.clear()
+    for _ in range(2):  # a rollout in progress is the controller's every pass (its gate, its clock)
+        reconcile_pass(controllers, wanted)
+    assert sorted(backend.asked) == ["digits", "digits", "other", "other"]
+
+
+def test_an_endpoint_is_reconciled_every_pass_where_the_backend_cannot_say_what_it_read() -> None:
+    backend = FakeBackend({"digits": ServingState(V1)})
+    asked: list[str] = []
+    serving = backend.serving
+    backend.serving = lambda endpoint: asked.append(endpoint) or serving(endpoint)  # type: ignore[method-assign]
+    controllers = _controllers(backend)
+    for _ in range(3):
+        reconcile_pass(controllers, desired_of(an_endpoint("digits")))
+    assert asked == ["digits"] * 3 and controllers.at_rest == {}
 
 
 @pytest.mark.parametrize("phase, at_rest, has_failed", [

@@ -25,6 +25,7 @@ What a pass reads keeps the meaning the LIST gave it:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -39,6 +40,10 @@ WATCH_SECONDS = 120
 #: Seconds between tries after a LIST or watch failed, doubling up to :data:`MAX_BACKOFF`.
 BACKOFF = 0.5
 MAX_BACKOFF = 15.0
+
+#: Numbers for the stores' changes, one count for every informer of the process: a mark (see
+#: :meth:`Informer.mark`) names one state of one store and is never repeated by another.
+_CHANGES = itertools.count(1)
 
 
 class WatchExpired(Exception):
@@ -92,6 +97,8 @@ class Informer:
         self._version = ""
         #: Whether the store is in step with the server (see the module docstring).
         self._live = False
+        #: The number of the store's last change (see :meth:`mark`).
+        self._changed = next(_CHANGES)
         self._stopping = threading.Event()
         self._stream: WatchStream | None = None
         self._thread: threading.Thread | None = None
@@ -105,6 +112,13 @@ class Informer:
         with self._lock:
             return list(self._store.values()) if self._live else None
 
+    def mark(self) -> int | None:
+        """A number that changes whenever the store does (an event applied, a LIST, an object
+        given to :meth:`observe`), None while the store is not in step: a reader that saw the same mark
+        before has read these very objects already."""
+        with self._lock:
+            return self._changed if self._live else None
+
     def observe(self, obj: dict[str, Any]) -> None:
         """Put an object the caller wrote (the server's answer) in the store, if the store holds it
         and it is not older than what the store holds (see :func:`_newer`)."""
@@ -113,6 +127,7 @@ class Informer:
             held = self._store.get(key)
             if held is not None and _newer(obj, held):
                 self._store[key] = obj
+                self._changed = next(_CHANGES)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, first: Snapshot | None = None) -> None:
@@ -158,6 +173,7 @@ class Informer:
         with self._lock:
             self._store = {_key(obj): obj for obj in snapshot.items}
             self._version = snapshot.resource_version
+            self._changed = next(_CHANGES)
             self._live = True
 
     def _follow(self) -> None:
@@ -182,8 +198,10 @@ class Informer:
             version = (obj.get("metadata") or {}).get("resourceVersion") or self._version
             with self._lock:
                 if kind == "DELETED":
-                    self._store.pop(_key(obj), None)
+                    if self._store.pop(_key(obj), None) is not None:
+                        self._changed = next(_CHANGES)
                 elif kind in ("ADDED", "MODIFIED") and _newer(obj, self._store.get(_key(obj))):
                     self._store[_key(obj)] = obj
+                    self._changed = next(_CHANGES)
                 self._version = version
                 self._live = True

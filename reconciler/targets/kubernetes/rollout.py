@@ -110,6 +110,11 @@ class ClusterAccess(Target, Protocol):
         """An object as this process wrote it, for the cache :meth:`list_current` may read."""
         ...
 
+    def cache_mark(self, resource: Resource, selector: str) -> int | None:
+        """A number that changes whenever what :meth:`list_current` returns for this kind and
+        selector does; None when not known (a LIST each time)."""
+        ...
+
     def merge_patch(self, ref: ObjectRef, body: Mapping[str, Any], manager: str, *,
                     resource_version: str | None = None) -> dict[str, Any]:
         """A JSON merge patch under field manager ``manager``, refused (409) unless the object is at
@@ -182,6 +187,9 @@ class KubernetesRolloutBackend:
         self.routes: dict[str, dict[str, Any]] = {}
         #: Each model version's Workflow read this pass ((model, version) → it, None: none there).
         self.workflows: dict[tuple[str, str], dict[str, Any] | None] = {}
+        #: The caches' marks and the Lease tenure of the last refresh that read and fenced them.
+        self._refreshed: tuple[Any, ...] | None = None
+        self._any_routed: bool | None = None
 
     def refresh(self) -> None:
         """The SeldonDeployments (and HTTPRoutes, where an Endpoint routes through a Gateway) as
@@ -190,19 +198,41 @@ class KubernetesRolloutBackend:
         them (:meth:`workflow_of`); then, while this target holds the environment's Lease, the
         tenure stamped on every rollout in progress (:meth:`fence`)."""
         selector = owner_selector(self.env.name)
+        self.workflows = {}
+        # Taken before reading: a change landing meanwhile moves a mark, and the next pass reads again.
+        kinds = [BY_KIND["SeldonDeployment"]] + ([BY_KIND["HTTPRoute"]] if self._routed() else [])
+        marks = tuple(self.target.cache_mark(kind, selector) for kind in kinds)
+        refreshed = (*marks, self.target.fence_token) if None not in marks else None
+        if refreshed is not None and refreshed == self._refreshed:
+            # The caches hold what the last pass read and fenced (this process's own writes move
+            # a mark too): at 10,000 endpoints at rest, rebuilding the same maps was most of a walk.
+            return
         self.deployments = {}
         for obj in self.target.list_current(BY_KIND["SeldonDeployment"], selector):
             endpoint = (obj["metadata"].get("labels") or {}).get(ENDPOINT)
             if endpoint:
                 self.deployments[endpoint] = obj
         self.routes = {}
-        if any(gateway_routing(e, self.env) is not None for e in self.specs.of(Endpoint)):
+        if self._routed():
             for obj in self.target.list_current(BY_KIND["HTTPRoute"], selector):
                 endpoint = (obj["metadata"].get("labels") or {}).get(ENDPOINT)
                 if endpoint:
                     self.routes[endpoint] = obj
-        self.workflows = {}
+        self._refreshed = None
         self.fence()
+        self._refreshed = refreshed
+
+    def _routed(self) -> bool:
+        """Whether an Endpoint of these specs routes through a Gateway (its HTTPRoutes are read)."""
+        if self._any_routed is None:
+            self._any_routed = any(gateway_routing(e, self.env) is not None for e in self.specs.of(Endpoint))
+        return self._any_routed
+
+    def observed(self, endpoint: str) -> object | None:
+        """What :meth:`serving` and :meth:`load_state` read of ``endpoint``: its SeldonDeployment
+        as last refreshed. Equal to what an earlier call returned only if both would answer the
+        same (the rollout walk skips an endpoint at rest whose inputs are unchanged)."""
+        return self.deployments.get(endpoint)
 
     def workflow_of(self, model: str, version: str) -> dict[str, Any] | None:
         """The Workflow of ``version`` of ``model``, as this pass first asked for it: a LIST by its

@@ -372,6 +372,12 @@ class KubernetesTarget:
         items = informer.items()
         return items if items is not None else self.list_kind(resource, selector)
 
+    def cache_mark(self, resource: Resource, selector: str) -> int | None:
+        """The :meth:`Informer.mark` of the cache :meth:`list_current` reads for this kind and
+        selector; None without one in step (a LIST each time)."""
+        informer = self._informers.get((resource.kind, selector))
+        return informer.mark() if informer is not None else None
+
     def remember(self, obj: dict[str, Any]) -> None:
         """An object as this process wrote it (the server's answer), for the cache of its kind."""
         for (kind, _), informer in list(self._informers.items()):
