@@ -163,15 +163,6 @@ def _pool() -> range:
     return range(low, max(low, high))
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing holds now and that no caller on this machine was
     handed in the last ``PORT_LEASE_S`` seconds.
@@ -199,7 +190,7 @@ def free_port() -> int:
         leases = {port: until for port, until in leases.items() if until > now}
         for _ in range(len(pool)):
             port = random.choice(pool)
-            if port not in leases and _bindable(port):
+            if port not in leases and port_free(port):
                 break
         else:
             raise OSError(f"no free port in {pool.start}-{pool.stop - 1} on 127.0.0.1")
