@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -12,6 +13,16 @@ from devkit.digits import DIGITS_DATASET, train_config
 from devkit.runtime_steps import Runner, Server
 
 pytest_plugins = ["tests.cluster_fixtures"]
+
+
+# No terminal size from the caller: a test that needs a width sets COLUMNS itself. A pytest
+# started by a process that loaded GNU readline (a pytest-xdist worker, by its pytest) inherits
+# COLUMNS=80 and LINES=24, which readline writes into the C environment, and rich fixes a
+# console's width from COLUMNS when the console is made: on importing forgectl, which a test
+# directory's conftest does before any test's CliRunner sets its own COLUMNS. This conftest is
+# imported before any other.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
