@@ -36,6 +36,7 @@ from typing import Any
 from reconciler.targets.local import fanout, upstream
 from reconciler.targets.local.processes import ProcessRecord, alive, die_with_parent, start_ticks, stop
 from reconciler.targets.local.state import StateDB
+from reconciler.targets.local.stephost import StepHost, StepProcess
 from renderers.stepargs import decode_step_config
 from specs.stepconfig import WORKSPACE_ENV
 
@@ -140,7 +141,8 @@ class WorkflowExecutor:
     """Executes Workflows for the local target (see module docstring)."""
 
     def __init__(self, db: StateDB, state_dir: Path, workspace: Path, repo_root: Path, runtime_python: str,
-                 max_parallel: int = 1, progress: Progress | None = None, code_root: Path | None = None) -> None:
+                 max_parallel: int = 1, progress: Progress | None = None, code_root: Path | None = None,
+                 step_host: bool = True) -> None:
         self.db = db
         self.code_root = code_root or Path(__file__).resolve().parents[3]
         self.state_dir = state_dir
@@ -149,6 +151,9 @@ class WorkflowExecutor:
         self.python = runtime_python
         self.max_parallel = max_parallel
         self.progress = progress or (lambda event: None)
+        #: Forks the steps from one interpreter that imported torch once (None: each step is a
+        #: fresh process); started on the first step it takes, stopped when the run ends.
+        self.host = StepHost(runtime_python, self._base_env(), repo_root, state_dir / "logs" / "step-host.log") if step_host else None
 
     # -- commands ---------------------------------------------------------------------------
     def _argv(self, container: dict[str, Any]) -> list[str]:
@@ -159,18 +164,27 @@ class WorkflowExecutor:
             command = [self.python, "-m", "torch.distributed.run", *command[1:]]
         return command + list(container.get("args") or [])
 
-    def _env(self, container: dict[str, Any]) -> dict[str, str]:
+    def _base_env(self) -> dict[str, str]:
+        """What every step's environment starts from: forgectl's own, with the workspace and code."""
         env = dict(os.environ)
+        env[WORKSPACE_ENV] = str(self.workspace)
+        env["FORGE_SOURCE_ROOT"] = str(self.repo_root)
+        env["PYTHONPATH"] = str(self.code_root)  # the runtimes' code; the user's data is under FORGE_SOURCE_ROOT
+        env.setdefault("FORGE_CACHE", str(Path.home() / ".cache" / "forge"))
+        return env
+
+    def _env(self, container: dict[str, Any]) -> dict[str, str]:
+        base = self._base_env()
+        env = dict(base)
         for item in container.get("env") or []:
             if "valueFrom" in item:
                 # A Secret's key in a cluster (S3 credentials): the local target runs steps with
                 # forgectl's own environment, which holds them (or not) already.
                 continue
             env[item["name"]] = str(item.get("value", ""))
-        env[WORKSPACE_ENV] = str(self.workspace)
-        env["FORGE_SOURCE_ROOT"] = str(self.repo_root)
-        env["PYTHONPATH"] = str(self.code_root)  # the runtimes' code; the user's data is under FORGE_SOURCE_ROOT
-        env.setdefault("FORGE_CACHE", str(Path.home() / ".cache" / "forge"))
+        # what the target sets wins over a container's own value, as before
+        for name in (WORKSPACE_ENV, "FORGE_SOURCE_ROOT", "PYTHONPATH"):
+            env[name] = base[name]
         return env
 
     # -- state ------------------------------------------------------------------------------
@@ -231,9 +245,13 @@ class WorkflowExecutor:
         argv = self._argv(container)
         with open(log_path, "ab") as log:
             log.write(f"$ {' '.join(argv[:4])} …\n".encode())
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=self._env(container), cwd=str(self.repo_root), start_new_session=True,
-                                preexec_fn=die_with_parent)
+        env = self._env(container)
+        proc: StepProcess | None = None
+        if self.host is not None and self.host.accepts(argv, env):
+            proc = self.host.spawn(argv, env, self.repo_root)
+        if proc is None:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=str(self.repo_root), start_new_session=True, preexec_fn=die_with_parent)
         record = ProcessRecord(f"step/{workflow}/{task.name}", "step", proc.pid, start_ticks(proc.pid) or -1, argv[:4],
                                str(log_path), {"workflow": workflow, "step": task.name})
         self.db.record_process(record)
@@ -269,11 +287,15 @@ class WorkflowExecutor:
         entry = next(t for t in workflow["spec"]["templates"] if t["name"] == workflow["spec"]["entrypoint"])
         run = _Run(name, threading.BoundedSemaphore(max(1, min(int(workflow["spec"].get("parallelism") or 1), self.max_parallel))))
         self.progress({"event": "workflow", "workflow": name, "steps": [t.name for t in tasks]})
-        self._run_dag(run, tasks, int(entry["parallelism"]) if entry.get("parallelism") else None)
-        status = run.status
-        phase = "Succeeded" if all(status.get(t.name) in ("succeeded", "cached", "omitted") for t in tasks) else "Failed"
-        message = run.failure if phase == "Failed" else f"{sum(s == 'cached' for s in status.values())} cached, {sum(s == 'succeeded' for s in status.values())} ran"
-        self._on_exit(workflow, phase, run.failure)
+        try:
+            self._run_dag(run, tasks, int(entry["parallelism"]) if entry.get("parallelism") else None)
+            status = run.status
+            phase = "Succeeded" if all(status.get(t.name) in ("succeeded", "cached", "omitted") for t in tasks) else "Failed"
+            message = run.failure if phase == "Failed" else f"{sum(s == 'cached' for s in status.values())} cached, {sum(s == 'succeeded' for s in status.values())} ran"
+            self._on_exit(workflow, phase, run.failure)
+        finally:
+            if self.host is not None:
+                self.host.close()
         self.db.finish_workflow_run(name, phase, time.time(), message)
         return Outcome(phase, message, status)
 

@@ -202,8 +202,9 @@ class LocalTarget:
 
     # -- pieces -------------------------------------------------------------------------------------
     def _run_workflow(self, obj: dict[str, Any]) -> dict[str, Any]:
+        # FORGE_STEP_HOST=off: every step a fresh interpreter (docs/local-target.md, "Workflow steps")
         executor = WorkflowExecutor(self.db, self.state_dir, self.workspace, self.repo_root, self.python,
-                                    self.max_parallel, self.progress)
+                                    self.max_parallel, self.progress, step_host=os.environ.get("FORGE_STEP_HOST", "on") != "off")
         self.workspace.mkdir(parents=True, exist_ok=True)
         outcome = executor.run(obj)
         if outcome.phase != "Succeeded":
