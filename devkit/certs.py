@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 from pathlib import Path
@@ -38,16 +37,17 @@ def issue_cert(d: Path, ca: str, name: str, subject: str, *, server_sans: str | 
     (d / f"{name}.ext").unlink()
 
 
-def _b64(path: Path) -> str:
-    return base64.b64encode(path.read_bytes()).decode()
-
-
 def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str,
                      namespace: str = "default") -> Path:
+    """A kubeconfig at ``path`` that names the CA, certificate and key files by absolute path.
+
+    Paths, not ``*-data``: the Python client writes embedded data to temporary files it removes
+    only at a clean exit, so every client killed by a test (a fault drill's SIGKILL) left a copy
+    of the private key in /tmp. The files live as long as the cluster's state folder."""
     cfg = {
         "apiVersion": "v1", "kind": "Config", "preferences": {},
-        "clusters": [{"name": "forge-dev", "cluster": {"server": server, "certificate-authority-data": _b64(ca)}}],
-        "users": [{"name": user, "user": {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)}}],
+        "clusters": [{"name": "forge-dev", "cluster": {"server": server, "certificate-authority": str(ca.resolve())}}],
+        "users": [{"name": user, "user": {"client-certificate": str(cert.resolve()), "client-key": str(key.resolve())}}],
         "contexts": [{"name": f"{user}@forge-dev",
                       "context": {"cluster": "forge-dev", "user": user, "namespace": namespace}}],
         "current-context": f"{user}@forge-dev",

@@ -5,7 +5,6 @@ the test API server's."""
 
 from __future__ import annotations
 
-import base64
 import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -28,10 +27,9 @@ def test_in_a_pod_the_service_account_is_used(kube_cluster, namespace, tmp_path:
                     f"--serviceaccount={namespace}:forge-controller"], check=True, capture_output=True)
     token = subprocess.run([*run, "create", "token", "forge-controller"], check=True, capture_output=True, text=True).stdout.strip()
     config = yaml.safe_load(Path(admin).read_text())
-    ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"])
     server = urlsplit(config["clusters"][0]["cluster"]["server"])
     (tmp_path / "token").write_text(token)
-    (tmp_path / "ca.crt").write_bytes(ca)
+    (tmp_path / "ca.crt").write_bytes(Path(config["clusters"][0]["cluster"]["certificate-authority"]).read_bytes())
     monkeypatch.setattr(kubeconfig, "IN_CLUSTER_TOKEN", tmp_path / "token")
     monkeypatch.setattr(kubeconfig, "IN_CLUSTER_CA", tmp_path / "ca.crt")
     monkeypatch.delenv("KUBECONFIG", raising=False)
