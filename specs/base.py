@@ -145,6 +145,9 @@ class SpecModel(BaseModel):
         validate_default=True,
         frozen=True,
         use_attribute_docstrings=False,
+        # each model's validator is built when first used, not at import: a command that loads a
+        # few kinds (or none: `--help`, `status`) does not pay for all of them (0.2 s a run)
+        defer_build=True,
     )
 
     def to_yaml_dict(self) -> dict[str, Any]:
