@@ -2,6 +2,12 @@
 (``PYTHONPATH=<checkout> <runtime python> -m runtimes <step> --config-json …``): :class:`Runner`
 runs one step to its end in a workspace, :class:`Server` keeps a model server running and stops it.
 
+A :class:`Runner`'s step is forked by a step host (``reconciler.targets.local.stephost``), as the
+local target's executor forks a workflow's steps: one host per runtime interpreter for the whole
+test session, which imported torch once, so the some 150 steps the tests run do not import it 150
+times (2.4 s of CPU each on a 2-core machine). A step whose start-up settings differ from the
+host's, or every step with ``FORGE_STEP_HOST=off``, starts as a fresh interpreter.
+
 Shared by the tests (tests/conftest.py's ``digits`` and ``server_factory``; the runtime, local
 target, trust, experiment and rollout tests) and the benches (bench/rollback_latency.py,
 bench/rollout_faults.py). The digits dataset and model they run are in :mod:`devkit.digits`.
@@ -9,15 +15,82 @@ bench/rollout_faults.py). The digits dataset and model they run are in :mod:`dev
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from reconciler.targets.local.stephost import StepHost
+from specs.stephost import startup_settings
 
 ROOT = Path(__file__).resolve().parents[1]
+
+_hosts: dict[tuple[str, tuple[tuple[str, str], ...]], StepHost] = {}
+_hosts_lock = threading.Lock()
+
+
+def _host_for(python: str, env: Mapping[str, str]) -> StepHost | None:
+    """The session's step host of ``python`` for steps with ``env``'s start-up settings (started on
+    its first step, stopped at exit); None with ``FORGE_STEP_HOST=off``."""
+    if env.get("FORGE_STEP_HOST", "on") == "off":
+        return None
+    key = (python, tuple(sorted(startup_settings(env).items())))
+    with _hosts_lock:
+        if not _hosts:
+            atexit.register(_close_hosts)
+        if key not in _hosts:
+            _hosts[key] = StepHost(python, env, ROOT, ROOT / ".forge" / "step-host.log")
+        return _hosts[key]
+
+
+def _close_hosts() -> None:
+    with _hosts_lock:
+        for host in _hosts.values():
+            host.close()
+        _hosts.clear()
+
+
+def _read_all(stream: IO[bytes], into: list[bytes]) -> threading.Thread:
+    """A thread that reads ``stream`` to its end into ``into`` (a pipe read while the step runs)."""
+    def read() -> None:
+        with stream:
+            into.append(stream.read())
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _run_hosted(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess[str] | None:
+    """``subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout)``, the
+    step forked by the session's host; None when the host does not take it."""
+    host = _host_for(argv[0], env)
+    if host is None or not host.accepts(argv, env):
+        return None
+    step = host.spawn(argv, env, ROOT, separate_stderr=True)
+    if step is None:
+        return None
+    assert step.stdout is not None and step.stderr is not None
+    out: list[bytes] = []
+    err: list[bytes] = []
+    readers = [_read_all(step.stdout, out), _read_all(step.stderr, err)]
+    try:
+        code = step.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(step.pid, signal.SIGKILL)  # its own session: the step and whatever it started
+        step.wait()
+        for reader in readers:
+            reader.join(timeout=10)
+        raise subprocess.TimeoutExpired(list(argv), timeout, b"".join(out), b"".join(err)) from None
+    for reader in readers:
+        reader.join()
+    return subprocess.CompletedProcess(list(argv), code, b"".join(out).decode(errors="replace"),
+                                       b"".join(err).decode(errors="replace"))
 
 
 class Runner:
@@ -35,7 +108,10 @@ class Runner:
         return [self.python, "-m", "runtimes", step, "--config-json", json.dumps(config), *extra]
 
     def run(self, step: str, config: dict[str, Any], *extra: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(self.command(step, config, *extra), capture_output=True, text=True, env=self.env(), cwd=ROOT, timeout=timeout)
+        """Run the step to its end (forked by the session's step host when it takes it)."""
+        argv, env = self.command(step, config, *extra), self.env()
+        proc = _run_hosted(argv, env, timeout) or subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT,
+                                                                timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"{step} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
         return proc

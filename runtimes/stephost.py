@@ -41,10 +41,12 @@ _PR_SET_PDEATHSIG = 1
 
 @dataclass(frozen=True)
 class Forked:
-    """In a forked child: the step it is, and the descriptor its stdout and stderr go to."""
+    """In a forked child: the step it is, the descriptor its stdout goes to, and its stderr's
+    (``errors``; None when stderr goes where stdout does, as in a workflow step's log)."""
 
     request: StepRequest
     output: int
+    errors: int | None = None
 
 
 def _send(sock: socket.socket, packet: Packet) -> None:
@@ -95,13 +97,13 @@ def serve(sock: socket.socket) -> Forked | None:
             _reap(sock)
         if sock.fileno() not in readable:
             continue
-        data, fds, _, _ = socket.recv_fds(sock, PACKET_BYTES, 1)
+        data, fds, _, _ = socket.recv_fds(sock, PACKET_BYTES, 2)
         if not data:
             return None  # the executor is done (or gone)
         request = decode(data)
-        if not isinstance(request, StepRequest) or len(fds) != 1:
-            raise ValueError(f"expected a step and its output descriptor, got {request!r} with {len(fds)}")
-        forked = Forked(request, fds[0])
+        if not isinstance(request, StepRequest) or len(fds) not in (1, 2):
+            raise ValueError(f"expected a step and its output descriptors, got {request!r} with {len(fds)}")
+        forked = Forked(request, fds[0], fds[1] if len(fds) == 2 else None)
         sys.stdout.flush()  # nothing the host wrote is written again by a child
         sys.stderr.flush()
         pid = os.fork()
@@ -114,6 +116,8 @@ def serve(sock: socket.socket) -> Forked | None:
             _die_with(host)
             return forked
         os.close(forked.output)
+        if forked.errors is not None:
+            os.close(forked.errors)
         _send(sock, Spawned(pid))
 
 
@@ -124,8 +128,10 @@ def run_step(forked: Forked) -> None:
     request = forked.request
     os.setsid()
     os.dup2(forked.output, 1)
-    os.dup2(forked.output, 2)
+    os.dup2(forked.output if forked.errors is None else forked.errors, 2)
     os.close(forked.output)
+    if forked.errors is not None:
+        os.close(forked.errors)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

@@ -7,7 +7,8 @@ Packets, one JSON object each over a ``SOCK_SEQPACKET`` socket pair:
 
 * host → :class:`Ready` once its libraries are imported;
 * executor → :class:`StepRequest`, with the step's output (a pipe's write end) as an
-  ``SCM_RIGHTS`` descriptor; host → :class:`Spawned`;
+  ``SCM_RIGHTS`` descriptor — or two, stdout's and stderr's, for a caller that reads them
+  apart; host → :class:`Spawned`;
 * host → :class:`Exited` when that process ends.
 """
 

@@ -92,6 +92,27 @@ def test_a_failure_and_a_signal_end_the_step_as_they_would_end_a_fresh_one(tmp_p
     assert killed_code == -signal.SIGKILL
 
 
+def test_stderr_apart_and_a_wait_with_a_deadline(tmp_path: Path, runtime_python: str) -> None:
+    """As the tests' step runner asks (devkit.runtime_steps): stdout and stderr each in a pipe of
+    its own, and a wait that gives up after its deadline while the step goes on."""
+    host, env = _host(tmp_path, runtime_python)
+    try:
+        step = host.spawn([runtime_python, "-m", "probe", "report", "4"], env, tmp_path, separate_stderr=True)
+        assert step is not None and step.stdout is not None and step.stderr is not None, host.failure
+        out, err, code = step.stdout.read().decode(), step.stderr.read().decode(), step.wait()
+        sleeper = host.spawn([runtime_python, "-m", "probe", "sleep"], env, tmp_path)
+        assert sleeper is not None
+        with pytest.raises(subprocess.TimeoutExpired):
+            sleeper.wait(timeout=0.5)
+        assert start_ticks(sleeper.pid) is not None  # still running: the deadline was the wait's
+        os.killpg(sleeper.pid, signal.SIGKILL)
+        killed = sleeper.wait(timeout=30)
+    finally:
+        host.close()
+    assert code == 4 and json.loads(out)["torch"] is True and err == "to stderr\n"
+    assert killed == -signal.SIGKILL
+
+
 def test_the_host_outlives_the_step_thread_that_started_it(tmp_path: Path, runtime_python: str) -> None:
     """The executor runs each step in a thread of its own, and the first step's thread starts the
     host: the host must not die with that thread (PR_SET_PDEATHSIG follows the thread)."""

@@ -45,14 +45,17 @@ class StepProcess(Protocol):
 class HostedStep:
     """A step's process forked by the host (the executor is not its parent: the host reaps it)."""
 
-    def __init__(self, host: StepHost, pid: int, stdout: IO[bytes]) -> None:
+    def __init__(self, host: StepHost, pid: int, stdout: IO[bytes], stderr: IO[bytes] | None = None) -> None:
         self._host = host
         self.pid = pid
         self.stdout: IO[bytes] | None = stdout
+        self.stderr = stderr
+        """Its stderr apart (:meth:`StepHost.spawn`'s ``separate_stderr``); None when it goes to ``stdout``."""
 
-    def wait(self) -> int:
-        """Its exit status once it ended: the code, or minus the signal that killed it."""
-        return self._host.wait(self.pid)
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit status once it ended: the code, or minus the signal that killed it;
+        ``subprocess.TimeoutExpired`` when it has not ended within ``timeout`` seconds."""
+        return self._host.wait(self.pid, timeout)
 
 
 class StepHost:
@@ -82,33 +85,41 @@ class StepHost:
         return (self.failure is None and len(argv) > 2 and argv[0] == self.python and argv[1] == "-m"
                 and startup_settings(env) == self._settings)
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> HostedStep | None:
-        """Fork ``argv`` (``python -m MODULE ARGS``) in the host; None when the host cannot (the
-        caller starts the process itself)."""
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, *,
+              separate_stderr: bool = False) -> HostedStep | None:
+        """Fork ``argv`` (``python -m MODULE ARGS``) in the host, its stderr to its stdout or, with
+        ``separate_stderr``, to a pipe of its own; None when the host cannot (the caller starts
+        the process itself)."""
+        pipes = [os.pipe() for _ in range(2 if separate_stderr else 1)]
         with self._request:
-            if self._sock is None and not self._start():
-                return None
-            assert self._sock is not None
-            read, write = os.pipe()
-            try:
-                socket.send_fds(self._sock, [encode(StepRequest(tuple(argv[2:]), dict(env), str(cwd)))], [write])
-            except OSError as exc:
-                os.close(read)
-                self.failure = f"the step host took no request: {exc}"
-                return None
-            finally:
-                os.close(write)
-            pid = self._spawned.get()
+            pid = self._request_step(StepRequest(tuple(argv[2:]), dict(env), str(cwd)), [w for _, w in pipes])
+        for _, write in pipes:
+            os.close(write)
         if pid is None:
-            os.close(read)
+            for read, _ in pipes:
+                os.close(read)
             return None
-        return HostedStep(self, pid, os.fdopen(read, "rb"))
+        streams = [os.fdopen(read, "rb") for read, _ in pipes]
+        return HostedStep(self, pid, streams[0], streams[1] if separate_stderr else None)
 
-    def wait(self, pid: int) -> int:
+    def _request_step(self, request: StepRequest, fds: list[int]) -> int | None:
+        """Send one request with its output descriptors; the forked process's PID, or None."""
+        if self._sock is None and not self._start():
+            return None
+        assert self._sock is not None
+        try:
+            socket.send_fds(self._sock, [encode(request)], fds)
+        except OSError as exc:
+            self.failure = f"the step host took no request: {exc}"
+            return None
+        return self._spawned.get()
+
+    def wait(self, pid: int, timeout: float | None = None) -> int:
         """The exit status of a step the host forked, once it ended (SIGKILL's when the host
-        ended first: its steps die with it)."""
+        ended first: its steps die with it); ``subprocess.TimeoutExpired`` after ``timeout``."""
         with self._ended:
-            self._ended.wait_for(lambda: pid in self._codes or self._gone)
+            if not self._ended.wait_for(lambda: pid in self._codes or self._gone, timeout):
+                raise subprocess.TimeoutExpired(f"step {pid}", timeout or 0.0)
             return self._codes.pop(pid, -signal.SIGKILL)
 
     def close(self) -> None:
