@@ -39,6 +39,8 @@ from devkit.node import argo, coredns, kueue, promop, seldon, traefik, training_
 from devkit.node.controllers import HostController
 from devkit.node.node import Node
 from devkit.node.session import cluster_with_node
+from renderers.monitoring import SCRAPE_INTERVAL_S
+from tests.polling import wait_until
 
 T = TypeVar("T")
 
@@ -163,3 +165,21 @@ def shared_node(pytestconfig: pytest.Config, items: Sequence[pytest.Item]) -> It
     with node_cluster(pytestconfig, "forge-node-session", wait_for_other=900,
                       build=lambda: _images_of(modules)) as (cluster, node):
         yield SharedNode(cluster, node, pytestconfig)
+
+
+def scraped_since(query: Callable[[str], list[dict[str, Any]]], selector: str, since: float, *,
+                  timeout: float = 90) -> None:
+    """Wait until Prometheus's counters ``selector`` count everything that happened before ``since``
+    (a Unix time, taken once the client's last request was answered).
+
+    A target is scraped every interval (the rendered PodMonitor's :data:`SCRAPE_INTERVAL_S` at
+    most), so once any series of ``selector`` holds a sample taken an interval after ``since``,
+    every target still scraped has a sample after ``since`` too. A fixed sleep would wait for the
+    slowest case every time; this waits one or two intervals."""
+    fresh = f"max(timestamp({selector}))"
+
+    def settled() -> bool:
+        rows = query(fresh)
+        return bool(rows) and float(rows[0]["value"][1]) > since + SCRAPE_INTERVAL_S
+
+    wait_until(settled, timeout, f"a scrape of {selector} after the traffic", interval=1)

@@ -90,6 +90,8 @@ REPO = Path(__file__).resolve().parents[2]
 FORGECTL = [sys.executable, "-m", "forgectl"]
 CONTROLLER_NS = "forge-ctl-node-system"
 APPS_NS = "forge-ctl-node-apps"
+#: The model servers' request counters of the Endpoint, as the in-cluster Prometheus scrapes them.
+SERVED = f'forge_requests_total{{forge_endpoint="digits",forge_namespace="{APPS_NS}"}}'
 GIT_NS = "forge-ctl-node-git"
 SOURCE = "quickstart"
 #: The webhook's Secret (`webhook.secretRef`) and the secret it holds.
@@ -563,8 +565,7 @@ def test_a_pushed_learning_rate_change_trains_and_the_controller_alone_promotes_
         took_over = wait_until(lambda: (h := stack.holder()) not in (None, deposed) and h, 60, "another holder", interval=0.2)
         walk.until("Promoted", 420)
         promoted_s = time.monotonic() - t0
-    window = time.monotonic() - t0 + 40
-    time.sleep(35)  # the last requests' counters are scraped within a scrape interval or two
+    nodekit.scraped_since(lambda q: _query(prometheus, q), SERVED, time.time())
     print(f"\npush → applied {applied_s:.1f} s, → trained {trained_s:.1f} s, → promoted {promoted_s:.1f} s "
           f"(the leader's pod deleted at 50 %: {deposed} → {took_over}); "
           f"rollout lines {json.dumps(walk.lines)}")
@@ -597,8 +598,8 @@ def test_a_pushed_learning_rate_change_trains_and_the_controller_alone_promotes_
     wait_until(lambda: set(predictors()) == {"stable"}, 60, "the operator to drop the old predictor", interval=1)
     assert predictors()["stable"]["labels"][MODEL_VERSION] == v2
     # who answered, from the predictors' own counters: the canary its share, and no predictor failed
-    rows = _query(prometheus, f'sum by (forge_role, code) (increase(forge_requests_total{{forge_endpoint="digits",'
-                              f'forge_namespace="{APPS_NS}"}}[{int(window)}s]))')
+    window = time.monotonic() - t0 + 5  # the traffic's whole span, from 5 s before it began
+    rows = _query(prometheus, f'sum by (forge_role, code) (increase({SERVED}[{int(window)}s]))')
     served = {(r["metric"].get("forge_role", ""), r["metric"].get("code", "")): float(r["value"][1]) for r in rows}
     assert sum(n for (role, code), n in served.items() if role == "canary" and code.startswith("2")) > 0, served
     assert not [k for k, n in served.items() if not k[1].startswith("2") and n > 0], served
@@ -628,7 +629,7 @@ def test_a_pushed_faulty_canary_is_rolled_back_by_the_controller_alone(
         # the gateway's split after the rollback: everything to the stable, every answer a 200
         assert _split(stack.custom_get("gateway.networking.k8s.io", "v1", "httproutes", "digits")).get("digits-canary", 0) == 0
     assert all(_infer_at(stack.gateway_url) == 200 for _ in range(50))
-    window = time.monotonic() - t0 + 40
+    traffic_ended = time.time()
     wf = _finished(stack, v1, timeout=30)
     assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
     if wf["metadata"]["uid"] != _STATE["v1_uid"]:
@@ -655,9 +656,9 @@ def test_a_pushed_faulty_canary_is_rolled_back_by_the_controller_alone(
         return {p["name"]: p for p in sdep["spec"]["predictors"]}
     wait_until(lambda: set(predictors()) == {"stable"}, 60, "the operator to drop the canary", interval=1)
     assert predictors()["stable"]["labels"][MODEL_VERSION] == v2
-    time.sleep(35)  # the last requests' counters are scraped within a scrape interval or two
-    rows = _query(prometheus, f'sum by (forge_role, code) (increase(forge_requests_total{{forge_endpoint="digits",'
-                              f'forge_namespace="{APPS_NS}"}}[{int(window)}s]))')
+    nodekit.scraped_since(lambda q: _query(prometheus, q), SERVED, traffic_ended)
+    window = time.monotonic() - t0 + 5  # the traffic's whole span, from 5 s before it began
+    rows = _query(prometheus, f'sum by (forge_role, code) (increase({SERVED}[{int(window)}s]))')
     served = {(r["metric"].get("forge_role", ""), r["metric"].get("code", "")): float(r["value"][1]) for r in rows}
     # the gateway sent the canary its share, which it half failed; the stable failed none of its own
     assert sum(n for (role, code), n in served.items() if role == "canary" and not code.startswith("2")) > 0, served

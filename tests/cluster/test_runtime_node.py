@@ -321,10 +321,8 @@ def _rollout(q: Quickstart, reason: str) -> tuple[subprocess.CompletedProcess[st
     finally:
         traffic.stop.set()
         thread.join(timeout=10)
-    # the last requests' counters are scraped within a scrape interval or two
-    window = time.monotonic() - t0 + 40
-    time.sleep(35)
-    served = q.served(window)
+    nodekit.scraped_since(q.query, f'forge_requests_total{{forge_endpoint="digits",forge_namespace="{NS}"}}', time.time())
+    served = q.served(time.monotonic() - t0 + 5)  # the traffic's whole span, from 5 s before it began
     status = q.json("rollout", "status", "digits", "--prometheus-url", q.stack.prometheus_url)
     print(f"\n{reason}: reconcile → {watch.returncode}\n{watch.stdout[-3000:]}\n"
           f"{json.dumps(status['rollout'], indent=1)[:3000]}\nclient codes {traffic.codes()}; served {served}")

@@ -2,10 +2,11 @@
 cache, model servers behind HAProxy, a local Prometheus gating the canary, resume after a kill,
 and `forgectl down` leaving no process behind.
 
-Every test works in its own copy of one template: a git repository where the quick-start was
-applied once (its model trained and registered) and then brought down, so nothing of it runs.
-A test starts what it needs in its copy (`Workspace.up`) and stops it at the end; no test depends
-on another having run before it, and any one runs alone (`-k`). What the tests read, they read
+Every test works in a copy of one template: a git repository where the quick-start was applied
+once (its model trained and registered) and then brought down, so nothing of it runs. A test
+starts what it needs in its copy (`Workspace.up`) and stops it at the end; the tests of one class
+read one copy's walk (a fixture that walks it whole for whichever runs first). No test depends on
+another having run before it, and any one runs alone (`-k`). What the tests read, they read
 through `forgectl` (status, models, plan) and the state DB's own methods, never its tables.
 """
 
@@ -189,93 +190,128 @@ def new_canary(ws: Workspace, rate: str) -> str:
     return str(endpoint["canary"])
 
 
-def test_apply_runs_the_workflow_and_serves_the_model(trained: Template, ws: Workspace) -> None:
-    assert "Apply complete: 7 created" in trained.apply_output, trained.apply_output
-    assert "+ create  Workflow forge-local/digits-mlp-" in trained.apply_output
-    assert " → ".join(ALL_STEPS) + " will run" in trained.apply_output
-    status = ws.up()
-    [wf] = status["workflows"]
-    assert wf["phase"] == "Succeeded"
-    assert {s["step"]: s["status"] for s in wf["steps"]} == dict.fromkeys(ALL_STEPS, "succeeded")
-    [model] = status["models"]
-    assert set(model["variants"]) == VARIANTS and model["version"] == wf["version"]
-    [endpoint] = status["endpoints"]
-    assert endpoint["stable"] == wf["version"] and endpoint["canary"] is None
-    assert endpoint["weights"] == {"stable": 100, "canary": 0}
-    assert infer(endpoint["url"]) == 200
-    plan = ws.forgectl("plan", "specs", "--detailed-exitcode", check=False)
-    assert plan.returncode == 0, plan.stdout
+@dataclass(frozen=True)
+class Promotion:
+    """One workspace's way from the template to a promoted second version, as a user takes it:
+    serve, plan (nothing to do), change the learning rate, plan, apply (a canary at 0 %), roll
+    out under load (promoted). What each step printed is kept for the tests that read it."""
+
+    ws: Workspace
+    served: dict[str, Any]
+    served_code: int
+    clean_plan: subprocess.CompletedProcess[str]
+    change_plan: subprocess.CompletedProcess[str]
+    canary: dict[str, Any]
+    rollout: subprocess.CompletedProcess[str]
 
 
-def test_hyperparameter_change_reruns_only_the_affected_steps(ws: Workspace) -> None:
-    stable = ws.up()["endpoints"][0]["stable"]
-    ws.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003")
-    plan = ws.forgectl("plan", "specs", "--detailed-exitcode", check=False)
-    assert plan.returncode == 2
-    assert "`hyperparameters.learningRate` 0.002 → 0.003" in plan.stdout
-    assert "cache hit (unchanged since the last run): prepare-data" in plan.stdout
-    assert "will run: train, evaluate, compress-pruned, compress-int8, export-base, benchmark, register" in plan.stdout
-    ws.forgectl("apply", "specs", "--auto-approve")
-    status = ws.status()
-    endpoint = status["endpoints"][0]
-    assert endpoint["stable"] == stable and endpoint["canary"] not in (None, stable)
-    assert endpoint["weights"] == {"stable": 100, "canary": 0}
-    [steps] = [{s["step"]: s["status"] for s in w["steps"]} for w in status["workflows"] if w["version"] == endpoint["canary"]]
-    assert steps == {"prepare-data": "cached", **dict.fromkeys(ALL_STEPS[1:], "succeeded")}, steps
+@pytest.fixture(scope="class")
+def promotion(trained: Template, tmp_path_factory: pytest.TempPathFactory, runtime_python: str) -> Iterator[Promotion]:
+    """The tests of :class:`TestALearningRateChange` read one promotion: each would otherwise
+    train and roll out the same second version again (minutes of CPU each on a 2-core machine).
+    Any one of them still runs alone: the fixture walks the whole way for it."""
+    path = tmp_path_factory.mktemp("local-promotion") / "repo"
+    shutil.copytree(trained.path, path, symlinks=True, ignore=_sockets)
+    ws = Workspace(path, runtime_python)
+    try:
+        served = ws.up()
+        served_code = infer(served["endpoints"][0]["url"])
+        clean_plan = ws.forgectl("plan", "specs", "--detailed-exitcode", check=False)
+        ws.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003")
+        change_plan = ws.forgectl("plan", "specs", "--detailed-exitcode", check=False)
+        ws.forgectl("apply", "specs", "--auto-approve")
+        canary = ws.status()
+        rollout = ws.roll_out(expect_rc=0)
+        yield Promotion(ws, served, served_code, clean_plan, change_plan, canary, rollout)
+    finally:
+        started = ws.processes()
+        ws.forgectl("down", "specs", check=False)
+    assert not [p.name for p in started if alive(p)], "a process of the promotion outlived `forgectl down`"
 
 
-def test_healthy_canary_is_promoted_by_the_gates(ws: Workspace) -> None:
-    stable = ws.up()["endpoints"][0]["stable"]
-    canary = new_canary(ws, "0.003")
-    out = ws.roll_out(expect_rc=0)
-    assert "Promoted" in out.stdout, out.stdout
-    endpoint = ws.status()["endpoints"][0]
-    assert endpoint["rollout"]["phase"] == "Promoted", endpoint["rollout"]
-    assert endpoint["stable"] == canary != stable and endpoint["canary"] is None
-    assert endpoint["weights"] == {"stable": 100, "canary": 0}
-    assert infer(endpoint["url"]) == 200
+class TestALearningRateChange:
+    """The quick-start served, then a hyperparameter change from its plan to the promoted version
+    and its lineage (one :func:`promotion` for the class)."""
 
+    def test_apply_runs_the_workflow_and_serves_the_model(self, trained: Template, promotion: Promotion) -> None:
+        assert "Apply complete: 7 created" in trained.apply_output, trained.apply_output
+        assert "+ create  Workflow forge-local/digits-mlp-" in trained.apply_output
+        assert " → ".join(ALL_STEPS) + " will run" in trained.apply_output
+        status = promotion.served
+        [wf] = status["workflows"]
+        assert wf["phase"] == "Succeeded"
+        assert {s["step"]: s["status"] for s in wf["steps"]} == dict.fromkeys(ALL_STEPS, "succeeded")
+        [model] = status["models"]
+        assert set(model["variants"]) == VARIANTS and model["version"] == wf["version"]
+        [endpoint] = status["endpoints"]
+        assert endpoint["stable"] == wf["version"] and endpoint["canary"] is None
+        assert endpoint["weights"] == {"stable": 100, "canary": 0}
+        assert promotion.served_code == 200
+        assert promotion.clean_plan.returncode == 0, promotion.clean_plan.stdout
 
-def test_registry_lists_both_versions_with_lineage_and_the_leaderboard(ws: Workspace) -> None:
-    first = ws.up()["endpoints"][0]["stable"]
-    second = new_canary(ws, "0.003")
-    ws.roll_out(expect_rc=0)  # promoted: the second version serves all traffic
-    data = json.loads(ws.forgectl("models", "--specs", "specs", "-o", "json").stdout)
-    old, new = data["versions"]
-    assert (old["version"], new["version"]) == (first, second)
-    repo = git.Repo(ws.path)
-    commits = [c.hexsha[:12] for c in repo.iter_commits()]
-    for record in (old, new):
-        line = record["lineage"]
-        assert line["datasetDigest"] == DIGITS_DIGEST
-        assert line["gitCommit"] in commits and line["workflow"].startswith("digits-mlp-") and line["specDigest"]
-        assert record["hardware"]["threads"] == 1 and record["evaluation"]["accuracy"] >= 0.95
-    assert old["lineage"]["gitCommit"] != new["lineage"]["gitCommit"]
-    assert {"endpoint": "digits", "role": "stable", "variant": "int8", "traffic": 100, "live": True} in new["servedBy"]
-    [board] = data["leaderboards"]
-    rows = {(r["version"], r["variant"]): r for r in board["rows"]}
-    assert {v for _, v in rows} == VARIANTS and len(rows) == 10
-    for row in rows.values():  # every variant measured by the benchmark step on this machine
-        assert row["accuracy"] is not None and row["p50Ms"] > 0 and row["p99Ms"] >= row["p50Ms"] and row["sizeBytes"] > 0
-    assert any(r["pareto"] for r in board["rows"])
-    onnx_int8 = rows[(second, "base-onnx-int8")]
-    assert onnx_int8["runtime"] == "onnxruntime" and onnx_int8["sizeBytes"] < 0.4 * rows[(second, "base")]["sizeBytes"]
-    diff = ws.forgectl("models", "diff", "digits-mlp", "--specs", "specs").stdout
-    assert "`hyperparameters.learningRate` 0.002 → 0.003" in diff and "pt)" in diff
-    text = ws.forgectl("models", "--specs", "specs").stdout
-    assert "Leaderboard: dataset digits" in text and "base-onnx-int8" in text
+    def test_the_plan_reruns_only_the_affected_steps(self, promotion: Promotion) -> None:
+        plan = promotion.change_plan
+        assert plan.returncode == 2, plan.stdout
+        assert "`hyperparameters.learningRate` 0.002 → 0.003" in plan.stdout
+        assert "cache hit (unchanged since the last run): prepare-data" in plan.stdout
+        assert "will run: train, evaluate, compress-pruned, compress-int8, export-base, benchmark, register" in plan.stdout
+        stable = promotion.served["endpoints"][0]["stable"]
+        endpoint = promotion.canary["endpoints"][0]
+        assert endpoint["stable"] == stable and endpoint["canary"] not in (None, stable)
+        assert endpoint["weights"] == {"stable": 100, "canary": 0}
+        [steps] = [{s["step"]: s["status"] for s in w["steps"]} for w in promotion.canary["workflows"]
+                   if w["version"] == endpoint["canary"]]
+        assert steps == {"prepare-data": "cached", **dict.fromkeys(ALL_STEPS[1:], "succeeded")}, steps
 
-    # The Grafana dashboard's queries select the series the servers export (asked of the real Prometheus).
-    [configmap] = ws.objects("ConfigMap")
-    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    dashboard = json.loads(next(iter(configmap["data"].values())))
-    answered: dict[str, list[int]] = {}
-    for panel in dashboard["panels"]:
-        for target in panel.get("targets", []):
-            result = ws.prometheus(target["expr"].replace("$__rate_interval", "10m"))
-            answered.setdefault(panel["title"], []).append(len(result))
-    for title in ("Traffic per arm", "Success rate per arm", "Latency quantiles per arm", "Rows per model call (dynamic batching)"):
-        assert answered.get(title) and all(n > 0 for n in answered[title]), (title, answered)
+    def test_healthy_canary_is_promoted_by_the_gates(self, promotion: Promotion) -> None:
+        stable = promotion.served["endpoints"][0]["stable"]
+        canary = promotion.canary["endpoints"][0]["canary"]
+        assert "Promoted" in promotion.rollout.stdout, promotion.rollout.stdout
+        endpoint = promotion.ws.status()["endpoints"][0]
+        assert endpoint["rollout"]["phase"] == "Promoted", endpoint["rollout"]
+        assert endpoint["stable"] == canary != stable and endpoint["canary"] is None
+        assert endpoint["weights"] == {"stable": 100, "canary": 0}
+        assert infer(endpoint["url"]) == 200
+
+    def test_registry_lists_both_versions_with_lineage_and_the_leaderboard(self, promotion: Promotion) -> None:
+        ws = promotion.ws
+        first, second = promotion.served["endpoints"][0]["stable"], promotion.canary["endpoints"][0]["canary"]
+        data = json.loads(ws.forgectl("models", "--specs", "specs", "-o", "json").stdout)
+        old, new = data["versions"]
+        assert (old["version"], new["version"]) == (first, second)
+        repo = git.Repo(ws.path)
+        commits = [c.hexsha[:12] for c in repo.iter_commits()]
+        for record in (old, new):
+            line = record["lineage"]
+            assert line["datasetDigest"] == DIGITS_DIGEST
+            assert line["gitCommit"] in commits and line["workflow"].startswith("digits-mlp-") and line["specDigest"]
+            assert record["hardware"]["threads"] == 1 and record["evaluation"]["accuracy"] >= 0.95
+        assert old["lineage"]["gitCommit"] != new["lineage"]["gitCommit"]
+        assert {"endpoint": "digits", "role": "stable", "variant": "int8", "traffic": 100, "live": True} in new["servedBy"]
+        [board] = data["leaderboards"]
+        rows = {(r["version"], r["variant"]): r for r in board["rows"]}
+        assert {v for _, v in rows} == VARIANTS and len(rows) == 10
+        for row in rows.values():  # every variant measured by the benchmark step on this machine
+            assert row["accuracy"] is not None and row["p50Ms"] > 0 and row["p99Ms"] >= row["p50Ms"] and row["sizeBytes"] > 0
+        assert any(r["pareto"] for r in board["rows"])
+        onnx_int8 = rows[(second, "base-onnx-int8")]
+        assert onnx_int8["runtime"] == "onnxruntime" and onnx_int8["sizeBytes"] < 0.4 * rows[(second, "base")]["sizeBytes"]
+        diff = ws.forgectl("models", "diff", "digits-mlp", "--specs", "specs").stdout
+        assert "`hyperparameters.learningRate` 0.002 → 0.003" in diff and "pt)" in diff
+        text = ws.forgectl("models", "--specs", "specs").stdout
+        assert "Leaderboard: dataset digits" in text and "base-onnx-int8" in text
+
+        # The Grafana dashboard's queries select the series the servers export (asked of the real Prometheus).
+        [configmap] = ws.objects("ConfigMap")
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+        dashboard = json.loads(next(iter(configmap["data"].values())))
+        answered: dict[str, list[int]] = {}
+        for panel in dashboard["panels"]:
+            for target in panel.get("targets", []):
+                result = ws.prometheus(target["expr"].replace("$__rate_interval", "10m"))
+                answered.setdefault(panel["title"], []).append(len(result))
+        for title in ("Traffic per arm", "Success rate per arm", "Latency quantiles per arm", "Rows per model call (dynamic batching)"):
+            assert answered.get(title) and all(n > 0 for n in answered[title]), (title, answered)
 
 
 def test_canary_with_injected_errors_rolls_back_and_stable_serves_throughout(ws: Workspace) -> None:
