@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from reconciler.targets.local import stephost
 from reconciler.targets.local.stephost import StepHost
 from specs.stephost import startup_settings
 
@@ -38,7 +39,7 @@ _hosts_lock = threading.Lock()
 def _host_for(python: str, env: Mapping[str, str]) -> StepHost | None:
     """The session's step host of ``python`` for steps with ``env``'s start-up settings (started on
     its first step, stopped at exit); None with ``FORGE_STEP_HOST=off``."""
-    if env.get("FORGE_STEP_HOST", "on") == "off":
+    if not stephost.enabled(env):
         return None
     key = (python, tuple(sorted(startup_settings(env).items())))
     with _hosts_lock:

@@ -30,6 +30,12 @@ from specs.stephost import PACKET_BYTES, Exited, Ready, Spawned, StepRequest, de
 READY_SECONDS = 300.0
 
 
+def enabled(env: Mapping[str, str]) -> bool:
+    """Whether steps may be forked by a host: not with ``FORGE_STEP_HOST=off`` (every step a
+    fresh interpreter; docs/local-target.md, "Workflow steps")."""
+    return env.get("FORGE_STEP_HOST", "on") != "off"
+
+
 class StepProcess(Protocol):
     """What the executor uses of a step's process: ``subprocess.Popen``, or a step the host forked."""
 

@@ -40,6 +40,7 @@ from reconciler.targets.base import (
     RunDetails,
     StepEvents,
 )
+from reconciler.targets.local import stephost
 from reconciler.targets.local.details import log_files, model_summaries
 from reconciler.targets.local.executor import Progress, WorkflowExecutor
 from reconciler.targets.local.processes import alive, stop
@@ -202,9 +203,8 @@ class LocalTarget:
 
     # -- pieces -------------------------------------------------------------------------------------
     def _run_workflow(self, obj: dict[str, Any]) -> dict[str, Any]:
-        # FORGE_STEP_HOST=off: every step a fresh interpreter (docs/local-target.md, "Workflow steps")
         executor = WorkflowExecutor(self.db, self.state_dir, self.workspace, self.repo_root, self.python,
-                                    self.max_parallel, self.progress, step_host=os.environ.get("FORGE_STEP_HOST", "on") != "off")
+                                    self.max_parallel, self.progress, step_host=stephost.enabled(os.environ))
         self.workspace.mkdir(parents=True, exist_ok=True)
         outcome = executor.run(obj)
         if outcome.phase != "Succeeded":
