@@ -97,6 +97,10 @@ def _set_lock_held(held: bool) -> None:
     _LOCK_HELD = held
 
 
+# the names that keep an image's snapshots while a newer build of it is imported (_import_holding)
+HOLD_PREFIX = "forge.local/import-hold/"
+
+
 class NodeError(RuntimeError):
     """The node could not be started or stopped."""
 
@@ -547,12 +551,39 @@ state = "{c / 'state'}"
                 kept.append(Path(archive).name)
                 continue
             ti = time.monotonic()
-            self.ctr("images", "import", f"--snapshotter={self.snapshotter}", archive, timeout=1800)
+            self._import_holding(archive, [r for r in refs if r in have], log)
             imported.append(f"{Path(archive).name} ({time.monotonic() - ti:.1f} s)")
         self._prune_images(log)
         self.notes.append(f"images imported: {', '.join(imported) or 'none'}; already in containerd's store: "
                           f"{', '.join(kept) or 'none'}")
         log(f"{self.notes[-1]} ({time.monotonic() - t:.1f} s)")
+
+    def _import_holding(self, archive: str, replaced: list[str], log: Log) -> None:
+        """``ctr images import`` of ``archive`` while the images it renames stay referenced.
+
+        The import points each name at its new manifest first and unpacks after. A layer chain
+        the new image shares with the old one (the controller image's base and requirements)
+        is found already unpacked and skipped, but is not added to the import's lease, so a
+        garbage collection in that window removes it and the next layer fails with "parent
+        snapshot ... does not exist" (CI, 2026-12-06). A hold tag on each old image keeps its
+        snapshots until the unpack has labelled the new image's own; the tags go after it, and
+        ``_prune_images`` lets containerd's GC take what only the old image used. One retry
+        covers any other collection that lands mid-unpack."""
+        holds = [f"{HOLD_PREFIX}{i}:{os.getpid()}" for i in range(len(replaced))]
+        for ref, hold in zip(replaced, holds):
+            self.ctr("images", "tag", "--force", ref, hold)
+        try:
+            for attempt in (1, 2):
+                try:
+                    self.ctr("images", "import", f"--snapshotter={self.snapshotter}", archive, timeout=1800)
+                    return
+                except NodeError as e:
+                    if attempt == 2 or "does not exist" not in str(e):
+                        raise
+                    log(f"importing {Path(archive).name} lost a snapshot mid-unpack; importing it again: {e}")
+        finally:
+            if holds:
+                self.ctr("images", "rm", *holds, check=False)
 
     def _prune_images(self, log: Log) -> None:
         """The store is kept between starts: drop images no name points at any more (the CRI
@@ -564,8 +595,9 @@ state = "{c / 'state'}"
             f = ln.split()
             if len(f) >= 3:
                 refs[f[0]] = f[2]
-        named = {d for r, d in refs.items() if not r.startswith("sha256:")}
-        stale = [r for r, d in refs.items() if r.startswith("sha256:") and d not in named]
+        holds = [r for r in refs if r.startswith(HOLD_PREFIX)]  # a run killed mid-import left them
+        named = {d for r, d in refs.items() if not r.startswith(("sha256:", HOLD_PREFIX))}
+        stale = holds + [r for r, d in refs.items() if r.startswith("sha256:") and d not in named]
         if stale:
             self.ctr("images", "rm", "--sync", *stale, check=False)
             log(f"removed {len(stale)} image(s) no name points at from containerd's store")
