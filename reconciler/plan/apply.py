@@ -7,7 +7,9 @@ plans again from the live state and converges.
 Each write carries what the plan read, for the target to enforce as it stores it: an update the
 `resourceVersion` it was planned against, a create that the object must not exist
 (:class:`~reconciler.targets.base.Precondition`) — a write based on a read that went stale is
-refused (:class:`~reconciler.errors.ConflictError`). A lost environment Lease
+refused (:class:`~reconciler.errors.ConflictError`) — unless, read again, the object would still
+change exactly as the plan showed (:func:`as_planned_now`: another writer touched only what Forge
+does not render, such as an operator's status). A lost environment Lease
 (:class:`~reconciler.errors.LeaseLost`: the target checks it before each write) stops the apply at
 once: nothing more is attempted, not even the rest of the wave, and it is raised as such.
 """
@@ -20,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from reconciler.changeset import ChangeSet, ChangeSetEntry, Outcome
-from reconciler.errors import ApplyFailed, LeaseLost, TargetError
+from reconciler.errors import ApplyFailed, ConflictError, LeaseLost, TargetError
+from reconciler.plan.diff import field_diff
 from reconciler.plan.plan import Action, Change, Plan
 from reconciler.targets.base import Precondition, Target
 from renderers.bundle import sort_key
@@ -66,6 +69,26 @@ def precondition_of(change: Change) -> Precondition | None:
     return None
 
 
+def as_planned_now(change: Change, target: Target) -> Precondition | None:
+    """For an update the target refused as stale: a precondition at the object's new
+    resourceVersion when, read again, applying it would still change exactly the fields the plan
+    showed, from the same values; None when not (then the plan no longer holds: plan again).
+
+    Operators write their objects' status right after Forge's writes (Seldon's operator, for a
+    while after a promotion), which moves the resourceVersion without touching anything Forge
+    renders; refusing such a write would fail applies at random while the plan shown is still
+    exactly what gets written."""
+    if change.action is not Action.UPDATE or change.after is None or not change.diff:
+        return None
+    live = next(iter(target.read_whole([change.ref])), None)
+    version = (live or {}).get("metadata", {}).get("resourceVersion")
+    if live is None or not version or version == change.live_version:
+        return None
+    if tuple(field_diff(change.after, live)) != change.diff:
+        return None
+    return Precondition(resource_version=version)
+
+
 def _attempt(change: Change, target: Target, lost: threading.Event) -> TargetError | _NotAttempted | None:
     """Write one change; the target's error, if any, is returned (not raised) so that the rest
     of its wave still finishes — unless the Lease is lost (``lost``): then nothing more is written."""
@@ -77,7 +100,13 @@ def _attempt(change: Change, target: Target, lost: threading.Event) -> TargetErr
             target.delete(change.ref, uid=uid)
         else:
             assert change.after is not None
-            target.apply(change.after, precondition=precondition_of(change))
+            try:
+                target.apply(change.after, precondition=precondition_of(change))
+            except ConflictError:
+                again = as_planned_now(change, target)
+                if again is None:
+                    raise
+                target.apply(change.after, precondition=again)
     except LeaseLost as exc:
         lost.set()
         return exc

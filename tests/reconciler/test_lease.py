@@ -15,6 +15,7 @@ import pytest
 
 from reconciler.errors import ApplyFailed, ConflictError, LeaseLost, LockHeldError
 from reconciler.plan.apply import Outcome, apply_plan
+from reconciler.plan.diff import field_diff
 from reconciler.plan.plan import Action, Change, Plan
 from reconciler.resources import BY_KIND, ObjectRef
 from reconciler.targets.kubernetes import target as kubernetes
@@ -174,6 +175,29 @@ def test_an_update_planned_at_a_resource_version_that_moved_is_refused(kube_clus
     assert isinstance(cause, ConflictError) and cause.status == 409
     assert "changed since the plan read it" in str(err.value)
     assert versions(target, namespace, ["stale"]) == moved  # refused by the API server: nothing written
+
+
+def test_an_update_whose_object_moved_only_in_what_forge_does_not_render_is_written_as_planned(
+        kube_cluster, namespace) -> None:
+    """An operator writing its object's status (or anyone a label) after the plan read it moves
+    the resourceVersion; read again, the plan's change is still exactly what the write makes, so
+    it is written at the new version (the API server still enforces that one), the other
+    writer's field kept. A change to a field Forge renders is refused (the test above)."""
+    target = KubernetesTarget("cluster", namespace, kubeconfig=kube_cluster.kubeconfig)
+    target.apply(configmap(namespace, "moved", "v1"))
+    live = target.get(ObjectRef("ConfigMap", namespace, "moved"))
+    assert live is not None
+    want = configmap(namespace, "moved", "v2")
+    change = Change(ObjectRef.of(want), Action.UPDATE, live, want, tuple(field_diff(want, live)),
+                    live_version=live["metadata"]["resourceVersion"])
+    assert change.diff
+    target.merge_patch(ObjectRef("ConfigMap", namespace, "moved"), {"metadata": {"labels": {"touched": "yes"}}},
+                       "kubectl-label")
+    assert versions(target, namespace, ["moved"])["moved"][0] != change.live_version
+    changeset = apply_plan(Plan("cluster", "kubernetes", (change,), "fp", None), target)
+    assert changeset.count(Outcome.CONFIGURED) == 1
+    now = target.get(ObjectRef("ConfigMap", namespace, "moved"))
+    assert now is not None and now["data"]["value"] == "v2" and now["metadata"]["labels"]["touched"] == "yes", now
 
 
 def test_a_create_planned_for_an_absent_object_is_refused_once_it_exists(kube_cluster, namespace) -> None:
