@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specs import Compression, Environment
-from specs.compression import CPU_TARGETS, TENSORRT_TARGETS, Benchmark
+from specs.compression import TENSORRT_TARGETS, Benchmark, export_variant
 from specs.stepconfig import BenchmarkConfig, EngineConfig, ExportConfig
 
 #: Step kinds of this module (the local executor runs them like any other step).
@@ -65,19 +65,18 @@ def hardware_steps(compression: Compression | None, model: str, version: str, vd
     target = spec.hardware_target
     export = spec.export
     measured = dict(variants)
+    exported = spec.exported_variants()
     if export is not None:
         for source in export.variants:
             folder = export_dir(vdir, source)
             after = ("prepare-data",) + ((f"compress-{source}",) if source != "base" else ("evaluate",))
-            int8 = export.int8 if target in CPU_TARGETS and export.int8.enabled else None
+            int8 = export.int8 if export_variant(source, "onnx-int8") in exported else None
             bound = export.int8.max_accuracy_drop if export.int8.max_accuracy_drop is not None else spec.max_accuracy_drop
             out.steps.append((f"export-{source}"[:63], "export", ExportConfig(
                 model=model, source=source, model_dir=variants[source], data=data, hardware_target=target,
                 opset=export.opset, max_abs_diff=export.max_abs_diff, int8=int8, max_accuracy_drop=bound,
                 output=folder), compress_image, after))
-            measured[f"{source}-onnx"] = f"{folder}/onnx"
-            if int8 is not None:
-                measured[f"{source}-onnx-int8"] = f"{folder}/onnx-int8"
+            measured.update({name: f"{folder}/{kind}" for name, (of, kind) in exported.items() if of == source})
             if target in TENSORRT_TARGETS:
                 engine = f"{folder}/tensorrt"
                 out.steps.append((f"build-engine-{source}"[:63], "build-engine", EngineConfig(

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtimes._step import in_workspace, parse_config, run_step, write_json
 from runtimes.errors import StepFailed, VariantRejected
+from specs.compression import export_variant
 from specs.stepconfig import ExportConfig
 
 if TYPE_CHECKING:  # runtimes.learn imports torch when imported; this module only when it runs
@@ -252,7 +253,7 @@ def _onnx_fp32(config: ExportConfig, inputs: _Inputs, out: Path) -> tuple[dict[s
         shutil.rmtree(fp32_dir, ignore_errors=True)
         raise VariantRejected(f"export of {config.source} rejected: {report['reason']} (see {config.output}/report.json)")
     metrics = measure_rows(onnx_callable(session), test, task)
-    bundle = _bundle(fp32_dir, info, "onnx", {"variant": f"{config.source}-onnx", "source": config.source,
+    bundle = _bundle(fp32_dir, info, "onnx", {"variant": export_variant(config.source, "onnx"), "source": config.source,
                                               "opset": config.opset, "hardwareTarget": config.hardware_target})
     report["onnx"].update({"accepted": True, "sizeBytes": bundle["sizeBytes"], "accuracy": metrics.get("accuracy")})
     write_json(fp32_dir / "metrics.json", {"variant": bundle["variant"], **metrics})
@@ -292,7 +293,7 @@ def _onnx_int8(config: ExportConfig, inputs: _Inputs, reference: Any, out: Path,
         write_json(out / "report.json", report)
         shutil.rmtree(int8_dir, ignore_errors=True)
         raise VariantRejected(f"ONNX INT8 of {config.source} rejected: {report['reason']} (see {config.output}/report.json)")
-    int8_bundle = _bundle(int8_dir, info, "onnx-int8", {"variant": f"{config.source}-onnx-int8", "source": config.source,
+    int8_bundle = _bundle(int8_dir, info, "onnx-int8", {"variant": export_variant(config.source, "onnx-int8"), "source": config.source,
                                                         "opset": config.opset, "hardwareTarget": config.hardware_target,
                                                         "quantization": scheme})
     int8_metrics = measure_rows(onnx_callable(int8_session), test, task)

@@ -14,8 +14,16 @@ HardwareTarget = Literal["x86-avx2", "x86-avx512-vnni", "arm64", "jetson-orin", 
 CPU_TARGETS = ("x86-avx2", "x86-avx512-vnni", "arm64")
 #: … and those that get a TensorRT engine built from the ONNX graph (on the device).
 TENSORRT_TARGETS = ("jetson-orin", "nvidia-gpu")
+#: Bundle kinds of the export step, which name the variants it registers: `<variant>-onnx` (the
+#: verified fp32 graph) and `<variant>-onnx-int8` (ONNX Runtime's static INT8 of it).
+EXPORT_KINDS = ("onnx", "onnx-int8")
 #: Limits (docs/security.md): each variant is one workflow step.
 MAX_VARIANTS = 32
+
+
+def export_variant(source: str, kind: str) -> str:
+    """The registered name of ``source``'s export of ``kind`` (one of :data:`EXPORT_KINDS`)."""
+    return f"{source}-{kind}"
 MAX_STAGES = 16
 
 
@@ -177,6 +185,20 @@ class CompressionSpec(SpecModel):
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _omit_none(handler(self), "export", "benchmark")
 
+    def exported_variants(self) -> dict[str, tuple[str, str]]:
+        """The ONNX variants the export step registers, by name → (source variant, bundle kind):
+        `<v>-onnx` for each exported variant, and `<v>-onnx-int8` beside it on a CPU/ARM target
+        with `int8` enabled (a TensorRT target's engine is an artifact, not a servable variant)."""
+        if self.export is None:
+            return {}
+        kinds = EXPORT_KINDS if self.hardware_target in CPU_TARGETS and self.export.int8.enabled else EXPORT_KINDS[:1]
+        return {export_variant(source, kind): (source, kind) for source in self.export.variants for kind in kinds}
+
+    def servable_variants(self) -> list[str]:
+        """Every variant a version of a Model with this Compression registers and an Endpoint may
+        serve: `base`, the Compression's variants, then their ONNX exports."""
+        return ["base", *(v.name for v in self.variants), *self.exported_variants()]
+
     @model_validator(mode="after")
     def _unique_names(self) -> CompressionSpec:
         names = [v.name for v in self.variants]
@@ -192,7 +214,7 @@ class CompressionSpec(SpecModel):
                     what = "is quantized by PyTorch" if name in names else "is not a variant of this Compression"
                     raise ValueError(f"export.variants: {name!r} {what}; export `base` or a float variant "
                                      f"({', '.join(sorted(float_variants))}) and let the target's runtime quantize it")
-            taken = {f"{n}-onnx" for n in self.export.variants} | {f"{n}-onnx-int8" for n in self.export.variants}
+            taken = {export_variant(n, kind) for n in self.export.variants for kind in EXPORT_KINDS}
             clash = sorted(taken & set(names))
             if clash:
                 raise ValueError(f"variant names {', '.join(clash)} are taken by the ONNX exports; rename them")

@@ -132,7 +132,8 @@ class EndpointSpec(SpecModel):
     """A served model. When the model's version changes, the rollout policy moves traffic to it."""
 
     model_ref: Name = Field(description="Name of the Model to serve.")
-    variant: Name = Field(default="base", description="`base` (uncompressed) or a Compression variant's name.")
+    variant: Name = Field(default="base", description="`base` (uncompressed), a Compression variant's name, or an ONNX "
+                          "export of one (`<variant>-onnx`, and `<variant>-onnx-int8` on a CPU/ARM target), served by ONNX Runtime.")
     rollout_policy_ref: Name | None = Field(
         default=None, description="Name of the RolloutPolicy; default the Environment's `defaults.rolloutPolicyRef`."
     )

@@ -44,7 +44,7 @@ class Arm(SpecModel):
 
     name: Name = Field(description="Name of the arm (a predictor name and the `forge_role` label of its series); "
                                    "not `stable`, `canary` or `shadow`.")
-    variant: Name | None = Field(default=None, description="Compression variant served; default the Endpoint's `variant`.")
+    variant: Name | None = Field(default=None, description="Variant served (any an Endpoint's `variant` may name); default the Endpoint's `variant`.")
     version: str | None = Field(
         default=None, pattern=r"^[0-9a-f]{12}$",
         description="A registered model version (12 hex digits) to pin; default the version the specs build now.",

@@ -190,7 +190,7 @@ def check_references(specs: SpecSet) -> list[ReferenceProblem]:
         served = specs.get(Model, ep.spec.model_ref)
         if served is not None:
             pipeline = specs.get(Compression, served.spec.compression_ref)
-            variants = [v.name for v in pipeline.spec.variants] if pipeline else []
+            variants = pipeline.spec.servable_variants() if pipeline else ["base"]
             wanted: list[tuple[tuple[str | int, ...], str]] = [(("spec", "variant"), ep.spec.variant)]
             if ep.spec.experiment is not None:
                 wanted += [(("spec", "experiment", "arms", i, "variant"), arm.variant)
@@ -198,11 +198,18 @@ def check_references(specs: SpecSet) -> list[ReferenceProblem]:
             if ep.spec.shadow is not None and ep.spec.shadow.variant is not None:
                 wanted.append((("spec", "shadow", "variant"), ep.spec.shadow.variant))
             for path, wanted_variant in wanted:
-                if wanted_variant != "base" and wanted_variant not in variants:
+                if wanted_variant not in variants:
                     problems.append(
                         ReferenceProblem("Endpoint", ep.name, path,
                                          f"model {served.name!r} builds no variant {wanted_variant!r} "
-                                         f"(expected `base`{''.join(', ' + repr(v) for v in variants)})")
+                                         f"(expected {', '.join(repr(v) for v in variants)})")
+                    )
+                elif ep.spec.protocol == "seldon" and pipeline is not None and wanted_variant in pipeline.spec.exported_variants():
+                    # the seldon wrapper's environment (numpy 1, old Flask) has no ONNX Runtime
+                    problems.append(
+                        ReferenceProblem("Endpoint", ep.name, path,
+                                         f"{wanted_variant!r} is an ONNX graph, which the seldon wrapper does not serve: "
+                                         "use protocol: v2 (MLServer runs it on ONNX Runtime) or a PyTorch variant")
                     )
 
     problems.extend(_teacher_cycles(specs))

@@ -201,6 +201,23 @@ def registered(digits: Runner) -> Runner:
     return digits
 
 
+def test_an_endpoint_naming_an_onnx_export_serves_it_on_onnx_runtime(registered: Runner, server_factory) -> None:
+    """`variant: base-onnx`: the folder the renderer names for it (registry/<model>/<version>/<variant>)
+    holds the export step's graph, which the server runs on ONNX Runtime under the Endpoint's labels."""
+    config = _serve_config("registry/digits-mlp/v9/base-onnx", version="v9", variant="base-onnx",
+                           batching={"enabled": True, "maxBatchSize": 8, "maxLatencyMs": 2})
+    server = server_factory(registered, "serve", config)
+    serving = json.loads(get_text(f"{server.url}/forge/serving"))
+    assert (serving["variant"], serving["backend"], serving["kind"]) == ("base-onnx", "onnxruntime", "onnx"), serving
+    status, body = post_json(f"{server.url}/v2/models/digits-mlp/infer",
+                             {"inputs": [{"name": "x", "shape": [2, 64], "datatype": "FP32", "data": ZERO + ONE}]})
+    assert status == 200 and {o["name"]: o for o in body["outputs"]}["label"]["data"] == [0, 1], body
+    metrics = get_text(f"{server.url}/metrics")
+    assert re.search(r'forge_serving_info\{[^}]*backend="onnxruntime"[^}]*\} 1.0', metrics)
+    assert 'forge_requests_total{code="200",forge_endpoint="digits",forge_namespace="ml",forge_role="canary",' \
+           'forge_variant="base-onnx",forge_version="v9"} 1.0' in metrics
+
+
 def test_backend_select_fastest_serves_the_measured_fastest_variant(registered: Runner, server_factory) -> None:
     record = registered.read("registry/digits-mlp/v9/registry.json")
     throughput = {name: v["benchmark"]["batches"]["16"]["throughput"] for name, v in record["variants"].items()}
