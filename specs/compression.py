@@ -19,12 +19,12 @@ TENSORRT_TARGETS = ("jetson-orin", "nvidia-gpu")
 EXPORT_KINDS = ("onnx", "onnx-int8")
 #: Limits (docs/security.md): each variant is one workflow step.
 MAX_VARIANTS = 32
+MAX_STAGES = 16
 
 
 def export_variant(source: str, kind: str) -> str:
     """The registered name of ``source``'s export of ``kind`` (one of :data:`EXPORT_KINDS`)."""
     return f"{source}-{kind}"
-MAX_STAGES = 16
 
 
 class Prune(SpecModel):
