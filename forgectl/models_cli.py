@@ -166,7 +166,8 @@ def show(
     specs: SpecsOpt = None, env: EnvOpt = None, output: OutOpt = Output.text,
     flags: TargetFlags = NO_OVERRIDES,
 ) -> None:
-    """One version: lineage, evaluation, every variant's figures per batch size, built artifacts."""
+    """One version: lineage, evaluation, every variant's figures per batch size, the rejected
+    variants with why, built artifacts."""
     from reconciler.present.report import fmt_bytes, fmt_ms
     from reconciler.registry.records import find
 
@@ -205,6 +206,8 @@ def show(
         table.add_row(_e(name), _e(f"{f.runtime} {f.kind}"), accuracy, fmt_bytes(f.size_bytes),
                       "—" if f.parameters is None else f"{f.parameters:,}", fmt_bytes(f.memory_bytes), *cells)
     console.print(table)
+    for name, reason in record.rejected.items():
+        console.print(f"  variant {_e(name)}: [red]rejected[/red] — {_e(reason)}")
     for name, report in record.artifacts.items():
         state = "[green]built[/green]" if report.get("built") else "[yellow]not built[/yellow]"
         console.print(f"  artifact {_e(name)}: {state}" + (f" — {_e(report.get('reason'))}" if report.get("reason") else

@@ -18,7 +18,8 @@ Both runtimes use ``threads`` CPU threads (``torch.set_num_threads`` and ONNX Ru
 ``intra_op_num_threads``), inter-op parallelism off. The node's CPU, core count and the library
 versions are recorded with the results (``hardware``): on a cluster the step runs on a node of
 the hardware target's kind (arm64 for ARM and Jetson targets); a Jetson's GPU is measured by the
-TensorRT engine build, not here. Writes ``output/benchmark.json`` and ``metrics.json``.
+TensorRT engine build, not here. Writes ``output/benchmark.json`` and ``metrics.json``. A variant
+its step rejected (:mod:`runtimes.verdicts`) is not measured; ``benchmark.json`` names it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from runtimes._step import in_workspace, parse_config, read_json, run_step, write_json
-from runtimes.errors import StepFailed
+from runtimes.verdicts import split
 from specs.compression import Benchmark
 from specs.stepconfig import BenchmarkConfig
 
@@ -189,17 +190,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     data_dir = in_workspace(config.data)
     prepared = load_prepared(data_dir, ("test",))
-    folders = {name: in_workspace(folder) for name, folder in sorted(config.variants.items())}
-    missing = [n for n, f in folders.items() if not (f / "model.json").exists()]
-    if missing:
-        raise StepFailed(f"benchmark: no bundle for variant(s) {', '.join(missing)}")
+    # The variants a step rejected are not measured (the register step records why); a folder
+    # with neither a bundle nor a verdict fails the step.
+    folders, rejected = split({name: in_workspace(folder) for name, folder in sorted(config.variants.items())})
+    for name, why in rejected.items():
+        log.info("not measured: variant %s was rejected (%s)", name, why.reason)
 
     memory = _probe_memory(folders, prepared, threads, max(settings.batch_sizes))
     loaded, results, xs = _load_and_measure(folders, prepared, threads, memory, max(settings.batch_sizes))
     _time_batches(settings, loaded, xs, results)
     doc = {"model": config.model, "version": config.version, "hardware": hardware(threads, config.hardware_target),
            "settings": settings.model_dump(mode="json", by_alias=True), "rounds": ROUNDS,
-           "measuredAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "variants": results}
+           "measuredAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "variants": results,
+           "rejected": sorted(rejected)}
     out = in_workspace(config.output)
     write_json(out / "benchmark.json", doc)
     first = str(settings.batch_sizes[0])

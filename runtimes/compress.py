@@ -8,8 +8,10 @@ batch 1, the lowest median of alternating rounds of base and variant — after l
 
 Writes ``output/report.json`` always; when accepted also the bundle (``model.json`` +
 ``model.pt``/``model.pt2``) and ``metrics.json``. A variant that loses more accuracy than its bound
-(the variant's ``maxAccuracyDrop``, else the Compression's) is rejected: no model is written,
-``report.json`` says why (``accepted: false``, ``reason``) and the step exits 4.
+(the variant's ``maxAccuracyDrop``, else the Compression's) is rejected: no model is kept,
+``report.json`` says why (``accepted: false``, ``reason``), ``rejected.json`` records the verdict
+(:mod:`runtimes.verdicts`) and the step ends 0 — a verdict, not a failure: the version's other
+variants are still benchmarked and registered, and the registry lists this one as rejected.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtimes._step import in_workspace, parse_config, run_step, write_json
-from runtimes.errors import StepFailed, VariantRejected
+from runtimes.errors import StepFailed
+from runtimes.verdicts import reject
 from specs.compression import Distill, Prune, Quantize
 from specs.stepconfig import CompressConfig
 
@@ -105,9 +108,10 @@ def main(argv: list[str] | None = None) -> int:
              100 * report["ratios"]["size"], before["accuracy"] or 0, after["accuracy"] or 0, report["accuracyDropPt"],
              report["maxAccuracyDrop"])
     if not report["accepted"]:
-        for name in ("model.json", "model.pt", "model.pt2"):
-            (out / name).unlink(missing_ok=True)
-        raise VariantRejected(f"variant {config.variant.name} rejected: {report['reason']} (see {config.output}/report.json)")
+        reject(out, config.variant.name, report["reason"], f"{config.output.rstrip('/')}/report.json")
+        log.warning("variant %s rejected: %s (see %s/report.json); the other variants go on", config.variant.name,
+                    report["reason"], config.output)
+        return 0
     write_json(out / "metrics.json", {"variant": config.variant.name, "accuracy": after["accuracy"], "accuracyDropPt": report["accuracyDropPt"],
                                       "accepted": True, **{f"{k}Ratio": v for k, v in report["ratios"].items()}})
     _ = read_info(out)

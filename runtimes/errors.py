@@ -3,13 +3,15 @@
     StepFailed                (exit 1)  anything the user can fix: bad config, missing data, …
     ├── DigestMismatch        (exit 2)  the data's digest differs from the Dataset spec's
     ├── ThresholdsFailed      (exit 3)  evaluate: an offline threshold does not hold
-    ├── VariantRejected       (exit 4)  compress: the variant lost more accuracy than allowed
     └── UpstreamFailed        (exit 5)  await: the run it waits for failed
+
+A compression or export variant beyond its bound is not a failure: its step records the verdict
+and ends 0 (runtimes.verdicts).
 """
 
 from __future__ import annotations
 
-from specs.stepconfig import EXIT_DIGEST_MISMATCH, EXIT_THRESHOLDS_FAILED, EXIT_UPSTREAM_FAILED, EXIT_VARIANT_REJECTED
+from specs.stepconfig import EXIT_DIGEST_MISMATCH, EXIT_THRESHOLDS_FAILED, EXIT_UPSTREAM_FAILED
 
 
 class StepFailed(Exception):
@@ -24,10 +26,6 @@ class DigestMismatch(StepFailed):
 
 class ThresholdsFailed(StepFailed):
     exit_code = EXIT_THRESHOLDS_FAILED
-
-
-class VariantRejected(StepFailed):
-    exit_code = EXIT_VARIANT_REJECTED
 
 
 class UpstreamFailed(StepFailed):

@@ -5,8 +5,8 @@
 2. **Verify** it under ONNX Runtime (CPU) against the PyTorch model on the whole held-out (test)
    split: the largest difference of any class probability (``maxAbsDiff``, the spec's bound),
    of any logit, the accuracy of both and how often their predictions agree. A graph outside the
-   bound is rejected (exit 4, ``report.json`` says why): an export that computes something else
-   must never be registered.
+   bound is rejected (``report.json`` says why, ``onnx/rejected.json`` records the verdict): an
+   export that computes something else must never be registered.
 3. **Quantize** (when the config carries ``int8``: the ``x86-*`` and ``arm64`` targets) with ONNX
    Runtime's static quantization: ``quant_pre_process`` (shape inference and graph optimisation),
    then ``quantize_static`` in the QDQ format with per-channel INT8 weights, activation ranges
@@ -14,11 +14,15 @@
    (S8S8, ONNX Runtime's recommended default for QDQ); on ``x86-avx2``, which has no VNNI,
    weights use 7 bits (``reduce_range``) so that the u8×s8 multiply-add (VPMADDUBSW) cannot
    saturate. The INT8 graph is measured on the same split; losing more accuracy than its bound
-   against the PyTorch source rejects it (exit 4).
+   against the PyTorch source rejects it (``onnx-int8/rejected.json``; the fp32 graph stays).
 
 Each result is a bundle (``model.json`` of kind ``onnx`` / ``onnx-int8`` naming ``model.onnx``,
 with the source's task, classes and feature transform), so the benchmark and the registry treat
 it like any other variant. ``report.json`` holds the verification figures of both.
+
+A rejection is the step's verdict, not its failure (:mod:`runtimes.verdicts`): it ends 0, and the
+benchmark and register steps go on with the version's other variants. A source variant its
+compress step rejected is not exported: both graphs are recorded as rejected with its reason.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtimes._step import in_workspace, parse_config, run_step, write_json
-from runtimes.errors import StepFailed, VariantRejected
+from runtimes.errors import StepFailed
+from runtimes.verdicts import reject, verdict
 from specs.compression import export_variant
 from specs.stepconfig import ExportConfig
 
@@ -182,14 +187,28 @@ class _Inputs:
 
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(ExportConfig, argv, "python -m runtimes export")
+    out = in_workspace(config.output)
+    if out.exists():
+        shutil.rmtree(out)  # a retry starts clean
+    source = verdict(config.source, in_workspace(config.model_dir))
+    if source is not None:
+        reason = f"its source variant {config.source} was rejected: {source.reason}"
+        for graph in _graphs(config):
+            reject(out / graph, export_variant(config.source, graph), reason, source.report)
+        write_json(out / "report.json", {"model": config.model, "source": config.source, "reason": reason})
+        log.warning("not exported: %s", reason)
+        return 0
     import onnxruntime  # noqa: F401 - loaded before torch, in the order this step always loaded them
     import torch  # noqa: F401
 
     inputs = _load(config)
-    out = in_workspace(config.output)
-    if out.exists():
-        shutil.rmtree(out)  # a retry starts clean
     report, reference = _onnx_fp32(config, inputs, out)
+    if not report["onnx"]["accepted"]:
+        for graph in _graphs(config):
+            reject(out / graph, export_variant(config.source, graph), report["reason"], f"{config.output}/report.json")
+        write_json(out / "report.json", report)
+        log.warning("export of %s rejected: %s (see %s/report.json)", config.source, report["reason"], config.output)
+        return 0
     if config.int8 is not None:
         _onnx_int8(config, inputs, reference, out, report)
     write_json(out / "report.json", report)
@@ -198,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
                                       **({"onnxInt8Accuracy": report["onnxInt8"]["accuracy"],
                                           "onnxInt8SizeRatio": report["onnxInt8"]["sizeRatio"]} if "onnxInt8" in report else {})})
     return 0
+
+
+def _graphs(config: ExportConfig) -> tuple[str, ...]:
+    """The graphs this export builds (folder names under its output, and the export kinds)."""
+    return ("onnx", "onnx-int8") if config.int8 is not None else ("onnx",)
 
 
 def _load(config: ExportConfig) -> _Inputs:
@@ -224,7 +248,8 @@ def _load(config: ExportConfig) -> _Inputs:
 def _onnx_fp32(config: ExportConfig, inputs: _Inputs, out: Path) -> tuple[dict[str, Any], Any]:
     """Export the fp32 graph into ``out/onnx`` and verify it against PyTorch on the test split;
     returns the report so far and PyTorch's outputs (the INT8 graph is checked against them too).
-    A graph that differs by more than ``maxAbsDiff`` is rejected: report written, graph removed."""
+    a graph that differs by more than ``maxAbsDiff`` comes back with ``onnx.accepted`` false and
+    the ``reason`` (the caller records the verdict)."""
     import onnxruntime
     import torch
 
@@ -249,9 +274,7 @@ def _onnx_fp32(config: ExportConfig, inputs: _Inputs, out: Path) -> tuple[dict[s
         report["onnx"]["accepted"] = False
         report["reason"] = (f"the ONNX graph differs from PyTorch by {fp32_check['maxAbsDiff']:.3g} "
                             f"(a class probability), more than the allowed {config.max_abs_diff:g}")
-        write_json(out / "report.json", report)
-        shutil.rmtree(fp32_dir, ignore_errors=True)
-        raise VariantRejected(f"export of {config.source} rejected: {report['reason']} (see {config.output}/report.json)")
+        return report, reference
     metrics = measure_rows(onnx_callable(session), test, task)
     bundle = _bundle(fp32_dir, info, "onnx", {"variant": export_variant(config.source, "onnx"), "source": config.source,
                                               "opset": config.opset, "hardwareTarget": config.hardware_target})
@@ -264,8 +287,8 @@ def _onnx_fp32(config: ExportConfig, inputs: _Inputs, out: Path) -> tuple[dict[s
 def _onnx_int8(config: ExportConfig, inputs: _Inputs, reference: Any, out: Path, report: dict[str, Any]) -> None:
     """ONNX Runtime static INT8 of the verified fp32 graph into ``out/onnx-int8``, calibrated on
     seeded training rows and checked against PyTorch's outputs (``reference``); recorded in
-    ``report["onnxInt8"]``. Losing more accuracy than ``maxAccuracyDrop`` rejects it: report
-    written, graph removed."""
+    ``report["onnxInt8"]``. Losing more accuracy than ``maxAccuracyDrop`` rejects it: the graph
+    removed, ``onnx-int8/rejected.json`` and the report's ``onnxInt8.reason`` say why."""
     import numpy as np
 
     from runtimes.learn import measure_rows
@@ -289,10 +312,11 @@ def _onnx_int8(config: ExportConfig, inputs: _Inputs, reference: Any, out: Path,
              100 * size / fp32_size, check.get("accuracyReference") or 0, check.get("accuracy") or 0,
              drop, config.max_accuracy_drop)
     if not accepted:
-        report["reason"] = f"ONNX INT8 lost {drop:.2f} accuracy points, more than the allowed {config.max_accuracy_drop:g}"
-        write_json(out / "report.json", report)
-        shutil.rmtree(int8_dir, ignore_errors=True)
-        raise VariantRejected(f"ONNX INT8 of {config.source} rejected: {report['reason']} (see {config.output}/report.json)")
+        reason = f"ONNX INT8 lost {drop:.2f} accuracy points, more than the allowed {config.max_accuracy_drop:g}"
+        report["onnxInt8"]["reason"] = reason
+        reject(int8_dir, export_variant(config.source, "onnx-int8"), reason, f"{config.output}/report.json")
+        log.warning("ONNX INT8 of %s rejected: %s; the fp32 graph stays", config.source, reason)
+        return
     int8_bundle = _bundle(int8_dir, info, "onnx-int8", {"variant": export_variant(config.source, "onnx-int8"), "source": config.source,
                                                         "opset": config.opset, "hardwareTarget": config.hardware_target,
                                                         "quantization": scheme})

@@ -4,7 +4,9 @@ Copies each variant's bundle into ``output/<variant>/`` (``base`` included) and 
 ``output/registry.json``: model, version, and per variant its folder, weights sha256, size,
 parameters and the metrics/report it came with. ``metrics.json`` repeats the summary. A version
 trained by a search also records it (``search``: the pick-best step's ``trials.json`` — the study's
-trials, best trial, pruned count and the epochs pruning saved).
+trials, best trial, pruned count and the epochs pruning saved). A variant its step rejected
+(:mod:`runtimes.verdicts`: beyond its accuracy bound, an export that computes something else) is
+not registered: ``rejected`` names it with the step's reason, in both files.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from runtimes._step import in_workspace, parse_config, read_json, run_step, write_json
 from runtimes.errors import StepFailed
+from runtimes.verdicts import split
 from specs.searchresult import summarised
 from specs.stepconfig import RegisterConfig
 
@@ -27,9 +30,11 @@ log = logging.getLogger("forge.register")
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(RegisterConfig, argv, "python -m runtimes register")
     out = in_workspace(config.output)
-    entries = {name: _register_variant(name, in_workspace(folder), out / name, f"{config.output.rstrip('/')}/{name}")
-               for name, folder in sorted(config.variants.items())}
-    registry: dict = {"model": config.model, "version": config.version, "variants": entries}
+    built, rejected = split({name: in_workspace(folder) for name, folder in sorted(config.variants.items())})
+    entries = {name: _register_variant(name, folder, out / name, f"{config.output.rstrip('/')}/{name}")
+               for name, folder in built.items()}
+    registry: dict = {"model": config.model, "version": config.version, "variants": entries,
+                      "rejected": {name: why.to_json() for name, why in rejected.items()}}
     if config.benchmark:
         bench = read_json(in_workspace(config.benchmark) / "benchmark.json")
         registry["hardware"] = bench.get("hardware")
@@ -55,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
                                       "registry": summary, "hardware": registry.get("hardware"),
                                       "artifacts": {n: {"built": a.get("built"), "reason": a.get("reason")}
                                                     for n, a in (registry.get("artifacts") or {}).items()},
+                                      "rejected": {name: why.reason for name, why in rejected.items()},
                                       **({"search": summarised(search, SUMMARY_TRIALS)} if search is not None else {})})
     log.info("registered %s %s with variants %s", config.model, config.version, ", ".join(sorted(entries)))
+    for name, why in rejected.items():
+        log.warning("not registered: variant %s was rejected: %s", name, why.reason)
     return 0
 
 

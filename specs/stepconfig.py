@@ -29,9 +29,8 @@ DEFAULT_WORKSPACE = "/forge/workspace"
 #: `retryStrategy.expression` and therefore Argo and the local executor leave them alone).
 EXIT_DIGEST_MISMATCH = 2
 EXIT_THRESHOLDS_FAILED = 3
-EXIT_VARIANT_REJECTED = 4
-EXIT_UPSTREAM_FAILED = 5
-PERMANENT_EXIT_CODES = (EXIT_DIGEST_MISMATCH, EXIT_THRESHOLDS_FAILED, EXIT_VARIANT_REJECTED, EXIT_UPSTREAM_FAILED)
+EXIT_UPSTREAM_FAILED = 5  # 4 was a rejected variant's: a verdict now, not a failure (runtimes.verdicts)
+PERMANENT_EXIT_CODES = (EXIT_DIGEST_MISMATCH, EXIT_THRESHOLDS_FAILED, EXIT_UPSTREAM_FAILED)
 
 
 class StepConfig(SpecModel):

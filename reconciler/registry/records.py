@@ -281,6 +281,9 @@ class Record:
     labeling: JSONObject | None = None
     #: Who serves this version; None when not asked (a target's records carry none).
     served_by: tuple[Served, ...] | None = None
+    #: Variants a step rejected (beyond their accuracy bound, an export that computes something
+    #: else): name → the step's reason. Not registered, so never served.
+    rejected: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -298,6 +301,8 @@ class Record:
                            ("search", self.search), ("labeling", self.labeling)):
             if value is not None:
                 out[key] = value
+        if self.rejected:
+            out["rejected"] = dict(self.rejected)
         if self.served_by is not None:
             out["servedBy"] = [s.to_json() for s in self.served_by]
         return out
@@ -311,7 +316,8 @@ class Record:
                    {name: Variant.from_json(name, v) for name, v in (data.get("variants") or {}).items()},
                    data.get("artifacts") or {}, data.get("privacy"), data.get("robustness"), data.get("explanations"),
                    data.get("search"), data.get("labeling"),
-                   None if served is None else tuple(Served.from_json(s) for s in served))
+                   None if served is None else tuple(Served.from_json(s) for s in served),
+                   dict(data.get("rejected") or {}))
 
 
 # -- building a record ----------------------------------------------------------------------------
@@ -420,7 +426,24 @@ def build_record(workflow: Mapping[str, Any], registry: JSONObject, evaluation: 
         explanations=dict(explanations) if isinstance(explanations, Mapping) and explanations else None,
         search=registry["search"] if isinstance(registry.get("search"), Mapping) else None,
         labeling=dict(labeling) if isinstance(labeling, Mapping) and labeling else None,
+        rejected=rejections(registry),
     )
+
+
+def rejections(registry: JSONObject) -> dict[str, str]:
+    """The rejected variants of a registration with their reasons: ``registry.json`` keeps each as
+    ``{reason, report}``, the cluster's `metrics` summary as its reason alone."""
+    return {name: str(why.get("reason") if isinstance(why, Mapping) else why)
+            for name, why in sorted((registry.get("rejected") or {}).items())}
+
+
+def rejected_variant(record: Record | None, variant: str | None) -> str | None:
+    """Why an offline gate that the version's Workflow passed still fails for ``variant``: a step
+    rejected that variant, so the version has nothing of that name to serve (None: it has)."""
+    if record is None or variant is None or variant not in record.rejected:
+        return None
+    return (f"variant {variant} of version {record.version} was rejected: {record.rejected[variant]} "
+            f"(registered: {', '.join(sorted(record.variants)) or 'none'})")
 
 
 # -- who serves a version -------------------------------------------------------------------------

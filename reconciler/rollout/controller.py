@@ -76,8 +76,9 @@ class Backend(Protocol):
         """Make the endpoint serve ``state`` (re-render and apply its SeldonDeployment)."""
         ...
 
-    def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
-        """(finished, passed, detail) of the offline gate: the model version's workflow."""
+    def model_gate(self, model: str, version: str, variant: str | None) -> tuple[bool, bool, str]:
+        """(finished, passed, detail) of the offline gate: the model version's workflow, and that
+        it registered ``variant`` (a step may have rejected it; None: the server picks one)."""
         ...
 
     def canary_ready(self, endpoint: str, version: str) -> Readiness:
@@ -195,7 +196,10 @@ class Controller:
     def _offline_gate(self, endpoint: Endpoint, model: str, policy: RolloutPolicy | None, state: RolloutState) -> OfflineGate:
         """The offline gate of the canary: its workflow, then (once that passed) the policy's regression gate."""
         assert state.canary is not None
-        finished, passed, detail = self.backend.model_gate(model, state.canary)
+        # The variant the canary must serve; with `select: fastest` its server picks among those registered.
+        backend = endpoint.spec.backend
+        variant = endpoint.spec.variant if backend is None or backend.select == "variant" else None
+        finished, passed, detail = self.backend.model_gate(model, state.canary, variant)
         gate = policy.spec.regression_gate if policy is not None else None
         if not (finished and passed) or gate is None:
             return OfflineGate(finished, passed, detail)

@@ -61,7 +61,7 @@ class Backend:
         self.serving_now = state
         self.applied.append(state)
 
-    def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
+    def model_gate(self, model: str, version: str, variant: str | None) -> tuple[bool, bool, str]:
         return True, True, "evaluation thresholds met"
 
     def canary_ready(self, endpoint: str, version: str) -> Readiness:

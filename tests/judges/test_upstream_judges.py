@@ -168,7 +168,7 @@ def test_retry_expressions_retry_only_transient_failures(case: str, judge: Path)
         strategy, step = json.loads(key), ", ".join(sorted(set(steps)))
         expected: list[tuple[int | None, str, bool]] = [
             (1, "Failed", True), (None, "Error", True), (1, "Error", True), (137, "Error", True),
-            *((code, "Failed", False) for code in sorted({2, 3, 4, *PERMANENT_EXIT_CODES})),
+            *((code, "Failed", False) for code in sorted({2, 3, 5, *PERMANENT_EXIT_CODES})),
         ]
         for exit_code, phase, want in expected:
             got = upstream.argo_eval_retry(strategy["expression"], exit_code, phase,

@@ -37,8 +37,19 @@ from tests.polling import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.runtime
 
-ALL_STEPS = ("prepare-data", "train", "evaluate", "compress-pruned", "compress-int8", "export-base", "benchmark", "register")
+ALL_STEPS = ("prepare-data", "train", "evaluate", "compress-pruned", "compress-int8", "compress-gutted", "export-base",
+             "benchmark", "register")
+#: Registered: not `gutted`, a variant the tests add beyond its accuracy bound (`_new_repo`).
 VARIANTS = {"base", "pruned", "int8", "base-onnx", "base-onnx-int8"}
+#: A variant no run can keep (97 % of the hidden units pruned, no fine-tune, half a point allowed):
+#: its step's verdict rejects it, and the version registers the others.
+GUTTED = """    - name: gutted
+      maxAccuracyDrop: 0.5
+      stages:
+        - type: prune
+          sparsity: 0.97
+          fineTuneEpochs: 0
+  # ONNX export"""
 DIGITS_DIGEST = "sha256:4eca0a80f7990df18560bf7c80f03e0893a8868820f1ee4405e0402527902353"
 
 
@@ -121,6 +132,8 @@ def _new_repo(path: Path) -> None:
     rollout = path / "specs" / "rollout.yaml"
     # (and a looser latency bound: a loaded 2-core CI machine can push a healthy p99 past 200 ms)
     rollout.write_text(rollout.read_text().replace("pause: 5s", "pause: 2s").replace("max: 0.2", "max: 2.0"))
+    compression = path / "specs" / "compression.yaml"
+    compression.write_text(compression.read_text().replace("  # ONNX export", GUTTED, 1))
     repo = git.Repo.init(path)
     repo.config_writer().set_value("user", "name", "T").set_value("user", "email", "t@example.com").release()
     repo.index.add(["specs"])
@@ -254,7 +267,7 @@ class TestALearningRateChange:
         assert plan.returncode == 2, plan.stdout
         assert "`hyperparameters.learningRate` 0.002 → 0.003" in plan.stdout
         assert "cache hit (unchanged since the last run): prepare-data" in plan.stdout
-        assert "will run: train, evaluate, compress-pruned, compress-int8, export-base, benchmark, register" in plan.stdout
+        assert "will run: " + ", ".join(ALL_STEPS[1:]) in plan.stdout
         stable = promotion.served["endpoints"][0]["stable"]
         endpoint = promotion.canary["endpoints"][0]
         assert endpoint["stable"] == stable and endpoint["canary"] not in (None, stable)
@@ -300,6 +313,11 @@ class TestALearningRateChange:
         assert "`hyperparameters.learningRate` 0.002 → 0.003" in diff and "pt)" in diff
         text = ws.forgectl("models", "--specs", "specs").stdout
         assert "Leaderboard: dataset digits" in text and "base-onnx-int8" in text
+        # The variant beyond its bound: in neither version's registry, each saying why.
+        for record in (old, new):
+            assert "gutted" not in record["variants"] and "more than the allowed 0.5" in record["rejected"]["gutted"], record
+        shown = ws.forgectl("models", "show", f"digits-mlp@{second}", "--specs", "specs").stdout
+        assert "variant gutted: rejected — accuracy dropped" in shown, shown
 
         # The Grafana dashboard's queries select the series the servers export (asked of the real Prometheus).
         [configmap] = ws.objects("ConfigMap")

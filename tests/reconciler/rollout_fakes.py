@@ -53,7 +53,7 @@ class FakeBackend:
     def set_serving(self, endpoint: Endpoint, state: ServingState) -> None:
         self.serving_now[endpoint.name] = state
 
-    def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
+    def model_gate(self, model: str, version: str, variant: str | None) -> tuple[bool, bool, str]:
         return self.gate
 
     def canary_ready(self, endpoint: str, version: str) -> Readiness:

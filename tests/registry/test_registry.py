@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from reconciler.load.loader import load_or_raise
 from reconciler.registry.leaderboard import leaderboards, spec_metric
-from reconciler.registry.records import Parent, diff, find, lineage
+from reconciler.registry.records import Parent, diff, find, lineage, rejected_variant
 from reconciler.targets.kubernetes.records import _from_workflow_status
 from reconciler.targets.local.records import ingest_local
+from reconciler.targets.local.rollout import LocalRolloutBackend
 from reconciler.targets.local.state import StateDB
 from renderers import RenderContext, render
 from tests.registry.sample import DIGITS_DIGEST, ROOT, V1, V2, cli, project, rendered, write_run
@@ -138,6 +139,42 @@ def test_cluster_records_come_from_the_register_nodes_output() -> None:
     assert record.variants["int8"].figures.accuracy == 0.965
     assert record.lineage.git_revision == "c0ffee"
     shutil.rmtree(Path("/tmp") / "forge-registry-test", ignore_errors=True)
+
+
+def test_a_rejected_variant_is_recorded_and_fails_the_offline_gate_of_an_endpoint_naming_it(tmp_path: Path) -> None:
+    """The register step lists a variant its step rejected under `rejected` (registry.json: with
+    the reason and report; the cluster's `metrics` summary: the reason). The record keeps it out
+    of the variants, and each target's offline gate fails an Endpoint that serves it."""
+    wf, _, _ = rendered(project(tmp_path), "c0ffee")
+    version = wf["metadata"]["labels"]["forge.dev/model-version"]
+    workspace = tmp_path / "workspace"
+    write_run(workspace, wf, V1, 0.9638)
+    reg = workspace / "registry" / "digits-mlp" / version / "registry.json"
+    why = "accuracy dropped 41.20 points, more than the allowed 0.5"
+    reg.write_text(json.dumps({**json.loads(reg.read_text()), "rejected": {"gutted": {"reason": why, "report": "x/report.json"}}}))
+    db = StateDB(tmp_path / "state.db")
+    record = ingest_local(db, workspace, wf, "local", registered=1000.0)
+    assert record is not None and record.rejected == {"gutted": why} and "gutted" not in record.variants
+    assert db.model_versions("digits-mlp")[0].rejected == {"gutted": why}  # through the state DB's JSON
+    db.put({**wf, "status": {"phase": "Succeeded"}})
+    backend = LocalRolloutBackend(cast(Any, None), db, tmp_path / "events.jsonl", lambda _: None, cast(Any, None),
+                                  cast(Any, None), cast(Any, None), None)
+    finished, passed, detail = backend.model_gate("digits-mlp", version, "gutted")
+    assert (finished, passed) == (True, False) and f"variant gutted of version {version} was rejected: {why}" in detail
+    assert "registered: base, base-onnx, base-onnx-int8, int8, pruned" in detail
+    assert backend.model_gate("digits-mlp", version, "int8")[:2] == (True, True)
+    assert backend.model_gate("digits-mlp", version, None)[:2] == (True, True)  # `select: fastest`: the server picks
+
+    summary = {"model": "digits-mlp", "version": version, "variants": ["base"], "rejected": {"gutted": why},
+               "registry": {"base": {"sizeBytes": 1, "kind": "state_dict", "parameters": 1, "accuracy": 0.96, "latency": {}}}}
+    cluster = {**wf, "status": {"phase": "Succeeded", "nodes": {
+        "n1": {"templateName": "register", "phase": "Succeeded", "finishedAt": "2026-01-02T03:04:05Z",
+               "outputs": {"parameters": [{"name": "metrics", "value": json.dumps(summary)}]}}}}}
+    on_cluster = _from_workflow_status(cluster, "cluster")
+    assert on_cluster is not None and on_cluster.rejected == {"gutted": why}
+    assert rejected_variant(on_cluster, "gutted") == f"variant gutted of version {version} was rejected: {why} (registered: base)"
+    assert rejected_variant(on_cluster, "base") is None
+    db.close()
 
 
 def test_models_lists_versions_with_lineage_and_the_leaderboard(local_project: dict[str, Any]) -> None:

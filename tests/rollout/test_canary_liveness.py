@@ -94,7 +94,7 @@ class Backend:
         self.serving_now = state
         self.applied.append((self.clock(), state))
 
-    def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
+    def model_gate(self, model: str, version: str, variant: str | None) -> tuple[bool, bool, str]:
         return True, True, "Workflow digits-mlp-b succeeded"
 
     def canary_ready(self, endpoint: str, version: str) -> Readiness:

@@ -103,7 +103,7 @@ class FakeBackend:
         self.serving_now = state  # what the re-applied SeldonDeployment then reads back as
         self.applied.append(state)
 
-    def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
+    def model_gate(self, model: str, version: str, variant: str | None) -> tuple[bool, bool, str]:
         return self.gate
 
     def canary_ready(self, endpoint: str, version: str) -> Readiness:

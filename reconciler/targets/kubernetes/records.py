@@ -48,7 +48,7 @@ def _from_workflow_status(workflow: Mapping[str, Any], environment: str) -> Reco
                 when = 0.0
             registry = {"model": summary.get("model"), "version": summary.get("version"), "variants": variants,
                         "hardware": summary.get("hardware"), "artifacts": summary.get("artifacts"),
-                        "search": summary.get("search")}
+                        "search": summary.get("search"), "rejected": summary.get("rejected")}
             evaluation = outputs.get("evaluate")
             explanations, labeling = outputs.get("explain"), outputs.get("autolabel")
             return build_record(workflow, registry, evaluation if isinstance(evaluation, dict) else None, when, environment,

@@ -42,10 +42,12 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from reconciler.errors import ConflictError, LeaseLost, TargetError
+from reconciler.registry.records import rejected_variant
 from reconciler.resources import BY_KIND, EVENT, POD, ObjectRef, Resource
 from reconciler.rollout.controller import ACTIVE, STATE_ANNOTATION, Readiness, RolloutState
 from reconciler.targets.base import Precondition, Target
 from reconciler.targets.kubernetes.lease import FenceToken
+from reconciler.targets.kubernetes.records import records_from_workflows
 from reconciler.targets.kubernetes.workflow_status import failure_of
 from reconciler.traffic.serving import apply_serving, serving_states
 from renderers.gateway import gateway_routing
@@ -362,14 +364,18 @@ class KubernetesRolloutBackend:
         raise ConflictError(f"{what}: refused by the API server as stale (409: {server}); not sent again: the next "
                             "pass reads the objects again and decides anew", status=409, ref=conflict.ref) from conflict
 
-    def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
-        """The offline gate: the phase of the version's Workflow."""
+    def model_gate(self, model: str, version: str, variant: str | None) -> tuple[bool, bool, str]:
+        """The offline gate: the phase of the version's Workflow, and (once it succeeded) that its
+        register node's record has ``variant``."""
         wf = self.workflow_of(model, version)
         if wf is None:
             return False, False, f"no Workflow for version {version} of model `{model}` (not applied yet?)"
         phase = (wf.get("status") or {}).get("phase") or "Pending"
         name = wf["metadata"]["name"]
         if phase == "Succeeded":
+            record = next(iter(records_from_workflows([wf], self.env.name)), None)
+            if (rejected := rejected_variant(record, variant)) is not None:
+                return True, False, f"Workflow {name} succeeded, but {rejected}"
             return True, True, f"Workflow {name} succeeded: evaluation thresholds met, version registered"
         if phase in ("Failed", "Error"):
             return True, False, f"Workflow {name} {phase.lower()}: {failure_of(wf) or phase}"

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reconciler.registry.records import rejected_variant
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import Readiness, RolloutState
 from reconciler.targets.base import Target
@@ -63,13 +64,17 @@ class LocalRolloutBackend:
         """Move the endpoint's traffic (see :func:`reconciler.traffic.serving.apply_serving`)."""
         apply_serving(self.target, self.specs, self.env, self.revision, endpoint, state)
 
-    def model_gate(self, model: str, version: str) -> tuple[bool, bool, str]:
-        """The offline gate: the version's Workflow once live (it succeeded), else its run."""
+    def model_gate(self, model: str, version: str, variant: str | None) -> tuple[bool, bool, str]:
+        """The offline gate: the version's Workflow once live (it succeeded, and registered
+        ``variant``), else its run."""
         for obj in self.db.objects():
             labels = obj["metadata"].get("labels") or {}
             if obj["kind"] == "Workflow" and labels.get(NAME) == model and labels.get(MODEL_VERSION) == version:
                 phase = (obj.get("status") or {}).get("phase")
                 if phase == "Succeeded":
+                    record = next((r for r in self.db.model_versions(model) if r.version == version), None)
+                    if (rejected := rejected_variant(record, variant)) is not None:
+                        return True, False, f"Workflow {obj['metadata']['name']} succeeded, but {rejected}"
                     return True, True, f"Workflow {obj['metadata']['name']} succeeded: evaluation thresholds met, version registered"
         for run in self.db.workflow_runs(name_like=f"{model[:50]}-{version[:10]}"):
             if run.phase == "Failed":
