@@ -8,7 +8,9 @@ Prometheus Operator (devkit.node.promop) with the Prometheus it manages as a pod
 on the host with the cluster's admin kubeconfig, as a platform engineer's laptop or CI would; the
 rendered objects are never changed. The stages run in order and share the cluster:
 
-1. `apply` → Argo runs prepare → train → evaluate → compress → register as pods; `status` shows
+1. `apply` → Argo runs prepare → train → evaluate → compress → register as pods (one variant,
+   beyond its accuracy bound, rejected by its step's verdict: the version registers the others and
+   `models show` lists it with the reason, from the register node's output); `status` shows
    the Workflow and its steps from the cluster; the Seldon operator makes the stable predictor,
    which serves; Prometheus, configured by the operator from the PodMonitor, scrapes it, and the
    rule group is loaded.
@@ -97,7 +99,7 @@ from specs.rollout import BUILTIN_TEMPLATES, fill_placeholders
 from tests.cluster import nodekit
 from tests.polling import wait_until
 from tests.runtimes.helpers import series_value
-from tests.specedits import route_by_gateway
+from tests.specedits import REJECTED_VARIANT, add_rejected_variant, route_by_gateway
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -342,6 +344,8 @@ def qs(stack: _Stack, shared_node: nodekit.SharedNode, tmp_path_factory: pytest.
     q.git("init", "-q")
     # the cluster's platform team routes by the Gateway API, through the gateway running on it
     route_by_gateway(work, stack.gateway.parent_ref())
+    # and its Compression has a variant beyond its bound: Argo runs its step, the version registers the others
+    add_rejected_variant(work)
     q.git("add", ".")
     q.git("commit", "-qm", "quick-start")
     # the platform team's namespace, enforcing `restricted` before Forge applies into it (Forge only
@@ -377,7 +381,13 @@ def test_1_apply_trains_serves_and_is_scraped(qs: Quickstart) -> None:
     steps = {name: n["phase"] for name, n in _nodes(wf).items()}
     print(f"\nversion {v1}: Workflow {wf['status']['phase']} in {time.monotonic() - t0:.0f} s: {steps}")
     assert wf["status"]["phase"] == "Succeeded", (wf["status"].get("message"), steps)
-    assert {"prepare-data", "train", "evaluate", "register"} <= set(steps) and set(steps.values()) == {"Succeeded"}
+    assert {"prepare-data", "train", "evaluate", f"compress-{REJECTED_VARIANT}", "register"} <= set(steps)
+    assert set(steps.values()) == {"Succeeded"}
+    # the rejected variant: a verdict of its step (Succeeded), read back from the register node's
+    # output parameter Argo keeps in the Workflow's status
+    record = qs.json("models", "show", f"digits-mlp@{v1}")
+    assert REJECTED_VARIANT not in record["variants"] and {"base", "int8"} <= set(record["variants"]), record["variants"]
+    assert "more than the allowed 0.5" in record["rejected"][REJECTED_VARIANT], record.get("rejected")
 
     # `forgectl status` shows the Workflow and its steps, read from the cluster
     status = qs.json("status")

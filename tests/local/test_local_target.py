@@ -33,23 +33,15 @@ import pytest
 from reconciler.targets.local.processes import ProcessRecord, alive
 from reconciler.targets.local.state import StateDB
 from tests.polling import wait_until
+from tests.specedits import add_rejected_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.runtime
 
 ALL_STEPS = ("prepare-data", "train", "evaluate", "compress-pruned", "compress-int8", "compress-gutted", "export-base",
              "benchmark", "register")
-#: Registered: not `gutted`, a variant the tests add beyond its accuracy bound (`_new_repo`).
+#: Registered: not `gutted`, the variant beyond its accuracy bound the tests add (`_new_repo`).
 VARIANTS = {"base", "pruned", "int8", "base-onnx", "base-onnx-int8"}
-#: A variant no run can keep (97 % of the hidden units pruned, no fine-tune, half a point allowed):
-#: its step's verdict rejects it, and the version registers the others.
-GUTTED = """    - name: gutted
-      maxAccuracyDrop: 0.5
-      stages:
-        - type: prune
-          sparsity: 0.97
-          fineTuneEpochs: 0
-  # ONNX export"""
 DIGITS_DIGEST = "sha256:4eca0a80f7990df18560bf7c80f03e0893a8868820f1ee4405e0402527902353"
 
 
@@ -132,8 +124,7 @@ def _new_repo(path: Path) -> None:
     rollout = path / "specs" / "rollout.yaml"
     # (and a looser latency bound: a loaded 2-core CI machine can push a healthy p99 past 200 ms)
     rollout.write_text(rollout.read_text().replace("pause: 5s", "pause: 2s").replace("max: 0.2", "max: 2.0"))
-    compression = path / "specs" / "compression.yaml"
-    compression.write_text(compression.read_text().replace("  # ONNX export", GUTTED, 1))
+    add_rejected_variant(path / "specs")
     repo = git.Repo.init(path)
     repo.config_writer().set_value("user", "name", "T").set_value("user", "email", "t@example.com").release()
     repo.index.add(["specs"])
