@@ -43,10 +43,13 @@ ROW = "row"
 
 
 def read_table(path: Any) -> Any:
+    """A CSV or Parquet file (by its suffix) as a pandas frame."""
     import pandas as pd
 
+    from runtimes.data import read_parquet
+
     if path.suffix == ".parquet":
-        return pd.read_parquet(path)
+        return read_parquet(path)
     return pd.read_csv(path)
 
 

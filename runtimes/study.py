@@ -60,6 +60,10 @@ def _storage(study: SearchStudy) -> Any:
     return optuna.storages.RDBStorage(url=url, engine_kwargs={"connect_args": {"timeout": LOCK_TIMEOUT_S}})
 
 
+#: PostgreSQL's SQLSTATEs for a `CREATE` that another session's won: duplicate table, duplicate object.
+DUPLICATE_PGCODES = ("42P07", "42710")
+
+
 def study_name(study: SearchStudy) -> str:
     """The study's name in its storage: the model and version, and in a database (which outlives
     the workspace the trials' outputs are on) the run too, so a version trained again on a fresh
@@ -90,8 +94,9 @@ def _pruner(search: Search) -> Any:
 
 def open_study(study: SearchStudy, index: int = 0) -> Any:
     """The search's study, created by the first trial to get there (the others load it). Creating
-    the tables of a new SQLite file races between parallel trials (both stamp Alembic's version
-    row): a lost race is retried, and then finds the tables made. Each trial task seeds its sampler
+    the tables of a new storage races between parallel trials — in a SQLite file both stamp
+    Alembic's version row; in PostgreSQL both may issue the same `CREATE TABLE` (a duplicate table
+    or type): a lost race is retried, and then finds the tables made. Each trial task seeds its sampler
     with the study's seed plus its index: parallel processes seeded alike would draw the same
     start-up trials."""
     import optuna
@@ -105,8 +110,11 @@ def open_study(study: SearchStudy, index: int = 0) -> Any:
                 sampler=_sampler(search, study.seed + index), pruner=_pruner(search),
                 direction="maximize" if search.goal == "maximize" else "minimize",
             )
-        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as exc:
-            # a locked file, or the other trial stamped the schema's version first
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
+            # a locked file, the other trial stamped the schema's version first, or (PostgreSQL)
+            # created a table first; any other programming error is not a race
+            if isinstance(exc, sqlalchemy.exc.ProgrammingError) and getattr(exc.orig, "pgcode", None) not in DUPLICATE_PGCODES:
+                raise
             if attempt == 5:
                 raise StepFailed(f"cannot open the study {study.name} in {study.where}: {exc}") from None
             time.sleep(0.5 * 2**attempt)

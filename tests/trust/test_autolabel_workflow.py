@@ -314,9 +314,9 @@ WRITE_PARQUET = ("import sys, pandas as pd; pd.DataFrame({'a': [1, 3, 5], 'b': [
                  ".to_parquet(sys.argv[1], index=False, compression='zstd')")
 READ_PARQUET = r'''
 import json, sys
-import pandas as pd, pyarrow.parquet as pq
+import pyarrow.parquet as pq
 f = pq.ParquetFile(sys.argv[1])
-frame = pd.read_parquet(sys.argv[1])
+frame = pq.read_table(sys.argv[1]).to_pandas()  # not pd.read_parquet: see runtimes.data.read_parquet
 print(json.dumps({"types": [str(t) for t in f.schema_arrow.types], "names": f.schema_arrow.names,
                   "compression": f.metadata.row_group(0).column(0).compression, "rows": frame.values.tolist(),
                   "index": frame.index.tolist()}))
