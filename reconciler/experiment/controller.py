@@ -1,6 +1,7 @@
 """The experiment controller: an Endpoint's A/B(/n) experiment as a resumable state machine.
 
     (none) ──experiment in the specs──▶ Running: one predictor per arm, with its share
+    (none) ──a treatment arm's version failed its offline gate (its variant rejected)──▶ Stopped
       Running ──every `interval`: counts per arm from Prometheus, guardrails, the decision rule──▶
         Decided(winner)   the winner serves all traffic (a treatment, or control when no arm beats it)
         Inconclusive      the deadline (`maxDuration`) passed undecided: control serves all traffic
@@ -148,9 +149,15 @@ class ExperimentController:
         state = ExperimentState.from_json(saved) if saved else None
         if state is None or state.key != key:
             state = ExperimentState(key, "", now, experiment.control_arm.name, [asdict(a) for a in arms])
-            state = _transition(state, RUNNING, f"experiment started: {', '.join(f'{a.name} {a.version}/{a.variant} {a.share} %' for a in arms)}", now)
-            self.backend.set_serving(endpoint, serving_for(endpoint, version, state.to_json()))
-            self.backend.event(endpoint.name, "Normal", "ExperimentStarted", state.reason)
+            refused = self._refused_arms(endpoint, arms)
+            if refused:
+                state = _transition(state, STOPPED, f"not started: {refused}; control {state.control} kept", now)
+                self.backend.set_serving(endpoint, serving_for(endpoint, version, state.to_json()))
+                self.backend.event(endpoint.name, "Warning", "ExperimentStopped", state.reason)
+            else:
+                state = _transition(state, RUNNING, f"experiment started: {', '.join(f'{a.name} {a.version}/{a.variant} {a.share} %' for a in arms)}", now)
+                self.backend.set_serving(endpoint, serving_for(endpoint, version, state.to_json()))
+                self.backend.event(endpoint.name, "Normal", "ExperimentStarted", state.reason)
         elif state.phase == RUNNING and serving.arms != arms:
             self.backend.set_serving(endpoint, serving_for(endpoint, version, state.to_json()))
         if state.phase == RUNNING and now >= state.last_look + duration_seconds(experiment.interval):
@@ -162,6 +169,23 @@ class ExperimentController:
         if state.to_json() != saved:
             self.backend.save_state(endpoint.name, replace(rollout, experiment=state.to_json()))
         return state
+
+    def _refused_arms(self, endpoint: Endpoint, arms: tuple[ArmServing, ...]) -> str | None:
+        """Why the arms cannot start: a treatment arm whose version's offline gate finished and
+        failed — its Workflow failed, or a step rejected the arm's variant, so no server of it could
+        start. An arm still training is not refused (its server starts once it is registered).
+        Asked of a backend with the rollout controller's ``model_gate`` (both targets'), else none."""
+        gate: Callable[[str, str, str | None], tuple[bool, bool, str]] | None = getattr(self.backend, "model_gate", None)
+        if gate is None:
+            return None
+        control = endpoint.spec.experiment.control_arm.name if endpoint.spec.experiment else None
+        for arm in arms:
+            if arm.name == control:
+                continue  # control is what serves when the experiment does not run
+            finished, passed, detail = gate(endpoint.spec.model_ref, arm.version, arm.variant)
+            if finished and not passed:
+                return f"arm {arm.name}: {detail}"
+        return None
 
     def stop(self, endpoint: Endpoint, version: str, who: str = "user") -> ExperimentState:
         """Stop a running experiment by hand: control keeps all traffic."""

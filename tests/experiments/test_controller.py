@@ -39,6 +39,11 @@ class Backend:
     state: dict[str, RolloutState] = field(default_factory=dict)
     serving_now: dict[str, ServingState] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)
+    #: The offline gate per (version, variant) the targets' `model_gate` would answer (default: registered).
+    gates: dict[tuple[str, str | None], tuple[bool, bool, str]] = field(default_factory=dict)
+
+    def model_gate(self, model: str, version: str, variant: str | None) -> tuple[bool, bool, str]:
+        return self.gates.get((version, variant), (True, True, "Workflow succeeded: version registered"))
 
     def serving(self, endpoint: str) -> ServingState | None:
         return self.serving_now.get(endpoint)
@@ -131,6 +136,23 @@ def test_a_failing_guardrail_stops_the_experiment() -> None:
     backend, state = _run(ep, Counters({"base": 0.95, "int8": 0.95}, latency={"base": 0.05, "int8": 0.5}), looks=10)
     assert state.phase == STOPPED and "guardrail latency-p99 failed on arm int8" in state.reason
     assert backend.serving_now[ep.name].arms == () and backend.serving_now[ep.name].stable_variant == "base"
+
+
+def test_an_arm_whose_variant_a_step_rejected_is_not_started_and_control_serves() -> None:
+    # what the targets' gate says (tests/registry/test_registry.py) of a variant its step rejected
+    why = ("Workflow digits-mlp-0123456789 succeeded, but variant int8 of version 0123456789ab was rejected: "
+           "accuracy dropped 3.10 points, more than the allowed 1 (registered: base, pruned)")
+    ep = _endpoint()
+    backend = Backend(serving_now={ep.name: ServingState(VERSION)}, gates={(VERSION, "int8"): (True, False, why)})
+    backend, state = _run(ep, Counters({"base": 0.9, "int8": 0.95}), looks=3, backend=backend)
+    assert state.phase == STOPPED and state.reason == f"not started: arm int8: {why}; control base kept"
+    assert backend.serving_now[ep.name].arms == () and backend.serving_now[ep.name].stable_variant == "base"
+    assert backend.events == [("ExperimentStopped", state.reason)]
+    # an arm still training is not refused: it starts, its server coming up once it is registered
+    training = Backend(serving_now={ep.name: ServingState(VERSION)},
+                       gates={(VERSION, "int8"): (False, False, "Workflow digits-mlp-0123456789 is Running")})
+    _, started = _run(ep, Counters({"base": 0.9, "int8": 0.9}), looks=0, backend=training)
+    assert started.phase == RUNNING and [a.name for a in training.serving_now[ep.name].arms] == ["base", "int8"]
 
 
 def test_a_restarted_controller_resumes_from_the_saved_state() -> None:
