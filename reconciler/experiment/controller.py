@@ -174,15 +174,12 @@ class ExperimentController:
         """Why the arms cannot start: a treatment arm whose version's offline gate finished and
         failed — its Workflow failed, or a step rejected the arm's variant, so no server of it could
         start. An arm still training is not refused (its server starts once it is registered).
-        Asked of a backend with the rollout controller's ``model_gate`` (both targets'), else none."""
-        gate: Callable[[str, str, str | None], tuple[bool, bool, str]] | None = getattr(self.backend, "model_gate", None)
-        if gate is None:
-            return None
+        Asked of the rollout controller's backend (``model_gate``: both targets have it)."""
         control = endpoint.spec.experiment.control_arm.name if endpoint.spec.experiment else None
         for arm in arms:
             if arm.name == control:
                 continue  # control is what serves when the experiment does not run
-            finished, passed, detail = gate(endpoint.spec.model_ref, arm.version, arm.variant)
+            finished, passed, detail = self.backend.model_gate(endpoint.spec.model_ref, arm.version, arm.variant)
             if finished and not passed:
                 return f"arm {arm.name}: {detail}"
         return None

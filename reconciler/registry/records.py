@@ -446,6 +446,15 @@ def rejected_variant(record: Record | None, variant: str | None) -> str | None:
             f"(registered: {', '.join(sorted(record.variants)) or 'none'})")
 
 
+def succeeded_gate(workflow: str, record: Record | None, variant: str | None) -> tuple[bool, bool, str]:
+    """The offline gate (finished, passed, detail) of a version whose Workflow ``workflow``
+    succeeded: passed, unless a step rejected ``variant`` (both targets' ``model_gate``)."""
+    rejected = rejected_variant(record, variant)
+    if rejected is not None:
+        return True, False, f"Workflow {workflow} succeeded, but {rejected}"
+    return True, True, f"Workflow {workflow} succeeded: evaluation thresholds met, version registered"
+
+
 # -- who serves a version -------------------------------------------------------------------------
 
 class RolloutMemory(Protocol):

@@ -57,6 +57,10 @@ class LocalBackend:
     def load_state(self, endpoint: str) -> RolloutState | None:
         return self.states.get(endpoint)
 
+    def model_gate(self, model: str, version: str, variant: str | None) -> tuple[bool, bool, str]:
+        # the arms' bundles are the ones this module's fixture trained and registered
+        return True, True, f"version {version} registered by the fixture"
+
     def save_state(self, endpoint: str, state: RolloutState) -> None:
         self.states[endpoint] = RolloutState.from_json(state.to_json())
 

@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from reconciler.errors import ConflictError, LeaseLost, TargetError
-from reconciler.registry.records import rejected_variant
+from reconciler.registry.records import succeeded_gate
 from reconciler.resources import BY_KIND, EVENT, POD, ObjectRef, Resource
 from reconciler.rollout.controller import ACTIVE, STATE_ANNOTATION, Readiness, RolloutState
 from reconciler.targets.base import Precondition, Target
@@ -373,10 +373,7 @@ class KubernetesRolloutBackend:
         phase = (wf.get("status") or {}).get("phase") or "Pending"
         name = wf["metadata"]["name"]
         if phase == "Succeeded":
-            record = next(iter(records_from_workflows([wf], self.env.name)), None)
-            if (rejected := rejected_variant(record, variant)) is not None:
-                return True, False, f"Workflow {name} succeeded, but {rejected}"
-            return True, True, f"Workflow {name} succeeded: evaluation thresholds met, version registered"
+            return succeeded_gate(name, next(iter(records_from_workflows([wf], self.env.name)), None), variant)
         if phase in ("Failed", "Error"):
             return True, False, f"Workflow {name} {phase.lower()}: {failure_of(wf) or phase}"
         return False, False, f"Workflow {name} is {phase}"

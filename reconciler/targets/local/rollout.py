@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reconciler.registry.records import rejected_variant
+from reconciler.registry.records import succeeded_gate
 from reconciler.resources import ObjectRef
 from reconciler.rollout.controller import Readiness, RolloutState
 from reconciler.targets.base import Target
@@ -73,9 +73,7 @@ class LocalRolloutBackend:
                 phase = (obj.get("status") or {}).get("phase")
                 if phase == "Succeeded":
                     record = next((r for r in self.db.model_versions(model) if r.version == version), None)
-                    if (rejected := rejected_variant(record, variant)) is not None:
-                        return True, False, f"Workflow {obj['metadata']['name']} succeeded, but {rejected}"
-                    return True, True, f"Workflow {obj['metadata']['name']} succeeded: evaluation thresholds met, version registered"
+                    return succeeded_gate(obj["metadata"]["name"], record, variant)
         for run in self.db.workflow_runs(name_like=f"{model[:50]}-{version[:10]}"):
             if run.phase == "Failed":
                 return True, False, f"Workflow {run.name} failed: {run.message}"
