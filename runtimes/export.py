@@ -193,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     source = verdict(config.source, in_workspace(config.model_dir))
     if source is not None:
         reason = f"its source variant {config.source} was rejected: {source.reason}"
-        for graph in _graphs(config):
-            reject(out / graph, export_variant(config.source, graph), reason, source.report)
+        _reject_graphs(config, out, reason, source.report)
         write_json(out / "report.json", {"model": config.model, "source": config.source, "reason": reason})
         log.warning("not exported: %s", reason)
         return 0
@@ -204,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     inputs = _load(config)
     report, reference = _onnx_fp32(config, inputs, out)
     if not report["onnx"]["accepted"]:
-        for graph in _graphs(config):
-            reject(out / graph, export_variant(config.source, graph), report["reason"], f"{config.output}/report.json")
+        _reject_graphs(config, out, report["reason"], f"{config.output}/report.json")
         write_json(out / "report.json", report)
         log.warning("export of %s rejected: %s (see %s/report.json)", config.source, report["reason"], config.output)
         return 0
@@ -222,6 +220,14 @@ def main(argv: list[str] | None = None) -> int:
 def _graphs(config: ExportConfig) -> tuple[str, ...]:
     """The graphs this export builds (folder names under its output, and the export kinds)."""
     return ("onnx", "onnx-int8") if config.int8 is not None else ("onnx",)
+
+
+def _reject_graphs(config: ExportConfig, out: Path, reason: str, report: str | None) -> None:
+    """Every graph of this export rejected for ``reason``: the fp32 graph failed its check, or the
+    source variant it would be made from was itself rejected (the INT8 graph is made from the fp32
+    one, so it goes with it)."""
+    for graph in _graphs(config):
+        reject(out / graph, export_variant(config.source, graph), reason, report)
 
 
 def _load(config: ExportConfig) -> _Inputs:
