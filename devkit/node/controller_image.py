@@ -117,12 +117,6 @@ def _python_minor() -> str:
     return f"python{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def _compile(top: Path) -> None:
-    """Hash-based ``.pyc`` next to the sources (checked against nothing: the image never changes)."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
-                    str(top)], check=True)
-
-
 def base_layer() -> Path:
     return layers.debian_base("controller-layers", FORMAT, BASE_PACKAGES, BASE_HOOK, _log, need_file=True)
 
@@ -145,7 +139,7 @@ def requirements_layer() -> Path:
                         "-r", str(Path(td) / "requirements.txt")], check=True)
         # console scripts (their #! names this machine's Python): the image runs `python3.11 -m forgectl`
         shutil.rmtree(site / "bin", ignore_errors=True)
-        _compile(site)
+        layers.compile_tree(site)
         subprocess.run(["tar", *layers.TAR_FLAGS, "-cf", str(tmp), "-C", td, "usr"], check=True)
     try:
         return layers.finish_layer(tmp, dest)
@@ -154,7 +148,7 @@ def requirements_layer() -> Path:
 
 
 def forge_layer() -> Path:
-    return layers.checkout_layer("controller-layers", FORMAT, FORGE_DIRS, PYTHON, need_file=True, after=_compile)
+    return layers.checkout_layer("controller-layers", FORMAT, FORGE_DIRS, PYTHON, need_file=True, after=layers.compile_tree)
 
 
 def image_config(digests: list[str]) -> dict[str, Any]:

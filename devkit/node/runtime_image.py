@@ -38,6 +38,9 @@ from devkit.node import layers, paths
 from devkit.node.layers import TAR_FLAGS
 
 FORMAT = "1"  # bump when the layers' recipe changes
+#: A key part of the requirements and forge layers: their byte-code is hash-based (a change of
+#: those two alone, which the base layer need not be built again for).
+PYC = "pyc:unchecked-hash"
 PYTHON = "python3.11"
 BASE_PACKAGES = ("python3.11", "python3-venv", "g++", "ca-certificates", "libgomp1", "procps")
 # what the Dockerfile's RUN useradd / mkdir do, after the packages are installed
@@ -74,7 +77,7 @@ def requirements_layer(need_file: bool = False) -> Path:
     pyver = re.search(r"^version\s*=\s*(\d+\.\d+)", (venv / "pyvenv.cfg").read_text(), re.M)
     if not pyver or f"python{pyver.group(1)}" != PYTHON:
         raise RuntimeError(f"{venv} is not a {PYTHON} environment; the image's Python is Debian's {PYTHON}")
-    dest = layers.layers_dir("runtime-layers") / f"requirements-{layers.key(FORMAT, req.read_bytes(), PYTHON)}.tar"
+    dest = layers.layers_dir("runtime-layers") / f"requirements-{layers.key(FORMAT, req.read_bytes(), PYTHON, PYC)}.tar"
     if dest.is_file() or (not need_file and layers.cached(dest)):
         return dest
     _log(f"building the requirements layer from {venv} (installed from PyPI by scripts/runtime-env)")
@@ -92,9 +95,16 @@ def requirements_layer(need_file: bool = False) -> Path:
                 data = b"#!/usr/bin/" + PYTHON.encode() + b"\n" + data.split(b"\n", 1)[1]
             (bindir / f.name).write_bytes(data)
             (bindir / f.name).chmod(0o755)
-        subprocess.run(["nice", "-n", "10", "tar", *TAR_FLAGS, "-cf", str(tmp),
-                        "--transform", f"s,^\\./,usr/local/lib/{PYTHON}/dist-packages/,",
-                        "--exclude=./pip", "--exclude=./pip-*", "-C", str(site), "."], check=True)
+        # pip's byte-code, made hash-based (its timestamps never match in a layer: layers' docstring)
+        pycs = Path(td) / "pyc"
+        listed = [f"./{p}" for p in layers.hash_based_pycs(site, pycs)
+                  if p.parts[0] != "pip" and not p.parts[0].startswith("pip-")]  # as the excludes below
+        (Path(td) / "pycs.txt").write_text("\n".join(listed) + "\n")
+        into_site = ["--transform", f"s,^\\./,usr/local/lib/{PYTHON}/dist-packages/,"]
+        subprocess.run(["nice", "-n", "10", "tar", *TAR_FLAGS, "-cf", str(tmp), *into_site,
+                        "--exclude=./pip", "--exclude=./pip-*", "--exclude=__pycache__", "-C", str(site), "."], check=True)
+        subprocess.run(["tar", *TAR_FLAGS, "-rf", str(tmp), *into_site, "--no-recursion", "-C", str(pycs),
+                        "-T", str(Path(td) / "pycs.txt")], check=True)
         subprocess.run(["tar", *TAR_FLAGS, "-rf", str(tmp), "-C", td, "usr/local/bin"], check=True)
     try:
         return layers.finish_layer(tmp, dest)
@@ -103,7 +113,8 @@ def requirements_layer(need_file: bool = False) -> Path:
 
 
 def forge_layer(need_file: bool = False) -> Path:
-    return layers.checkout_layer("runtime-layers", FORMAT, ("specs", "runtimes"), need_file=need_file)
+    return layers.checkout_layer("runtime-layers", FORMAT, ("specs", "runtimes"), PYC, need_file=need_file,
+                                 after=layers.compile_tree)
 
 
 def image_refs(environment: str = "cluster", specs_dir: Path | None = None) -> dict[str, str]:
