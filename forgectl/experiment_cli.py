@@ -109,7 +109,9 @@ def experiment_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"experiment: {x['phase']}" + (f", winner {x['winner']}" if x.get("winner") else "")
                      + f" — {x['reason']} (details: forgectl experiment status {data['endpoint']})")
     s = data.get("shadow")
-    if s:
+    if s and s.get("held"):
+        lines.append(f"shadow: not started — {s['held']}")
+    elif s:
         agreement = f"{s['agreement']:.2%}" if s.get("agreement") is not None else "-"
         distance = f"{s['meanProbabilityDistance']:.4f}" if s.get("meanProbabilityDistance") is not None else "-"
         latency = f"{s['meanLatencySeconds'] * 1000:.1f} ms" if s.get("meanLatencySeconds") is not None else "-"

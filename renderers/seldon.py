@@ -55,6 +55,11 @@ class ArmServing:
     share: int
 
 
+#: The init container of every model server's pod: it holds the server until its version is
+#: registered, and stops, saying why, when the variant it serves was rejected.
+AWAIT_CONTAINER = "await-model"
+
+
 def predictor_service(deployment: str, predictor: str) -> str:
     """The Service the Seldon Core v1.17.1 operator creates for a `seldon.io/no-engine` predictor
     (`createPredictorService`, named by `GetPredictorKey`): `<SeldonDeployment>-<predictor>`, or
@@ -109,9 +114,9 @@ def _predictor(endpoint: Endpoint, compute: Compute | None, env: Environment, na
     })
     # Seldon starts the server as soon as the object exists, and a first version is still
     # training then: the init container holds the pod until the version is registered.
-    wait = await_registration(model, version, f"model {model} {version}")
+    wait = await_registration(model, version, f"model {model} {version}", spec.required_variant(variant))
     init = secured({
-        "name": "await-model",
+        "name": AWAIT_CONTAINER,
         "image": image(env, "forge-serve"),
         "command": ["python", "-m", "runtimes"],
         "args": step_args("await", wait.model_dump(mode="json", by_alias=True)),

@@ -213,11 +213,12 @@ def training_stage(specs: SpecSet, model: Model) -> int:
     return max((1 + training_stage(specs, t) for t in teachers if t is not None and t.name != model.name), default=0)
 
 
-def await_registration(model: str, version: str, what: str) -> AwaitConfig:
+def await_registration(model: str, version: str, what: str, variant: str | None = None) -> AwaitConfig:
     """The wait for one model version's registration (`registry.json`, written last by `register`),
-    failing as soon as that version's workflow records a failed outcome."""
+    failing as soon as that version's workflow records a failed outcome — or, for a server of
+    ``variant``, once the registration says a step rejected that variant (it will never come)."""
     return AwaitConfig(paths=[f"{registry_dir(model, version)}/registry.json"],
-                       outcomes=[f"{version_dir(model, version)}/outcome.json"], what=what)
+                       outcomes=[f"{version_dir(model, version)}/outcome.json"], what=what, variant=variant)
 
 
 def plan_steps(specs: SpecSet, model: Model, env: Environment) -> tuple[str, list[Step], Schedule]:

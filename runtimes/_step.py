@@ -152,13 +152,31 @@ def kill_first_attempt(marker: Path) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+#: Where the kubelet reads a container's termination message (the default
+#: `terminationMessagePath`, a file it mounts writable for any user); absent off a cluster.
+TERMINATION_LOG = Path("/dev/termination-log")
+
+
+def leave_termination_message(text: str) -> None:
+    """Leave ``text`` as the container's termination message: the pod's status then says why
+    the step failed (`kubectl describe`; Forge reads a shadow's held server from it). Nothing
+    where no kubelet mounted the file."""
+    if TERMINATION_LOG.is_file():
+        try:
+            TERMINATION_LOG.write_text(text[:4096])  # the kubelet keeps at most 4 KiB
+        except OSError:
+            pass  # the message is a courtesy; the log says it too
+
+
 def run_step(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run a step's main; turn a :class:`StepFailed` into its message and exit code."""
+    """Run a step's main; turn a :class:`StepFailed` into its message (on stderr, and as the
+    container's termination message) and exit code."""
     setup_logging()
     try:
         return int(main(argv) or 0)
     except StepFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
+        leave_termination_message(str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -3,7 +3,9 @@
 Argo orders the tasks of one Workflow, not Workflows between themselves, and Seldon starts a
 model server as soon as its SeldonDeployment exists. A distillation that reads its teacher's
 registered model, and a server of a version still training, therefore wait here (an init
-container, or the first task of the DAG) for the `registry.json` that `register` writes last.
+container, or the first task of the DAG) for the `registry.json` that `register` writes last. A
+server waits for its variant too: a registration that rejected it fails the wait with the step's
+reason, so the pod stops in its init container saying why instead of a server finding no bundle.
 """
 
 from __future__ import annotations
@@ -31,12 +33,29 @@ def _failed_outcome(config: AwaitConfig) -> str | None:
     return None
 
 
+def _rejected(config: AwaitConfig) -> str | None:
+    """Why the awaited registration has nothing to serve as the config's variant (its step rejected it)."""
+    for path in config.registrations():
+        try:
+            registration = json.loads(in_workspace(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise StepFailed(f"{config.what}: {path} cannot be read: {exc}") from exc
+        rejected = config.rejected(registration)
+        if rejected is not None:
+            return rejected
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_config(AwaitConfig, argv, "python -m runtimes await")
     deadline = time.monotonic() + config.timeout_seconds
     while True:
         missing = [p for p in config.paths if not in_workspace(p).exists()]
         if not missing:
+            # Registered, but perhaps without the variant this server needs: it will never come.
+            rejected = _rejected(config)
+            if rejected is not None:
+                raise UpstreamFailed(f"{config.what}: {rejected}")
             log.info("%s: ready", config.what)
             return 0
         failed = _failed_outcome(config)

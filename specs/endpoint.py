@@ -166,6 +166,14 @@ class EndpointSpec(SpecModel):
         "whole. Default: the Environment's, else `router: seldon`.",
     )
 
+    def required_variant(self, variant: str | None = None) -> str | None:
+        """The variant a server of this Endpoint must find registered to start: ``variant`` (an
+        arm's or the shadow's own) or the Endpoint's — none under `backend.select: fastest`, whose
+        server picks among the variants registered. The offline gates and the servers' wait ask it."""
+        if self.backend is not None and self.backend.select == "fastest":
+            return None
+        return variant or self.variant
+
     @model_validator(mode="after")
     def _v2_only(self) -> EndpointSpec:
         if self.protocol == "seldon":

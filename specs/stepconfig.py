@@ -340,6 +340,28 @@ class AwaitConfig(StepConfig):
     what: str = Field(description="What is awaited, for the log.")
     timeout_seconds: int = Field(default=86_400, ge=0, le=30 * 86_400, description="Give up after this long.")
     poll_seconds: float = Field(default=10.0, gt=0, le=3600, description="Time between two looks.")
+    variant: Name | None = Field(default=None,
+                                 description="The variant the waiter serves: once a `registry.json` among `paths` "
+                                             "exists, a registration whose step rejected this variant fails the wait "
+                                             "at once, with the step's reason.")
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_default(handler(self), "variant", None)  # a teacher's wait keeps its step key
+
+    def registrations(self) -> list[str]:
+        """The awaited paths that are registrations (``registry.json``, which name rejected variants)."""
+        return [p for p in self.paths if p.rsplit("/", 1)[-1] == "registry.json"]
+
+    def rejected(self, registration: dict[str, Any]) -> str | None:
+        """Why ``registration`` (a ``registry.json``, parsed) has nothing to serve as :attr:`variant`:
+        its step rejected it (None: it has one, or no variant is awaited). The local target asks it
+        of the files as the init container does (runtimes.await_files)."""
+        why = (registration.get("rejected") or {}).get(self.variant) if self.variant else None
+        if why is None:
+            return None
+        reason = why.get("reason") if isinstance(why, dict) else why
+        return f"variant {self.variant} of version {registration.get('version')} was rejected: {reason}"
 
 
 class MirrorConfig(SpecModel):

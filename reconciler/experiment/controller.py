@@ -179,7 +179,8 @@ class ExperimentController:
         for arm in arms:
             if arm.name == control:
                 continue  # control is what serves when the experiment does not run
-            finished, passed, detail = self.backend.model_gate(endpoint.spec.model_ref, arm.version, arm.variant)
+            finished, passed, detail = self.backend.model_gate(endpoint.spec.model_ref, arm.version,
+                                                               endpoint.spec.required_variant(arm.variant))
             if finished and not passed:
                 return f"arm {arm.name}: {detail}"
         return None

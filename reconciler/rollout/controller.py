@@ -196,10 +196,7 @@ class Controller:
     def _offline_gate(self, endpoint: Endpoint, model: str, policy: RolloutPolicy | None, state: RolloutState) -> OfflineGate:
         """The offline gate of the canary: its workflow, then (once that passed) the policy's regression gate."""
         assert state.canary is not None
-        # The variant the canary must serve; with `select: fastest` its server picks among those registered.
-        backend = endpoint.spec.backend
-        variant = endpoint.spec.variant if backend is None or backend.select == "variant" else None
-        finished, passed, detail = self.backend.model_gate(model, state.canary, variant)
+        finished, passed, detail = self.backend.model_gate(model, state.canary, endpoint.spec.required_variant())
         gate = policy.spec.regression_gate if policy is not None else None
         if not (finished and passed) or gate is None:
             return OfflineGate(finished, passed, detail)

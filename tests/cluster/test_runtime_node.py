@@ -27,7 +27,9 @@ rendered objects are never changed. The stages run in order and share the cluste
    Then a shadow of the first version (`percent: 50`) under the gateway: callers get only the
    stable's answers; the stable's server copies half of what it answered to the shadow's Service
    and compares (issue 29), counted from both servers' own metrics, the gate template
-   `shadow-agreement` in the in-cluster Prometheus and `rollout status`.
+   `shadow-agreement` in the in-cluster Prometheus and `rollout status`. Then a shadow of the
+   rejected variant: its pod stops in its init container with the step's reason (the kubelet's
+   termination message), which `rollout status` shows; callers are answered throughout.
 5. `down` deletes what Forge owns: the controllers remove the pods they made.
 6. examples/search in a namespace of its own: Argo runs the rendered TPE + ASHA search — its trial
    pods two at a time, one Optuna study in the cluster's PostgreSQL (Debian's, a pod the harness
@@ -71,6 +73,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -657,6 +660,30 @@ def test_4b_a_shadow_gets_copies_from_the_live_server_and_its_agreement_is_in_pr
     assert figures["agreement"] == pytest.approx(agreed / (agreed + disagreed)), figures
     # the shadow is never a route's backend
     assert "digits-shadow" not in json.dumps(qs.route()["spec"]), qs.route()["spec"]
+
+
+def test_4c_a_shadow_of_a_rejected_variant_stops_in_its_init_container_saying_why(qs: Quickstart) -> None:
+    """The shadow serves the variant the compress step rejected (no `select: fastest`, which
+    picks among the registered ones): its pod's init container ends with the step's reason as the
+    kubelet's termination message, `rollout status` shows it, and callers are answered throughout."""
+    v1, v2 = qs.versions["v1"], qs.versions["v2"]
+    qs.edit("endpoint.yaml", f"  shadow: {{version: '{v1}', percent: 50}}\n", f"  shadow: {{variant: {REJECTED_VARIANT}}}\n",
+            "a shadow of the rejected variant")
+    qs.edit("endpoint.yaml", "  backend:\n    select: fastest\n    maxAccuracyDrop: 1.0\n", "", "serve the variant named")
+    qs.forgectl("apply", "--env", "cluster", "--auto-approve")
+
+    def held() -> str | None:
+        shadow = qs.json("rollout", "status", "digits", "--prometheus-url", qs.stack.prometheus_url).get("shadow") or {}
+        return shadow.get("held")
+
+    why = _wait("rollout status to say why the shadow is held", held, timeout=300, every=3)
+    print(f"\nshadow held: {why}")
+    assert "stops in its await-model container: model digits-mlp" in why, why
+    assert re.search(rf"variant {REJECTED_VARIANT} of version ({v1}|{v2}) was rejected: .*more than the allowed 0.5", why), why
+    assert "shadow: not started — " in qs.forgectl("rollout", "status", "digits", "--env", "cluster",
+                                                   "--prometheus-url", qs.stack.prometheus_url).stdout
+    gateway = qs.stack.gateway.url
+    _wait("the gateway to answer from the stable", lambda: _infer(gateway) == 200, timeout=180, every=2)
 
 
 def test_5_down_removes_what_forge_owns(qs: Quickstart) -> None:

@@ -11,6 +11,8 @@ import pytest
 
 from reconciler.load.loader import load, load_or_raise
 from renderers import RenderContext, render
+from renderers.stepargs import decode_step_config
+from specs import Endpoint
 from specs.experiment import LATENCY_BUCKETS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,12 +93,31 @@ def test_render_arms_shadow_and_faults() -> None:
     assert len({p["labels"]["forge.dev/model-version"] for p in ab}) == 1
     assert all(f'"role":"{p["name"]}"' in p["componentSpecs"][0]["spec"]["containers"][0]["args"][-1].replace(" ", "")
                for p in ab)
+    # each server's init container waits for the variant it serves: one a step rejected fails the
+    # wait with its reason (tests/runtimes/test_await.py) instead of a server finding no bundle
+    waits = {p["name"]: decode_step_config(p["componentSpecs"][0]["spec"]["initContainers"][0])["variant"] for p in ab}
+    assert waits == {"base": "base", "int8": "int8", "shadow": "pruned"}
+
+
+def test_a_server_that_picks_its_variant_waits_for_the_registration_alone(tmp_path: Path) -> None:
+    """Under `backend.select: fastest` a server serves the fastest variant registered, whatever
+    its spec names: its wait, and the offline gates, ask for no variant."""
+    assert _with_endpoint(tmp_path, "  variant: int8\n  backend:\n    select: fastest\n  shadow:\n    variant: pruned\n") == []
+    specs = load_or_raise([str(tmp_path)]).specs
+    endpoint = next(e for e in specs.of(Endpoint) if e.name == "ab")
+    assert endpoint.spec.required_variant() is None and endpoint.spec.required_variant("pruned") is None
+    env = specs.environment("local")
+    assert env is not None
+    [sd] = [m for m in render(specs, RenderContext(env, "0123456789ab")).manifests
+            if m["kind"] == "SeldonDeployment" and m["metadata"]["name"] == "ab"]
+    assert [decode_step_config(p["componentSpecs"][0]["spec"]["initContainers"][0]).get("variant")
+            for p in sd["spec"]["predictors"]] == [None, None]
+    pinned = endpoint.spec.model_copy(update={"backend": None})
+    assert (pinned.required_variant(), pinned.required_variant("pruned")) == ("int8", "pruned")
 
 
 def test_an_endpoint_without_experiment_keeps_its_digest() -> None:
     """`experiment`/`shadow` unset stay out of the dump, so existing Endpoints do not change."""
     specs = load_or_raise([str(ROOT / "examples" / "quickstart")]).specs
-    from specs import Endpoint
-
     dumped = specs.of(Endpoint)[0].model_dump(mode="json", by_alias=True)
     assert "experiment" not in dumped["spec"] and "shadow" not in dumped["spec"]

@@ -33,7 +33,7 @@ import pytest
 from reconciler.targets.local.processes import ProcessRecord, alive
 from reconciler.targets.local.state import StateDB
 from tests.polling import wait_until
-from tests.specedits import add_rejected_variant
+from tests.specedits import REJECTED_VARIANT, add_rejected_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.runtime
@@ -341,6 +341,28 @@ def test_canary_with_injected_errors_rolls_back_and_stable_serves_throughout(ws:
     # The rolled-back version stays out: a plan does not bring its canary back (`rollout retry` would).
     plan = ws.forgectl("plan", "specs", "--detailed-exitcode", check=False)
     assert plan.returncode == 0, plan.stdout
+
+
+def test_a_shadow_of_a_rejected_variant_is_held_and_the_endpoint_serves(ws: Workspace) -> None:
+    # The shadow pins the variant the compress step rejected (no `select: fastest`, which would
+    # pick among the registered ones): its server's wait fails, as its pod's init container would.
+    ws.edit("endpoint.yaml", "  backend:\n    select: fastest\n    maxAccuracyDrop: 1.0\n",
+            f"  shadow:\n    variant: {REJECTED_VARIANT}\n")
+    ws.forgectl("apply", "specs", "--auto-approve")
+    [endpoint] = ws.status()["endpoints"]
+    assert infer(endpoint["url"]) == 200
+    assert {p.info.get("role") for p in ws.processes() if p.kind == "serve"} == {"stable"}
+    status = ws.forgectl("rollout", "status", "digits", "--specs", "specs").stdout
+    held = f"shadow: not started — variant {REJECTED_VARIANT} of version {endpoint['stable']} was rejected: accuracy dropped"
+    assert held in status, status
+    # A registered variant: the shadow starts, is fed, and the hold is gone.
+    ws.edit("endpoint.yaml", f"variant: {REJECTED_VARIANT}", "variant: base")
+    ws.forgectl("apply", "specs", "--auto-approve")
+    assert {p.info.get("role") for p in ws.processes() if p.kind == "serve"} == {"stable", "shadow"}
+    assert infer(endpoint["url"]) == 200
+    shadow = wait_until(lambda: json.loads(ws.forgectl("rollout", "status", "digits", "--specs", "specs", "-o", "json").stdout)
+                        .get("shadow") or {}, 30, "the shadow's figures", interval=0.5)
+    assert "held" not in shadow and shadow["mirrored"] >= 1, shadow
 
 
 def test_killed_apply_resumes(ws: Workspace) -> None:

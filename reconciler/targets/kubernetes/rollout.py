@@ -52,7 +52,7 @@ from reconciler.targets.kubernetes.workflow_status import failure_of
 from reconciler.traffic.serving import apply_serving, serving_states
 from renderers.gateway import gateway_routing
 from renderers.labels import ENDPOINT, MODEL_VERSION, NAME, ROLE, owner_selector
-from renderers.seldon import ServingState
+from renderers.seldon import AWAIT_CONTAINER, ServingState
 from specs import Endpoint, Environment, SpecSet
 
 ROLLOUT_MANAGER = "forgectl-rollout"
@@ -431,7 +431,24 @@ class KubernetesRolloutBackend:
         return (wf["metadata"].get("annotations") or {}).get("forge.dev/git-revision") if wf is not None else None
 
     def shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
-        """None: in a cluster the live servers count their copies to the shadow in Prometheus
-        (reconciler/metrics/shadow.py, asked by the controllers), and Istio's mirror, under
-        router `seldon`, keeps no figures Forge reads."""
+        """Why the shadow's server is held (``{"held": …}``), when its pod stopped in its init
+        container — the variant it serves was rejected, or its version's run failed — as the
+        kubelet reports that container's end. Else None: in a cluster the live servers count
+        their copies to the shadow in Prometheus (reconciler/metrics/shadow.py, asked by the
+        controllers), and Istio's mirror, under router `seldon`, keeps no figures Forge reads."""
+        try:
+            pods = self.target.list_kind(POD, f"{ENDPOINT}={endpoint},{ROLE}=shadow")
+        except TargetError:
+            return None
+        for pod in pods:
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+                if status.get("name") != AWAIT_CONTAINER:
+                    continue
+                ended = [(status.get(part) or {}).get("terminated") or {} for part in ("state", "lastState")]
+                failed = next((t for t in ended if t.get("exitCode") not in (None, 0)), None)
+                if failed is not None:
+                    why = (failed.get("message") or "").strip() or f"exit code {failed['exitCode']}"
+                    return {"held": f"its pod {pod['metadata']['name']} stops in its {AWAIT_CONTAINER} container: {why}"}
         return None

@@ -119,13 +119,15 @@ class LocalServing:
         return Router(self.db, self.state_dir, endpoint, health_path=READINESS_PATHS.get(step, READINESS_PATHS["serve"]))
 
     # -- the main operation ---------------------------------------------------------------------
-    def ensure_endpoint(self, endpoint: str, predictors: list[dict[str, Any]], sticky: tuple[str, str] | None = None) -> str:
+    def ensure_endpoint(self, endpoint: str, predictors: list[dict[str, Any]], sticky: tuple[str, str] | None = None,
+                        *, held: Mapping[str, str] | None = None) -> str:
         """Make the endpoint serve exactly ``predictors`` (as rendered in the SeldonDeployment's
         ``spec.predictors``) with their ``traffic``; returns the router's URL. Either a `stable` (and
         at most one `canary`) predictor, or the arms of an experiment (any other names), routed by
         their shares — by a hash of the ``sticky`` header or cookie when one is given. A `shadow`
         predictor (``shadow: true``) runs too and gets a copy of ``traffic`` percent of the requests
-        (the router's Lua mirror); its answers are dropped."""
+        (the router's Lua mirror); its answers are dropped. ``held``: predictors not started, by
+        name, with why (recorded for :meth:`held`)."""
         shadows = [Predictor(endpoint, p) for p in predictors if p.get("shadow")]
         for p in shadows:
             p.role = "shadow"
@@ -201,6 +203,7 @@ class LocalServing:
             "url": router.url,
             "sticky": list(sticky) if sticky else None,
             "shadow": "mirrored by the router (Lua forge_mirror)" if shadows else None,
+            "held": dict(held or {}),
         })
         return router.url
 
@@ -236,6 +239,10 @@ class LocalServing:
         """The router's URL of ``endpoint``, when it runs."""
         router = self.router(endpoint)
         return router.url if router.running() else None
+
+    def held(self, endpoint: str) -> dict[str, str]:
+        """The endpoint's predictors not started, by name, with why (see :meth:`ensure_endpoint`)."""
+        return dict((self.db.kv_get(f"serving/{endpoint}") or {}).get("held") or {})
 
     def ready(self, endpoint: str, role: str, version: str) -> Readiness:
         """Whether ``role``'s server of ``endpoint`` runs ``version`` and answers its readiness

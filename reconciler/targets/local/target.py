@@ -51,6 +51,7 @@ from renderers.labels import ENDPOINT, MODEL_VERSION, NAME, STICKY
 from renderers.stepargs import decode_step_config
 from specs import Environment, SpecSet
 from specs.safety import OutsideRoot, resolve_inside
+from specs.stepconfig import AwaitConfig
 
 
 def _step_of(predictor: dict[str, Any]) -> str:
@@ -174,11 +175,11 @@ class LocalTarget:
     def _serve_or_watch(self, ref: ObjectRef, obj: dict[str, Any]) -> None:
         if ref.kind == "SeldonDeployment":
             endpoint = (obj["metadata"].get("labels") or {}).get(ENDPOINT, ref.name)
-            predictors = self._servable(obj["spec"]["predictors"])
+            predictors, held = self._servable(obj["spec"]["predictors"])
             if any(_step_of(p) == "serve-seldon" for p in predictors) and "serve-seldon" not in self.serving.pythons:
                 self.serving.pythons["serve-seldon"] = runtime_python("seldon")
             sticky = (obj["metadata"].get("annotations") or {}).get(STICKY)
-            self.serving.ensure_endpoint(endpoint, predictors, tuple(sticky.split(":", 1)) if sticky else None)
+            self.serving.ensure_endpoint(endpoint, predictors, tuple(sticky.split(":", 1)) if sticky else None, held=held)
             self._refresh_scraping()
         elif ref.kind == "PodMonitor":
             self._refresh_scraping()
@@ -213,16 +214,24 @@ class LocalTarget:
         ingest_local(self.db, self.workspace, obj, self.environment, time.time())  # the model registry
         return {**obj, "status": {"phase": "Succeeded", "message": outcome.message}}
 
-    def _servable(self, predictors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _servable(self, predictors: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, str]]:
         """Predictors whose `await-model` init container would finish now: the files it waits for
-        exist (a canary waits for its workflow, as its pod would on a cluster)."""
-        ready = []
+        exist (a canary waits for its workflow, as its pod would on a cluster); and, by predictor
+        name, why each whose wait would fail is held — its version registered without the variant
+        it serves (a step rejected it), where a pod stops in its init container saying so."""
+        ready, held = [], {}
         for predictor in predictors:
             pod = predictor["componentSpecs"][0]["spec"]
-            waits = [decode_step_config(c) for c in pod.get("initContainers", [])]
-            if all((self.workspace / path).exists() for w in waits for path in w.get("paths", [])):
+            waits = [AwaitConfig.model_validate(decode_step_config(c)) for c in pod.get("initContainers", [])]
+            if not all((self.workspace / path).exists() for w in waits for path in w.paths):
+                continue
+            why = next((reason for w in waits for path in w.registrations()
+                        if (reason := w.rejected(json.loads((self.workspace / path).read_text()))) is not None), None)
+            if why is None:
                 ready.append(predictor)
-        return ready
+            else:
+                held[predictor["name"]] = why
+        return ready, held
 
     def _refresh_scraping(self) -> None:
         if not any(o["kind"] == "PodMonitor" for o in self.db.objects()):
@@ -280,6 +289,9 @@ class LocalTarget:
                                    specs, env, revision)
 
     def _shadow_stats(self, endpoint: str) -> dict[str, Any] | None:
+        held = self.serving.held(endpoint).get("shadow")
+        if held is not None:
+            return {"held": held}
         router = self.serving.router(endpoint)
         return router.shadow_stats() if router.running() else None
 
