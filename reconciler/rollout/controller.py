@@ -47,7 +47,7 @@ from reconciler.rollout.machine import (
     Step,
     policy_steps,
 )
-from reconciler.rollout.regression import GateResult, regression_gate
+from reconciler.rollout.regression import regression_gate
 from renderers.seldon import ServingState
 from specs import Endpoint, RolloutPolicy
 from specs.rollout import Metric
@@ -81,6 +81,11 @@ class Backend(Protocol):
         it registered ``variant`` (a step may have rejected it; None: the server picks one)."""
         ...
 
+    def registered(self, model: str, version: str) -> dict[str, Any] | None:
+        """The registry record of a model version as JSON (None: none yet): what a policy's
+        regression gate compares (the local registry, a cluster's Workflow status)."""
+        ...
+
     def canary_ready(self, endpoint: str, version: str) -> Readiness:
         """Whether the endpoint's canary servers of ``version`` are up now, as the target knows
         it: its pods Ready (a cluster), its server answering its readiness path (local)."""
@@ -96,8 +101,7 @@ class Controller:
     """Drives the rollouts of one environment. ``clock`` is injectable for tests.
 
     ``prometheus`` answers the analysis queries (None: none configured, every measurement is
-    inconclusive as if Prometheus were unreachable). A backend that also has
-    ``registered(model, version)`` (registry records) lets a policy's regression gate compare."""
+    inconclusive as if Prometheus were unreachable)."""
 
     backend: Backend
     prometheus: MetricSource | None
@@ -200,9 +204,8 @@ class Controller:
         gate = policy.spec.regression_gate if policy is not None else None
         if not (finished and passed) or gate is None:
             return OfflineGate(finished, passed, detail)
-        registered: Callable[[str, str], dict[str, Any] | None] | None = getattr(self.backend, "registered", None)
-        result = (regression_gate(gate, registered(model, state.canary), registered(model, state.stable), endpoint.spec.variant)
-                  if registered is not None else GateResult(None, "regression gate skipped: this target keeps no registry records"))
+        registered = self.backend.registered
+        result = regression_gate(gate, registered(model, state.canary), registered(model, state.stable), endpoint.spec.variant)
         return OfflineGate(finished, passed, detail, result)
 
     def _measure(self, metric: Metric, endpoint: Endpoint, state: RolloutState, *, since: float | None = None) -> Measurement:

@@ -18,11 +18,15 @@ import pytest
 from reconciler.load.loader import load_or_raise
 from reconciler.registry.leaderboard import leaderboards, spec_metric
 from reconciler.registry.records import Parent, diff, find, lineage, rejected_variant
+from reconciler.rollout.regression import regression_gate
 from reconciler.targets.kubernetes.records import _from_workflow_status
+from reconciler.targets.kubernetes.rollout import KubernetesRolloutBackend
 from reconciler.targets.local.records import ingest_local
 from reconciler.targets.local.rollout import LocalRolloutBackend
 from reconciler.targets.local.state import StateDB
 from renderers import RenderContext, render
+from specs.rollout import RegressionGate
+from tests.reconciler.test_fenced_serving import FakeCluster
 from tests.registry.sample import DIGITS_DIGEST, ROOT, V1, V2, cli, project, rendered, write_run
 
 
@@ -224,3 +228,56 @@ def test_models_report_json_and_html(local_project: dict[str, Any], tmp_path: Pa
     # self-contained: nothing is fetched from anywhere
     for needle in ("http://", "https://", "<script", "<link", "@import", "url("):
         assert needle not in text.replace('xmlns="http://www.w3.org/2000/svg"', ""), needle
+
+
+def _succeeded_on_cluster(wf: dict[str, Any], version: str, accuracy: float) -> dict[str, Any]:
+    """``wf`` as Argo leaves a succeeded run of ``version``: the register node's `metrics` output."""
+    summary = {"model": "digits-mlp", "version": version, "variants": ["base", "int8"],
+               "registry": {name: {"sizeBytes": 1, "kind": name, "parameters": 1, "accuracy": accuracy, "latency": {}}
+                            for name in ("base", "int8")}}
+    labels = {**wf["metadata"]["labels"], "forge.dev/model-version": version}
+    return {**wf, "metadata": {**wf["metadata"], "name": f"digits-mlp-{version[:10]}", "labels": labels},
+            "status": {"phase": "Succeeded", "nodes": {
+                "n1": {"templateName": "register", "phase": "Succeeded", "finishedAt": "2026-01-02T03:04:05Z",
+                       "outputs": {"parameters": [{"name": "metrics", "value": json.dumps(summary)}]}}}}}
+
+
+def test_on_a_cluster_the_regression_gate_compares_the_records_the_workflows_carry(tmp_path: Path) -> None:
+    """The kubernetes rollout backend hands the regression gate the records its Workflows' status
+    holds (as `models show` reads them): a candidate two points worse is refused with the numbers."""
+    specs_dir = project(tmp_path)
+    wf, _, _ = rendered(specs_dir, "c0ffee")
+    specs = load_or_raise([str(specs_dir)]).specs
+    env = specs.environment("cluster")
+    assert env is not None
+    live, candidate = "a" * 12, "b" * 12
+    cluster = FakeCluster()
+    for version, accuracy in ((live, 0.97), (candidate, 0.95)):
+        cluster.put(_succeeded_on_cluster(wf, version, accuracy))
+    backend = KubernetesRolloutBackend(cast(Any, cluster), specs, env, None)
+    records = backend.registered("digits-mlp", candidate), backend.registered("digits-mlp", live)
+    assert all(r is not None for r in records)
+    result = regression_gate(RegressionGate(max_drop=0.01), *records, "int8")
+    assert result.passed is False and (result.candidate, result.live) == (0.95, 0.97), result
+    assert f"candidate {candidate} 0.9500, live {live} 0.9700" in result.detail
+    assert backend.registered("digits-mlp", "c" * 12) is None  # no Workflow of that version
+
+
+def test_on_a_cluster_a_shadow_stopped_in_its_init_container_is_held_with_its_message(tmp_path: Path) -> None:
+    """`rollout status` on a cluster: a shadow pod whose await-model init container ended in an
+    error (as the kubelet reports it, with the step's termination message) is shown as held."""
+    specs = load_or_raise([str(project(tmp_path))]).specs
+    env = specs.environment("cluster")
+    assert env is not None
+    cluster = FakeCluster()
+    backend = KubernetesRolloutBackend(cast(Any, cluster), specs, env, None)
+    assert backend.shadow_stats("digits") is None  # no shadow pod: Prometheus's figures, if any
+    why = "model digits-mlp aaaaaaaaaaaa: variant gutted of version aaaaaaaaaaaa was rejected: accuracy dropped"
+    ended = {"terminated": {"exitCode": 5, "reason": "Error", "message": why}}
+    cluster.put({"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": "digits-shadow-0-model-x", "namespace": cluster.namespace,
+                              "labels": {"forge.dev/endpoint": "digits", "forge.dev/role": "shadow"}},
+                 "status": {"phase": "Pending", "initContainerStatuses": [
+                     {"name": "await-model", "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": ended}]}})
+    assert backend.shadow_stats("digits") == {
+        "held": f"its pod digits-shadow-0-model-x stops in its await-model container: {why}"}

@@ -88,9 +88,14 @@ class FakeBackend:
     saves: int = 0
     applied: list[ServingState] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)
+    #: The registry records by version (what the regression gate compares).
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def serving(self, endpoint: str) -> ServingState | None:
         return self.serving_now
+
+    def registered(self, model: str, version: str) -> dict[str, Any] | None:
+        return self.records.get(version)
 
     def load_state(self, endpoint: str) -> RolloutState | None:
         return RolloutState.from_json(self.saved) if self.saved is not None else None
@@ -112,15 +117,6 @@ class FakeBackend:
     def event(self, endpoint: str, kind: str, reason: str, message: str) -> None:
         self.events.append((kind, reason, message))
 
-
-@dataclass
-class RegistryBackend(FakeBackend):
-    """A backend that keeps registry records, so the regression gate can compare."""
-
-    records: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def registered(self, model: str, version: str) -> dict[str, Any] | None:
-        return self.records.get(version)
 
 
 class FakePrometheus:
@@ -362,9 +358,9 @@ def _record(version: str, accuracy: float) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("backend, phase, passed, says", [
-    (RegistryBackend(records={V1: _record(V1, 0.95), V2: _record(V2, 0.80)}), Phase.ROLLED_BACK, False, "regression gate refused"),
-    (RegistryBackend(records={V1: _record(V1, 0.95), V2: _record(V2, 0.951)}), Phase.PROGRESSING, True, "regression gate passed"),
-    (FakeBackend(), Phase.PROGRESSING, None, "regression gate skipped: this target keeps no registry records"),
+    (FakeBackend(records={V1: _record(V1, 0.95), V2: _record(V2, 0.80)}), Phase.ROLLED_BACK, False, "regression gate refused"),
+    (FakeBackend(records={V1: _record(V1, 0.95), V2: _record(V2, 0.951)}), Phase.PROGRESSING, True, "regression gate passed"),
+    (FakeBackend(records={V1: _record(V1, 0.95)}), Phase.PROGRESSING, None, "regression gate skipped: no registry record of the candidate"),
 ])
 def test_the_regression_gate_refuses_passes_or_is_skipped(backend: FakeBackend, phase: Phase, passed: bool | None, says: str) -> None:
     r = rig(policy(regressionGate={"maxDrop": 0.01}), backend)

@@ -378,6 +378,16 @@ class KubernetesRolloutBackend:
             return True, False, f"Workflow {name} {phase.lower()}: {failure_of(wf) or phase}"
         return False, False, f"Workflow {name} is {phase}"
 
+    def registered(self, model: str, version: str) -> dict[str, Any] | None:
+        """The registry record of a model version (the regression gate compares two of them): the
+        one its succeeded Workflow carries in its status, as `models show` reads it."""
+        wf = self.workflow_of(model, version)
+        if wf is None or (wf.get("status") or {}).get("phase") != "Succeeded":
+            return None
+        record = next(iter(records_from_workflows([wf], self.env.name)), None)
+        # As JSON: the gate (reconciler/rollout/regression.py) reads the record's JSON form.
+        return record.to_json() if record is not None else None
+
     def canary_ready(self, endpoint: str, version: str) -> Readiness:
         """Ready when the canary's pods (labelled by Seldon from the predictor's labels: endpoint,
         role `canary`, model version) are there and each one not being deleted has its `Ready`
