@@ -86,15 +86,25 @@ class ExperimentState:
         return ArmServing(a["name"], a["version"], a["variant"], int(a["share"]))
 
 
+def ended(endpoint: Endpoint, version: str, saved: Mapping[str, Any] | None) -> ExperimentState | None:
+    """The saved state of the Endpoint's experiment when it has ended (decided, inconclusive or
+    stopped) for the arms its spec names now (``version``: the one the specs build); None while it
+    runs, before it started, or once its spec or arms changed (a new experiment starts over)."""
+    experiment = endpoint.spec.experiment
+    state = ExperimentState.from_json(saved) if saved and experiment is not None else None
+    if state is None or state.phase == RUNNING or state.key != experiment_key(endpoint, resolve_arms(endpoint, version)):
+        return None
+    return state
+
+
 def serving_for(endpoint: Endpoint, version: str, saved: Mapping[str, Any] | None) -> ServingState | None:
     """What an Endpoint with an experiment serves, given its saved experiment state (None: the
     Endpoint has no experiment, the rollout logic decides)."""
     experiment = endpoint.spec.experiment
     if experiment is None:
         return None
-    arms = resolve_arms(endpoint, version)
-    state = ExperimentState.from_json(saved) if saved else None
-    if state is None or state.key != experiment_key(endpoint, arms) or state.phase == RUNNING:
+    state = ended(endpoint, version, saved)
+    if state is None:
         return experiment_serving(endpoint, version)
     keep = state.arm(state.winner or state.control)
     return ServingState(keep.version, stable_variant=keep.variant,

@@ -13,7 +13,7 @@ from typing import Any
 from reconciler.plan.change import Action, Change
 from reconciler.specdiff import spec_changes
 from renderers.hardware import export_reasons
-from renderers.labels import KIND, MODEL_VERSION, NAME, ROLE
+from renderers.labels import KIND, MODEL_VERSION, NAME, ROLE, VARIANT
 from renderers.workflow import search_reasons, workflow_steps
 from specs.shards import changed_groups, group_digests
 
@@ -118,8 +118,14 @@ def _names(names: list[str], most: int = 3) -> str:
 
 def _seldon_reasons(change: Change) -> list[str]:
     if change.action is Action.CREATE and change.after is not None:
-        versions = {p["name"]: p["labels"].get(MODEL_VERSION) for p in change.after.get("spec", {}).get("predictors", [])}
-        return [f"serve version {versions.get('stable')} as stable"]
+        predictors = change.after.get("spec", {}).get("predictors", [])
+        versions = {p["name"]: p["labels"].get(MODEL_VERSION) for p in predictors}
+        if "stable" in versions:
+            return [f"serve version {versions['stable']} as stable"]
+        # an experiment's arms (a shadow gets copies, not a share)
+        arms = [f"{p['name']} ({p['labels'].get(MODEL_VERSION)}, variant {p['labels'].get(VARIANT)}) {p.get('traffic', 0)} %"
+                for p in predictors if not p.get("shadow")]
+        return [f"start an experiment: {', '.join(arms)}"]
     if change.action is not Action.UPDATE or change.before is None or change.after is None:
         return []
 

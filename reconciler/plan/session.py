@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from reconciler.applied import desired_digest, recorded_digest
 from reconciler.errors import StalePlanError
 from reconciler.heap import gc_paused
+from reconciler.plan.experiments import experiment_notes
 from reconciler.plan.plan import Action, Plan, build_plan, fingerprint, settle
 from reconciler.plan.rendercache import RenderCache
 from reconciler.resources import ObjectRef
@@ -156,6 +157,8 @@ def _make_plan(specs: SpecSet, env: Environment, target: Target, namespace: str,
     with phase("diff"):
         plan = build_plan(rendered.manifests, live, environment=env.name, target=target.name, revision=revision,
                           keep=in_use(live, {ObjectRef.of(m) for m in rendered.manifests}), unchanged=unchanged)
+    # An experiment that ended serves its decision while the specs still name its arms: say so.
+    plan = replace(plan, notes=(*plan.notes, *experiment_notes(specs, rollouts, rendered.versions)))
     if not dry_run:
         return plan, rendered
     with phase("dry runs"):
