@@ -60,6 +60,8 @@ def status_text(data: dict[str, Any]) -> str:
     for g in x.get("guardrails") or []:
         lines.append(f"  guardrail {g['metric']} on {g['arm']}: {g['verdict']} ({g['detail']})")
     lines.append(f"  looks: {x.get('looks', 0)}")
+    if x.get("writeback"):
+        lines.append(f"  write-back: {x['writeback']}")
     return "\n".join(lines)
 
 
@@ -108,6 +110,8 @@ def experiment_lines(data: dict[str, Any]) -> list[str]:
     if x:
         lines.append(f"experiment: {x['phase']}" + (f", winner {x['winner']}" if x.get("winner") else "")
                      + f" — {x['reason']} (details: forgectl experiment status {data['endpoint']})")
+        if x.get("writeback"):
+            lines.append(f"experiment write-back: {x['writeback']}")
     s = data.get("shadow")
     if s and s.get("held"):
         lines.append(f"shadow: not started — {s['held']}")

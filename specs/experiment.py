@@ -17,12 +17,12 @@ threshold; not a frequentist guarantee under continuous monitoring — the docs 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from specs.base import Duration, Name, SpecModel, duration_seconds
-from specs.rollout import MAX_METRICS, MAX_QUERY_LENGTH, Metric, check_promql
+from specs.base import Duration, Name, SpecModel, duration_seconds, omit_default
+from specs.rollout import BRANCH_HELP, BRANCH_PATTERN, MAX_METRICS, MAX_QUERY_LENGTH, GitWriteback, Metric, check_promql
 
 #: Predictor roles Forge uses itself; an arm may not take one of these names.
 RESERVED_ARM_NAMES = ("stable", "canary", "shadow")
@@ -142,6 +142,13 @@ class Decision(SpecModel):
     )
 
 
+class WinnerWriteback(GitWriteback):
+    """Once the experiment decides for a winner, commit to a branch the Endpoint's spec serving it —
+    the `experiment` removed, `variant` set to the winner's — so git says what serves."""
+
+    branch: str = Field(default="forge/experiment-{endpoint}", max_length=200, pattern=BRANCH_PATTERN, description=BRANCH_HELP)
+
+
 class Experiment(SpecModel):
     """An A/B(/n) experiment between arms of the Endpoint's model, decided by a sequential test."""
 
@@ -160,6 +167,13 @@ class Experiment(SpecModel):
     max_duration: Duration = Field(default="24h", description="Deadline: still undecided then → inconclusive, control kept.")
     interval: Duration = Field(default="10s", description="Time between two looks at the counters.")
     decision: Decision = Field(default_factory=Decision, description="The decision rule.")
+    git_writeback: WinnerWriteback | None = Field(
+        default=None, description="Once decided, commit the Endpoint's spec serving the winner to a branch.")
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # unset, the Endpoint's dump (and every running experiment's key) stays as it was
+        return omit_default(omit_default(handler(self), "gitWriteback", None), "git_writeback", None)
 
     @model_validator(mode="after")
     def _consistent(self) -> Experiment:

@@ -325,17 +325,17 @@ class BlueGreen(SpecModel):
     scale_down_delay: Duration = Field(default="30s", description="Keep the old version this long after the switch.")
 
 
+#: What a write-back's branch may be written as, and what it means (its validator checks the rest).
+BRANCH_PATTERN = r"^[A-Za-z0-9._/{}\-]+$"
+BRANCH_HELP = ("Branch for the commit; `{endpoint}` is filled in (no other placeholder). The result must be a valid "
+               "git branch name.")
+
+
 class GitWriteback(SpecModel):
     """After a rollback, commit the revert of the endpoint's model change to a branch."""
 
     enabled: bool = Field(default=False, description="Create the revert commit.")
-    branch: str = Field(
-        default="forge/rollback-{endpoint}",
-        max_length=200,
-        pattern=r"^[A-Za-z0-9._/{}\-]+$",
-        description="Branch for the commit; `{endpoint}` is filled in (no other placeholder). The result "
-        "must be a valid git branch name.",
-    )
+    branch: str = Field(default="forge/rollback-{endpoint}", max_length=200, pattern=BRANCH_PATTERN, description=BRANCH_HELP)
 
     @model_validator(mode="after")
     def _branch_name(self) -> GitWriteback:

@@ -23,6 +23,7 @@ from reconciler.diagnostics import ForgeError
 from reconciler.errors import ConflictError, LeaseLost, LockHeldError, StorageFullError, TransientError
 from reconciler.experiment.controller import FINAL as EXPERIMENT_FINAL
 from reconciler.experiment.controller import ExperimentController, ExperimentState
+from reconciler.experiment.writeback import winner_hook
 from reconciler.load.endpoints import DesiredEndpoint
 from reconciler.load.loader import LoadResult
 from reconciler.metrics.prometheus import Prometheus, PrometheusUnavailable
@@ -92,7 +93,8 @@ def controllers_for(result: LoadResult, environment: Environment, backend: Rollo
     prometheus = (Prometheus(prometheus_url, timeout=duration_seconds(environment.spec.prometheus.timeout))
                   if prometheus_url else None)
     rollouts = Controller(backend, prometheus, namespace, on_rollback=rollback_hook(result, environment, backend))
-    return Controllers(backend, rollouts, ExperimentController(backend, prometheus, namespace), prometheus, namespace)
+    experiments = ExperimentController(backend, prometheus, namespace, on_decided=winner_hook(result))
+    return Controllers(backend, rollouts, experiments, prometheus, namespace)
 
 
 def rollout_line(endpoint: str, state: RolloutState) -> str:

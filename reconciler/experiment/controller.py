@@ -48,7 +48,8 @@ def experiment_key(endpoint: Endpoint, arms: tuple[ArmServing, ...]) -> str:
     """Identity of an experiment: its spec and the arms' resolved versions. A new key starts over."""
     experiment = endpoint.spec.experiment
     assert experiment is not None
-    blob = json.dumps({"experiment": experiment.model_dump(mode="json", by_alias=True),
+    # the write-back says what happens after the decision, not what is measured: not part of the key
+    blob = json.dumps({"experiment": experiment.model_dump(mode="json", by_alias=True, exclude={"git_writeback"}),
                        "arms": [asdict(a) for a in arms]}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -72,6 +73,8 @@ class ExperimentState:
     guardrails: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: What the write-back after the decision did (a commit, or why none), "" when not asked for.
+    writeback: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -141,6 +144,10 @@ class ExperimentController:
     prometheus: Prometheus | None
     namespace: str
     clock: Callable[[], float] = time.time
+    #: Called once an experiment is decided, with the version the specs build; returns the line
+    #: for the state's ``writeback`` (reconciler/experiment/writeback.py: the winner's spec
+    #: committed to a branch). Never expected to raise.
+    on_decided: Callable[[Endpoint, str, ExperimentState], str] | None = None
 
     def reconcile(self, endpoint: Endpoint, version: str) -> ExperimentState | None:
         """Do what is due now for the experiment of ``endpoint`` (the specs build ``version``)."""
@@ -174,8 +181,10 @@ class ExperimentController:
             state = self._look(endpoint, experiment, state, now)
             if state.phase != RUNNING:
                 self.backend.set_serving(endpoint, serving_for(endpoint, version, state.to_json()))
-                self.backend.event(endpoint.name, "Normal" if state.phase == DECIDED else "Warning",
-                                   f"Experiment{state.phase}", state.reason)
+                if state.phase == DECIDED and self.on_decided is not None:
+                    state = replace(state, writeback=self.on_decided(endpoint, version, state))
+                self.backend.event(endpoint.name, "Normal" if state.phase == DECIDED else "Warning", f"Experiment{state.phase}",
+                                   state.reason + (f"; write-back: {state.writeback}" if state.writeback else ""))
         if state.to_json() != saved:
             self.backend.save_state(endpoint.name, replace(rollout, experiment=state.to_json()))
         return state

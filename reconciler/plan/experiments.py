@@ -41,5 +41,6 @@ def _note(endpoint: Endpoint, version: str, state: ExperimentState) -> str:
         edit = f"replace `experiment` with `variant: {kept.variant}`"
     else:
         edit = "remove `experiment`"
+    done = f" (its write-back: {state.writeback})" if state.writeback else ""
     return (f"endpoint {endpoint.name}: its experiment decided — {state.reason}; {serving}, while the spec still "
-            f"names the arms: to make git say what serves, {edit}")
+            f"names the arms: to make git say what serves, {edit}{done}")

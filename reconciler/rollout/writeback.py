@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from reconciler.diagnostics import ForgeError, printable
-from reconciler.load.gitrepo import open_repository
+from reconciler.load.gitrepo import Repository, open_repository
 from reconciler.load.loader import LoadResult
 from reconciler.rollout.controller import RolloutState
 from specs import Endpoint, Environment
@@ -42,13 +42,60 @@ def write_back(repo_dir: str | Path, files: list[str], stable_revision: str, bra
     advanced if it exists) of the repository whose work tree holds ``repo_dir``. Returns the new
     commit's sha (the branch's tip when nothing changed)."""
     repo = open_repository(repo_dir, needed_by="the rollback write-back")
+    rel = _relative(repo, files)
+    stable = repo.commit(stable_revision.removesuffix("-dirty"))
+    entries = []
+    for path in rel:
+        entry = repo.entry(stable, path, rev=stable_revision)
+        if entry is None or entry.type != "blob":
+            raise ForgeError(f"{printable(path)} is not a file at revision {printable(stable_revision)}")
+        entries.append(f"{entry.mode} {entry.oid}\t{path}\0")
+    return _commit(repo, branch, entries, message, "forgectl rollback write-back")
+
+
+def write_edited(repo_dir: str | Path, file: str, edit: Callable[[str], str], branch: str, message: str) -> str:
+    """Commit ``file`` as HEAD has it, edited by ``edit`` (its text in, the new text out), onto
+    ``branch``: a commit on HEAD, the branch created or moved there — refused when the branch
+    holds commits HEAD lacks (someone's work not merged yet). The work tree is never read.
+    Returns the new commit's sha (HEAD's when the edit changes nothing)."""
+    repo = open_repository(repo_dir, needed_by="the experiment write-back")
+    [path] = _relative(repo, [file])
+    head = repo.commit("HEAD")
+    entry = repo.entry(head, path)
+    if entry is None or entry.type != "blob":
+        raise ForgeError(f"{printable(path)} is not a committed file at HEAD")
+    [blob] = repo.blobs([entry.oid])
+    text = edit(blob.decode("utf-8"))
+    oid = repo.run("hash-object", "-w", "--stdin", what="storing the edited spec", input=text.encode()).decode().strip()
+    return _commit(repo, branch, [f"{entry.mode} {oid}\t{path}\0"], message, "forgectl experiment write-back", onto=head)
+
+
+def _tree(repo: Repository, commit: str) -> str:
+    return repo.run("rev-parse", "--verify", f"{commit}^{{tree}}", what="reading a commit's tree").decode().strip()
+
+
+def _is_ancestor(repo: Repository, commit: str, of: str) -> bool:
+    try:
+        repo.run("merge-base", "--is-ancestor", commit, of, what="comparing the branch with HEAD")
+    except ForgeError:
+        return False
+    return True
+
+
+def _relative(repo: Repository, files: list[str]) -> list[str]:
+    """``files`` relative to the repository's top, refused when outside it."""
     rel = []
     for name in files:
         path = os.path.relpath(os.path.abspath(name), repo.top)
         if path == os.pardir or path.startswith(os.pardir + os.sep):
             raise ForgeError(f"{printable(name)}: outside the git repository {repo.top}")
         rel.append(Path(path).as_posix())
-    stable = repo.commit(stable_revision.removesuffix("-dirty"))
+    return rel
+
+
+def _tip(repo: Repository, branch: str) -> tuple[str, str]:
+    """(the commit a write-back onto ``branch`` builds on, the branch's tip before: "" when new) —
+    refused when the name is not a branch's or a work tree has the branch checked out."""
     ref = f"refs/heads/{branch}"
     repo.run("check-ref-format", ref, what=f"checking the branch name {printable(branch)!r}")
     for line in repo.run("worktree", "list", "--porcelain", "-z", what="listing the work trees").split(b"\0"):
@@ -56,28 +103,37 @@ def write_back(repo_dir: str | Path, files: list[str], stable_revision: str, bra
             raise ForgeError(f"branch {printable(branch)!r} is checked out in a work tree; the write-back commits only "
                              "to a branch no work tree has checked out")
     try:
-        parent, old = repo.commit(ref), repo.commit(ref)
+        tip = repo.commit(ref)
+        return tip, tip
     except ForgeError:
-        parent, old = repo.commit("HEAD"), ""
-    entries = []
-    for path in rel:
-        entry = repo.entry(stable, path, rev=stable_revision)
-        if entry is None or entry.type != "blob":
-            raise ForgeError(f"{printable(path)} is not a file at revision {printable(stable_revision)}")
-        entries.append(f"{entry.mode} {entry.oid}\t{path}\0")
+        return repo.commit("HEAD"), ""
+
+
+def _commit(repo: Repository, branch: str, entries: list[str], message: str, reflog: str, *, onto: str | None = None) -> str:
+    """Commit the parent's tree — the branch's tip (HEAD for a new branch), or ``onto`` — with
+    ``entries`` (``mode oid\\tpath\\0`` each) staged, on a temporary index (no work tree touched),
+    and move ``branch`` there, only from the tip it had."""
+    ref = f"refs/heads/{branch}"
+    parent, old = _tip(repo, branch)
+    parent = onto or parent
     with tempfile.TemporaryDirectory(prefix="forge-writeback-") as tmp:
         index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         repo.run("read-tree", parent, what=f"reading the tree of {ref}", env=index)
-        repo.run("update-index", "-z", "--index-info", what="staging the stable model spec",
+        repo.run("update-index", "-z", "--index-info", what="staging the spec",
                  input="".join(entries).encode(errors="surrogateescape"), env=index)
         tree = repo.run("write-tree", what="writing the tree", env=index).decode().strip()
-    if tree == repo.run("rev-parse", "--verify", f"{parent}^{{tree}}", what="reading the parent's tree").decode().strip():
+    if onto is not None and old and old != onto and not _is_ancestor(repo, old, onto):
+        # not merged yet: this very write-back (a controller asked again), or someone's work
+        if tree == _tree(repo, old) and _is_ancestor(repo, onto, old):
+            return old
+        raise ForgeError(f"branch {printable(branch)!r} holds commits {onto[:12]} lacks: merge or delete it first")
+    if tree == _tree(repo, parent):
         new = parent
     else:
         new = repo.run("commit-tree", tree, "-p", parent, "-F", "-", what="committing the write-back",
                        input=message.encode(), env=AUTHOR).decode().strip()
     if new != old:
-        repo.run("update-ref", "-m", "forgectl rollback write-back", ref, new, old, what=f"moving {ref}")
+        repo.run("update-ref", "-m", reflog, ref, new, old, what=f"moving {ref}")
     return new
 
 

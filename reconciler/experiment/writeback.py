@@ -1,0 +1,48 @@
+"""Make git say what serves once an experiment decides: with the experiment's `gitWriteback`
+enabled, commit on a branch the Endpoint's spec serving the winner — its `experiment` removed,
+its `variant` the winner's (reconciler/experiment/specedit.py) — with git's plumbing on a
+temporary index, as the rollback write-back does (reconciler/rollout/writeback.py): the user's
+checkout is never touched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from reconciler.experiment.controller import ExperimentState
+from reconciler.experiment.specedit import serve_winner
+from reconciler.load.loader import LoadResult
+from reconciler.rollout.writeback import write_edited
+from specs import Endpoint
+
+#: What the experiment controller calls once an experiment is decided (``on_decided``): it returns
+#: the line for the state's ``writeback`` ("" when the experiment asks for nothing).
+DecisionHook = Callable[[Endpoint, str, ExperimentState], str]
+
+
+def winner_hook(result: LoadResult) -> DecisionHook:
+    """The write-back of a decided experiment's winner, for the Endpoints of ``result``. Never
+    raises: the winner serves already, and a git failure is reported in the returned line."""
+
+    def hook(endpoint: Endpoint, version: str, state: ExperimentState) -> str:
+        experiment = endpoint.spec.experiment
+        writeback = experiment.git_writeback if experiment is not None else None
+        if writeback is None or not writeback.enabled or state.winner is None:
+            return ""
+        winner = state.arm(state.winner)
+        if winner.version != version:
+            return (f"write-back skipped: the winner serves version {winner.version}, not the one the specs build "
+                    f"({version}): no Endpoint spec names it without the experiment")
+        origin = result.origins[("Endpoint", endpoint.name)]
+        branch = writeback.branch_for(endpoint.name)
+        variant = winner.variant if winner.variant != endpoint.spec.variant else None
+        message = (f"Serve arm {winner.name} of endpoint {endpoint.name}: its experiment decided\n\n{state.reason}\n\n"
+                   f"version {winner.version}, variant {winner.variant}")
+        try:
+            sha = write_edited(Path(origin.file).parent, origin.file, lambda text: serve_winner(text, endpoint.name, variant),
+                               branch, message)
+        except Exception as exc:  # noqa: BLE001 - git failures must not stop the controller
+            return f"write-back failed: {exc}"
+        return f"committed {sha[:12]} on branch {branch}"
+
+    return hook
