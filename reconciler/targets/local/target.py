@@ -225,13 +225,19 @@ class LocalTarget:
             waits = [AwaitConfig.model_validate(decode_step_config(c)) for c in pod.get("initContainers", [])]
             if not all((self.workspace / path).exists() for w in waits for path in w.paths):
                 continue
-            why = next((reason for w in waits for path in w.registrations()
-                        if (reason := w.rejected(json.loads((self.workspace / path).read_text()))) is not None), None)
+            why = next((reason for w in waits for path in w.registrations() if (reason := self._rejected(w, path)) is not None), None)
             if why is None:
                 ready.append(predictor)
             else:
                 held[predictor["name"]] = why
         return ready, held
+
+    def _rejected(self, wait: AwaitConfig, registration: str) -> str | None:
+        """Why the registration cannot serve the wait's variant, as `python -m runtimes await` says."""
+        try:
+            return wait.rejected(json.loads((self.workspace / registration).read_text()))
+        except (OSError, ValueError) as exc:
+            return f"{wait.what}: {registration} cannot be read: {exc}"
 
     def _refresh_scraping(self) -> None:
         if not any(o["kind"] == "PodMonitor" for o in self.db.objects()):
