@@ -1128,9 +1128,10 @@ def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_ch
             assert preempted["condition"]["reason"] == "InClusterQueue", preempted
             assert not (train_dir / "metrics.json").exists(), "the low-priority training ended before it was preempted"
 
-            # the step is retried; its new pod waits gated while the urgent one holds the GPU
+            # the step is retried; its new pod waits gated while the urgent one holds the GPU. A new
+            # pod, told by its uid: Argo may also create the deleted attempt's pod again by its name.
             def retry_gated() -> client.V1Pod | None:
-                return next((p for p in train_pods("digits-mlp") if p.metadata.name != low_pod.metadata.name
+                return next((p for p in train_pods("digits-mlp") if p.metadata.uid != low_pod.metadata.uid
                              and any(g.name == ADMISSION_GATE for g in p.spec.scheduling_gates or [])), None)
 
             try:
@@ -1145,7 +1146,7 @@ def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_ch
                                 timeout=300, every=0.5)
             except AssertionError as e:
                 raise AssertionError(f"{e}\n{explain()}") from e
-            assert resumed.metadata.name != low_pod.metadata.name
+            assert resumed.metadata.uid != low_pod.metadata.uid
             # the node's own times (one clock, whole seconds): the urgent training's container ended
             # (Argo's finishedAt of the attempt: its containers' latest end), the GPU's quota free;
             # the retried training's container started; the low one's Workload marked Preempted
