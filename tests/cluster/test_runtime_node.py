@@ -1040,8 +1040,8 @@ def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_ch
     """Issue 30: two Models on one queued pool of one fake GPU. The first (`priority: low`, long)
     is admitted and checkpoints; `forgectl plan` of a second (the pool's `high`) against the cluster
     names the low one's Workload as the one it will preempt, read from Kueue's Workloads; applied,
-    Kueue preempts it within the queue (`InClusterQueue`) and stops its pod, Argo records the
-    attempt and retries the step, whose new pod waits gated until the urgent training is done and
+    Kueue preempts it within the queue (`InClusterQueue`) and stops its pod, Argo retries the step (or
+    creates its deleted pod again under the same attempt), whose new pod waits gated until the urgent training is done and
     then resumes from the last checkpoint: its step count continues to the end instead of
     restarting. Kueue, Argo and the train step do all of it; the test reads what they wrote."""
     from devkit.node import kueue
@@ -1164,14 +1164,16 @@ def test_8_a_high_priority_training_preempts_a_low_one_which_resumes_from_its_ch
             assert metrics["steps"] == LOW_STEPS, metrics
             items = q.workflows.get(namespace=PREEMPT_NS, label_selector=f"{MODEL_VERSION}={low_version}").to_dict()["items"]
             attempts = _attempts(items[0], "train")
-            assert len(attempts) >= 2 and attempts[0]["phase"] in ("Failed", "Error"), attempts
+            # Argo either records the preempted attempt and retries, or (seen in most runs of
+            # 2026-12-07) creates the deleted pod again under the same attempt: both resume.
+            assert attempts and (len(attempts) == 1 or attempts[0]["phase"] in ("Failed", "Error")), attempts
             print(f"\npreemption within a queue: low preempted {preempted['at'] - t_apply:.1f} s after the urgent one's "
                   f"apply ({preempted['condition'].get('message')}), urgent training running {t_urgent - t_apply:.1f} s "
                   f"after it; quota free → the low one's container running again: "
                   f"{(resumed_at - freed_at).total_seconds():.0f} s; preempted → training again: "
                   f"{(resumed_at - preempted_at).total_seconds():.0f} s (the urgent training in between), from step "
-                  f"{metrics['resumedFromStep']} of {LOW_STEPS}; first attempt {attempts[0]['phase']}: "
-                  f"{attempts[0].get('message')}; urgent pod {urgent_pod.metadata.name}")
+                  f"{metrics['resumedFromStep']} of {LOW_STEPS}; {len(attempts)} attempt(s), the first "
+                  f"{attempts[0]['phase']}: {attempts[0].get('message')}; urgent pod {urgent_pod.metadata.name}")
             q.forgectl("down", "--env", "cluster", "--auto-approve")
     finally:
         q.api.close()
