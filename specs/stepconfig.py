@@ -10,6 +10,7 @@ rendered manifest runs in a cluster and on one machine.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
@@ -353,15 +354,26 @@ class AwaitConfig(StepConfig):
         """The awaited paths that are registrations (``registry.json``, which name rejected variants)."""
         return [p for p in self.paths if p.rsplit("/", 1)[-1] == "registry.json"]
 
-    def rejected(self, registration: dict[str, Any]) -> str | None:
+    def rejected(self, registration: Mapping[str, Any]) -> str | None:
         """Why ``registration`` (a ``registry.json``, parsed) has nothing to serve as :attr:`variant`:
         its step rejected it (None: it has one, or no variant is awaited). The local target asks it
         of the files as the init container does (runtimes.await_files)."""
-        why = (registration.get("rejected") or {}).get(self.variant) if self.variant else None
-        if why is None:
+        if self.variant is None:
             return None
-        reason = why.get("reason") if isinstance(why, dict) else why
-        return f"variant {self.variant} of version {registration.get('version')} was rejected: {reason}"
+        reason = rejection_reasons(registration).get(self.variant)
+        return rejected_line(self.variant, str(registration.get("version")), reason) if reason is not None else None
+
+
+def rejection_reasons(registration: Mapping[str, Any]) -> dict[str, str]:
+    """The variants a registration lists as rejected, with their step's reasons: ``registry.json``
+    keeps each as ``{reason, report}``, the cluster's `metrics` summary as its reason alone."""
+    return {name: str(why.get("reason") if isinstance(why, Mapping) else why)
+            for name, why in sorted((registration.get("rejected") or {}).items())}
+
+
+def rejected_line(variant: str, version: str, reason: str) -> str:
+    """How a rejected variant is named wherever it stops something (a server's wait, an offline gate)."""
+    return f"variant {variant} of version {version} was rejected: {reason}"
 
 
 class MirrorConfig(SpecModel):

@@ -5,8 +5,39 @@ change. Positions come from PyYAML's own node marks; nothing is re-serialised.""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from reconciler.experiment.controller import ExperimentState
+from specs import Endpoint
+
+
+@dataclass(frozen=True)
+class WinnerEdit:
+    """What the Endpoint's spec must say to serve its experiment's winner: `experiment` removed and
+    ``variant`` set (None: the Endpoint's own is the winner's) — or, ``impossible``, why no spec
+    can say it (the winner's version is not the one the specs build)."""
+
+    variant: str | None = None
+    impossible: str | None = None
+
+    def describe(self) -> str:
+        """The edit in words, for the plan's note."""
+        if self.impossible is not None:
+            return self.impossible
+        return f"replace `experiment` with `variant: {self.variant}`" if self.variant else "remove `experiment`"
+
+
+def winner_edit(endpoint: Endpoint, version: str, state: ExperimentState) -> WinnerEdit:
+    """The edit that makes ``endpoint``'s spec serve the winner of its decided experiment (the
+    specs build ``version``); the plan's note and the write-back both ask it."""
+    winner = state.arm(state.winner or state.control)
+    if winner.version != version:
+        return WinnerEdit(impossible=f"the winner serves version {winner.version}, not the one the specs build "
+                                     f"({version}): no Endpoint spec names it without the experiment")
+    return WinnerEdit(winner.variant if winner.variant != endpoint.spec.variant else None)
 
 
 class NotEditable(ValueError):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from reconciler.experiment.controller import ExperimentState
-from reconciler.experiment.specedit import serve_winner
+from reconciler.experiment.specedit import serve_winner, winner_edit
 from reconciler.load.loader import LoadResult
 from reconciler.rollout.writeback import write_edited
 from specs import Endpoint
@@ -29,17 +29,16 @@ def winner_hook(result: LoadResult) -> DecisionHook:
         writeback = experiment.git_writeback if experiment is not None else None
         if writeback is None or not writeback.enabled or state.winner is None:
             return ""
+        edit = winner_edit(endpoint, version, state)
+        if edit.impossible is not None:
+            return f"write-back skipped: {edit.impossible}"
         winner = state.arm(state.winner)
-        if winner.version != version:
-            return (f"write-back skipped: the winner serves version {winner.version}, not the one the specs build "
-                    f"({version}): no Endpoint spec names it without the experiment")
         origin = result.origins[("Endpoint", endpoint.name)]
         branch = writeback.branch_for(endpoint.name)
-        variant = winner.variant if winner.variant != endpoint.spec.variant else None
         message = (f"Serve arm {winner.name} of endpoint {endpoint.name}: its experiment decided\n\n{state.reason}\n\n"
                    f"version {winner.version}, variant {winner.variant}")
         try:
-            sha = write_edited(Path(origin.file).parent, origin.file, lambda text: serve_winner(text, endpoint.name, variant),
+            sha = write_edited(Path(origin.file).parent, origin.file, lambda text: serve_winner(text, endpoint.name, edit.variant),
                                branch, message)
         except Exception as exc:  # noqa: BLE001 - git failures must not stop the controller
             return f"write-back failed: {exc}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from reconciler.experiment.controller import DECIDED, ExperimentState, ended
+from reconciler.experiment.specedit import winner_edit
 from reconciler.rollout.machine import RolloutState
 from specs import Endpoint, SpecSet
 
@@ -34,13 +35,7 @@ def _note(endpoint: Endpoint, version: str, state: ExperimentState) -> str:
     if state.phase != DECIDED:
         return (f"endpoint {endpoint.name}: its experiment ended {state.phase} — {state.reason}; {serving} until the "
                 f"experiment's spec changes (`forgectl experiment status {endpoint.name}`)")
-    if kept.version != version:
-        edit = (f"the winner's version is not the one the specs build ({version}), so no Endpoint spec names it "
-                "without the experiment: keep the experiment, or retrain")
-    elif kept.variant != endpoint.spec.variant:
-        edit = f"replace `experiment` with `variant: {kept.variant}`"
-    else:
-        edit = "remove `experiment`"
+    edit = winner_edit(endpoint, version, state).describe()
     done = f" (its write-back: {state.writeback})" if state.writeback else ""
     return (f"endpoint {endpoint.name}: its experiment decided — {state.reason}; {serving}, while the spec still "
             f"names the arms: to make git say what serves, {edit}{done}")

@@ -40,6 +40,7 @@ from reconciler.diagnostics import ForgeError
 from reconciler.specdiff import spec_changes
 from renderers.labels import ENDPOINT, GIT_REVISION, MODEL_VERSION, NAME, ROLE, SPEC_DIGEST, VARIANT
 from renderers.workflow import workflow_steps
+from specs.stepconfig import rejected_line, rejection_reasons
 
 #: A JSON object another program wrote — a step's config as rendered, a runtime's report — kept as
 #: it is. `Any` is what `json.loads` gives (the values are whatever the writer put there); Forge
@@ -426,15 +427,8 @@ def build_record(workflow: Mapping[str, Any], registry: JSONObject, evaluation: 
         explanations=dict(explanations) if isinstance(explanations, Mapping) and explanations else None,
         search=registry["search"] if isinstance(registry.get("search"), Mapping) else None,
         labeling=dict(labeling) if isinstance(labeling, Mapping) and labeling else None,
-        rejected=rejections(registry),
+        rejected=rejection_reasons(registry),
     )
-
-
-def rejections(registry: JSONObject) -> dict[str, str]:
-    """The rejected variants of a registration with their reasons: ``registry.json`` keeps each as
-    ``{reason, report}``, the cluster's `metrics` summary as its reason alone."""
-    return {name: str(why.get("reason") if isinstance(why, Mapping) else why)
-            for name, why in sorted((registry.get("rejected") or {}).items())}
 
 
 def rejected_variant(record: Record | None, variant: str | None) -> str | None:
@@ -442,7 +436,7 @@ def rejected_variant(record: Record | None, variant: str | None) -> str | None:
     rejected that variant, so the version has nothing of that name to serve (None: it has)."""
     if record is None or variant is None or variant not in record.rejected:
         return None
-    return (f"variant {variant} of version {record.version} was rejected: {record.rejected[variant]} "
+    return (f"{rejected_line(variant, record.version, record.rejected[variant])} "
             f"(registered: {', '.join(sorted(record.variants)) or 'none'})")
 
 
