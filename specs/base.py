@@ -8,15 +8,18 @@ hover help of editors through the generated JSON Schema in ``schema/``.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StringConstraints,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -153,6 +156,36 @@ class SpecModel(BaseModel):
     def to_yaml_dict(self) -> dict[str, Any]:
         """The model as the plain data a user would write (camelCase, defaults left out)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class LaterFieldsModel(SpecModel):
+    """A spec model with fields added after v1alpha1 shipped. Each field named in `added_later`
+    stays out of a dump (by its name and by its camelCase key) while it holds the value given
+    there, so specs that do not use it keep their rendered objects, step keys, digests and model
+    versions."""
+
+    #: field name → the value at which it is left out of a dump (usually its default)
+    added_later: ClassVar[Mapping[str, Any]] = {}
+    _dump_omits: ClassVar[tuple[tuple[str, Any], ...]] = ()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        unknown = sorted(set(cls.added_later) - set(cls.model_fields))
+        if unknown:
+            raise TypeError(f"{cls.__name__}.added_later names no field: {', '.join(unknown)}")
+        # both keys: a dump is by alias (specs, digests) or by name (step configs in Python)
+        cls._dump_omits = tuple((key, unset) for name, unset in cls.added_later.items()
+                                for key in dict.fromkeys((name, to_camel(name))))
+
+    @model_serializer(mode="wrap")
+    def _omit_added_later(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if isinstance(data, dict):
+            for key, unset in self._dump_omits:
+                if key in data and data[key] == unset:
+                    del data[key]
+        return data
 
 
 class Metadata(SpecModel):
@@ -309,9 +342,3 @@ Precision = Literal["fp32", "fp16", "bf16"]
 Priority = Literal["high", "medium", "low"]
 
 
-def omit_default(data: Any, key: str, default: Any) -> Any:
-    """Leave a field added after v1alpha1 shipped out of a dump while it holds its default, so
-    specs that do not use it keep their rendered configs, step keys and model versions."""
-    if isinstance(data, dict) and key in data and data[key] == default:
-        del data[key]
-    return data

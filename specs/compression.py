@@ -3,11 +3,11 @@ distillation stages — for a hardware target, each bounded by a maximum accurac
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 
-from specs.base import Name, SpecModel
+from specs.base import LaterFieldsModel, Name, SpecModel
 
 HardwareTarget = Literal["x86-avx2", "x86-avx512-vnni", "arm64", "jetson-orin", "nvidia-gpu"]
 #: Targets whose exported variants are quantized by ONNX Runtime (static INT8 on the CPU) …
@@ -152,17 +152,7 @@ class Benchmark(SpecModel):
         return self
 
 
-def _omit_none(data: Any, *keys: str) -> Any:
-    """Leave fields added after v1alpha1 shipped out of a dump while unset, so specs that do not
-    use them keep their rendered configs, step keys and model versions."""
-    if isinstance(data, dict):
-        for key in keys:
-            if key in data and data[key] is None:
-                del data[key]
-    return data
-
-
-class CompressionSpec(SpecModel):
+class CompressionSpec(LaterFieldsModel):
     """Compressed variants of a Model for a hardware target; a variant whose accuracy drops more
     than the bound is rejected and never registered."""
 
@@ -181,9 +171,7 @@ class CompressionSpec(SpecModel):
         default=None, description="Settings of the `benchmark` step (which always runs; these are its defaults when unset)."
     )
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _omit_none(handler(self), "export", "benchmark")
+    added_later = {"export": None, "benchmark": None}
 
     def exported_variants(self) -> dict[str, tuple[str, str]]:
         """The ONNX variants the export step registers, by name → (source variant, bundle kind):

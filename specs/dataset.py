@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 
-from specs.base import MAX_SEED, Digest, ImportRef, Name, SpecModel, check_relative_path, omit_default
+from specs.base import MAX_SEED, Digest, ImportRef, LaterFieldsModel, Name, SpecModel, check_relative_path
 from specs.shards import root_digest
 
 DataFormat = Literal["sklearn", "csv", "parquet", "npz", "text"]
@@ -71,7 +71,7 @@ class Shards(SpecModel):
         return -(-len(self.files) // self.group_size)
 
 
-class Source(SpecModel):
+class Source(LaterFieldsModel):
     """Where the data comes from. Nothing is downloaded at run time."""
 
     uri: str = Field(
@@ -88,9 +88,7 @@ class Source(SpecModel):
         "(`file://data/events/*.parquet`, `pvc://claim/events/*.parquet`, `s3://bucket/events/*.parquet`).",
     )
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_default(handler(self), "shards", None)  # unset, the Dataset's digest stays as it was
+    added_later = {"shards": None}
 
     @property
     def folder_and_glob(self) -> tuple[str, str]:
@@ -214,7 +212,7 @@ CleaningStep = Annotated[
 ]
 
 
-class AutoLabel(SpecModel):
+class AutoLabel(LaterFieldsModel):
     """Pre-label unlabelled rows with a registered model (`python -m runtimes autolabel`): rows whose
     top class reaches `confidence` get it as their label; the others go to a review file with the
     model's top-k classes. Accepted reviews are merged into the source (`python -m runtimes
@@ -240,9 +238,7 @@ class AutoLabel(SpecModel):
         "than this (a fraction; needs `heldBackColumn`). None: recorded, not gated.",
     )
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_default(handler(self), "minAgreement", None)  # unset, the Dataset's digest stays as it was
+    added_later = {"min_agreement": None}
 
     @model_validator(mode="after")
     def _contained(self) -> AutoLabel:
@@ -252,7 +248,7 @@ class AutoLabel(SpecModel):
         return self
 
 
-class Labeling(SpecModel):
+class Labeling(LaterFieldsModel):
     """Where labels come from: a column, or a function that labels each row."""
 
     column: Column | None = Field(default=None, description="Column that holds the label (CSV/Parquet).")
@@ -265,9 +261,7 @@ class Labeling(SpecModel):
     )
     auto: AutoLabel | None = Field(default=None, description="Auto-labeling with a registered model; none: off.")
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_default(handler(self), "auto", None)  # unset, the Dataset's digest stays as it was
+    added_later = {"auto": None}
 
     @model_validator(mode="after")
     def _one_source(self) -> Labeling:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 
-from specs.base import Duration, Name, Quantity, SpecModel
+from specs.base import Duration, LaterFieldsModel, Name, Quantity, SpecModel
 from specs.experiment import Experiment, Shadow
 from specs.traffic import TrafficRouting
 
@@ -40,7 +40,7 @@ class Autoscaling(SpecModel):
         return self
 
 
-class Batching(SpecModel):
+class Batching(LaterFieldsModel):
     """Dynamic (adaptive) batching: requests arriving close together run as one batch."""
 
     enabled: bool = Field(default=True, description="Batch concurrent requests.")
@@ -63,15 +63,7 @@ class Batching(SpecModel):
                              "a request may be held up to maxLatencyMs before it computes, so a budget at or below it cannot be kept")
         return self
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, it stays out of the dump: existing Endpoints keep their rendered objects and digests.
-        data = handler(self)
-        if isinstance(data, dict):
-            for key in ("p99TargetMs", "p99_target_ms"):
-                if data.get(key, 0) is None:
-                    data.pop(key, None)
-        return data
+    added_later = {"p99_target_ms": None}
 
 
 class ServingBackend(SpecModel):
@@ -96,7 +88,7 @@ class ServingBackend(SpecModel):
     )
 
 
-class FaultInjection(SpecModel):
+class FaultInjection(LaterFieldsModel):
     """Injected faults for rollback drills: never set this in production."""
 
     error_rate: float = Field(default=0.0, ge=0, le=1, description="Fraction of requests answered with HTTP 500.")
@@ -117,18 +109,10 @@ class FaultInjection(SpecModel):
             raise ValueError("`after` and `afterRequests` delay a fault: set `errorRate` or `addedLatencyMs` too")
         return self
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, the delays stay out of the dump: existing Endpoints keep their rendered objects.
-        data = handler(self)
-        if isinstance(data, dict):
-            for key in ("after", "afterRequests", "after_requests"):
-                if data.get(key) is None:
-                    data.pop(key, None)
-        return data
+    added_later = {"after": None, "after_requests": None}
 
 
-class EndpointSpec(SpecModel):
+class EndpointSpec(LaterFieldsModel):
     """A served model. When the model's version changes, the rollout policy moves traffic to it."""
 
     model_ref: Name = Field(description="Name of the Model to serve.")
@@ -183,12 +167,4 @@ class EndpointSpec(SpecModel):
                                  f"Endpoint's variant with its own batching — remove {' and '.join(used)} or use protocol: v2")
         return self
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, they stay out of the dump: an Endpoint without them keeps its spec digest.
-        data = handler(self)
-        if isinstance(data, dict):
-            for key in ("experiment", "shadow", "backend", "traffic"):
-                if data.get(key) is None:
-                    data.pop(key, None)
-        return data
+    added_later = {"experiment": None, "shadow": None, "backend": None, "traffic": None}

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from specs.base import Name, Quantity, SpecModel, check_relative_path
+from specs.base import LaterFieldsModel, Name, Quantity, SpecModel, check_relative_path
 from specs.traffic import TrafficRouting
 
 TargetType = Literal["local", "kubernetes"]
@@ -128,7 +128,7 @@ class EnvironmentDefaults(SpecModel):
     )
 
 
-class EnvironmentSpec(SpecModel):
+class EnvironmentSpec(LaterFieldsModel):
     """Where the specs are made live, and the settings that go with it."""
 
     target: TargetType = Field(
@@ -183,10 +183,4 @@ class EnvironmentSpec(SpecModel):
                              "requests itself")
         return self
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, it stays out of the dump: existing Environments keep their digests.
-        data = handler(self)
-        if isinstance(data, dict) and data.get("traffic", 0) is None:
-            data.pop("traffic")
-        return data
+    added_later = {"traffic": None}

@@ -17,11 +17,11 @@ threshold; not a frequentist guarantee under continuous monitoring — the docs 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 
-from specs.base import Duration, Name, SpecModel, duration_seconds, omit_default
+from specs.base import Duration, LaterFieldsModel, Name, SpecModel, duration_seconds
 from specs.rollout import BRANCH_HELP, BRANCH_PATTERN, MAX_METRICS, MAX_QUERY_LENGTH, GitWriteback, Metric, check_promql
 
 #: Predictor roles Forge uses itself; an arm may not take one of these names.
@@ -149,7 +149,7 @@ class WinnerWriteback(GitWriteback):
     branch: str = Field(default="forge/experiment-{endpoint}", max_length=200, pattern=BRANCH_PATTERN, description=BRANCH_HELP)
 
 
-class Experiment(SpecModel):
+class Experiment(LaterFieldsModel):
     """An A/B(/n) experiment between arms of the Endpoint's model, decided by a sequential test."""
 
     arms: list[Arm] = Field(min_length=2, max_length=MAX_ARMS, description=f"2–{MAX_ARMS} arms; shares sum to 100.")
@@ -170,10 +170,7 @@ class Experiment(SpecModel):
     git_writeback: WinnerWriteback | None = Field(
         default=None, description="Once decided, commit the Endpoint's spec serving the winner to a branch.")
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # unset, the Endpoint's dump (and every running experiment's key) stays as it was
-        return omit_default(omit_default(handler(self), "gitWriteback", None), "git_writeback", None)
+    added_later = {"git_writeback": None}
 
     @model_validator(mode="after")
     def _consistent(self) -> Experiment:

@@ -8,15 +8,13 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import (
     Field,
-    SerializerFunctionWrapHandler,
     ValidationError,
     ValidatorFunctionWrapHandler,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
-from specs.base import MAX_SEED, ImportRef, Name, Precision, Priority, SpecModel, Threshold, omit_default
+from specs.base import MAX_SEED, ImportRef, LaterFieldsModel, Name, Precision, Priority, SpecModel, Threshold
 
 #: Limits on counts a Model spec derives work from (docs/security.md lists them all).
 MAX_LAYERS = 64
@@ -51,7 +49,7 @@ class CNN(SpecModel):
     in_channels: int = Field(default=1, ge=1, le=16, description="Input channels (1 grey, 3 RGB).")
 
 
-class GPT(SpecModel):
+class GPT(LaterFieldsModel):
     """A GPT-style decoder-only language model."""
 
     type: Literal["gpt"] = Field(description="Architecture family.")
@@ -73,9 +71,7 @@ class GPT(SpecModel):
             raise ValueError(f"heads ({self.heads}) must divide dModel ({self.d_model})")
         return self
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_default(handler(self), "attention", "fused")
+    added_later = {"attention": "fused"}
 
 
 class CustomArchitecture(SpecModel):
@@ -191,7 +187,7 @@ SearchDimension = Annotated[Uniform | IntRange | Choice, Field(discriminator="ty
 _SEARCHABLE = set(Hyperparameters.model_fields) - {"seed"}
 
 
-class Search(SpecModel):
+class Search(LaterFieldsModel):
     """Hyperparameter search: a fan-out of trials and a pick-best step."""
 
     algorithm: Literal["grid", "random", "tpe"] = Field(
@@ -218,10 +214,7 @@ class Search(SpecModel):
         min_length=1, description="Hyperparameter (camelCase name) → range to search."
     )
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = omit_default(handler(self), "earlyStopping", "none")
-        return omit_default(data, "early_stopping", "none")
+    added_later = {"early_stopping": "none"}
 
     @property
     def uses_study(self) -> bool:
@@ -309,7 +302,7 @@ class ModelThreshold(Threshold):
     metric: EvaluationMetric = Field(description="Metric on the held-out test split.")
 
 
-class Evaluation(SpecModel):
+class Evaluation(LaterFieldsModel):
     """Offline evaluation on the held-out split."""
 
     thresholds: list[ModelThreshold] = Field(default_factory=list, description="Bounds every one of which must hold.")
@@ -317,9 +310,7 @@ class Evaluation(SpecModel):
         default=None, description="Adversarial accuracy (FGSM/PGD) at a stated ε, as metrics thresholds can use."
     )
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_default(handler(self), "robustness", None)
+    added_later = {"robustness": None}
 
     @model_validator(mode="after")
     def _unique(self) -> Evaluation:
@@ -356,7 +347,7 @@ class TrainingFaultInjection(SpecModel):
     )
 
 
-class ModelSpec(SpecModel):
+class ModelSpec(LaterFieldsModel):
     """A trainable model and the workflow that produces it: prepare → train → evaluate → compress → register."""
 
     dataset_ref: Name = Field(description="Name of the Dataset to train on.")
@@ -420,12 +411,8 @@ class ModelSpec(SpecModel):
         "killed): never set this in production.",
     )
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = omit_default(omit_default(handler(self), "compile", False), "deterministic", False)
-        data = omit_default(omit_default(data, "faultInjection", None), "fault_injection", None)
-        data = omit_default(data, "priority", None)
-        return omit_default(omit_default(data, "privacy", None), "explanations", None)
+    added_later = {"compile": False, "deterministic": False, "fault_injection": None, "priority": None,
+                   "privacy": None, "explanations": None}
 
     #: Fields that place the training, not shape what it produces: out of the model's version,
     #: its step keys and its search's seeds.

@@ -7,9 +7,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 
-from specs.base import Duration, Name, SpecModel, duration_seconds
+from specs.base import Duration, LaterFieldsModel, Name, SpecModel, duration_seconds
 
 #: The labels the serving runtime puts on every series it exports (runtimes/serving/telemetry.py),
 #: by what they hold. They are prefixed so that no scrape can add or rename them: the Prometheus
@@ -377,7 +377,7 @@ class RegressionGate(SpecModel):
     )
 
 
-class RolloutPolicySpec(SpecModel):
+class RolloutPolicySpec(LaterFieldsModel):
     """How new model versions reach traffic, and when Forge rolls them back by itself."""
 
     strategy: Literal["canary", "blueGreen"] = Field(description="`canary` or `blueGreen`.")
@@ -397,14 +397,7 @@ class RolloutPolicySpec(SpecModel):
         default=None, description="Compare the candidate with the live version on the held-out data before any traffic moves."
     )
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, it stays out of the dump: a policy without it keeps its spec digest.
-        data = handler(self)
-        if isinstance(data, dict) and data.get("regressionGate", data.get("regression_gate", 0)) is None:
-            data.pop("regressionGate", None)
-            data.pop("regression_gate", None)
-        return data
+    added_later = {"regression_gate": None}
 
     @model_validator(mode="after")
     def _strategy_section(self) -> RolloutPolicySpec:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field
 
-from specs.base import Name, SpecModel, omit_default
+from specs.base import LaterFieldsModel, Name, SpecModel
 from specs.compression import Benchmark, HardwareTarget, OnnxInt8, TensorRT, Variant
 from specs.dataset import DatasetSpec
 from specs.endpoint import Batching, FaultInjection, ServingBackend
@@ -130,7 +130,7 @@ STUDY_URL_ENV = "FORGE_STUDY_URL"
 STUDY_RUN_ENV = "FORGE_STUDY_RUN"
 
 
-class SearchStudy(SpecModel):
+class SearchStudy(LaterFieldsModel):
     """The Optuna study of a search whose trials learn (`tpe`) or stop early (`asha`, `median`): an
     RDB storage every trial reaches — a SQLite file on the workspace volume, or the cluster's
     PostgreSQL database (the Environment's `kubernetes.studyDatabase`)."""
@@ -144,9 +144,7 @@ class SearchStudy(SpecModel):
         f"as `{STUDY_URL_ENV}`; the run's id as `{STUDY_RUN_ENV}`).",
     )
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_default(handler(self), "database", None)  # a SQLite study keeps its step keys
+    added_later = {"database": None}
 
     @property
     def where(self) -> str:
@@ -163,7 +161,7 @@ class StudyTrial(SpecModel):
     index: int = Field(ge=0, description="The trial task's index in the fan-out (a retried task replaces its own trial).")
 
 
-class TrainConfig(StepConfig):
+class TrainConfig(StepConfig, LaterFieldsModel):
     """Train one Model (or one hyperparameter-search trial) on prepared data."""
 
     step: Literal["train"] = "train"
@@ -182,16 +180,10 @@ class TrainConfig(StepConfig):
         "(after `overrides`), the validation metric reported each epoch, stopped when pruned.",
     )
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, it stays out of the config: a model without a study keeps its step keys.
-        data = handler(self)
-        if isinstance(data, dict) and data.get("trial") is None:
-            data.pop("trial", None)
-        return data
+    added_later = {"trial": None}
 
 
-class PickBestConfig(StepConfig):
+class PickBestConfig(StepConfig, LaterFieldsModel):
     """Choose the best trial of a hyperparameter search and copy it to `output`."""
 
     step: Literal["pick-best"] = "pick-best"
@@ -205,15 +197,10 @@ class PickBestConfig(StepConfig):
         "never are), and `trials.json` records every trial's state.",
     )
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        if isinstance(data, dict) and data.get("study") is None:
-            data.pop("study", None)
-        return data
+    added_later = {"study": None}
 
 
-class EvaluateConfig(StepConfig):
+class EvaluateConfig(StepConfig, LaterFieldsModel):
     """Measure a trained model on the held-out split and check the offline thresholds."""
 
     step: Literal["evaluate"] = "evaluate"
@@ -224,13 +211,7 @@ class EvaluateConfig(StepConfig):
     output: str = Field(description="Folder for `metrics.json`.")
     robustness: Robustness | None = Field(default=None, description="Adversarial accuracy to measure (FGSM/PGD).")
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, it stays out of the config: a model without it keeps its step keys.
-        data = handler(self)
-        if isinstance(data, dict) and data.get("robustness") is None:
-            data.pop("robustness", None)
-        return data
+    added_later = {"robustness": None}
 
 
 class ExplainConfig(StepConfig):
@@ -303,7 +284,7 @@ class BenchmarkConfig(StepConfig):
     output: str = Field(description="Folder for `benchmark.json`.")
 
 
-class RegisterConfig(StepConfig):
+class RegisterConfig(StepConfig, LaterFieldsModel):
     """Record a model version and its variants in the registry."""
 
     step: Literal["register"] = "register"
@@ -316,19 +297,10 @@ class RegisterConfig(StepConfig):
         default_factory=dict, description="Name → folder of a built artifact that is not a servable bundle (a "
                                           "TensorRT engine): its `report.json` is recorded, built or not.")
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, these stay out of the config: a model without a Compression keeps its step keys.
-        data = handler(self)
-        if isinstance(data, dict):
-            if data.get("benchmark") is None:
-                data.pop("benchmark", None)
-            if not data.get("artifacts"):
-                data.pop("artifacts", None)
-        return data
+    added_later = {"benchmark": None, "artifacts": {}}
 
 
-class AwaitConfig(StepConfig):
+class AwaitConfig(StepConfig, LaterFieldsModel):
     """Wait until files another run writes exist: a teacher's registration before distillation, a
     model version's registration before its server starts. Fails at once when a run it waits for
     recorded a failed outcome, and after `timeoutSeconds`."""
@@ -346,9 +318,7 @@ class AwaitConfig(StepConfig):
                                              "exists, a registration whose step rejected this variant fails the wait "
                                              "at once, with the step's reason.")
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_default(handler(self), "variant", None)  # a teacher's wait keeps its step key
+    added_later = {"variant": None}
 
     def registrations(self) -> list[str]:
         """The awaited paths that are registrations (``registry.json``, which name rejected variants)."""
@@ -389,7 +359,7 @@ class MirrorConfig(SpecModel):
     timeout_ms: int = Field(default=2000, ge=10, le=60_000, description="A copy unanswered this long counts as failed.")
 
 
-class ServeConfig(SpecModel):
+class ServeConfig(LaterFieldsModel):
     """One model server of an Endpoint's predictor."""
 
     endpoint: Name = Field(description="Endpoint name (a metrics label).")
@@ -406,15 +376,7 @@ class ServeConfig(SpecModel):
     backend: ServingBackend | None = Field(default=None, description="Variant selection and threads (the Endpoint's `backend`).")
     mirror: MirrorConfig | None = Field(default=None, description="Copies of the answered requests to the shadow, compared.")
 
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, they stay out of the dump: the rendered servers of Endpoints without them do not change.
-        data = handler(self)
-        if isinstance(data, dict):
-            for key in ("backend", "mirror"):
-                if key in data and data[key] is None:
-                    data.pop(key)
-        return data
+    added_later = {"backend": None, "mirror": None}
 
 
 AnyStepConfig = (PrepareConfig | PrepareGroupConfig | JoinShardsConfig | TrainConfig | PickBestConfig | EvaluateConfig | ExplainConfig | CompressConfig
