@@ -55,6 +55,10 @@ class Source(_Model):
     secret_ref: str | None = Field(default=None, pattern=_NAME, description=(
         "A Secret in the controller's namespace holding the fetch's credentials: `username` and `password`, or "
         "`bearerToken` (http/https); `identity` and `known_hosts` (ssh)."))
+    push_writebacks: bool = Field(default=False, description=(
+        "Push the branches of write-backs (a RolloutPolicy's or an experiment's `gitWriteback`) to the source's URL "
+        "with the same credentials: made there or moved forward, never forced. Off, a write-back is skipped and "
+        "said so (the rollout's state, `rollout status`)."))
 
     @model_validator(mode="after")
     def _one_ref(self) -> Source:

@@ -52,10 +52,11 @@ from reconciler.controller.syncstatus import (
 from reconciler.controller.watch import Controllers, controllers_for, prometheus_for, reconcile_pass
 from reconciler.diagnostics import ForgeError, SpecError
 from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TargetError
-from reconciler.load.gitrepo import fetch_source, highest_tag, remote_tags
+from reconciler.load.gitrepo import GitCredentials, fetch_source, highest_tag, remote_tags
 from reconciler.plan.session import TargetOptions, open_target
 from reconciler.resources import BY_KIND, EVENT, SYNC
 from reconciler.rollout.controller import RolloutState
+from reconciler.rollout.writeback import NoWriteback, SourcePush, WritebackSite
 from reconciler.targets.base import Fence, LeaseTiming, Target
 from specs import Environment, duration_seconds
 
@@ -249,8 +250,7 @@ class Worker:
         name = self.source.name
         began = time.monotonic()
         try:
-            credentials = (read_credentials(self.target.controller_api(), self.config.namespace, self.source.secret_ref)
-                           if self.source.secret_ref else None)
+            credentials = self._credentials()
             tag = self.source.tag
             if self.source.semver is not None:
                 tags = remote_tags(self.cache, self.source.url, timeout=self.source.timeout_seconds, credentials=credentials)
@@ -318,6 +318,18 @@ class Worker:
         if outcome.reason not in ("Succeeded", "Progressing"):
             self._event("Warning", outcome.reason, outcome.message)
 
+    def _credentials(self) -> GitCredentials | None:
+        """The source's credentials, read from its Secret now (None: it names none)."""
+        if not self.source.secret_ref:
+            return None
+        return read_credentials(self.target.controller_api(), self.config.namespace, self.source.secret_ref)
+
+    def _writeback_site(self, revision: str) -> WritebackSite:
+        """Where this source's write-backs go: pushed to it on top of ``revision`` where it allows."""
+        if not self.source.push_writebacks:
+            return NoWriteback(f"source {self.source.name} does not push write-backs (its `pushWritebacks` is off)")
+        return SourcePush(self.cache, self.source.url, revision, self.source.timeout_seconds, self._credentials)
+
     def walk(self) -> None:
         """One pass of the rollout and experiment controllers over the applied revision's endpoints."""
         loaded = self.loaded
@@ -327,11 +339,12 @@ class Worker:
         if self.controllers is None:
             backend = self.target.rollout_backend(loaded.result.specs, loaded.environment, loaded.revision[:12])
             url = prometheus_for(loaded.environment, self.target)
-            self.controllers = controllers_for(loaded.result, loaded.environment, backend, url, self.source.namespace)
+            self.controllers = controllers_for(loaded.result, loaded.environment, backend, url, self.source.namespace,
+                                               self._writeback_site(loaded.revision))
         if began >= self.next_full_walk:
             self.next_full_walk = began + FULL_WALK_SECONDS
             self.controllers.at_rest.clear()
-        with inside(self.cache):  # a rollback's write-back reads the repository of the working directory
+        with inside(self.cache):  # a write-back names the spec files relative to the cache repository
             states, _ = reconcile_pass(self.controllers, loaded.endpoints)
         self.metrics.walk_seconds.labels(self.source.name).observe(time.monotonic() - began)
         # Only the lines of states this walk made anew are built and compared (at rest, with

@@ -30,7 +30,7 @@ from reconciler.metrics.prometheus import Prometheus, PrometheusUnavailable
 from reconciler.metrics.shadow import shadow_figures
 from reconciler.rollout.controller import Controller, RolloutState
 from reconciler.rollout.steering import AT_REST, FAILED
-from reconciler.rollout.writeback import rollback_hook
+from reconciler.rollout.writeback import CHECKOUT, WritebackSite, rollback_hook
 from reconciler.targets.base import RolloutBackend, Target
 from specs import Environment, duration_seconds
 
@@ -86,14 +86,15 @@ def prometheus_for(environment: Environment, target: Target, override: str | Non
 
 
 def controllers_for(result: LoadResult, environment: Environment, backend: RolloutBackend, prometheus_url: str | None,
-                    namespace: str) -> Controllers:
+                    namespace: str, writeback: WritebackSite = CHECKOUT) -> Controllers:
     """The rollout controller (with the write-back policy as its rollback hook) and the experiment
     controller of ``environment``, both measuring with the Prometheus at ``prometheus_url``
-    (:func:`prometheus_for` chooses it; None: none, every measurement inconclusive)."""
+    (:func:`prometheus_for` chooses it; None: none, every measurement inconclusive); their
+    write-backs go to ``writeback`` (`forgectl`'s checkout by default)."""
     prometheus = (Prometheus(prometheus_url, timeout=duration_seconds(environment.spec.prometheus.timeout))
                   if prometheus_url else None)
-    rollouts = Controller(backend, prometheus, namespace, on_rollback=rollback_hook(result, environment, backend))
-    experiments = ExperimentController(backend, prometheus, namespace, on_decided=winner_hook(result))
+    rollouts = Controller(backend, prometheus, namespace, on_rollback=rollback_hook(result, environment, backend, writeback))
+    experiments = ExperimentController(backend, prometheus, namespace, on_decided=winner_hook(result, writeback))
     return Controllers(backend, rollouts, experiments, prometheus, namespace)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from reconciler.experiment.controller import ExperimentState
 from reconciler.experiment.specedit import serve_winner, winner_edit
 from reconciler.load.loader import LoadResult
-from reconciler.rollout.writeback import write_edited
+from reconciler.rollout.writeback import CHECKOUT, WritebackSite, write_back_at, write_edited
 from specs import Endpoint
 
 #: What the experiment controller calls once an experiment is decided (``on_decided``): it returns
@@ -20,9 +20,9 @@ from specs import Endpoint
 DecisionHook = Callable[[Endpoint, str, ExperimentState], str]
 
 
-def winner_hook(result: LoadResult) -> DecisionHook:
-    """The write-back of a decided experiment's winner, for the Endpoints of ``result``. Never
-    raises: the winner serves already, and a git failure is reported in the returned line."""
+def winner_hook(result: LoadResult, site: WritebackSite = CHECKOUT) -> DecisionHook:
+    """The write-back of a decided experiment's winner, for the Endpoints of ``result``, at
+    ``site``. Never raises: the winner serves already (:func:`write_back_at`)."""
 
     def hook(endpoint: Endpoint, version: str, state: ExperimentState) -> str:
         experiment = endpoint.spec.experiment
@@ -37,11 +37,7 @@ def winner_hook(result: LoadResult) -> DecisionHook:
         branch = writeback.branch_for(endpoint.name)
         message = (f"Serve arm {winner.name} of endpoint {endpoint.name}: its experiment decided\n\n{state.reason}\n\n"
                    f"version {winner.version}, variant {winner.variant}")
-        try:
-            sha = write_edited(Path(origin.file).parent, origin.file, lambda text: serve_winner(text, endpoint.name, edit.variant),
-                               branch, message)
-        except Exception as exc:  # noqa: BLE001 - git failures must not stop the controller
-            return f"write-back failed: {exc}"
-        return f"committed {sha[:12]} on branch {branch}"
+        return write_back_at(site, Path(origin.file).parent, branch, lambda folder, head: write_edited(
+            folder, origin.file, lambda text: serve_winner(text, endpoint.name, edit.variant), branch, message, head=head))
 
     return hook

@@ -427,7 +427,8 @@ def open_repository(start: str | Path | None = None, *, needed_by: str = "") -> 
     return Repository(top, git_dir, common_dir, config)
 
 
-# -- the one remote operation: the in-cluster controller's fetch of a configured source -----------------
+# -- remote operations: the in-cluster controller's fetch of a configured source, and its push of -------
+# -- a write-back branch where the source allows it ------------------------------------------------------
 
 #: The URL schemes a configured source may be fetched over; each one is also the only transport git
 #: is allowed for that fetch (GIT_ALLOW_PROTOCOL). scp-like `host:path` addresses are refused (say
@@ -517,7 +518,8 @@ def fetch_source(cache: Path, url: str, branch: str, *, timeout: float, credenti
     """Fetch ``branch`` of ``url`` (or its ``tag``, when given) into the cache repository at
     ``cache`` (made here, with no work tree checked out, the first time) and return the fetched
     commit (an annotated tag's commit). The in-cluster controller's
-    one remote operation, as closed as everything else here: the repository and its configuration
+    remote operation (a write-back's :func:`mirror_branch` and :func:`push_branch` besides, where
+    its source allows them), as closed as everything else here: the repository and its configuration
     are Forge's own (nothing of the remote's configuration or hooks is ever read), the only
     transport allowed is the URL's own scheme, no other tags, no submodules, no credential helper or
     prompt, and the whole fetch is bounded by ``timeout`` seconds. ``credentials`` (a Secret's,
@@ -537,6 +539,35 @@ def remote_tags(cache: Path, url: str, *, timeout: float, credentials: GitCreden
                   "ls-remote", "--tags", "--refs", "--", url)
     return sorted(line.split("\trefs/tags/", 1)[1] for line in out.decode(errors="replace").splitlines()
                   if "\trefs/tags/" in line)
+
+
+def mirror_branch(cache: Path, url: str, branch: str, *, timeout: float,
+                  credentials: GitCredentials | None = None) -> str | None:
+    """Make ``refs/heads/BRANCH`` of the cache repository what ``url`` has on that branch (fetched
+    over it) or, when ``url`` has no such branch, remove it; return its commit, or None. A
+    write-back starts from the branch as the source has it now (merged, deleted or moved by
+    people since), never from an earlier copy. Closed like :func:`fetch_source`."""
+    ref = f"refs/heads/{_ref_name('branch', branch)}"
+    listed = _remote(cache, url, credentials, timeout, f"looking for branch {printable(branch)} of {printable(url)}",
+                     "ls-remote", "--heads", "--", url, ref)
+    repo = open_repository(cache, needed_by="the controller's write-back")
+    if not any(line.split(b"\t", 1)[-1] == ref.encode() for line in listed.splitlines()):
+        repo.run("update-ref", "-d", ref, what=f"removing {ref} (the source has no such branch)")
+        return None
+    # --update-head-ok: the cache checks nothing out, whatever its HEAD names
+    _remote(cache, url, credentials, timeout, f"fetching branch {printable(branch)} of {printable(url)}",
+            "fetch", "--quiet", "--no-tags", "--no-recurse-submodules", "--no-write-fetch-head", "--update-head-ok",
+            "--force", "--", url, f"+{ref}:{ref}")
+    return repo.commit(ref)
+
+
+def push_branch(cache: Path, url: str, branch: str, *, timeout: float, credentials: GitCredentials | None = None) -> None:
+    """Push ``refs/heads/BRANCH`` of the cache repository to the same branch of ``url``: made there,
+    or moved forward — never forced, so a branch someone moved meanwhile refuses it (the next
+    write-back starts again from theirs). Closed like :func:`fetch_source`; no hook runs."""
+    ref = f"refs/heads/{_ref_name('branch', branch)}"
+    _remote(cache, url, credentials, timeout, f"pushing branch {printable(branch)} to {printable(url)}",
+            "push", "--quiet", "--no-verify", "--recurse-submodules=no", "--", url, f"{ref}:{ref}")
 
 
 def highest_tag(tags: list[str], semver: str) -> str | None:

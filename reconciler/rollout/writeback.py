@@ -3,18 +3,24 @@ the stable version was rendered from — so the repository stops claiming a vers
 live. The commit is made with git's plumbing on a temporary index (read-tree, update-index,
 write-tree, commit-tree, update-ref): no work tree is checked out, so the user's checkout is never
 touched and no checkout filter, hook or fsmonitor of the tree runs; every command goes through
-:mod:`reconciler.load.gitrepo` (closed environment, repository checks)."""
+:mod:`reconciler.load.gitrepo` (closed environment, repository checks).
+
+Where a write-back goes is its :data:`WritebackSite`: `forgectl` commits in the checkout it runs in
+(a branch to merge by hand, never pushed); the in-cluster controller, whose specs are a revision of
+its cache repository, commits there on top of the applied revision and pushes the branch to its
+source — only where the source's `pushWritebacks` allows it, with the source's own credentials."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from reconciler.diagnostics import ForgeError, printable
-from reconciler.load.gitrepo import Repository, open_repository
+from reconciler.load.gitrepo import GitCredentials, Repository, mirror_branch, open_repository, push_branch
 from reconciler.load.loader import LoadResult
 from reconciler.rollout.controller import RolloutState
 from specs import Endpoint, Environment
@@ -28,6 +34,61 @@ AUTHOR = {"GIT_AUTHOR_NAME": "forgectl", "GIT_AUTHOR_EMAIL": "forgectl@forge.dev
           "GIT_COMMITTER_NAME": "forgectl", "GIT_COMMITTER_EMAIL": "forgectl@forge.dev"}
 
 
+@dataclass(frozen=True)
+class Checkout:
+    """`forgectl`'s write-backs: committed in the repository holding the spec's file, on its HEAD
+    (a branch to merge by hand; nothing is pushed)."""
+
+
+@dataclass(frozen=True)
+class SourcePush:
+    """The in-cluster controller's write-backs: committed in its cache repository on top of the
+    applied ``revision`` (what HEAD is to a checkout), on the branch as the source at ``url`` has
+    it, then pushed there (made, or moved forward: never forced) with the source's credentials
+    (``credentials`` reads them when a write-back is due), each git call bounded by ``timeout``."""
+
+    cache: Path
+    url: str
+    revision: str
+    timeout: float
+    credentials: Callable[[], GitCredentials | None]
+
+
+@dataclass(frozen=True)
+class NoWriteback:
+    """No write-back is made here, for ``reason`` (said in place of one)."""
+
+    reason: str
+
+
+#: Where the write-backs of a controller go.
+WritebackSite = Checkout | SourcePush | NoWriteback
+#: `forgectl`'s site (the default).
+CHECKOUT = Checkout()
+
+#: Commits one write-back: (the repository's folder, the commit HEAD stands for) → the new commit.
+CommitWriteback = Callable[[Path, str], str]
+
+
+def write_back_at(site: WritebackSite, checkout_folder: Path, branch: str, commit: CommitWriteback) -> str:
+    """Make one write-back at ``site`` and return its line (for a state's ``writeback`` field):
+    ``commit`` is called with ``checkout_folder`` (the spec's folder) and HEAD for a
+    :class:`Checkout`, with the cache and the applied revision for a :class:`SourcePush`. Never
+    raises: the rollback or decision has happened already, and a git failure is said in the line."""
+    if isinstance(site, NoWriteback):
+        return f"write-back skipped: {site.reason}"
+    try:
+        if isinstance(site, Checkout):
+            return f"committed {commit(checkout_folder, 'HEAD')[:12]} on branch {branch}"
+        credentials = site.credentials()
+        mirror_branch(site.cache, site.url, branch, timeout=site.timeout, credentials=credentials)
+        sha = commit(site.cache, site.revision)
+        push_branch(site.cache, site.url, branch, timeout=site.timeout, credentials=credentials)
+    except Exception as exc:  # noqa: BLE001 - git failures must not stop the controller
+        return f"write-back failed: {exc}"
+    return f"pushed {sha[:12]} to branch {branch} of {printable(site.url)}"
+
+
 class StableRevisions(Protocol):
     """Where a model version came from: the rollout backend knows the git revision each live
     version's Workflow was rendered from."""
@@ -37,9 +98,10 @@ class StableRevisions(Protocol):
         ...
 
 
-def write_back(repo_dir: str | Path, files: list[str], stable_revision: str, branch: str, message: str) -> str:
-    """Commit ``files`` as they were at ``stable_revision`` onto ``branch`` (created from HEAD, or
-    advanced if it exists) of the repository whose work tree holds ``repo_dir``. Returns the new
+def write_back(repo_dir: str | Path, files: list[str], stable_revision: str, branch: str, message: str,
+               head: str = "HEAD") -> str:
+    """Commit ``files`` as they were at ``stable_revision`` onto ``branch`` (created from ``head``,
+    or advanced if it exists) of the repository whose work tree holds ``repo_dir``. Returns the new
     commit's sha (the branch's tip when nothing changed)."""
     repo = open_repository(repo_dir, needed_by="the rollback write-back")
     rel = _relative(repo, files)
@@ -50,24 +112,25 @@ def write_back(repo_dir: str | Path, files: list[str], stable_revision: str, bra
         if entry is None or entry.type != "blob":
             raise ForgeError(f"{printable(path)} is not a file at revision {printable(stable_revision)}")
         entries.append(f"{entry.mode} {entry.oid}\t{path}\0")
-    return _commit(repo, branch, entries, message, "forgectl rollback write-back")
+    return _commit(repo, branch, entries, message, "forgectl rollback write-back", head=head)
 
 
-def write_edited(repo_dir: str | Path, file: str, edit: Callable[[str], str], branch: str, message: str) -> str:
-    """Commit ``file`` as HEAD has it, edited by ``edit`` (its text in, the new text out), onto
-    ``branch``: a commit on HEAD, the branch created or moved there — refused when the branch
-    holds commits HEAD lacks (someone's work not merged yet). The work tree is never read.
-    Returns the new commit's sha (HEAD's when the edit changes nothing)."""
+def write_edited(repo_dir: str | Path, file: str, edit: Callable[[str], str], branch: str, message: str,
+                 head: str = "HEAD") -> str:
+    """Commit ``file`` as ``head`` has it, edited by ``edit`` (its text in, the new text out), onto
+    ``branch``: a commit on ``head``, the branch created or moved there — refused when the branch
+    holds commits ``head`` lacks (someone's work not merged yet). The work tree is never read.
+    Returns the new commit's sha (``head``'s when the edit changes nothing)."""
     repo = open_repository(repo_dir, needed_by="the experiment write-back")
     [path] = _relative(repo, [file])
-    head = repo.commit("HEAD")
-    entry = repo.entry(head, path)
+    base = repo.commit(head)
+    entry = repo.entry(base, path)
     if entry is None or entry.type != "blob":
-        raise ForgeError(f"{printable(path)} is not a committed file at HEAD")
+        raise ForgeError(f"{printable(path)} is not a committed file at {printable(head)}")
     [blob] = repo.blobs([entry.oid])
     text = edit(blob.decode("utf-8"))
     oid = repo.run("hash-object", "-w", "--stdin", what="storing the edited spec", input=text.encode()).decode().strip()
-    return _commit(repo, branch, [f"{entry.mode} {oid}\t{path}\0"], message, "forgectl experiment write-back", onto=head)
+    return _commit(repo, branch, [f"{entry.mode} {oid}\t{path}\0"], message, "forgectl experiment write-back", onto=base)
 
 
 def _tree(repo: Repository, commit: str) -> str:
@@ -93,9 +156,10 @@ def _relative(repo: Repository, files: list[str]) -> list[str]:
     return rel
 
 
-def _tip(repo: Repository, branch: str) -> tuple[str, str]:
-    """(the commit a write-back onto ``branch`` builds on, the branch's tip before: "" when new) —
-    refused when the name is not a branch's or a work tree has the branch checked out."""
+def _tip(repo: Repository, branch: str, head: str) -> tuple[str, str]:
+    """(the commit a write-back onto ``branch`` builds on — ``head`` for a new branch —, the
+    branch's tip before: "" when new) — refused when the name is not a branch's or a work tree has
+    the branch checked out."""
     ref = f"refs/heads/{branch}"
     repo.run("check-ref-format", ref, what=f"checking the branch name {printable(branch)!r}")
     for line in repo.run("worktree", "list", "--porcelain", "-z", what="listing the work trees").split(b"\0"):
@@ -106,15 +170,16 @@ def _tip(repo: Repository, branch: str) -> tuple[str, str]:
         tip = repo.commit(ref)
         return tip, tip
     except ForgeError:
-        return repo.commit("HEAD"), ""
+        return repo.commit(head), ""
 
 
-def _commit(repo: Repository, branch: str, entries: list[str], message: str, reflog: str, *, onto: str | None = None) -> str:
-    """Commit the parent's tree — the branch's tip (HEAD for a new branch), or ``onto`` — with
+def _commit(repo: Repository, branch: str, entries: list[str], message: str, reflog: str, *, onto: str | None = None,
+            head: str = "HEAD") -> str:
+    """Commit the parent's tree — the branch's tip (``head`` for a new branch), or ``onto`` — with
     ``entries`` (``mode oid\\tpath\\0`` each) staged, on a temporary index (no work tree touched),
     and move ``branch`` there, only from the tip it had."""
     ref = f"refs/heads/{branch}"
-    parent, old = _tip(repo, branch)
+    parent, old = _tip(repo, branch, onto or head)
     parent = onto or parent
     with tempfile.TemporaryDirectory(prefix="forge-writeback-") as tmp:
         index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
@@ -137,11 +202,11 @@ def _commit(repo: Repository, branch: str, entries: list[str], message: str, ref
     return new
 
 
-def rollback_hook(result: LoadResult, environment: Environment, backend: StableRevisions) -> RollbackHook:
+def rollback_hook(result: LoadResult, environment: Environment, backend: StableRevisions,
+                  site: WritebackSite = CHECKOUT) -> RollbackHook:
     """The write-back policy, as the controller's rollback hook: when the endpoint's RolloutPolicy
     enables `gitWriteback`, commit the Model spec's file as it was at the stable version's revision
-    onto the policy's branch. Never raises: a rollback has happened already, and a git failure is
-    reported in the returned line instead of stopping the controller."""
+    onto the policy's branch, at ``site``. Never raises (:func:`write_back_at`)."""
 
     def hook(endpoint: Endpoint, state: RolloutState) -> str:
         policy = result.specs.policy_of(endpoint, environment)
@@ -153,11 +218,8 @@ def rollback_hook(result: LoadResult, environment: Environment, backend: StableR
             return f"write-back skipped: the revision of stable version {state.stable} is unknown"
         origin = result.origins[("Model", model.name)]
         branch = policy.spec.git_writeback.branch_for(endpoint.name)
-        try:
-            sha = write_back(Path(origin.file).parent, [origin.file], revision, branch,
-                             f"Revert model {model.name} to {state.stable}: canary {state.canary} rolled back\n\n{state.reason}")
-        except Exception as exc:  # noqa: BLE001 - git failures must not stop the rollback itself
-            return f"write-back failed: {exc}"
-        return f"committed {sha[:12]} on branch {branch}"
+        message = f"Revert model {model.name} to {state.stable}: canary {state.canary} rolled back\n\n{state.reason}"
+        return write_back_at(site, Path(origin.file).parent, branch, lambda folder, head: write_back(
+            folder, [origin.file], revision, branch, message, head=head))
 
     return hook

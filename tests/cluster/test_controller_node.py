@@ -76,7 +76,7 @@ from devkit.gitserver import git
 from devkit.node import argo, controller_image, dnswire, gitdaemon, promop, runtime_image, traefik
 from devkit.rollout import BODY
 from reconciler.controller.install import NAME, PORT
-from reconciler.targets.kubernetes.rollout import ROLLOUT_MANAGER
+from reconciler.targets.kubernetes.rollout import ROLLOUT_MANAGER, rollout_state_of
 from reconciler.targets.kubernetes.workflow_status import task_nodes
 from renderers.labels import MANAGER
 from tests.cluster import nodekit
@@ -255,18 +255,27 @@ def stack(shared_node: nodekit.SharedNode) -> Iterator[Stack]:
 def _as_the_platform_team_would(specs: Path, parent_ref: dict[str, str]) -> None:
     """The copy's `cluster` Environment routes by the Gateway API through the node's gateway (as
     test_runtime_node's copy does), and measures with the Prometheus the cluster runs, by its
-    in-cluster name (the quick-start's own value, checked here); its Compute asks for 1.2 of the
+    in-cluster name (the quick-start's own value, checked here); its policy asks for a rollback's
+    revert on a branch (`gitWriteback`, which the controller pushes: the source's
+    `pushWritebacks`); its Compute asks for 1.2 of the
     node's two cores: while the next version trains, the controller's two replicas hold 100m and
     the stable and canary predictors (the canary at 0 % is there from the apply) 300m each, so with
     the quick-start's 2 the training pod would stay Pending."""
     assert f"url: {PROMETHEUS_URL}\n" in (specs / "environments.yaml").read_text()
     route_by_gateway(specs, parent_ref)
+    policy = specs / "rollout.yaml"
+    text = policy.read_text()
+    assert "  onPrometheusUnreachable: hold\n" in text, text
+    policy.write_text(text.replace("  onPrometheusUnreachable: hold\n",
+                                   f"  onPrometheusUnreachable: hold\n  gitWriteback:\n    enabled: true\n    branch: {REVERT_BRANCH}\n", 1))
     compute = specs / "compute.yaml"
     text = compute.read_text()
     assert '    cpu: "2"\n' in text, text
     compute.write_text(text.replace('    cpu: "2"\n', '    cpu: 1200m\n', 1))
 
 
+#: The branch the controller pushes a rollback's revert to.
+REVERT_BRANCH = "forge/revert-{endpoint}"
 #: What the tests below pass on: the pushed commit and the live objects it applied.
 _STATE: dict[str, Any] = {}
 
@@ -280,7 +289,7 @@ def test_install_runs_two_ready_replicas_with_one_leader(stack: Stack) -> None:
         "apiVersion": "forge.dev/v1alpha1", "kind": "ControllerConfig", "namespace": CONTROLLER_NS,
         "http": {"address": "0.0.0.0", "port": PORT}, "webhook": {"secretRef": WEBHOOK_SECRET},
         "sources": [{"name": SOURCE, "url": stack.git_url, "branch": "main", "path": ".", "environment": "cluster",
-                     "namespace": APPS_NS, "interval": "10s"}]}))
+                     "namespace": APPS_NS, "interval": "10s", "pushWritebacks": True}]}))
     # the ClusterRoles install binds to, applied by the cluster's admin first (docs/controller.md)
     roles = stack.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "docs" / "rbac" / "forgectl-role.yaml"))
     assert roles.returncode == 0, roles.stderr
@@ -664,6 +673,19 @@ def test_a_pushed_faulty_canary_is_rolled_back_by_the_controller_alone(
     assert sum(n for (role, code), n in served.items() if role == "canary" and not code.startswith("2")) > 0, served
     assert not [k for k, n in served.items() if k[0] == "stable" and not k[1].startswith("2") and n > 0], served
     assert traffic.codes.count(200) > 0, traffic.codes
+    # the revert the policy asks for, pushed by the controller to the git server: the Model's spec
+    # as the stable version's revision had it, on top of the faulty revision, the Endpoint's kept
+    branch = REVERT_BRANCH.format(endpoint="digits")
+    state = rollout_state_of(stack.custom_get("machinelearning.seldon.io", "v1", "seldondeployments", "digits"))
+    said = state.writeback if state is not None else ""  # the rollout's state, as `rollout status` reads it
+    assert said.startswith("pushed ") and f" to branch {branch} of {stack.git_url}" in said, said
+    git("fetch", "--quiet", stack.push_url, f"+refs/heads/{branch}:refs/remotes/server/revert", cwd=stack.work)
+    tip = "refs/remotes/server/revert"
+    assert git("rev-parse", f"{tip}^", cwd=stack.work) == revision
+    assert git("diff", "--name-only", revision, tip, cwd=stack.work) == "model.yaml"
+    assert "learningRate: 0.003" in git("show", f"{tip}:model.yaml", cwd=stack.work)
+    assert "errorRate: 0.5" in git("show", f"{tip}:endpoint.yaml", cwd=stack.work)
+    assert git("log", "-1", "--format=%an %s", tip, cwd=stack.work) == f"forgectl Revert model digits-mlp to {v2}: canary {v1} rolled back"
 
 
 def test_a_pushed_spec_with_an_error_is_refused_and_a_fix_is_applied(stack: Stack) -> None:

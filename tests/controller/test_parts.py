@@ -35,6 +35,7 @@ def test_a_valid_configuration_has_the_documented_defaults(tmp_path: Path) -> No
     config = load_config(path)
     [source] = config.sources
     assert (source.branch, source.path, source.interval_seconds, source.timeout_seconds, source.self_heal) == ("main", ".", 10.0, 60.0, False)
+    assert source.push_writebacks is False  # a write-back is pushed only where a source says so
     assert (config.namespace, config.http.address, config.http.port) == ("forge-system", "127.0.0.1", 8080)
     assert (config.election.lease_duration, config.election.renew_deadline, config.election.retry_period) == ("15s", "10s", "2s")
 

@@ -14,10 +14,14 @@ from pathlib import Path
 import git
 import pytest
 
+from reconciler.controller.config import Source
+from reconciler.controller.sync import inside, load_revision
 from reconciler.experiment.controller import DECIDED, RUNNING, ExperimentController, ExperimentState, experiment_key, resolve_arms
 from reconciler.experiment.specedit import NotEditable, serve_winner
 from reconciler.experiment.writeback import winner_hook
+from reconciler.load.gitrepo import fetch_source
 from reconciler.load.loader import load_or_raise
+from reconciler.rollout.writeback import SourcePush
 from renderers.seldon import ServingState
 from specs import Endpoint
 from specs.experiment import WinnerWriteback
@@ -171,3 +175,25 @@ def test_the_controller_asks_for_the_write_back_once_when_it_decides() -> None:
     assert state is not None and state.writeback == "committed 0123456789ab on branch forge/experiment-digits-ab"
     assert any(reason == "ExperimentDecided" and "write-back: committed 0123456789ab" in message
                for reason, message in backend.events)
+
+
+def test_in_the_cluster_the_winner_is_committed_on_the_applied_revision_and_pushed_to_the_source(tmp_path: Path) -> None:
+    repo_dir = _repo(tmp_path)
+    source = git.Repo.init(tmp_path / "source.git", bare=True, initial_branch="main")
+    git.Repo(repo_dir).git.push(source.git_dir, "HEAD:refs/heads/main")
+    url, cache = Path(source.git_dir).as_uri(), tmp_path / "cache"
+    revision = fetch_source(cache, url, "main", timeout=30)
+    environment = load_or_raise([str(repo_dir / "specs")]).specs.environment(None)
+    assert environment is not None
+    loaded = load_revision(Source(name="experiments", url=url, path="specs", environment=environment.name,
+                                  namespace="forge"), cache, revision)
+    endpoint = loaded.result.specs.get(Endpoint, "digits-ab")
+    assert endpoint is not None
+    hook = winner_hook(loaded.result, SourcePush(cache, url, revision, 30.0, lambda: None))
+    with inside(cache):
+        line = hook(endpoint, "0123456789ab", _decided(endpoint, "0123456789ab", "int8"))
+    pushed = source.heads["forge/experiment-digits-ab"].commit
+    assert line == f"pushed {pushed.hexsha[:12]} to branch forge/experiment-digits-ab of {url}"
+    assert [p.hexsha for p in pushed.parents] == [revision]
+    assert (pushed.tree / "specs" / "endpoint.yaml").data_stream.read().decode() == serve_winner(
+        (repo_dir / "specs" / "endpoint.yaml").read_text(), "digits-ab", "int8")
