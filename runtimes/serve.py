@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -40,10 +41,15 @@ log = logging.getLogger("forge.serve")
 
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(host: str, count: int) -> list[int]:
+    """``count`` different TCP ports free on ``host`` now: each socket stays bound until all are
+    picked — one closed before the next bind may be handed out again (the HTTP and gRPC servers
+    were once given one port, and the second bind failed)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 class TelemetryMiddleware:
@@ -164,11 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         telemetry=telemetry, threads=threads,
         batching={"mode": mode, "maxBatchSize": batching.max_batch_size, "maxWaitS": batching.max_latency_ms / 1000.0,
                   "p99TargetS": batching.p99_target_ms / 1000.0 if batching.p99_target_ms else None})
-    port = config.port or free_port(config.host)
+    picked = free_ports(config.host, 2)
+    port = config.port or picked[0]
     settings = Settings(
         host=config.host,
         http_port=port,
-        grpc_port=free_port(config.host),
+        grpc_port=next(p for p in picked if p != port),  # a given port may be one the kernel picked
         metrics_endpoint=None,
         parallel_workers=0,
         load_models_at_startup=False,

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from devkit.runtime_steps import Runner
+from runtimes.serve import free_ports
 from runtimes.serving.select import choose_variant
 from tests.runtimes.helpers import ROOT, get_text, post_json
 
@@ -32,6 +33,12 @@ def _serve_config(model_dir: str, **extra: object) -> dict:
 def _count(metrics: str, code: str) -> float:
     match = re.search(r'forge_requests_total\{([^}]*code="' + code + r'"[^}]*)\} ([0-9.e+]+)', metrics)
     return float(match.group(2)) if match else 0.0
+
+
+def test_the_http_and_grpc_ports_are_picked_together_and_differ() -> None:
+    # picked one after the other, a port closed before the next bind could be handed out twice
+    ports = free_ports("0.0.0.0", 64)
+    assert len(set(ports)) == 64 and all(p > 0 for p in ports)
 
 
 def test_mlserver_v2_answers_and_exposes_forge_metrics(digits: Runner, server_factory) -> None:
