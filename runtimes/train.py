@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtimes._step import emit, hold_first_attempt, in_workspace, kill_first_attempt, parse_config, run_step, write_json
 from runtimes.errors import StepFailed
+from runtimes.ports import free_ports
 from runtimes.study import TrialRun
 from specs.model import Hyperparameters
 from specs.stepconfig import TrainConfig
@@ -60,12 +60,6 @@ def effective_hyperparameters(config: TrainConfig, asked: dict[str, float | int 
         raise StepFailed(f"overrides do not make valid hyperparameters: {exc}") from None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _single_process_env() -> None:
     """A one-process 'world' for DeepSpeed when no launcher set one up."""
     os.environ.setdefault("RANK", "0")
@@ -73,7 +67,7 @@ def _single_process_env() -> None:
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_ports("127.0.0.1", 1)[0]))
 
 
 def _config_fingerprint(config: TrainConfig, asked: dict[str, float | int | str] | None = None) -> str:

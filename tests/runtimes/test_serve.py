@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from devkit.runtime_steps import Runner
-from runtimes.serve import free_ports
+from runtimes.ports import free_ports
 from runtimes.serving.select import choose_variant
 from tests.runtimes.helpers import ROOT, get_text, post_json
 
