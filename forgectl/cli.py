@@ -33,6 +33,7 @@ from forgectl.shell import (
     json_bytes,
     load_for,
     one_endpoint,
+    one_line_summaries,
     open_environment,
     out,
     print_json,
@@ -297,8 +298,8 @@ app.add_typer(models_app, name="models")  # the registry, lineage, leaderboard
 app.add_typer(labels_app, name="labels")  # auto-labeling's reviewed labels (labeling.auto)
 app.add_typer(experiment_app, name="experiment")  # A/B experiments
 app.add_typer(controller_app, name="controller")  # the in-cluster controller (docs/controller.md)
-app.command("install")(controller_install)  # the controller's manifests (docs/controller.md)
-app.command("uninstall")(controller_uninstall)
+app.command("install", short_help="Install the in-cluster controller, server-side applied (--dry-run: print it).")(controller_install)  # the controller's manifests (docs/controller.md)
+app.command("uninstall", short_help="Remove the controller; the workloads it applied stay unless --remove-workloads.")(controller_uninstall)
 
 
 @app.command()
@@ -477,7 +478,7 @@ def logs(
         print("\n".join(lines[-tail:] if tail else lines))
 
 
-@app.command()
+@app.command(short_help="Stop everything Forge started here, or delete what it owns in a cluster (shown first, then confirmed).")
 @with_target_flags
 def down(
     paths: PathsArg = None,
@@ -538,6 +539,9 @@ def load_traffic(
         print_json(stats)
     else:
         out.print(stats)
+
+
+one_line_summaries(app)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from forgectl.shell import err, out, safe
 app = typer.Typer(help="The in-cluster controller: pull git, apply, walk every rollout.", no_args_is_help=True)
 
 
-@app.command("run")
+@app.command("run", short_help="Run until SIGTERM: pull each source's git, apply new revisions and walk the rollouts, as its Lease's holder.")
 def run(
     config: Annotated[str, typer.Option("--config", help="The controller's configuration (a ControllerConfig YAML file).")],
 ) -> None:

@@ -22,7 +22,7 @@ def _progress(message: str) -> None:
     err.print(f"[dim]{safe(message)}[/dim]")
 
 
-@app.command("pull")
+@app.command("pull", short_help="Copy a version's review file out of the workspace, to fill in and merge.")
 @with_target_flags
 def pull(
     model: Annotated[str, typer.Argument(help="The Model whose Workflow ran the `autolabel` step.")],
@@ -60,7 +60,7 @@ def pull(
           f"{report.get('dataset') or '<dataset>'} --reviewed {review}`")
 
 
-@app.command("merge")
+@app.command("merge", short_help="Add the reviewed labels to the Dataset's source and pin its new digest.")
 @with_target_flags
 def merge(
     dataset: Annotated[str, typer.Argument(help="Dataset name.")],

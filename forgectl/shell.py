@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import typer
 from rich.console import Console
 
 from forgectl.options import NO_OVERRIDES, TargetFlags
@@ -135,3 +136,21 @@ def endpoint_in(ctx: Opened, paths: list[str] | None, flags: TargetFlags,
     controllers = controllers_of(ctx, paths, flags)
     controllers.backend.refresh()
     return controllers, find_endpoint(ctx.result.specs, ctx.environment, endpoint)
+
+
+def one_line_summaries(app: typer.Typer) -> None:
+    """Give every command of ``app`` and of its groups, where none is set, a summary for the command
+    list: its help's first sentence, on one line (like `kubectl`'s list; the rest is in the command's
+    own `--help`). Typer's rich list would show the whole first paragraph with the docstring's line
+    breaks, which wrap mid-sentence in the terminal's width."""
+    import inspect
+    import re
+
+    for command in app.registered_commands:
+        doc = command.help or inspect.getdoc(command.callback) or ""
+        if command.short_help is None and doc:
+            paragraph = " ".join(doc.split("\n\n")[0].split())
+            command.short_help = re.split(r"(?<=\.) (?=[A-Z])", paragraph, maxsplit=1)[0]
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            one_line_summaries(group.typer_instance)

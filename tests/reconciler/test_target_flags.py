@@ -118,3 +118,27 @@ def test_json_output_is_the_standard_librarys_json(capsys: pytest.CaptureFixture
     assert json.loads(json_bytes(huge)) == huge
     print_json(value)
     assert json.loads(capsys.readouterr().out) == value
+
+
+def _groups(command: Any, path: str = "forgectl") -> list[tuple[str, Any]]:
+    """Every command group under ``command`` (itself first), with its command line."""
+    found = [(path, command)]
+    for name, sub in getattr(command, "commands", {}).items():
+        if getattr(sub, "commands", None) is not None:
+            found += _groups(sub, f"{path} {name}")
+    return found
+
+
+def test_every_command_list_shows_one_summary_per_command_without_a_broken_line() -> None:
+    """`forgectl --help` and each group's list give each command one summary, joined to one line:
+    no docstring line break wraps a sentence mid-way in the terminal (typer's rich list keeps them)."""
+    runner = CliRunner()
+    for path, group in _groups(get_command(forgectl_app)):
+        summaries = {name: sub.short_help or sub.help or "" for name, sub in group.commands.items()}  # as typer lists them
+        for name, summary in summaries.items():
+            assert summary, f"{path} {name}: no summary"
+            assert "\n" not in summary, f"{path} {name}: {summary!r}"
+            assert len(summary) <= 160, f"{path} {name}: a summary of {len(summary)} characters"
+        shown = " ".join(runner.invoke(forgectl_app, [*path.split()[1:], "--help"], env={"COLUMNS": "200"}).output.split())
+        for name, summary in summaries.items():
+            assert f"{name} {summary}" in shown, (path, name)
