@@ -1,7 +1,7 @@
 """bench/train_gpu: training speed and memory through the product's own train step.
 
     python bench/train_gpu.py [--device auto|cuda|cpu] [--smoke] [--parts ladder,ddp,checkpointing]
-                              [--rungs R,R,...] [--out FILE] [--budget-s S] [--peak-tflops T]
+                              [--rungs R,R,...] [--out FILE] [--budget-s S] [--peak-tflops T] [--ckpt-steps N]
 
 One training path: every figure comes from ``python -m runtimes train --config-json …`` run as a
 subprocess, with the step configs that ``renderers.workflow.plan_steps`` renders from Model specs
@@ -277,6 +277,8 @@ class Bench:
     def __init__(self, args: argparse.Namespace, device: str, gpus: int, device_name: str):
         self.args, self.device, self.gpus, self.device_name = args, device, gpus, device_name
         self.sizes = shapes(device, args.smoke)
+        if args.ckpt_steps:
+            self.sizes["ckptSteps"] = args.ckpt_steps
         self.workspace = Path(args.workspace or tempfile.mkdtemp(prefix="forge-bench-train-gpu-"))
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.specs = Specs(self.workspace, device, gpus, device_name, self.sizes)
@@ -469,6 +471,8 @@ def main() -> None:
                         + "; also bf16_fused_compile_batch2x, bf16_fused_compile_deterministic)")
     parser.add_argument("--out", help="also write the JSON object to this file")
     parser.add_argument("--budget-s", type=float, default=None, help="skip runs that would end after this many seconds")
+    parser.add_argument("--ckpt-steps", type=int, default=None,
+                        help="the checkpointing part's timed steps per run (default 3: a wider ladder in the budget; more: steadier times)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s (default: from the GPU's name)")
     parser.add_argument("--workspace", help="workspace folder (default: a new temporary one)")
     parser.add_argument("--ddp-cpu", type=int, default=0, help="CPU mode: run the ddp part with this many gloo processes")

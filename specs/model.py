@@ -438,7 +438,8 @@ class ModelSpec(LaterFieldsModel):
         """How many checkpointed segments `gradientCheckpointing` cuts a stack of `blocks` blocks
         into: 0 off, `blocks` per block (`true`), ⌈blocks ÷ ⌈√blocks⌉⌉ for `sqrt` (segments of
         ⌈√blocks⌉ blocks, so both the kept segment inputs and the one segment recomputed at a time
-        grow as √blocks), or the integer given (at most one segment per block)."""
+        grow as √blocks), or for an integer k as many as segments of ⌈blocks ÷ k⌉ blocks make, as
+        runtimes/models.py cuts them (k, or fewer: 16 blocks asked in 12 are 8 segments of 2)."""
         mode = self.gradient_checkpointing
         if mode is False or blocks < 1:
             return 0
@@ -446,8 +447,9 @@ class ModelSpec(LaterFieldsModel):
             return blocks
         if mode == "sqrt":
             length = math.isqrt(blocks - 1) + 1  # ⌈√blocks⌉, exact in integers
-            return -(-blocks // length)
-        return min(int(mode), blocks)
+        else:
+            length = -(-blocks // min(int(mode), blocks))
+        return -(-blocks // length)
 
     @model_validator(mode="after")
     def _custom_needs_size(self) -> ModelSpec:

@@ -75,3 +75,14 @@ def test_without_a_gpu_the_gpu_parts_say_so_and_exit_0(runtime_python: str, tmp_
     assert train["skipped"] == "no CUDA device on this machine" and "ladder" not in train
     serve = _run(runtime_python, "bench/serve.py", "--device", "cuda", env=no_gpu, timeout=300)
     assert serve["skipped"] == "no CUDA device on this machine" and "models" not in serve
+
+
+def test_the_last_segment_bench_times_both_cuts_and_their_gradients_agree(runtime_python: str) -> None:
+    """bench/checkpoint_last.py: the product's checkpointing beside a plain last segment, in one
+    process; a check of the path and its JSON (no assertion on time)."""
+    result = _run(runtime_python, "bench/checkpoint_last.py", "--layers", "4", "--modes", "sqrt", "--repeats", "2", timeout=300)
+    [row] = result["runs"]
+    assert (row["layers"], row["mode"], row["segments"]) == (4, "sqrt", 2)
+    assert all(_positive(row["step_s"][name]) for name in ("off", "product", "last_plain")), row
+    assert row["same_gradients"] and result["all_gradients_same"], row
+    assert _positive(result["last_plain_vs_product_median"]), result

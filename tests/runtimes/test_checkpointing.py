@@ -9,12 +9,16 @@ exponent is about ½ (below 0.75 here), while one input per block gives about 1.
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
+import subprocess
 
 import pytest
 
 from devkit.digits import DIGITS_MODEL, train_config
 from devkit.runtime_steps import Runner
+from tests.runtimes.helpers import ROOT
 
 pytestmark = pytest.mark.runtime
 
@@ -74,3 +78,45 @@ def test_a_segment_count_cuts_the_blocks_into_that_many_segments(digits: Runner)
     two = digits.read("models/ckpt-segments/metrics.json")["throughput"]["savedTensorBytes"]
     per_layer = _saved_bytes(digits, 16, True)
     assert one < two < per_layer, (one, two, per_layer)
+
+
+# One training step of a 10-block MLP in the runtime environment, checkpointed in the given number
+# of segments: how often each block's forward began, and whether the gradients are a plain run's.
+_COUNT_FORWARDS = """
+import json, sys, torch
+from runtimes.models import MLP
+from specs.model import ModelSpec
+torch.manual_seed(0)
+model, x, y = MLP(8, [16] * 10, 3), torch.randn(32, 8), torch.randint(0, 3, (32,))
+def grads(segments):
+    model.zero_grad()
+    model.gradient_checkpointing, model.checkpoint_segments = segments is not None, segments or 0
+    calls = [0] * len(model.blocks)
+    # on entry: a recomputation stops (inside the segment's last block) once it has what backward needs
+    hooks = [b.register_forward_pre_hook(lambda m, i, k=k: calls.__setitem__(k, calls[k] + 1)) for k, b in enumerate(model.blocks)]
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    for h in hooks:
+        h.remove()
+    return calls, [p.grad.clone() for p in model.parameters()]
+_, plain = grads(None)
+mode = sys.argv[1]
+segments = ModelSpec.model_construct(gradient_checkpointing=True if mode == "true" else mode if mode == "sqrt" else int(mode)
+                                     ).checkpoint_segments(len(model.blocks))
+calls, checkpointed = grads(segments)
+print(json.dumps({"segments": segments, "calls": calls, "same": all(torch.equal(a, b) for a, b in zip(plain, checkpointed))}))
+"""
+
+
+@pytest.mark.parametrize(("mode", "segments"), [("sqrt", 3), ("true", 10), ("6", 5)])
+def test_every_segment_is_recomputed_once_and_the_gradients_are_a_plain_runs(runtime_python: str, mode: str,
+                                                                             segments: int) -> None:
+    """Each block runs once more in the backward pass, whatever the cut — the last segment too: it
+    stays checkpointed, so the output head's forward and backward (a language model's logits, the
+    peak) run beside segment inputs alone (bench/checkpoint_last.py measures the alternative). The
+    count is the spec's, as the train step logs it: 10 blocks asked in 6 are 5 segments of 2."""
+    proc = subprocess.run([runtime_python, "-c", _COUNT_FORWARDS, mode], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["segments"] == segments and result["same"], result
+    assert result["calls"] == [2] * 10, result
