@@ -1,14 +1,25 @@
 """Helpers of the runtime tests (the fixtures are in conftest.py): a step's JSON events, HTTP to a
-model server. Running steps and servers (Runner, Server) and the digits configs are the dev
+model server, a script's JSON last line. Running steps and servers (Runner, Server) and the digits configs are the dev
 harness's, shared with the benches: devkit/runtime_steps.py and devkit/digits.py."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_json(python: str, *args: str, env: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
+    """Run ``python args`` from the checkout (a bench, or ``-c`` code) in the runtime environment and
+    return the JSON object its last line prints; a non-zero exit fails the test with its stderr."""
+    proc = subprocess.run([python, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def events(stdout: str) -> list[dict[str, Any]]:

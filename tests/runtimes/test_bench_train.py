@@ -6,26 +6,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.runtimes.helpers import ROOT
+from tests.runtimes.helpers import run_json
 
 pytestmark = pytest.mark.runtime
 
 RUN_KEYS = ("tokens_per_s", "step_s_median", "warmup_s", "peak_memory_bytes", "activation_memory_bytes", "saved_tensor_bytes",
             "parameters", "flops_per_token", "subprocess_wall_s")
-
-
-def _run(python: str, *args: str, env: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
-    proc = subprocess.run([python, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _positive(value: Any) -> bool:
@@ -34,7 +25,7 @@ def _positive(value: Any) -> bool:
 
 def test_the_training_bench_runs_on_cpu_through_the_train_step(runtime_python: str, tmp_path: Path) -> None:
     out = tmp_path / "train.json"
-    result = _run(runtime_python, "bench/train_gpu.py", "--device", "cpu", "--smoke", "--out", str(out),
+    result = run_json(runtime_python, "bench/train_gpu.py", "--device", "cpu", "--smoke", "--out", str(out),
                   "--workspace", str(tmp_path / "ws"))
     assert json.loads(out.read_text()) == result
     assert result["device"] == "cpu" and result["configs_rendered_by"] == "renderers.workflow.plan_steps"
@@ -71,16 +62,16 @@ def test_the_training_bench_runs_on_cpu_through_the_train_step(runtime_python: s
 
 def test_without_a_gpu_the_gpu_parts_say_so_and_exit_0(runtime_python: str, tmp_path: Path) -> None:
     no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
-    train = _run(runtime_python, "bench/train_gpu.py", "--device", "cuda", env=no_gpu, timeout=300)
+    train = run_json(runtime_python, "bench/train_gpu.py", "--device", "cuda", env=no_gpu, timeout=300)
     assert train["skipped"] == "no CUDA device on this machine" and "ladder" not in train
-    serve = _run(runtime_python, "bench/serve.py", "--device", "cuda", env=no_gpu, timeout=300)
+    serve = run_json(runtime_python, "bench/serve.py", "--device", "cuda", env=no_gpu, timeout=300)
     assert serve["skipped"] == "no CUDA device on this machine" and "models" not in serve
 
 
 def test_the_last_segment_bench_times_both_cuts_and_their_gradients_agree(runtime_python: str) -> None:
     """bench/checkpoint_last.py: the product's checkpointing beside a plain last segment, in one
     process; a check of the path and its JSON (no assertion on time)."""
-    result = _run(runtime_python, "bench/checkpoint_last.py", "--layers", "4", "--modes", "sqrt", "--repeats", "2", timeout=300)
+    result = run_json(runtime_python, "bench/checkpoint_last.py", "--layers", "4", "--modes", "sqrt", "--repeats", "2", timeout=300)
     [row] = result["runs"]
     assert (row["layers"], row["mode"], row["segments"]) == (4, "sqrt", 2)
     assert all(_positive(row["step_s"][name]) for name in ("off", "product", "last_plain")), row

@@ -9,16 +9,13 @@ exponent is about ½ (below 0.75 here), while one input per block gives about 1.
 from __future__ import annotations
 
 import copy
-import json
 import math
-import os
-import subprocess
 
 import pytest
 
 from devkit.digits import DIGITS_MODEL, train_config
 from devkit.runtime_steps import Runner
-from tests.runtimes.helpers import ROOT
+from tests.runtimes.helpers import run_json
 
 pytestmark = pytest.mark.runtime
 
@@ -114,9 +111,6 @@ def test_every_segment_is_recomputed_once_and_the_gradients_are_a_plain_runs(run
     stays checkpointed, so the output head's forward and backward (a language model's logits, the
     peak) run beside segment inputs alone (bench/checkpoint_last.py measures the alternative). The
     count is the spec's, as the train step logs it: 10 blocks asked in 6 are 5 segments of 2."""
-    proc = subprocess.run([runtime_python, "-c", _COUNT_FORWARDS, mode], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.splitlines()[-1])
+    result = run_json(runtime_python, "-c", _COUNT_FORWARDS, mode, timeout=120)
     assert result["segments"] == segments and result["same"], result
     assert result["calls"] == [2] * 10, result
