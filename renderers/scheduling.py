@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from renderers.errors import RenderError
 from specs import Compute, Dataset, Model
+from specs.checkpointing import BlockCosts, segment_length
 from specs.dataset import SKLEARN_DATASETS
 from specs.model import CNN, GPT, MLP
 
@@ -182,14 +183,17 @@ def _activations(model: Model, dataset: Dataset, checkpointing: bool) -> tuple[f
         s, h, layers, a = arch.context_length, arch.d_model, arch.layers, arch.heads
         per_layer = s * batch * h * (34 + 5 * a * s / h)
         width = "" if scale == 1.0 else " × 2 (fp32)"
-        segments = (model.spec.checkpoint_segments(layers) or layers) if checkpointing else 0
+        # `auto` cuts where this formula's peak is least: blocks keeping 2·s·b·h and saving per_layer.
+        costs = BlockCosts.uniform(layers, round(scale * 2 * s * batch * h), round(scale * per_layer))
+        segments = (model.spec.checkpoint_segments(layers, costs) or layers) if checkpointing else 0
+        auto = ", auto: the least of this formula" if model.spec.gradient_checkpointing == "auto" else ""
         if segments == layers:
-            return scale * (2 * s * batch * h * layers + per_layer), f"2·s·b·h·L + s·b·h·(34 + 5·a·s/h){width}"
+            return scale * (2 * s * batch * h * layers + per_layer), f"2·s·b·h·L + s·b·h·(34 + 5·a·s/h){auto}{width}"
         if segments:
             # Each segment's input is kept; one segment of ⌈L/k⌉ layers is recomputed at a time.
-            length = -(-layers // segments)
+            length = segment_length(layers, segments)
             return (scale * (2 * s * batch * h * segments + length * per_layer),
-                    f"2·s·b·h·k + ⌈L/k⌉·s·b·h·(34 + 5·a·s/h), k = {segments} segments{width}")
+                    f"2·s·b·h·k + ⌈L/k⌉·s·b·h·(34 + 5·a·s/h), k = {segments} segments{auto}{width}")
         return scale * per_layer * layers, f"s·b·h·L·(34 + 5·a·s/h){width}"
     features, classes = data_shape(dataset)
     widths = [features, classes]

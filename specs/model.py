@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from specs.base import MAX_SEED, ImportRef, LaterFieldsModel, Name, Precision, Priority, SpecModel, Threshold
+from specs.checkpointing import BlockCosts, least_peak_segments, segment_length
 
 #: Limits on counts a Model spec derives work from (docs/security.md lists them all).
 MAX_LAYERS = 64
@@ -367,13 +368,15 @@ class ModelSpec(LaterFieldsModel):
     precision: Precision = Field(
         default="fp32", description="`fp32`, or mixed precision `bf16` / `fp16` (fp16 uses loss scaling)."
     )
-    gradient_checkpointing: bool | Literal["sqrt"] | Annotated[int, Field(ge=1, le=MAX_SEGMENTS)] = Field(
+    gradient_checkpointing: bool | Literal["sqrt", "auto"] | Annotated[int, Field(ge=1, le=MAX_SEGMENTS)] = Field(
         default=False,
         description="Recompute activations in the backward pass to save memory. `true`: every block is "
         "checkpointed (saved activations: each block's input, still O(layers)); `sqrt`: the blocks are cut "
         "into segments of ⌈√layers⌉ and only each segment's input is kept, one segment recomputed at a time "
-        "(saved activations O(√layers)); an integer: that many segments (1: the whole stack recomputed "
-        f"once; at most {MAX_SEGMENTS}). `false`: keep every activation.",
+        "(saved activations O(√layers)); `auto`: the segment count whose activation peak is least, from "
+        "what each block keeps and saves and what the head holds, measured on the first batch (every cut "
+        "recomputes each block once, so only the peak differs); an integer: that many segments (1: the "
+        f"whole stack recomputed once; at most {MAX_SEGMENTS}). `false`: keep every activation.",
     )
     compile: bool = Field(
         default=False,
@@ -431,24 +434,30 @@ class ModelSpec(LaterFieldsModel):
             return handler(value)
         except ValidationError:
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            raise ValueError(f"expected true, false, `sqrt` or a number of segments from 1 to {MAX_SEGMENTS}; "
+            raise ValueError(f"expected true, false, `sqrt`, `auto` or a number of segments from 1 to {MAX_SEGMENTS}; "
                              f"got {shown}") from None
 
-    def checkpoint_segments(self, blocks: int) -> int:
+    def checkpoint_segments(self, blocks: int, costs: BlockCosts | None = None) -> int:
         """How many checkpointed segments `gradientCheckpointing` cuts a stack of `blocks` blocks
         into: 0 off, `blocks` per block (`true`), ⌈blocks ÷ ⌈√blocks⌉⌉ for `sqrt` (segments of
         ⌈√blocks⌉ blocks, so both the kept segment inputs and the one segment recomputed at a time
-        grow as √blocks), or for an integer k as many as segments of ⌈blocks ÷ k⌉ blocks make, as
-        runtimes/models.py cuts them (k, or fewer: 16 blocks asked in 12 are 8 segments of 2)."""
+        grow as √blocks), for `auto` the count of least activation peak under ``costs`` (required
+        then: specs/checkpointing.py), or for an integer k as many as segments of ⌈blocks ÷ k⌉
+        blocks make, as runtimes/models.py cuts them (k, or fewer: 16 blocks asked in 12 are 8
+        segments of 2)."""
         mode = self.gradient_checkpointing
         if mode is False or blocks < 1:
             return 0
         if mode is True:
             return blocks
+        if mode == "auto":
+            if costs is None or costs.blocks != blocks:
+                raise ValueError(f"gradientCheckpointing: auto needs the costs of the {blocks} blocks to cut")
+            return least_peak_segments(costs)
         if mode == "sqrt":
             length = math.isqrt(blocks - 1) + 1  # ⌈√blocks⌉, exact in integers
         else:
-            length = -(-blocks // min(int(mode), blocks))
+            length = segment_length(blocks, int(mode))
         return -(-blocks // length)
 
     @model_validator(mode="after")

@@ -108,7 +108,7 @@ CASES = [
     Case("negative-learning-rate", doc("Model", MODEL_OK + "hyperparameters:\n  learningRate: -0.1\n"), 9, "greater than 0"),
     Case("search-unknown-param", doc("Model", MODEL_OK + "search:\n  space:\n    dropoutRate: {type: uniform, min: 0, max: 1}\n"), 9, "unknown hyperparameter 'dropoutRate'"),
     Case("search-parallelism", doc("Model", MODEL_OK + "search:\n  trials: 2\n  parallelism: 4\n  space: {learningRate: {type: choice, values: [0.1]}}\n"), 6, "search.parallelism (4) exceeds search.trials (2)"),
-    Case("checkpointing-mode", doc("Model", MODEL_OK + "gradientCheckpointing: sqrt2\n"), 8, "expected true, false, `sqrt` or a number of segments"),
+    Case("checkpointing-mode", doc("Model", MODEL_OK + "gradientCheckpointing: sqrt2\n"), 8, "expected true, false, `sqrt`, `auto` or a number of segments"),
     Case("checkpointing-no-segments", doc("Model", MODEL_OK + "gradientCheckpointing: 0\n"), 8, "number of segments from 1 to 1024; got 0"),
     Case("checkpointing-quoted", doc("Model", MODEL_OK + "gradientCheckpointing: \"true\"\n"), 8, "got 'true'"),
     Case("search-algorithm", doc("Model", MODEL_OK + "search:\n  algorithm: bayes\n  space: {learningRate: {type: choice, values: [0.1]}}\n"), 9, "'bayes' is not allowed"),

@@ -203,3 +203,21 @@ def test_serving_replicas_times_gpus() -> None:
     s2, e2 = specs(DIGITS, pool(per_node=8), custom(1e8), too_big, env("kubernetes"))
     [problem] = capacity_problems(s2, e2, estimate(s2, e2))
     assert "asks 16 GPUs per replica; a node of pool `pool` has 8 (`gpusPerNode`)" in problem.message
+
+
+def test_auto_checkpointing_estimates_the_cut_of_least_peak() -> None:
+    """The 7B GPT above with `gradientCheckpointing: auto`: a layer saves s·b·h·(34 + 5·a·s/h) =
+    13,019,119,616 B against an input of 2·s·b·h = 134,217,728 B (97×), so the least peak of
+    2·s·b·h·k + ⌈32/k⌉·layer is at k = 32 (per layer): 17,314,086,912 B, as with `true`. `sqrt` cuts
+    6 segments of 6 layers: 6 × 134,217,728 + 6 × 13,019,119,616 = 78,920,024,064 B, 4.6× as much."""
+    estimates = {}
+    for mode in ("auto", "sqrt"):
+        model = gpt(layers=32, dModel=4096, heads=32, contextLength=4096, vocabSize=32000)
+        model["spec"] |= {"gradientCheckpointing": mode, "hyperparameters": {"batchSize": 4, "epochs": 1},
+                          "distributed": {"strategy": "deepspeed", "zeroStage": 3}}
+        s, e = specs(TEXT, pool(min_gpus=8), model, env("kubernetes"))
+        estimates[mode] = training_estimate(s, s.get(Model, "m"), e, DataSize(bytes=10**10, source="measured")).breakdown
+    assert estimates["auto"].activations == 17_314_086_912
+    assert estimates["auto"].activation_formula == "2·s·b·h·L + s·b·h·(34 + 5·a·s/h), auto: the least of this formula"
+    assert estimates["sqrt"].activations == 78_920_024_064
+    assert estimates["sqrt"].activation_formula == "2·s·b·h·k + ⌈L/k⌉·s·b·h·(34 + 5·a·s/h), k = 6 segments"
