@@ -26,8 +26,6 @@ time against the product's (``last_plain_vs_product``) and each variant's overhe
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -38,7 +36,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from bench.cli import command_line, emit, ladder_parser
 from runtimes.models import GPT, _run_segment
+from specs.checkpointing import segment_length
 from specs.model import ModelSpec
 
 
@@ -46,7 +46,7 @@ def _last_plain_run_blocks(self: Any, x: torch.Tensor) -> torch.Tensor:
     """The product's cut into ``checkpoint_segments`` segments, the short one first, with the last
     segment run plainly (as ``checkpoint_sequential`` does)."""
     blocks: list[nn.Module] = list(self.blocks)
-    length = -(-len(blocks) // max(1, min(self.checkpoint_segments or len(blocks), len(blocks))))
+    length = segment_length(len(blocks), self.checkpoint_segments or len(blocks))
     first = len(blocks) - length * (-(-len(blocks) // length) - 1)
     segments = [blocks[:first]] + [blocks[i:i + length] for i in range(first, len(blocks), length)]
     for segment in segments[:-1]:
@@ -112,12 +112,9 @@ def measure(layers: int, mode: str, repeats: int, device: torch.device) -> dict[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    parser = ladder_parser(__doc__)
     parser.add_argument("--modes", nargs="+", choices=("sqrt", "per-block"), default=["sqrt", "per-block"])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--out", help="also write the JSON object to this file")
     args = parser.parse_args()
     device = torch.device(args.device)
     started = time.monotonic()
@@ -132,19 +129,13 @@ def main() -> None:
                   f"last plain {row['step_s']['last_plain']:.3f} s (+{over['last_plain']:.0%}): "
                   f"{row['last_plain_vs_product']:.3f}× the product's", flush=True)
     result = {"bench": "checkpoint_last", "device": args.device, "torch": torch.__version__, "repeats": args.repeats,
-              "command": "python bench/checkpoint_last.py " + " ".join(
-                  f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                  for k, v in vars(args).items() if v is not None),
+              "command": command_line("checkpoint_last.py", args),
               "runs": rows, "last_plain_vs_product_median": statistics.median(r["last_plain_vs_product"] for r in rows),
               "product_overhead_max": max(r["overhead_vs_off"]["product"] for r in rows),
               "last_plain_overhead_max": max(r["overhead_vs_off"]["last_plain"] for r in rows),
               "all_gradients_same": all(r["same_gradients"] for r in rows),
               "elapsed_s": round(time.monotonic() - started, 1)}
-    line = json.dumps(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(line + "\n")
-    print(line)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

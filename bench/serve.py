@@ -56,6 +56,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.cli import emit  # noqa: E402
 from bench.runtime_env import ROOT, ensure_runtime_env  # noqa: E402
 from devkit.common import stop_group  # noqa: E402
 
@@ -564,13 +565,6 @@ def headline(r: dict[str, Any]) -> dict[str, Any]:
         if key in r:
             out[key] = r[key]["median"]
     return out
-
-
-def emit(result: dict[str, Any], path: str | None) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

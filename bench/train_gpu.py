@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.cli import emit  # noqa: E402
 from bench.runtime_env import ROOT, ensure_runtime_env  # noqa: E402
 
 #: Peak dense bf16 tensor throughput (FLOP/s, without sparsity) by GPU name; the first key found
@@ -538,14 +539,6 @@ def main() -> None:
     }
     result["elapsed_s"] = round(time.time() - started, 1)
     emit(result, args.out)
-
-
-def emit(result: dict[str, Any], out: str | None) -> None:
-    text = json.dumps(result, sort_keys=False)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
-    print(text, flush=True)
 
 
 if __name__ == "__main__":
