@@ -19,10 +19,12 @@ A model bundle is a folder:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from runtimes.errors import StepFailed
+from specs.checkpointing import BlockCosts, segment_length
 
 FORMAT = "forge-model/v1"
 
@@ -61,8 +64,7 @@ class _Checkpointed(nn.Module):
         blocks: list[nn.Module] = list(self.blocks)
         if not (self.gradient_checkpointing and self.training and torch.is_grad_enabled()):
             return _run_segment(x, blocks)
-        segments = min(self.checkpoint_segments or len(blocks), len(blocks))
-        length = -(-len(blocks) // max(1, segments))
+        length = segment_length(len(blocks), self.checkpoint_segments or len(blocks))
         for start in range(0, len(blocks), length):
             segment = blocks[start:start + length]
             # The RNG state is saved and restored around a segment only where its recomputation
@@ -71,6 +73,98 @@ class _Checkpointed(nn.Module):
             random = any(isinstance(m, nn.Dropout) and m.p > 0 for block in segment for m in block.modules())
             x = checkpoint(_run_segment, x, segment, use_reentrant=False, preserve_rng_state=random)
         return x
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int] | None:
+    """(address, bytes) of a tensor's storage; None for tensor subclasses without a plain one."""
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except Exception:
+        return None
+
+
+def block_costs(model: nn.Module, step: Callable[[], Any]) -> BlockCosts:
+    """What ``model``'s block stack (``model.blocks``) costs in activation memory, measured in
+    one forward pass ``step`` (the model and the loss on a batch): each block's input, what each
+    block saves for backward run plainly, and the head's peak, estimated as what the layers after
+    the stack and the loss save plus two gradients of the model output's size.
+
+    The pass keeps little: autograd's pack hook counts each saved tensor's storage once and holds
+    it only while its block runs (a storage is told apart by its address only while it is alive),
+    so the measurement holds one block's activations at a time, not the stack's. Parameters are
+    not counted (kept by every cut), nor is what precedes the stack. The pass leaves no trace: the
+    random-number state and the buffers (BatchNorm's running statistics) are restored, and
+    checkpointing is off during it, so every block runs plainly."""
+    blocks = list(model.blocks)
+    n = len(blocks)
+    inputs, activations, head = [0] * n, [0] * n, [0]
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    held: list[torch.Tensor] = []  # this region's saved tensors: their addresses stay theirs
+    seen: set[int] = set()
+    where = [-1]  # the region running: -1 before the stack, block i, n after the stack
+
+    def pack(t: torch.Tensor) -> None:
+        found = _storage(t)
+        if found is not None and found[0] not in params and found[0] not in seen:
+            seen.add(found[0])
+            held.append(t)
+            if 0 <= where[0] < n:
+                activations[where[0]] += found[1]
+            elif where[0] == n:
+                head[0] += found[1]
+
+    def unpack(_: None) -> torch.Tensor:
+        raise RuntimeError("block_costs's measuring pass has no backward")
+
+    def cross(region: int, boundary: Any) -> int:
+        """Enter ``region``; the tensor passed across (alive on both sides) stays counted once."""
+        found = _storage(boundary) if isinstance(boundary, torch.Tensor) else None
+        kept = found is not None and found[0] in seen
+        held.clear()
+        seen.clear()
+        if kept and found is not None:
+            seen.add(found[0])
+        where[0] = region
+        return found[1] if found else 0
+
+    def entering(i: int) -> Callable[..., None]:
+        def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            inputs[i] = cross(i, args[0] if args else None)
+        return hook
+
+    def leaving(_module: nn.Module, _args: Any, out: Any) -> None:
+        cross(n, out)  # the next block's hook moves on; after the last, the head runs
+
+    def finished(_module: nn.Module, _args: Any, out: Any) -> None:
+        found = _storage(out) if isinstance(out, torch.Tensor) else None
+        output[0] = found[1] if found else 0
+
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    switch = getattr(model, "gradient_checkpointing", False)
+    output = [0]
+    with contextlib.ExitStack() as stack:
+        stack.callback(model.register_forward_hook(finished).remove)
+        for i, block in enumerate(blocks):
+            stack.callback(block.register_forward_pre_hook(entering(i)).remove)
+            stack.callback(block.register_forward_hook(leaving).remove)
+        stack.enter_context(torch.random.fork_rng(devices=devices))
+        stack.enter_context(torch.enable_grad())
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
+        model.gradient_checkpointing = False
+        try:
+            step()
+        finally:
+            held.clear()
+            model.gradient_checkpointing = switch
+            with torch.no_grad():
+                for name, b in model.named_buffers():
+                    b.copy_(buffers[name])
+    # The head's backward holds, beside what it saved, the loss's gradient of the model's output
+    # and the gradient of the tensor the loss made from it (a cross-entropy's log-probabilities):
+    # two of the output's size, which for a language model's logits are most of the step's peak.
+    return BlockCosts(tuple(inputs), tuple(activations), head[0] + 2 * output[0])
 
 
 class MLP(_Checkpointed):

@@ -38,6 +38,7 @@ from runtimes._step import emit, hold_first_attempt, in_workspace, kill_first_at
 from runtimes.errors import StepFailed
 from runtimes.ports import free_ports
 from runtimes.study import TrialRun
+from specs.checkpointing import BlockCosts, peak_bytes
 from specs.model import Hyperparameters
 from specs.stepconfig import TrainConfig
 
@@ -414,6 +415,7 @@ class Trainer:
         # A checkpoint fits only the values it was trained with: a trial's asked values are part of it.
         self.fingerprint = _config_fingerprint(config, self.trial.params if self.trial else None)
         self._validation: Rows | None = None  # a search trial's validation split, once opened
+        self.checkpoint_segments: int | None = None  # the segments the block stack was cut into, if cut
 
     # -- set-up -------------------------------------------------------------------------------
     def _init_distributed(self) -> None:
@@ -495,6 +497,24 @@ class Trainer:
             if i >= first:
                 yield xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
 
+    def _block_costs(self, model: Any, criterion: Any, data: _Data) -> BlockCosts:
+        """The model's block costs (runtimes/models.block_costs) on a first micro-batch of the
+        training data, under the step's autocast: what `gradientCheckpointing: auto` cuts by."""
+        import torch
+
+        from runtimes.models import block_costs
+
+        rows = min(self.hp.batch_size, len(data.x))
+        xb, yb = data.x[:rows].to(self.device), data.y[:rows].to(self.device)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.config.spec.precision)
+
+        def step() -> Any:
+            with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+                out = model(xb)
+            return criterion(out, yb)
+
+        return block_costs(model, step)
+
     def _build(self, data: _Data) -> _Parts:
         """The fresh model on its device, its loss, optimizer and learning-rate schedule, and the
         run's step budget; the checkpoint folder made (rank 0)."""
@@ -505,19 +525,25 @@ class Trainer:
 
         spec = self.config.spec
         model = build_model(data.arch, self.meta)
+        model.to(self.device)
+        criterion = loss_fn(data.task)
         if spec.gradient_checkpointing is not False:
             if hasattr(model, "gradient_checkpointing"):
                 model.gradient_checkpointing = True
                 blocks = getattr(model, "blocks", None)
-                if blocks is not None and spec.gradient_checkpointing is not True:
-                    # sqrt or a segment count: segments of the model's block stack (runtimes/models.py)
-                    model.checkpoint_segments = spec.checkpoint_segments(len(blocks))
+                if blocks is not None:
+                    # Segments of the model's block stack (runtimes/models.py): one per block for `true`
+                    costs = self._block_costs(model, criterion, data) if spec.gradient_checkpointing == "auto" else None
+                    model.checkpoint_segments = self.checkpoint_segments = spec.checkpoint_segments(len(blocks), costs)
                     log.info("gradient checkpointing: %d blocks in %d segments", len(blocks), model.checkpoint_segments)
+                    if costs is not None:
+                        sqrt = spec.model_copy(update={"gradient_checkpointing": "sqrt"}).checkpoint_segments(len(blocks))
+                        log.info("auto: an estimated activation peak of %.1f MiB; %.1f MiB in %d segments (sqrt), %.1f MiB per block",
+                                 peak_bytes(costs, model.checkpoint_segments) / 2**20, peak_bytes(costs, sqrt) / 2**20,
+                                 sqrt, peak_bytes(costs, len(blocks)) / 2**20)
             else:
                 log.warning("gradientCheckpointing: custom model %s has no `gradient_checkpointing` switch; ignored", type(model).__name__)
-        model.to(self.device)
         params = count_parameters(model)
-        criterion = loss_fn(data.task)
         if self.rank == 0:
             log.info("training %s v%s: %s, %d parameters, %d samples, strategy %s, precision %s, world %d",
                      self.config.model, self.config.version, data.arch["type"], params, data.samples, self.strategy,
@@ -805,6 +831,7 @@ class Trainer:
             "compile": spec.compile and self.strategy != "deepspeed",
             "deterministic": spec.deterministic,
             "gradientCheckpointing": spec.gradient_checkpointing,
+            "checkpointSegments": self.checkpoint_segments,
             "parameters": parameters,
             "strategy": self.strategy,
             "zeroStage": spec.distributed.zero_stage if self.strategy == "deepspeed" else None,

@@ -114,3 +114,58 @@ def test_every_segment_is_recomputed_once_and_the_gradients_are_a_plain_runs(run
     result = run_json(runtime_python, "-c", _COUNT_FORWARDS, mode, timeout=120)
     assert result["segments"] == segments and result["same"], result
     assert result["calls"] == [2] * 10, result
+
+
+def test_auto_cuts_where_the_peak_the_allocator_measures_is_least(runtime_python: str) -> None:
+    """The CPU ladder's GPT at 64 layers (a block saves 16× its input): `auto` cuts 32 segments of
+    2, and the peak of a pass, measured from the allocator's events by bench/checkpoint_peak.py, is
+    below both fixed cuts' (sqrt: 8 segments of 8 recomputed at once; per block: 64 inputs kept).
+    The peak `auto` predicts from the train step's measured costs is within a tenth of each
+    measured one (what precedes the stack, the embedding, is not in the prediction)."""
+    result = run_json(runtime_python, "bench/checkpoint_peak.py", "--layers", "64", "--models", "gpt", timeout=600)
+    modes = result["runs"][0]["modes"]
+    assert result["same_gradients"], modes
+    assert (modes["auto"]["segments"], modes["sqrt"]["segments"], modes["per-block"]["segments"]) == (32, 8, 64)
+    assert modes["auto"]["peak_bytes"] < 0.9 * min(modes["sqrt"]["peak_bytes"], modes["per-block"]["peak_bytes"]), modes
+    for mode in ("per-block", "sqrt", "auto"):
+        assert modes[mode]["predicted_bytes"] == pytest.approx(modes[mode]["peak_bytes"], rel=0.1), (mode, modes)
+
+
+# block_costs's measuring pass on a CNN (BatchNorm's running statistics) and an MLP with dropout
+# (the random-number state): the figures, and what it leaves behind.
+_MEASURE_COSTS = """
+import json, torch
+from runtimes.models import CNN, MLP, block_costs
+torch.manual_seed(0)
+mlp, x, y = MLP(8, [16] * 4, 3, dropout=0.5).train(), torch.randn(32, 8), torch.randint(0, 3, (32,))
+cnn, images = CNN([4, 8], 3, image_size=8).train(), torch.randn(32, 1, 8, 8)
+mlp.gradient_checkpointing = True
+state, stats = torch.get_rng_state(), {k: v.clone() for k, v in cnn.state_dict().items()}
+mlp_costs = block_costs(mlp, lambda: torch.nn.functional.cross_entropy(mlp(x), y))
+cnn_costs = block_costs(cnn, lambda: torch.nn.functional.cross_entropy(cnn(images), y))
+print(json.dumps({"mlp": [mlp_costs.inputs, mlp_costs.activations, mlp_costs.head], "cnn_inputs": cnn_costs.inputs,
+                  "rng_kept": torch.equal(state, torch.get_rng_state()), "switch_kept": mlp.gradient_checkpointing,
+                  "stats_kept": all(torch.equal(v, cnn.state_dict()[k]) for k, v in stats.items())}))
+"""
+
+
+def test_block_costs_measure_each_block_and_leave_no_trace(runtime_python: str) -> None:
+    """The MLP's blocks take 32 × 8 then 32 × 16 float32 inputs (1,024 and 2,048 B); the CNN's
+    32 × 1 × 8 × 8, then 32 × 4 × 4 × 4 after the first block's pooling (8,192 B each). A block saves more than its input
+    (its ReLU's output and dropout's mask beside it). The pass leaves the random-number state,
+    the running statistics and the checkpointing switch as they were."""
+    result = run_json(runtime_python, "-c", _MEASURE_COSTS, timeout=120)
+    inputs, activations, head = result["mlp"]
+    assert inputs == [1024, 2048, 2048, 2048] and result["cnn_inputs"] == [8192, 8192], result
+    assert all(a > i for a, i in zip(activations, inputs)) and head > 0, result
+    assert result["rng_kept"] and result["stats_kept"] and result["switch_kept"], result
+
+
+def test_auto_through_the_train_step_logs_and_records_its_cut(digits: Runner) -> None:
+    out = "models/ckpt-auto"
+    proc = digits.run("train", train_config(out, _spec(16, "auto", maxSteps=2, epochs=1)), timeout=300)
+    metrics = digits.read(f"{out}/metrics.json")
+    assert metrics["gradientCheckpointing"] == "auto" and metrics["steps"] == 2
+    segments = metrics["checkpointSegments"]
+    assert 1 <= segments <= 16 and f"16 blocks in {segments} segments" in proc.stderr, proc.stderr[-2000:]
+    assert "auto: an estimated activation peak of" in proc.stderr and "(sqrt)" in proc.stderr
