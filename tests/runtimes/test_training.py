@@ -101,8 +101,10 @@ def test_gpt_on_text_tokenised_as_bytes(runtime_python: str, tmp_path) -> None:
             "splits": {"train": 0.8, "validation": 0.1, "test": 0.1}}
     runner.run("prepare", {"step": "prepare", "dataset": "corpus", "spec": spec, "output": "data/corpus"})
     model = {"datasetRef": "corpus", "architecture": {"type": "gpt", "layers": 2, "dModel": 64, "heads": 4, "contextLength": 32, "vocabSize": 256},
-             "hyperparameters": {"learningRate": 0.003, "batchSize": 16, "epochs": 1, "maxSteps": 30, "seed": 1}, "precision": "bf16", "gradientCheckpointing": True}
-    runner.run("train", {"step": "train", "model": "tiny-lm", "version": "v1", "spec": model, "data": "data/corpus", "output": "models/lm"}, timeout=600)
+             "hyperparameters": {"learningRate": 0.003, "batchSize": 16, "epochs": 1, "maxSteps": 30, "seed": 1}, "precision": "bf16", "gradientCheckpointing": "auto"}
+    # `auto` measures the blocks on a first batch under bf16 autocast and cuts by their costs.
+    proc = runner.run("train", {"step": "train", "model": "tiny-lm", "version": "v1", "spec": model, "data": "data/corpus", "output": "models/lm"}, timeout=600)
+    assert "2 blocks in " in proc.stderr and "auto: an estimated activation peak of" in proc.stderr, proc.stderr[-2000:]
     runner.run("evaluate", {"step": "evaluate", "model": "tiny-lm", "modelDir": "models/lm", "data": "data/corpus",
                             "thresholds": [{"metric": "perplexity", "max": 40}], "output": "eval/lm"})
     assert runner.read("eval/lm/metrics.json")["perplexity"] < 40
