@@ -12,13 +12,16 @@ The arithmetic, per GPU, for P parameters on N = dp × tp × pp GPUs (ZeRO, Rajb
       optimizer offload moves the optimizer state to CPU memory; parameter offload the params too.
       Tensor and pipeline parallelism split every model state over tp × pp.
     activations    transformer (Korthikanti et al. 2022), per micro-batch b, sequence s, hidden h,
-                   layers L, heads a, with 2-byte activations:
-                     without checkpointing   s·b·h·L·(34 + 5·a·s/h)
-                     with checkpointing      2·s·b·h·L  +  one layer's full activations
-                     in k segments           2·s·b·h·k  +  ⌈L/k⌉ layers' full activations
-                                             (`sqrt`: k = ⌈L/⌈√L⌉⌉, so both terms grow as √L)
-                   (fp32 doubles them); MLP/CNN: 4 bytes × batch × sum of layer widths × 3.
-                   Divided by tp (and by pp for the layers one stage holds).
+                   layers L, heads a, vocabulary v, with 2-byte activations: a layer saves
+                   34·s·b·h (fused attention) or s·b·h·(34 + 5·a·s/h) (`attention: math`, which
+                   stores the scores); the head holds 14 bytes a logit at its peak (16 in fp32):
+                     without checkpointing   L layers  +  14·s·b·v
+                     with checkpointing      2·s·b·h·L  +  max(one layer, 14·s·b·v)
+                     in k segments           2·s·b·h·k  +  max(⌈L/k⌉ layers, 14·s·b·v)
+                                             (`sqrt`: k = ⌈L/⌈√L⌉⌉; `auto`: the k of least
+                                             peak; specs/checkpointing.py places the peak)
+                   (fp32 doubles the layers' terms); MLP/CNN: 4 bytes × batch × sum of layer
+                   widths × 3. Divided by tp (and by pp for the layers one stage holds).
     usable memory  90 % of the device memory (CUDA context, allocator fragmentation).
 
 The job gets the smallest N that fits, rounded up to whole nodes of the pool and kept within its
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 
 from renderers.errors import RenderError
 from specs import Compute, Dataset, Model
-from specs.checkpointing import BlockCosts, segment_length
+from specs.checkpointing import BlockCosts, peak_bytes
 from specs.dataset import SKLEARN_DATASETS
 from specs.model import CNN, GPT, MLP
 
@@ -180,21 +183,30 @@ def _activations(model: Model, dataset: Dataset, checkpointing: bool) -> tuple[f
     batch = model.spec.hyperparameters.batch_size
     scale = 1.0 if model.spec.precision in ("bf16", "fp16") else 2.0
     if isinstance(arch, GPT):
-        s, h, layers, a = arch.context_length, arch.d_model, arch.layers, arch.heads
-        per_layer = s * batch * h * (34 + 5 * a * s / h)
-        width = "" if scale == 1.0 else " × 2 (fp32)"
-        # `auto` cuts where this formula's peak is least: blocks keeping 2·s·b·h and saving per_layer.
-        costs = BlockCosts.uniform(layers, round(scale * 2 * s * batch * h), round(scale * per_layer))
-        segments = (model.spec.checkpoint_segments(layers, costs) or layers) if checkpointing else 0
+        s, h, layers, a, v = arch.context_length, arch.d_model, arch.layers, arch.heads, arch.vocab_size
+        # A layer saves 34·s·b·h (Korthikanti et al.); the explicit attention also its a × s × s
+        # scores, softmax and mask (5·a·s/h more), which the fused kernel never stores.
+        scores = arch.attention == "math"
+        per_layer = s * batch * h * (34 + 5 * a * s / h if scores else 34)
+        shape = "(34 + 5·a·s/h)" if scores else "34"
+        # The head's peak, per logit: the logits the step holds (2 B in bf16, 4 B in fp32), the
+        # loss's fp32 log-probabilities, and in its backward their gradient and the logits' fp32
+        # gradient — 14 B / 16 B, eager (the H200 measured 14.3 B; bench/README.md).
+        per_logit = 16 if scale == 2.0 else 14
+        layer, kept = ("2·", "4") if scale == 2.0 else ("", "2")
+        head = f"{per_logit}·s·b·v"
+        if not checkpointing:
+            return scale * per_layer * layers + per_logit * s * batch * v, f"{layer}s·b·h·L·{shape} + {head}"
+        # The peak (specs/checkpointing.py): every kept block input, and the larger of one segment's
+        # recomputation and the head. `auto` cuts where it is least.
+        costs = BlockCosts.uniform(layers, round(scale * 2 * s * batch * h), round(scale * per_layer),
+                                   head=per_logit * s * batch * v)
+        segments = model.spec.checkpoint_segments(layers, costs) or layers
         auto = ", auto: the least of this formula" if model.spec.gradient_checkpointing == "auto" else ""
         if segments == layers:
-            return scale * (2 * s * batch * h * layers + per_layer), f"2·s·b·h·L + s·b·h·(34 + 5·a·s/h){auto}{width}"
-        if segments:
-            # Each segment's input is kept; one segment of ⌈L/k⌉ layers is recomputed at a time.
-            length = segment_length(layers, segments)
-            return (scale * (2 * s * batch * h * segments + length * per_layer),
-                    f"2·s·b·h·k + ⌈L/k⌉·s·b·h·(34 + 5·a·s/h), k = {segments} segments{auto}{width}")
-        return scale * per_layer * layers, f"s·b·h·L·(34 + 5·a·s/h){width}"
+            return float(peak_bytes(costs, segments)), f"{kept}·s·b·h·L + max({layer}s·b·h·{shape}, {head}){auto}"
+        return (float(peak_bytes(costs, segments)),
+                f"{kept}·s·b·h·k + max(⌈L/k⌉·{layer}s·b·h·{shape}, {head}), k = {segments} segments{auto}")
     features, classes = data_shape(dataset)
     widths = [features, classes]
     if isinstance(arch, MLP):

@@ -49,13 +49,13 @@ def _replace_model(specs: SpecSet, name: str, **update: Any) -> SpecSet:
 
 
 def _multi_node(elastic: bool) -> Callable[[], SpecSet]:
-    """llm-finetune's model at ~27B (60 layers of 6144): 16 GPUs, two nodes of the 8-GPU pool."""
+    """llm-finetune's model at ~33B (72 layers of 6144): 16 GPUs, two nodes of the 8-GPU pool."""
 
     def make() -> SpecSet:
         specs = _specs("llm-finetune")
         model = specs.get(Model, "support-lm")
         assert model is not None
-        arch = model.spec.architecture.model_copy(update={"layers": 60, "d_model": 6144, "heads": 48})
+        arch = model.spec.architecture.model_copy(update={"layers": 72, "d_model": 6144, "heads": 48})
         distributed = model.spec.distributed.model_copy(update={"elastic": elastic})
         return _replace_model(specs, "support-lm", architecture=arch, distributed=distributed)
 

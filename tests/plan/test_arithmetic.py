@@ -89,10 +89,12 @@ def test_7b_gpt_as_in_the_llm_example() -> None:
     bf16, gradient checkpointing, ZeRO-3.
 
     N = 32 × (12·4096² + 13·4096) + 32,000·4096 + 4096·4096 + 2·4096 = 6,592,012,288.
-    Activations (Korthikanti): one layer s·b·h·(34 + 5·a·s/h) = 4096·4·4096·(34 + 160) = 13,019,119,616 B;
-    with checkpointing 2·s·b·h·L + one layer = 4,294,967,296 + 13,019,119,616 = 17,314,086,912 B;
-    without, 32 layers = 416,611,827,712 B. States 16 B × N = 105,472,196,608 B: on 1 GPU
-    105.5 + 17.3 GB > 77.3; on 2 GPUs 52.7 + 17.3 = 70,050,185,216 ≤ 77.3 GB → fits from 2; one node of 8.
+    Activations (Korthikanti, fused attention): one layer 34·s·b·h = 34 × 4096·4·4096 = 2,281,701,376 B;
+    the head 14·s·b·v = 14 × 4096·4·32,000 = 7,340,032,000 B (bf16 logits, fp32 log-probabilities and
+    two fp32 gradients per logit); with checkpointing 2·s·b·h·L + the larger of one layer and the head =
+    4,294,967,296 + 7,340,032,000 = 11,634,999,296 B; without, 32 layers + the head =
+    73,014,444,032 + 7,340,032,000 = 80,354,476,032 B. States 16 B × N = 105,472,196,608 B: on 1 GPU
+    105.5 + 11.6 GB > 77.3; on 2 GPUs 52.7 + 11.6 = 64,371,097,600 ≤ 77.3 GB → fits from 2; one node of 8.
     Tokens: 10¹⁰ bytes × 0.9 = 9 × 10⁹ byte-tokens × 1 epoch; FLOPs = 8 · N · tokens (checkpointing)."""
     model = gpt(layers=32, dModel=4096, heads=32, contextLength=4096, vocabSize=32000)
     model["spec"] |= {"gradientCheckpointing": True, "hyperparameters": {"batchSize": 4, "epochs": 1, "gradientAccumulationSteps": 8},
@@ -102,8 +104,9 @@ def test_7b_gpt_as_in_the_llm_example() -> None:
     assert t.schedule.parameters == 6_592_012_288
     assert (t.gpus, t.schedule.fits_on) == (8, 2)
     b = t.breakdown
-    assert b.activations == 17_314_086_912 and b.activations_other == 416_611_827_712
-    assert b.states == 105_472_196_608 / 8 and b.total == 13_184_024_576 + 17_314_086_912
+    assert b.activations == 11_634_999_296 and b.activations_other == 80_354_476_032
+    assert b.activation_formula == "2·s·b·h·L + max(s·b·h·34, 14·s·b·v)"
+    assert b.states == 105_472_196_608 / 8 and b.total == 13_184_024_576 + 11_634_999_296
     assert t.flops == 8 * 6_592_012_288 * 9_000_000_000
     # 4.74624884736e20 FLOPs ÷ 395.76e12 FLOP/s = 1,199,274.5 s = 333.1318 GPU-hours (41.6 h on 8 GPUs).
     assert t.gpu_hours == pytest.approx(333.1318, rel=1e-6)
@@ -139,15 +142,16 @@ def test_70b_on_a_one_node_pool_is_a_blocker() -> None:
 def test_a_model_that_fits_one_gpu() -> None:
     """GPT-2 small (12 layers of 768, 12 heads, context 1024, vocabulary 50,257), bf16, batch 8, one
     process: N = 12 × (12·768² + 13·768) + 50,257·768 + 1024·768 + 2·768 = 124,439,808; states
-    16 × N = 1,991,036,928 B; activations 12 layers × 1024·8·768·(34 + 80) = 8,606,711,808 B;
-    10,597,748,736 B ≤ 77.3 GB → 1 GPU, no node rounding (strategy none)."""
+    16 × N = 1,991,036,928 B; activations 12 layers × 34·1024·8·768 = 2,566,914,048 B and the head
+    14 × 1024·8·50,257 = 5,763,874,816 B; 10,321,825,792 B ≤ 77.3 GB → 1 GPU, no node rounding
+    (strategy none)."""
     model = gpt(layers=12, dModel=768, heads=12, contextLength=1024, vocabSize=50257)
     model["spec"]["hyperparameters"] = {"batchSize": 8, "epochs": 2}
     s, e = specs(TEXT, pool(min_gpus=0), model, env("local", gpus=1))
     t = training_estimate(s, s.get(Model, "m"), e, DataSize(bytes=1_000_000, source="measured"))
     assert t.schedule.parameters == 124_439_808
     assert (t.gpus, t.schedule.nodes, t.schedule.fits_on) == (1, 1, 1)
-    assert t.breakdown.total == 1_991_036_928 + 8_606_711_808
+    assert t.breakdown.total == 1_991_036_928 + 2_566_914_048 + 5_763_874_816
     # 1,000,000 bytes × 0.9 = 900,000 tokens × 2 epochs; FLOPs = 6 × N × 1.8e6 = 1.3439499e15
     # ÷ 395.76e12 = 3.3959 s = 0.00094330 GPU-hours.
     assert t.flops == 6 * 124_439_808 * 1_800_000
@@ -206,18 +210,44 @@ def test_serving_replicas_times_gpus() -> None:
 
 
 def test_auto_checkpointing_estimates_the_cut_of_least_peak() -> None:
-    """The 7B GPT above with `gradientCheckpointing: auto`: a layer saves s·b·h·(34 + 5·a·s/h) =
-    13,019,119,616 B against an input of 2·s·b·h = 134,217,728 B (97×), so the least peak of
-    2·s·b·h·k + ⌈32/k⌉·layer is at k = 32 (per layer): 17,314,086,912 B, as with `true`. `sqrt` cuts
-    6 segments of 6 layers: 6 × 134,217,728 + 6 × 13,019,119,616 = 78,920,024,064 B, 4.6× as much."""
+    """The 7B GPT above with `gradientCheckpointing: auto`: a layer saves 2,281,701,376 B against an
+    input of 2·s·b·h = 134,217,728 B, and the head holds 7,340,032,000 B (3.2 layers). Segments of 3
+    layers recompute 6,845,104,128 B, beneath the head, so the peak is the head beside 11 inputs:
+    1,476,395,008 + 7,340,032,000 = 8,816,427,008 B (4 layers: 8 inputs + 9,126,805,504; 2 layers:
+    16 inputs + the head — both larger). `true` keeps 32 inputs beside the head: 11,634,999,296 B.
+    `sqrt` cuts 6 segments of 6 layers (the last of 2); the 5th segment's recomputation is its peak,
+    beside the inputs of 5: 671,088,640 + 13,690,208,256 = 14,361,296,896 B."""
     estimates = {}
-    for mode in ("auto", "sqrt"):
+    for mode in ("auto", True, "sqrt"):
         model = gpt(layers=32, dModel=4096, heads=32, contextLength=4096, vocabSize=32000)
         model["spec"] |= {"gradientCheckpointing": mode, "hyperparameters": {"batchSize": 4, "epochs": 1},
                           "distributed": {"strategy": "deepspeed", "zeroStage": 3}}
         s, e = specs(TEXT, pool(min_gpus=8), model, env("kubernetes"))
         estimates[mode] = training_estimate(s, s.get(Model, "m"), e, DataSize(bytes=10**10, source="measured")).breakdown
-    assert estimates["auto"].activations == 17_314_086_912
-    assert estimates["auto"].activation_formula == "2·s·b·h·L + s·b·h·(34 + 5·a·s/h), auto: the least of this formula"
-    assert estimates["sqrt"].activations == 78_920_024_064
-    assert estimates["sqrt"].activation_formula == "2·s·b·h·k + ⌈L/k⌉·s·b·h·(34 + 5·a·s/h), k = 6 segments"
+    assert estimates["auto"].activations == 8_816_427_008
+    assert estimates["auto"].activation_formula == ("2·s·b·h·k + max(⌈L/k⌉·s·b·h·34, 14·s·b·v), k = 11 segments, "
+                                                    "auto: the least of this formula")
+    assert estimates[True].activations == 11_634_999_296
+    assert estimates["sqrt"].activations == 14_361_296_896
+    assert estimates["sqrt"].activation_formula == "2·s·b·h·k + max(⌈L/k⌉·s·b·h·34, 14·s·b·v), k = 6 segments"
+
+
+@pytest.mark.parametrize(("mode", "estimate", "measured_gib"), [
+    (False, 19_459_473_408, 19.87), (True, 6_574_571_520, 6.98), ("sqrt", 5_869_928_448, 5.67)])
+def test_the_gpt_activation_estimate_against_the_h200s_measurement(mode: object, estimate: int,
+                                                                   measured_gib: float) -> None:
+    """bench/README.md's H200 ladder at 64 layers (GPT width 768, 12 heads, context 1024,
+    vocabulary 50,304, batch 8, bf16, fused attention; the allocator's peak within a step above what
+    stays allocated): 19.87 GiB off, 6.98 per block, 5.67 with `sqrt`. The plan: a layer 34·s·b·h =
+    213,909,504 B, an input 2·s·b·h = 12,582,912 B, the head 14 × 8,192 × 50,304 = 5,769,265,152 B.
+    Off: 64 layers + the head = 13,690,208,256 + 5,769,265,152 = 19,459,473,408 B (18.1 GiB);
+    per block: 64 inputs + the head = 805,306,368 + 5,769,265,152 = 6,574,571,520 B (6.1 GiB);
+    sqrt: 8 inputs + the head (above 8 layers' 1,711,276,032 B) = 5,869,928,448 B (5.5 GiB) — each
+    0.88–0.96× the measurement. Without the head and with the explicit attention's scores the plan
+    said 42.7, 1.4 and 5.4 GiB."""
+    model = gpt(layers=64, dModel=768, heads=12, contextLength=1024, vocabSize=50304)
+    model["spec"] |= {"gradientCheckpointing": mode, "hyperparameters": {"batchSize": 8, "epochs": 1}}
+    s, e = specs(TEXT, pool(min_gpus=0), model, env("local", gpus=1))
+    b = training_estimate(s, s.get(Model, "m"), e, DataSize(bytes=10**6, source="measured")).breakdown
+    assert b.activations == estimate
+    assert 0.85 < b.activations / (measured_gib * 2**30) < 1.0

@@ -46,11 +46,11 @@ def _template(wf: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _multi_node(specs: SpecSet) -> SpecSet:
-    """llm-finetune's model at ~27B (60 layers of 6144): 16 GPUs, two nodes of the 8-GPU pool,
+    """llm-finetune's model at ~33B (72 layers of 6144): 16 GPUs, two nodes of the 8-GPU pool,
     so a PyTorchJob."""
     model = specs.get(Model, "support-lm")
     assert model is not None
-    arch = model.spec.architecture.model_copy(update={"layers": 60, "d_model": 6144, "heads": 48})
+    arch = model.spec.architecture.model_copy(update={"layers": 72, "d_model": 6144, "heads": 48})
     return _replace(specs, model, architecture=arch)
 
 

@@ -115,7 +115,7 @@ def test_the_local_target_renders_no_queue() -> None:
 def test_a_multi_node_pytorchjob_is_labelled_for_the_kubeflow_integration() -> None:
     import json
 
-    text = _llm("    layers: 32\n    dModel: 4096\n    heads: 32", "    layers: 60\n    dModel: 6144\n    heads: 48")
+    text = _llm("    layers: 32\n    dModel: 4096\n    heads: 32", "    layers: 72\n    dModel: 6144\n    heads: 48")
     wf = _one(_rendered(_load(text)), "Workflow")
     [template] = [t for t in wf["spec"]["templates"] if "resource" in t]
     job = json.loads(template["resource"]["manifest"])
@@ -188,8 +188,8 @@ def test_validate_refuses_through_the_cli(tmp_path: Path) -> None:
 
 
 def test_a_gang_larger_than_the_queue_can_ever_admit_is_a_blocker() -> None:
-    # 60 layers of 6144: 16 GPUs on two nodes, as one PyTorchJob; the queue admits 8 and may not borrow
-    text = _llm("    layers: 32\n    dModel: 4096\n    heads: 32", "    layers: 60\n    dModel: 6144\n    heads: 48")
+    # 72 layers of 6144: 16 GPUs on two nodes, as one PyTorchJob; the queue admits 8 and may not borrow
+    text = _llm("    layers: 32\n    dModel: 4096\n    heads: 32", "    layers: 72\n    dModel: 6144\n    heads: 48")
     text = text.replace("    cohort: ml-org\n    quota:\n      gpus: 64\n    borrowingLimit:\n      gpus: 32\n"
                         "    lendingLimit:\n      gpus: 32\n", "    quota:\n      gpus: 8\n")
     result = _load(text)
@@ -295,7 +295,7 @@ def test_the_plan_says_whether_a_new_workflows_training_is_admitted_now_or_what_
     assert waits.endswith(": waits for 4 more nvidia.com/gpu (4 of 64 free, behind 2 pending workloads; "
                           "may borrow up to 32 in cohort ml-org)"), waits
     # a two-node gang asks all its replicas' GPUs at once
-    gang_text = _llm("    layers: 32\n    dModel: 4096\n    heads: 32", "    layers: 60\n    dModel: 6144\n    heads: 48")
+    gang_text = _llm("    layers: 32\n    dModel: 4096\n    heads: 32", "    layers: 72\n    dModel: 6144\n    heads: 48")
     [gang] = _admission_notes(gang_text, _status("56", "0", 0, 3))
     assert ": train asks 16 nvidia.com/gpu at once (a PyTorchJob: all replicas or none) of ClusterQueue " \
            "forge-llm-h100-pool: waits for 8 more nvidia.com/gpu (8 of 64 free; may borrow up to 32 in cohort ml-org)" in gang, gang
