@@ -58,9 +58,12 @@ def _case(name: str, layers: int, device: torch.device) -> tuple[nn.Module, Call
         x, y = tokens[:, :-1], tokens[:, 1:]
     model.to(device).train()
 
+    held: list[torch.Tensor] = []
+
     def loss() -> torch.Tensor:
-        out = model(x)
-        return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        # The output is held through the backward pass, as the train step holds it.
+        held[:] = [model(x)]
+        return nn.functional.cross_entropy(held[0].reshape(-1, held[0].shape[-1]), y.reshape(-1))
 
     return model, loss
 

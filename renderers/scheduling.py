@@ -14,13 +14,14 @@ The arithmetic, per GPU, for P parameters on N = dp × tp × pp GPUs (ZeRO, Rajb
     activations    transformer (Korthikanti et al. 2022), per micro-batch b, sequence s, hidden h,
                    layers L, heads a, vocabulary v, with 2-byte activations: a layer saves
                    34·s·b·h (fused attention) or s·b·h·(34 + 5·a·s/h) (`attention: math`, which
-                   stores the scores); the head holds 14 bytes a logit at its peak (16 in fp32):
+                   stores the scores); the logits are held through the backward pass (2·s·b·v)
+                   and the head's peak adds 12 bytes a logit (fp32 log-probabilities, two grads):
                      without checkpointing   L layers  +  14·s·b·v
-                     with checkpointing      2·s·b·h·L  +  max(one layer, 14·s·b·v)
-                     in k segments           2·s·b·h·k  +  max(⌈L/k⌉ layers, 14·s·b·v)
+                     with checkpointing      2·s·b·h·L  +  2·s·b·v  +  max(one layer, 12·s·b·v)
+                     in k segments           2·s·b·h·k  +  2·s·b·v  +  max(⌈L/k⌉ layers, 12·s·b·v)
                                              (`sqrt`: k = ⌈L/⌈√L⌉⌉; `auto`: the k of least
                                              peak; specs/checkpointing.py places the peak)
-                   (fp32 doubles the layers' terms); MLP/CNN: 4 bytes × batch × sum of layer
+                   (fp32 doubles the layers' terms and the logits held); MLP/CNN: 4 bytes × batch × sum of layer
                    widths × 3. Divided by tp (and by pp for the layers one stage holds).
     usable memory  90 % of the device memory (CUDA context, allocator fragmentation).
 
@@ -189,24 +190,26 @@ def _activations(model: Model, dataset: Dataset, checkpointing: bool) -> tuple[f
         scores = arch.attention == "math"
         per_layer = s * batch * h * (34 + 5 * a * s / h if scores else 34)
         shape = "(34 + 5·a·s/h)" if scores else "34"
-        # The head's peak, per logit: the logits the step holds (2 B in bf16, 4 B in fp32), the
-        # loss's fp32 log-probabilities, and in its backward their gradient and the logits' fp32
-        # gradient — 14 B / 16 B, eager (the H200 measured 14.3 B; bench/README.md).
-        per_logit = 16 if scale == 2.0 else 14
+        # Per logit, the logits the step holds through its backward pass (2 B in bf16, 4 B in fp32)
+        # and the head's peak beside them: the loss's fp32 log-probabilities and, in its backward,
+        # their gradient and the logits' fp32 gradient (12 B) — 14 B in all in bf16, eager (the
+        # H200 measured 14.3 B; bench/README.md).
+        logit = 4 if scale == 2.0 else 2
         layer, kept = ("2·", "4") if scale == 2.0 else ("", "2")
-        head = f"{per_logit}·s·b·v"
         if not checkpointing:
-            return scale * per_layer * layers + per_logit * s * batch * v, f"{layer}s·b·h·L·{shape} + {head}"
-        # The peak (specs/checkpointing.py): every kept block input, and the larger of one segment's
-        # recomputation and the head. `auto` cuts where it is least.
+            return (scale * per_layer * layers + (logit + 12) * s * batch * v,
+                    f"{layer}s·b·h·L·{shape} + {logit + 12}·s·b·v")
+        # The peak (specs/checkpointing.py): the logits held, every kept block input, and the larger
+        # of one segment's recomputation and the head. `auto` cuts where it is least.
         costs = BlockCosts.uniform(layers, round(scale * 2 * s * batch * h), round(scale * per_layer),
-                                   head=per_logit * s * batch * v)
+                                   head=12 * s * batch * v, held=logit * s * batch * v)
         segments = model.spec.checkpoint_segments(layers, costs) or layers
         auto = ", auto: the least of this formula" if model.spec.gradient_checkpointing == "auto" else ""
         if segments == layers:
-            return float(peak_bytes(costs, segments)), f"{kept}·s·b·h·L + max({layer}s·b·h·{shape}, {head}){auto}"
+            return (float(peak_bytes(costs, segments)),
+                    f"{kept}·s·b·h·L + {logit}·s·b·v + max({layer}s·b·h·{shape}, 12·s·b·v){auto}")
         return (float(peak_bytes(costs, segments)),
-                f"{kept}·s·b·h·k + max(⌈L/k⌉·{layer}s·b·h·{shape}, {head}), k = {segments} segments{auto}")
+                f"{kept}·s·b·h·k + {logit}·s·b·v + max(⌈L/k⌉·{layer}s·b·h·{shape}, 12·s·b·v), k = {segments} segments{auto}")
     features, classes = data_shape(dataset)
     widths = [features, classes]
     if isinstance(arch, MLP):

@@ -87,8 +87,10 @@ def _storage(t: torch.Tensor) -> tuple[int, int] | None:
 def block_costs(model: nn.Module, step: Callable[[], Any]) -> BlockCosts:
     """What ``model``'s block stack (``model.blocks``) costs in activation memory, measured in
     one forward pass ``step`` (the model and the loss on a batch): each block's input, what each
-    block saves for backward run plainly, and the head's peak, estimated as what the layers after
-    the stack and the loss save plus two gradients of the model output's size.
+    block saves for backward run plainly, and the head's peak, estimated as the model's output
+    (which the train step holds through its backward), what the layers after the stack and the
+    loss save, and two gradients the size of the largest of those (a cross-entropy's backward
+    holds the gradient of its fp32 log-probabilities and of the fp32 logits they came from).
 
     The pass keeps little: autograd's pack hook counts each saved tensor's storage once and holds
     it only while its block runs (a storage is told apart by its address only while it is alive),
@@ -98,7 +100,7 @@ def block_costs(model: nn.Module, step: Callable[[], Any]) -> BlockCosts:
     checkpointing is off during it, so every block runs plainly."""
     blocks = list(model.blocks)
     n = len(blocks)
-    inputs, activations, head = [0] * n, [0] * n, [0]
+    inputs, activations, head, largest = [0] * n, [0] * n, [0], [0]
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     held: list[torch.Tensor] = []  # this region's saved tensors: their addresses stay theirs
     seen: set[int] = set()
@@ -113,6 +115,7 @@ def block_costs(model: nn.Module, step: Callable[[], Any]) -> BlockCosts:
                 activations[where[0]] += found[1]
             elif where[0] == n:
                 head[0] += found[1]
+                largest[0] = max(largest[0], found[1])
 
     def unpack(_: None) -> torch.Tensor:
         raise RuntimeError("block_costs's measuring pass has no backward")
@@ -161,10 +164,9 @@ def block_costs(model: nn.Module, step: Callable[[], Any]) -> BlockCosts:
             with torch.no_grad():
                 for name, b in model.named_buffers():
                     b.copy_(buffers[name])
-    # The head's backward holds, beside what it saved, the loss's gradient of the model's output
-    # and the gradient of the tensor the loss made from it (a cross-entropy's log-probabilities):
-    # two of the output's size, which for a language model's logits are most of the step's peak.
-    return BlockCosts(tuple(inputs), tuple(activations), head[0] + 2 * output[0])
+    # A language model's head: 12 bytes a logit beside the 2 (bf16) or 4 (fp32) of the logits held,
+    # as the plan counts them (renderers/scheduling.py); the H200 measured 14.3 in bf16.
+    return BlockCosts(tuple(inputs), tuple(activations), head[0] + 2 * largest[0], output[0])
 
 
 class MLP(_Checkpointed):

@@ -4,7 +4,7 @@ least (``gradientCheckpointing: auto``).
 A checkpointed segment keeps only its input across the forward pass; the backward pass recomputes
 one segment at a time, from the last to the first. Every cut recomputes every block exactly once,
 so the number of segments does not change the FLOPs of a step: it only moves the activation peak,
-which is the larger of
+which is what the step holds throughout (the model's output) plus the larger of
 
 * the head's peak (the output layer and the loss, at the end of the forward pass and the start of
   the backward one) with every segment input kept, and
@@ -30,12 +30,14 @@ class BlockCosts:
 
     ``inputs[i]`` is what a segment starting at block ``i`` keeps (that block's input);
     ``activations[i]`` what block ``i`` saves for its backward pass when run plainly;
-    ``head`` what the output layer and the loss hold at their peak. What precedes the stack (an
-    embedding) is held by every cut alike and left out."""
+    ``head`` what the output layer and the loss hold at their peak beyond ``held``, what the step
+    holds from its forward pass to the end of its backward one (the model's output). What precedes
+    the stack (an embedding) is held by every cut alike and left out."""
 
     inputs: tuple[int, ...]
     activations: tuple[int, ...]
     head: int = 0
+    held: int = 0
 
     def __post_init__(self) -> None:
         if not self.inputs or len(self.inputs) != len(self.activations):
@@ -43,9 +45,9 @@ class BlockCosts:
                              "block activations: expected one of each per block, at least one block")
 
     @classmethod
-    def uniform(cls, blocks: int, input_bytes: int, activation_bytes: int, head: int = 0) -> BlockCosts:
+    def uniform(cls, blocks: int, input_bytes: int, activation_bytes: int, head: int = 0, held: int = 0) -> BlockCosts:
         """``blocks`` equal blocks (a transformer's layers)."""
-        return cls((input_bytes,) * blocks, (activation_bytes,) * blocks, head)
+        return cls((input_bytes,) * blocks, (activation_bytes,) * blocks, head, held)
 
     @property
     def blocks(self) -> int:
@@ -68,7 +70,7 @@ def peak_bytes(costs: BlockCosts, segments: int) -> int:
     for start in range(0, n, length):
         kept += costs.inputs[start]
         peak = max(peak, kept + sum(costs.activations[start:start + length]))
-    return max(peak, kept + costs.head)
+    return costs.held + max(peak, kept + costs.head)
 
 
 def least_peak_segments(costs: BlockCosts) -> int:

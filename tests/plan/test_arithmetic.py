@@ -90,9 +90,10 @@ def test_7b_gpt_as_in_the_llm_example() -> None:
 
     N = 32 × (12·4096² + 13·4096) + 32,000·4096 + 4096·4096 + 2·4096 = 6,592,012,288.
     Activations (Korthikanti, fused attention): one layer 34·s·b·h = 34 × 4096·4·4096 = 2,281,701,376 B;
-    the head 14·s·b·v = 14 × 4096·4·32,000 = 7,340,032,000 B (bf16 logits, fp32 log-probabilities and
-    two fp32 gradients per logit); with checkpointing 2·s·b·h·L + the larger of one layer and the head =
-    4,294,967,296 + 7,340,032,000 = 11,634,999,296 B; without, 32 layers + the head =
+    the logits held, 2·s·b·v = 2 × 4096·4·32,000 = 1,048,576,000 B, and the head's peak beside them,
+    12·s·b·v = 6,291,456,000 B (fp32 log-probabilities and two fp32 gradients per logit); with
+    checkpointing 2·s·b·h·L + the logits + the larger of one layer and the head = 4,294,967,296 +
+    1,048,576,000 + 6,291,456,000 = 11,634,999,296 B; without, 32 layers + 14·s·b·v =
     73,014,444,032 + 7,340,032,000 = 80,354,476,032 B. States 16 B × N = 105,472,196,608 B: on 1 GPU
     105.5 + 11.6 GB > 77.3; on 2 GPUs 52.7 + 11.6 = 64,371,097,600 ≤ 77.3 GB → fits from 2; one node of 8.
     Tokens: 10¹⁰ bytes × 0.9 = 9 × 10⁹ byte-tokens × 1 epoch; FLOPs = 8 · N · tokens (checkpointing)."""
@@ -105,7 +106,7 @@ def test_7b_gpt_as_in_the_llm_example() -> None:
     assert (t.gpus, t.schedule.fits_on) == (8, 2)
     b = t.breakdown
     assert b.activations == 11_634_999_296 and b.activations_other == 80_354_476_032
-    assert b.activation_formula == "2·s·b·h·L + max(s·b·h·34, 14·s·b·v)"
+    assert b.activation_formula == "2·s·b·h·L + 2·s·b·v + max(s·b·h·34, 12·s·b·v)"
     assert b.states == 105_472_196_608 / 8 and b.total == 13_184_024_576 + 11_634_999_296
     assert t.flops == 8 * 6_592_012_288 * 9_000_000_000
     # 4.74624884736e20 FLOPs ÷ 395.76e12 FLOP/s = 1,199,274.5 s = 333.1318 GPU-hours (41.6 h on 8 GPUs).
@@ -211,12 +212,14 @@ def test_serving_replicas_times_gpus() -> None:
 
 def test_auto_checkpointing_estimates_the_cut_of_least_peak() -> None:
     """The 7B GPT above with `gradientCheckpointing: auto`: a layer saves 2,281,701,376 B against an
-    input of 2·s·b·h = 134,217,728 B, and the head holds 7,340,032,000 B (3.2 layers). Segments of 3
-    layers recompute 6,845,104,128 B, beneath the head, so the peak is the head beside 11 inputs:
-    1,476,395,008 + 7,340,032,000 = 8,816,427,008 B (4 layers: 8 inputs + 9,126,805,504; 2 layers:
-    16 inputs + the head — both larger). `true` keeps 32 inputs beside the head: 11,634,999,296 B.
-    `sqrt` cuts 6 segments of 6 layers (the last of 2); the 5th segment's recomputation is its peak,
-    beside the inputs of 5: 671,088,640 + 13,690,208,256 = 14,361,296,896 B."""
+    input of 2·s·b·h = 134,217,728 B; beside the logits held (1,048,576,000 B) the head's peak is
+    6,291,456,000 B (2.8 layers). 11 segments of 3 layers (the last of 2): the 10th segment's
+    recomputation beside 10 inputs, 1,342,177,280 + 6,845,104,128 = 8,187,281,408 B, is above the
+    head beside 11 (7,767,851,008), so the peak is 8,187,281,408 + 1,048,576,000 = 9,235,857,408 B.
+    16 segments of 2: 16 inputs + the head = 8,438,939,648 + the logits = 9,487,515,648 B; 8 of 4:
+    8 inputs + 4 layers = 10,200,547,328 + the logits; per layer (`true`): 11,634,999,296 B — all
+    larger. `sqrt` cuts 6 segments of 6 layers; the 5th's recomputation is the peak: 671,088,640 +
+    13,690,208,256 + 1,048,576,000 = 15,409,872,896 B."""
     estimates = {}
     for mode in ("auto", True, "sqrt"):
         model = gpt(layers=32, dModel=4096, heads=32, contextLength=4096, vocabSize=32000)
@@ -224,12 +227,12 @@ def test_auto_checkpointing_estimates_the_cut_of_least_peak() -> None:
                           "distributed": {"strategy": "deepspeed", "zeroStage": 3}}
         s, e = specs(TEXT, pool(min_gpus=8), model, env("kubernetes"))
         estimates[mode] = training_estimate(s, s.get(Model, "m"), e, DataSize(bytes=10**10, source="measured")).breakdown
-    assert estimates["auto"].activations == 8_816_427_008
-    assert estimates["auto"].activation_formula == ("2·s·b·h·k + max(⌈L/k⌉·s·b·h·34, 14·s·b·v), k = 11 segments, "
-                                                    "auto: the least of this formula")
+    assert estimates["auto"].activations == 9_235_857_408
+    assert estimates["auto"].activation_formula == ("2·s·b·h·k + 2·s·b·v + max(⌈L/k⌉·s·b·h·34, 12·s·b·v), "
+                                                    "k = 11 segments, auto: the least of this formula")
     assert estimates[True].activations == 11_634_999_296
-    assert estimates["sqrt"].activations == 14_361_296_896
-    assert estimates["sqrt"].activation_formula == "2·s·b·h·k + max(⌈L/k⌉·s·b·h·34, 14·s·b·v), k = 6 segments"
+    assert estimates["sqrt"].activations == 15_409_872_896
+    assert estimates["sqrt"].activation_formula == "2·s·b·h·k + 2·s·b·v + max(⌈L/k⌉·s·b·h·34, 12·s·b·v), k = 6 segments"
 
 
 @pytest.mark.parametrize(("mode", "estimate", "measured_gib"), [
@@ -239,10 +242,11 @@ def test_the_gpt_activation_estimate_against_the_h200s_measurement(mode: object,
     """bench/README.md's H200 ladder at 64 layers (GPT width 768, 12 heads, context 1024,
     vocabulary 50,304, batch 8, bf16, fused attention; the allocator's peak within a step above what
     stays allocated): 19.87 GiB off, 6.98 per block, 5.67 with `sqrt`. The plan: a layer 34·s·b·h =
-    213,909,504 B, an input 2·s·b·h = 12,582,912 B, the head 14 × 8,192 × 50,304 = 5,769,265,152 B.
-    Off: 64 layers + the head = 13,690,208,256 + 5,769,265,152 = 19,459,473,408 B (18.1 GiB);
-    per block: 64 inputs + the head = 805,306,368 + 5,769,265,152 = 6,574,571,520 B (6.1 GiB);
-    sqrt: 8 inputs + the head (above 8 layers' 1,711,276,032 B) = 5,869,928,448 B (5.5 GiB) — each
+    213,909,504 B, an input 2·s·b·h = 12,582,912 B, the logits held and the head's peak 2 + 12 bytes
+    × 8,192 × 50,304 = 824,180,736 + 4,945,084,416 = 5,769,265,152 B.
+    Off: 64 layers + both = 13,690,208,256 + 5,769,265,152 = 19,459,473,408 B (18.1 GiB);
+    per block: 64 inputs + both = 805,306,368 + 5,769,265,152 = 6,574,571,520 B (6.1 GiB);
+    sqrt: 8 inputs + both (the head above 8 layers' 1,711,276,032 B) = 5,869,928,448 B (5.5 GiB) — each
     0.88–0.96× the measurement. Without the head and with the explicit attention's scores the plan
     said 42.7, 1.4 and 5.4 GiB."""
     model = gpt(layers=64, dModel=768, heads=12, contextLength=1024, vocabSize=50304)

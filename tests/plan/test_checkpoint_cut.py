@@ -20,6 +20,7 @@ def test_the_peak_is_a_segments_recomputation_or_the_head_with_every_input_kept(
     assert peak_bytes(costs, 2) == 2 + 4 * 16
     assert peak_bytes(costs, 8) == 8 + 16  # per block: every input, one block's activations
     assert peak_bytes(BlockCosts.uniform(8, 1, 16, head=100), 2) == 2 + 100  # the head is larger
+    assert peak_bytes(BlockCosts.uniform(8, 1, 16, head=100, held=7), 2) == 7 + 2 + 100  # the logits, held throughout
     # The first segment's recomputation holds only the inputs before it: a large first block.
     assert peak_bytes(BlockCosts((1, 1, 1, 1), (50, 1, 1, 1)), 4) == 1 + 50
 
