@@ -224,8 +224,10 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
             raise ForgeError(f"rollouts still in progress after {options.timeout:.0f} s: "
                              + ", ".join(f"{n} {st.phase.value}" for n, st in states.items()))
 
-    def one_pass() -> tuple[dict[str, RolloutState], dict[str, str]]:
-        """One pass: reconciled while this watch leads (or without a lock), else only observed."""
+    def one_pass() -> tuple[dict[str, RolloutState], dict[str, str], bool]:
+        """One pass: reconciled while this watch leads (or without a lock), else only observed;
+        and whether it may end the watch — not a pass whose write was refused, which recorded
+        nothing of what it decided (a promotion's traffic move may have landed without its state)."""
         if leadership is None or leadership.leading():
             if leadership is not None:
                 say("", f"{leadership.holder}: leading — this watch alone moves the rollouts")
@@ -242,18 +244,18 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
                 if not options.watch:
                     raise
                 say("", f"{leadership.holder if leadership else 'reconcile'}: {exc}")
-                states, lines = observe_pass(controllers, endpoints), {}
+                return observe_pass(controllers, endpoints), {}, False
         elif not options.watch:
             raise LockHeldError(f"not reconciled: {leadership.waiting}")
         else:
             states, lines = observe_pass(controllers, endpoints), {}
-        return states, lines
+        return states, lines, True
 
     states: dict[str, RolloutState] = {}
     try:
         while True:
             try:
-                states, lines = one_pass()
+                states, lines, final = one_pass()
             except (TransientError, StorageFullError) as exc:
                 # The API server (or its etcd) did not answer through the target's retries, or
                 # etcd refuses every write for want of space: this pass moved nothing it could not
@@ -275,7 +277,8 @@ def run(controllers: Controllers, endpoints: list[DesiredEndpoint], options: Wat
             if on_pass is not None:
                 on_pass(states)
             count += 1
-            if not options.watch or (options.passes and count >= options.passes) or (options.until_settled and settled(states)):
+            if not options.watch or (options.passes and count >= options.passes) or (
+                    options.until_settled and final and settled(states)):
                 return EXIT_ROLLED_BACK if options.until_settled and failed(states) else EXIT_OK
             check_timeout(states)
             sleep(options.interval)

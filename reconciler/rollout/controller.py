@@ -130,13 +130,11 @@ class Controller:
             return None  # not applied yet
         saved = self.backend.load_state(endpoint.name)
         now = self.clock()
-        recovered = machine.landed(saved, serving, desired, now) if saved is not None else None
+        state, recovered = self._start(endpoint.name, saved, serving, desired, model, now)
         if recovered is not None:
             state = self._carry_out(endpoint, recovered)
-        else:
-            state = machine.observe(saved, endpoint.name, serving, desired, model, now)
-            if state.phase in ACTIVE:
-                state = self._advance(endpoint, model, policy, state, now)
+        elif state.phase in ACTIVE:
+            state = self._advance(endpoint, model, policy, state, now)
         # An endpoint at rest with no state saved yet is what its serving says, which the next pass
         # reads again: nothing to save (an environment of 10,000 endpoints applied at once would
         # otherwise cost its first walk 10,000 writes, each after a read of the Lease).
@@ -158,7 +156,17 @@ class Controller:
         serving = self.backend.serving(endpoint.name)
         if serving is None:
             return None
-        return machine.observe(self.backend.load_state(endpoint.name), endpoint.name, serving, desired, model, self.clock())
+        return self._start(endpoint.name, self.backend.load_state(endpoint.name), serving, desired, model, self.clock())[0]
+
+    @staticmethod
+    def _start(endpoint: str, saved: RolloutState | None, serving: ServingState, desired: str, model: str,
+               now: float) -> tuple[RolloutState, machine.Decision | None]:
+        """The state a pass starts from, and the decision recovering a traffic move that landed
+        without its state (:func:`machine.landed`: then the state is that decision's), if any."""
+        recovered = machine.landed(saved, serving, desired, now) if saved is not None else None
+        if recovered is not None:
+            return recovered.state, recovered
+        return machine.observe(saved, endpoint, serving, desired, model, now), None
 
     def _advance(self, endpoint: Endpoint, model: str, policy: RolloutPolicy | None, state: RolloutState, now: float) -> RolloutState:
         steps = policy_steps(policy)

@@ -401,3 +401,33 @@ def test_a_watch_gives_up_after_its_timeout_while_the_cluster_does_not_answer() 
     with pytest.raises(ForgeError, match="rollouts still in progress after 2 s"):
         _run(_controllers(Down({"digits": ServingState(V1, V2, 0)})), desired_of(an_endpoint("digits"), version=V2),
              WatchOptions(watch=True, interval=1.0, until_settled=True, timeout=2.0), Clock())
+
+
+class PromotionSaveRefusedOnceBackend(FakeBackend):
+    """Found on the node: the promotion's traffic move landed, then its state's save was refused
+    (409: Seldon's operator had written the SeldonDeployment meanwhile) — once."""
+
+    refused: int = 0
+
+    def save_state(self, endpoint: str, state: RolloutState) -> None:
+        if state.phase is Phase.PROMOTED and not self.refused:
+            self.refused += 1
+            raise ConflictError(f"the rollout state on {endpoint}: refused by the API server as stale (409)", status=409)
+        super().save_state(endpoint, state)
+
+
+def test_until_settled_never_stops_on_a_pass_whose_write_was_refused() -> None:
+    """The serving shows the canary promoted while the saved state is still at step 3: the pass
+    records the promotion and its save is refused. What that pass then observes looks at rest, but
+    nothing recorded it: the watch goes on, and the next pass saves Promoted before it stops.
+    (Before, `--until-settled` exited 0 there with the rollout saved as Progressing.)"""
+    backend = PromotionSaveRefusedOnceBackend({"digits": ServingState(V2)})
+    backend.save_state("digits", RolloutState("digits", V1, V2, Phase.PROGRESSING, step=2, weight=100))
+    code, lines, passes = _run_led(_controllers(backend), desired_of(an_endpoint("digits"), version=V2),
+                                   WatchOptions(watch=True, until_settled=True), Clock(), Leadership(FakeLock().lock, "me"))
+    assert code == EXIT_OK and backend.refused == 1
+    assert lines[1] == "me: the rollout state on digits: refused by the API server as stale (409)"
+    assert passes[0] == {"digits": "Promoted"}  # observed as the landed promotion, not as "specs serve V2 again"
+    assert len(passes) >= 2  # the refused pass did not end the watch
+    saved = RolloutState.from_json(backend.saved["digits"])
+    assert saved.phase is Phase.PROMOTED and "had landed" in saved.reason
