@@ -11,7 +11,8 @@
 # short) — into $OUT/gpu-results-2.json, the log in $OUT/device-run-2.log.
 # --only checkpointing: only the gradient-checkpointing part (4 → 64 layers; `false`, `true` and
 # `sqrt`; budget 420 s unless --budget-s says otherwise) into $OUT/gpu-results-ckpt.json, the log
-# in $OUT/device-run-ckpt.log.
+# in $OUT/device-run-ckpt.log. $CKPT_MODES picks the modes (e.g. full,checkpointed,sqrt,auto: a
+# fourth run per depth, so give it more budget).
 #
 # Parts, each failing soft (its error goes into the JSON and the next part runs):
 #   1. bench/train_gpu.py  — the product's train step (python -m runtimes train, configs rendered by
@@ -109,7 +110,7 @@ if [[ $ONLY == ladder ]]; then
   RESERVE=5   # the summary below
   PARTS=1
 elif [[ $ONLY == checkpointing ]]; then
-  TRAIN_ARGS+=(--parts checkpointing)
+  TRAIN_ARGS+=(--parts checkpointing --ckpt-modes "${CKPT_MODES:-full,checkpointed,sqrt}")
   RESERVE=5
   PARTS=1
 fi

@@ -2,6 +2,7 @@
 
     python bench/train_gpu.py [--device auto|cuda|cpu] [--smoke] [--parts ladder,ddp,checkpointing]
                               [--rungs R,R,...] [--out FILE] [--budget-s S] [--peak-tflops T] [--ckpt-steps N]
+                              [--ckpt-modes full,checkpointed,sqrt,auto]
 
 One training path: every figure comes from ``python -m runtimes train --config-json …`` run as a
 subprocess, with the step configs that ``renderers.workflow.plan_steps`` renders from Model specs
@@ -23,9 +24,10 @@ Parts:
   and ``bf16_fused_compile_deterministic`` (``deterministic: true``).
 - ``ddp``: the compiled bf16 rung over all GPUs under torchrun (``strategy: ddp``); skipped, and
   said so, with fewer than 2 GPUs.
-- ``checkpointing``: the same width at 4, 8, 16, 32 and 64 layers (batch 8, bf16 + fused), in three
-  modes of ``gradientCheckpointing``: ``false`` (``full``), ``true`` (``checkpointed``: every block)
-  and ``sqrt`` (segments of ⌈√layers⌉ blocks): activation memory (CUDA: the allocator's peak within
+- ``checkpointing``: the same width at 4, 8, 16, 32 and 64 layers (batch 8, bf16 + fused), in the
+  modes of ``gradientCheckpointing`` ``--ckpt-modes`` names: ``false`` (``full``), ``true``
+  (``checkpointed``: every block) and ``sqrt`` (segments of ⌈√layers⌉ blocks) by default, also
+  ``auto`` (the cut of least peak; each run records its segments): activation memory (CUDA: the allocator's peak within
   a step above what stays allocated between steps; CPU: bytes autograd saved for backward), the
   growth exponent with depth fitted on log-log (the promise: ≤ 0.6 for ``sqrt``), bytes per
   layer, and each mode's step-time overhead against ``full``.
@@ -280,6 +282,10 @@ class Bench:
         self.sizes = shapes(device, args.smoke)
         if args.ckpt_steps:
             self.sizes["ckptSteps"] = args.ckpt_steps
+        unknown = set(args.ckpt_modes.split(",")) - set(self.CHECKPOINT_MODES)
+        if unknown:
+            raise SystemExit(f"--ckpt-modes: unknown {', '.join(sorted(unknown))}; expected some of {', '.join(self.CHECKPOINT_MODES)}")
+        self.ckpt_modes = {k: v for k, v in self.CHECKPOINT_MODES.items() if k in args.ckpt_modes.split(",")}
         self.workspace = Path(args.workspace or tempfile.mkdtemp(prefix="forge-bench-train-gpu-"))
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.specs = Specs(self.workspace, device, gpus, device_name, self.sizes)
@@ -337,6 +343,7 @@ class Bench:
                 "peak_memory_bytes": t["peakMemoryBytes"],
                 "activation_memory_bytes": t["activationMemoryBytes"],
                 "saved_tensor_bytes": t["savedTensorBytes"],
+                "checkpoint_segments": metrics.get("checkpointSegments"),
                 "memory_source": t["memorySource"],
                 "parameters": metrics["parameters"],
                 "flops_per_token": fpt,
@@ -417,7 +424,7 @@ class Bench:
         return out
 
     #: The modes of the checkpointing part: its key in the JSON → the spec's `gradientCheckpointing`.
-    CHECKPOINT_MODES: dict[str, bool | str] = {"full": False, "checkpointed": True, "sqrt": "sqrt"}
+    CHECKPOINT_MODES: dict[str, bool | str] = {"full": False, "checkpointed": True, "sqrt": "sqrt", "auto": "auto"}
 
     def checkpointing(self) -> dict[str, Any]:
         s = self.sizes
@@ -426,13 +433,13 @@ class Bench:
         depths = sorted(s["ckptLayers"])
         order = depths[:1] + depths[-1:] + depths[1:-1]  # the widest span first: a cut budget still leaves a fit
         for layers in order:
-            for mode, setting in self.CHECKPOINT_MODES.items():
+            for mode, setting in self.ckpt_modes.items():
                 key = f"{layers}_layers_{mode}"
                 doc = self.specs.model(f"bench-ckpt-{layers}-{mode}", layers=layers, batch=s["ckptBatch"],
                                        steps=s["ckptSteps"], precision=precision, checkpointing=setting)
                 runs[key] = self.train(doc, needs_s=25 if self.device == "cuda" else 8, cap_s=300)
         summary: dict[str, Any] = {"layers": depths, "batch": s["ckptBatch"], "precision": precision, "runs": runs}
-        for mode in self.CHECKPOINT_MODES:
+        for mode in self.ckpt_modes:
             xs, act, saved, steps = [], [], [], []
             for layers in depths:
                 r = runs.get(f"{layers}_layers_{mode}") or {}
@@ -450,8 +457,10 @@ class Bench:
                 "saved_tensor_bytes_per_layer": fit_slope(xs, saved),
                 "step_s": dict(zip(map(str, xs), steps)),
             }
-        full = summary["full"]["activation_memory_bytes"]
-        for mode, label in (("checkpointed", ""), ("sqrt", "sqrt_")):
+        full = (summary.get("full") or {}).get("activation_memory_bytes") or {}
+        for mode, label in (("checkpointed", ""), ("sqrt", "sqrt_"), ("auto", "auto_")):
+            if mode not in self.ckpt_modes:
+                continue
             overhead = {}
             for layers in depths:
                 a, b = runs.get(f"{layers}_layers_full") or {}, runs.get(f"{layers}_layers_{mode}") or {}
@@ -474,6 +483,9 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=None, help="skip runs that would end after this many seconds")
     parser.add_argument("--ckpt-steps", type=int, default=None,
                         help="the checkpointing part's timed steps per run (default 3: a wider ladder in the budget; more: steadier times)")
+    parser.add_argument("--ckpt-modes", default="full,checkpointed,sqrt",
+                        help="the checkpointing part's modes, comma-separated: full, checkpointed, sqrt, auto "
+                        "(default full,checkpointed,sqrt)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s (default: from the GPU's name)")
     parser.add_argument("--workspace", help="workspace folder (default: a new temporary one)")
     parser.add_argument("--ddp-cpu", type=int, default=0, help="CPU mode: run the ddp part with this many gloo processes")

@@ -77,3 +77,17 @@ def test_the_last_segment_bench_times_both_cuts_and_their_gradients_agree(runtim
     assert all(_positive(row["step_s"][name]) for name in ("off", "product", "last_plain")), row
     assert row["same_gradients"] and result["all_gradients_same"], row
     assert _positive(result["last_plain_vs_product_median"]), result
+
+
+def test_the_checkpointing_ladder_runs_auto_when_asked_and_records_its_cut(runtime_python: str) -> None:
+    """`--ckpt-modes full,auto` (what `CKPT_MODES` hands bench/device-run.sh for a lent GPU): each
+    `auto` run is the train step's, with the segments it chose; a check of the path, on the CPU."""
+    result = run_json(runtime_python, "bench/train_gpu.py", "--device", "cpu", "--smoke", "--parts", "checkpointing",
+                      "--ckpt-modes", "full,auto", timeout=600)
+    ck = result["checkpointing"]
+    assert set(ck["runs"]) == {f"{n}_layers_{mode}" for n in (2, 4) for mode in ("full", "auto")}, ck["runs"]
+    for layers in (2, 4):
+        auto = ck["runs"][f"{layers}_layers_auto"]
+        assert 1 <= auto["checkpoint_segments"] <= layers, auto
+        assert auto["activation_memory_bytes"] < ck["runs"][f"{layers}_layers_full"]["activation_memory_bytes"]
+    assert set(ck["auto_step_time_overhead"]) == {"2", "4"} and "sqrt" not in ck
