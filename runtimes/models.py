@@ -75,13 +75,19 @@ class _Checkpointed(nn.Module):
         return x
 
 
-def _storage(t: torch.Tensor) -> tuple[int, int] | None:
+def storage_of(t: torch.Tensor) -> tuple[int, int] | None:
     """(address, bytes) of a tensor's storage; None for tensor subclasses without a plain one."""
     try:
         storage = t.untyped_storage()
         return storage.data_ptr(), storage.nbytes()
     except Exception:
         return None
+
+
+def parameter_storages(model: nn.Module) -> set[int]:
+    """The storage addresses of ``model``'s parameters: what autograd saves of them is kept anyway,
+    so counts of saved activations leave them out."""
+    return {p.untyped_storage().data_ptr() for p in model.parameters()}
 
 
 def block_costs(model: nn.Module, step: Callable[[], Any]) -> BlockCosts:
@@ -101,13 +107,13 @@ def block_costs(model: nn.Module, step: Callable[[], Any]) -> BlockCosts:
     blocks = list(model.blocks)
     n = len(blocks)
     inputs, activations, head, largest = [0] * n, [0] * n, [0], [0]
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params = parameter_storages(model)
     held: list[torch.Tensor] = []  # this region's saved tensors: their addresses stay theirs
     seen: set[int] = set()
     where = [-1]  # the region running: -1 before the stack, block i, n after the stack
 
     def pack(t: torch.Tensor) -> None:
-        found = _storage(t)
+        found = storage_of(t)
         if found is not None and found[0] not in params and found[0] not in seen:
             seen.add(found[0])
             held.append(t)
@@ -122,7 +128,7 @@ def block_costs(model: nn.Module, step: Callable[[], Any]) -> BlockCosts:
 
     def cross(region: int, boundary: Any) -> int:
         """Enter ``region``; the tensor passed across (alive on both sides) stays counted once."""
-        found = _storage(boundary) if isinstance(boundary, torch.Tensor) else None
+        found = storage_of(boundary) if isinstance(boundary, torch.Tensor) else None
         kept = found is not None and found[0] in seen
         held.clear()
         seen.clear()
@@ -140,7 +146,7 @@ def block_costs(model: nn.Module, step: Callable[[], Any]) -> BlockCosts:
         cross(n, out)  # the next block's hook moves on; after the last, the head runs
 
     def finished(_module: nn.Module, _args: Any, out: Any) -> None:
-        found = _storage(out) if isinstance(out, torch.Tensor) else None
+        found = storage_of(out) if isinstance(out, torch.Tensor) else None
         output[0] = found[1] if found else 0
 
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}

@@ -194,18 +194,16 @@ class StepMeter:
         if not enabled or self.saved_tensor_bytes is not None:
             yield
             return
+        from runtimes.models import parameter_storages, storage_of
+
         torch = self._torch
-        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        params = parameter_storages(model)
         seen: dict[int, int] = {}
 
         def pack(t: Any) -> Any:
-            try:
-                storage = t.untyped_storage()
-                ptr = storage.data_ptr()
-                if ptr not in params:
-                    seen[ptr] = storage.nbytes()
-            except Exception:  # tensor subclasses without a plain storage
-                pass
+            found = storage_of(t)
+            if found is not None and found[0] not in params:
+                seen[found[0]] = found[1]
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -302,6 +300,13 @@ class _BatchSource:
             return self.x[idx], self.y[idx]
         return (self.x[idx].pin_memory().to(self.device, non_blocking=True),
                 self.y[idx].pin_memory().to(self.device, non_blocking=True))
+
+
+def _autocast_dtype(precision: str) -> Any:
+    """The dtype a step autocasts to under ``precision`` (None for fp32: no autocast)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
 @dataclass
@@ -506,7 +511,7 @@ class Trainer:
 
         rows = min(self.hp.batch_size, len(data.x))
         xb, yb = data.x[:rows].to(self.device), data.y[:rows].to(self.device)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.config.spec.precision)
+        dtype = _autocast_dtype(self.config.spec.precision)
 
         def step() -> Any:
             with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
@@ -583,7 +588,7 @@ class Trainer:
         engine = None
         net = model
         scaler = None
-        autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+        autocast_dtype = _autocast_dtype(spec.precision)
         input_dtype = None
         if self.strategy == "deepspeed":
             import deepspeed
