@@ -127,9 +127,11 @@ class HttpGitServer:
         self.thread.join(10)
 
 
-def serve_http(base: Path, username: str, password: str) -> HttpGitServer:
-    """:class:`HttpGitServer` for the repositories under ``base``, accepting ``username``:``password``."""
+def serve_http(base: Path, username: str, password: str, *, tls: tuple[Path, Path] | None = None) -> HttpGitServer:
+    """:class:`HttpGitServer` for the repositories under ``base``, accepting ``username``:``password``;
+    over https with ``tls`` (the server's certificate file and its key file)."""
     import base64
+    import ssl
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     wanted = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
@@ -176,9 +178,13 @@ def serve_http(base: Path, username: str, password: str) -> HttpGitServer:
         do_POST = _cgi
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if tls is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    return HttpGitServer(f"http://127.0.0.1:{server.server_address[1]}", server, thread)
+    return HttpGitServer(f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}", server, thread)
 
 
 @dataclass

@@ -3,13 +3,16 @@
 argument or a file the controller was started with — and handed to the fetch runner
 (:func:`reconciler.load.gitrepo.fetch_source`), which gives them to git through its environment
 and files of that fetch alone. The keys are Flux's: `username` and `password`, or `bearerToken`
-(http/https); `identity` and `known_hosts` (ssh). Messages name the Secret and its keys, never a value.
+(http/https); `identity` and `known_hosts` (ssh); `ca.crt` (or Flux's older `caFile`), the PEM
+certificate of a private certificate authority an https server's certificate is checked against
+besides the system's. Messages name the Secret and its keys, never a value.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +25,9 @@ from reconciler.targets.base import ControllerAPI
 SECRET = Resource("", "v1", "Secret", "secrets")
 #: Secret key → GitCredentials field.
 KEYS = {"username": "username", "password": "password", "bearerToken": "bearer_token", "identity": "identity",
-        "known_hosts": "known_hosts"}
+        "known_hosts": "known_hosts", "ca.crt": "ca_cert"}
+#: Flux's older name of `ca.crt`, read when `ca.crt` is absent (as Flux does).
+CA_FILE_KEY = "caFile"
 
 
 def _decoded(encoded: str, what: str, *, text: bool) -> bytes:
@@ -42,12 +47,29 @@ def credentials_of(secret: Mapping[str, Any], where: str) -> GitCredentials:
     data = secret.get("data") or {}
     values: dict[str, str] = {}
     for key, name in KEYS.items():
+        key = CA_FILE_KEY if key == "ca.crt" and key not in data and CA_FILE_KEY in data else key
         if key not in data:
             continue
         values[name] = _decoded(data[key], f"Secret {where}: key {key!r}", text=True).decode()
+        if name == "ca_cert":
+            _check_certificates(values[name], f"Secret {where}: key {key!r}")
     if not values:
         raise ForgeError(f"Secret {where} holds none of the keys {', '.join(KEYS)}")
     return GitCredentials(**values)
+
+
+def _check_certificates(pem: str, what: str) -> None:
+    """:class:`ForgeError` naming ``what`` unless ``pem`` holds PEM certificates that OpenSSL loads,
+    so a pasted key or a DER file is named here rather than as git's TLS failure at the fetch."""
+    loads = "-----BEGIN CERTIFICATE-----" in pem
+    if loads:
+        try:
+            ssl.create_default_context(cadata=pem)
+        except ssl.SSLError:
+            loads = False
+    if not loads:
+        raise ForgeError(f"{what} holds no PEM certificate OpenSSL can load; expected one or more "
+                         "-----BEGIN CERTIFICATE----- blocks (the certificate authority's)")
 
 
 #: The key of the webhook's Secret (`webhook.secretRef`) that holds its secret.

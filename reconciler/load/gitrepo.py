@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import os
 import shlex
+import ssl
 import stat
 import subprocess
 import tempfile
@@ -450,38 +451,61 @@ def _fetch_scheme(url: str) -> str:
 class GitCredentials:
     """What a source's fetch authenticates with (from a Kubernetes Secret, never a spec): a user
     name and password or a bearer token for http(s), a private key and the server's known host
-    keys for ssh. Never printed (``repr`` names which parts are set, not their values)."""
+    keys for ssh; for https, the PEM certificates of a private certificate authority to trust
+    besides the system's (``ca_cert``). Never printed (``repr`` names which parts are set, not
+    their values)."""
 
     username: str | None = field(default=None, repr=False)
     password: str | None = field(default=None, repr=False)
     bearer_token: str | None = field(default=None, repr=False)
     identity: str | None = field(default=None, repr=False)
     known_hosts: str | None = field(default=None, repr=False)
+    ca_cert: str | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
-        held = [n for n in ("username", "password", "bearer_token", "identity", "known_hosts") if getattr(self, n)]
+        held = [n for n in ("username", "password", "bearer_token", "identity", "known_hosts", "ca_cert") if getattr(self, n)]
         return f"GitCredentials({', '.join(held) or 'none'})"
+
+
+def _private_file(path: Path, text: str) -> Path:
+    """``text`` written to a new file ``path`` that only this user may read (0600), ending in a newline."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text if text.endswith("\n") else text + "\n")
+    return path
+
+
+def _ca_bundle(ca_cert: str, folder: Path) -> Path:
+    """A file in ``folder`` holding the system's trusted certificates (when it has a bundle) and
+    then ``ca_cert``. git's `http.sslCAInfo` replaces the system bundle; Flux's sources add the
+    Secret's CA to the system's pool instead, so a source trusted by a public CA stays trusted."""
+    system = ssl.get_default_verify_paths().cafile
+    trusted = Path(system).read_text(errors="replace") if system and Path(system).is_file() else ""
+    return _private_file(folder / "ca.crt", (trusted.rstrip("\n") + "\n" if trusted else "") + ca_cert)
 
 
 def _authenticated(scheme: str, credentials: GitCredentials, folder: Path) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """The configuration and environment that hand ``credentials`` to git for a fetch over
-    ``scheme``: an `http.extraHeader` (Basic or Bearer) in the environment's GIT_CONFIG_*, or an
-    ssh command reading the key and known hosts from files in ``folder`` (0600) — never in argv."""
+    ``scheme``: an `http.extraHeader` (Basic or Bearer) in the environment's GIT_CONFIG_*, and for
+    https a private CA as `http.sslCAInfo` (a bundle file in ``folder``), or an ssh command reading
+    the key and known hosts from files in ``folder`` (0600) — never in argv."""
+    if credentials.ca_cert is not None and scheme != "https":
+        raise GitError(f"a certificate authority (ca.crt) is for an https source, not {scheme}://")
     if scheme in ("http", "https"):
+        config = [("http.sslCAInfo", str(_ca_bundle(credentials.ca_cert, folder)))] if credentials.ca_cert else []
         if credentials.bearer_token:
-            return [("http.extraHeader", f"Authorization: Bearer {credentials.bearer_token}")], {}
+            return [*config, ("http.extraHeader", f"Authorization: Bearer {credentials.bearer_token}")], {}
         if credentials.password is not None:
             pair = f"{credentials.username or 'git'}:{credentials.password}".encode()
-            return [("http.extraHeader", f"Authorization: Basic {base64.b64encode(pair).decode()}")], {}
+            return [*config, ("http.extraHeader", f"Authorization: Basic {base64.b64encode(pair).decode()}")], {}
+        if config:  # a private CA alone: an https server that asks no credentials
+            return config, {}
         raise GitError(f"credentials for an {scheme} source need a password (with a username) or a bearerToken")
     if scheme == "ssh":
         if not credentials.identity or not credentials.known_hosts:
             raise GitError("credentials for an ssh source need an identity (private key) and known_hosts")
-        key, hosts = folder / "identity", folder / "known_hosts"
-        for path, text in ((key, credentials.identity), (hosts, credentials.known_hosts)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text if text.endswith("\n") else text + "\n")
+        key = _private_file(folder / "identity", credentials.identity)
+        hosts = _private_file(folder / "known_hosts", credentials.known_hosts)
         command = ("ssh -o BatchMode=yes -o IdentitiesOnly=yes -o StrictHostKeyChecking=yes "
                    f"-o UserKnownHostsFile={shlex.quote(str(hosts))} -i {shlex.quote(str(key))}")
         return [], {"GIT_SSH_COMMAND": command}

@@ -2,6 +2,8 @@
 behind Basic authentication, devkit/gitserver.py) refuses the fetch without them and serves it with
 them; the controller process reads them from the Secret its source names (FetchFailed naming the
 Secret while it is missing, applied once it exists), and the password is in no message or log.
+Over https, the same server with a certificate of a private certificate authority is refused
+until the Secret's `ca.crt` names that authority.
 Over ssh, a real OpenSSH server (Debian's sshd, devkit/gitserver.py) refuses an unknown key and is
 refused when its host key is not the one the Secret's known_hosts names; the controller fetches
 with the Secret's key."""
@@ -9,12 +11,15 @@ with the Secret's key."""
 from __future__ import annotations
 
 import base64
+import json
 import os
+import re
 import stat
 from pathlib import Path
 
 import pytest
 
+from devkit.certs import issue_cert, make_ca
 from devkit.gitserver import serve_http, serve_ssh, ssh_keypair, start_git_server
 from reconciler.diagnostics import ForgeError
 from reconciler.load.gitrepo import GitCredentials, GitError, _authenticated, fetch_source
@@ -50,6 +55,55 @@ def test_an_http_fetch_needs_the_secrets_credentials(tmp_path: Path, served) -> 
         fetch_source(tmp_path / "other", server.url, "main", timeout=30, credentials=good)
     with pytest.raises(GitError, match="need an identity"):
         fetch_source(tmp_path / "other", url.replace("http://", "ssh://"), "main", timeout=30, credentials=good)
+
+
+@pytest.fixture
+def served_tls(tmp_path: Path):
+    """The quick-start's git server over https, its certificate issued by a private CA (``ca``)
+    for 127.0.0.1; ``other`` is a CA that issued nothing of it."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_ca(pki, "ca", "forge-tests private CA")
+    make_ca(pki, "other", "forge-tests other CA")
+    issue_cert(pki, "ca", "server", "/CN=git.forge.test", server_sans="IP:127.0.0.1")
+    server = start_git_server(tmp_path)
+    https = serve_http(server.bare.parent, "forge", PASSWORD, tls=(pki / "server.crt", pki / "server.key"))
+    try:
+        yield server, f"{https.url}/specs.git", pki
+    finally:
+        https.stop()
+        server.stop()
+
+
+def _secret(**values: str) -> dict[str, dict[str, str]]:
+    """A Secret as the API server returns it (``data`` base64), keys given as keyword arguments."""
+    return {"data": {key.replace("_", "."): base64.b64encode(v.encode()).decode() for key, v in values.items()}}
+
+
+def test_an_https_fetch_trusts_the_certificate_authority_of_the_secret(tmp_path: Path, served_tls) -> None:
+    from reconciler.controller.credentials import credentials_of
+
+    server, url, pki = served_tls
+    assert url.startswith("https://127.0.0.1:")
+    pushed = server.push("quick-start")
+    ca, other = (pki / "ca.crt").read_text(), (pki / "other.crt").read_text()
+    refused = "certificate verification failed|SSL certificate problem"
+    with pytest.raises(GitError, match=refused):  # the system's authorities do not know the private one
+        fetch_source(tmp_path / "none", url, "main", timeout=30, credentials=GitCredentials("forge", PASSWORD))
+    with pytest.raises(GitError, match=refused):
+        fetch_source(tmp_path / "other", url, "main", timeout=30,
+                     credentials=GitCredentials("forge", PASSWORD, ca_cert=other))
+    # the keys a Flux Secret has, read as the controller reads them
+    read = credentials_of(_secret(username="forge", password=PASSWORD, ca_crt=ca), "ns/git-tls")
+    assert read.ca_cert == ca and repr(read) == "GitCredentials(username, password, ca_cert)"
+    assert fetch_source(tmp_path / "cache", url, "main", timeout=30, credentials=read) == pushed
+    assert credentials_of({"data": {"caFile": _secret(ca_crt=ca)["data"]["ca.crt"]}}, "ns/git-tls").ca_cert == ca
+    # a CA alone: the server still asks for its password, which is the 401's business, not TLS's
+    with pytest.raises(GitError) as anonymous:
+        fetch_source(tmp_path / "anonymous", url, "main", timeout=30, credentials=GitCredentials(ca_cert=ca))
+    assert not re.search(refused, str(anonymous.value)), anonymous.value
+    with pytest.raises(GitError, match="is for an https source, not http://"):
+        fetch_source(tmp_path / "plain", url.replace("https://", "http://"), "main", timeout=30, credentials=read)
 
 
 def test_ssh_credentials_reach_git_as_files_of_the_fetch_alone(tmp_path: Path) -> None:
@@ -117,6 +171,31 @@ def test_the_controller_fetches_over_ssh_with_the_secrets_key(kube_cluster, name
     assert "Accepted publickey for" in sshd.log.read_text()
 
 
+def test_the_controller_fetches_over_https_trusting_the_secrets_ca(kube_cluster, namespace, tmp_path: Path,
+                                                                   served_tls) -> None:
+    from tests.controller.test_controller import Controllers, applied, kubectl, ready, sync_status
+
+    server, url, pki = served_tls
+    kubeconfig = kube_cluster.kubeconfig
+    first = server.push("quick-start")
+    made = Controllers(tmp_path, kubeconfig, namespace, url, interval="2s", secret_ref="git-tls")
+    try:
+        made.start("a")
+        created = kubectl(kubeconfig, "-n", namespace, "create", "secret", "generic", "git-tls",
+                          "--from-literal=username=forge", f"--from-literal=password={PASSWORD}")
+        assert created.returncode == 0, created.stderr
+        status = wait_until(lambda: (s := sync_status(kubeconfig, namespace)) and ready(s).get("reason") == "FetchFailed"
+                            and "certificate" in ready(s).get("message", "") and s,
+                            timeout=60, what="the fetch refused while the Secret names no CA")
+        assert "server certificate verification failed" in ready(status)["message"], ready(status)
+        patched = kubectl(kubeconfig, "-n", namespace, "patch", "secret", "git-tls", "--type=merge", "-p",
+                          json.dumps({"data": {"ca.crt": base64.b64encode((pki / "ca.crt").read_bytes()).decode()}}))
+        assert patched.returncode == 0, patched.stderr
+        wait_until(lambda: applied(kubeconfig, namespace, first), timeout=120, what="the revision fetched over https")
+    finally:
+        made.close()
+
+
 def test_the_controller_reads_its_credentials_from_the_secret(kube_cluster, namespace, tmp_path: Path, served) -> None:
     from tests.controller.test_controller import Controllers, applied, kubectl, ready, sync_status
 
@@ -147,3 +226,9 @@ def test_a_secret_without_credentials_is_named() -> None:
         credentials_of({"data": {"other": "eA=="}}, "ns/git-auth")
     with pytest.raises(ForgeError, match="'password' is not base64"):
         credentials_of({"data": {"password": "%%%"}}, "ns/git-auth")
+    with pytest.raises(ForgeError, match="ns/git-auth: key 'ca.crt' holds no PEM certificate OpenSSL can load"):
+        credentials_of(_secret(ca_crt="-----BEGIN PRIVATE KEY-----\nnot a certificate\n-----END PRIVATE KEY-----"),
+                       "ns/git-auth")
+    with pytest.raises(ForgeError, match="key 'caFile' holds no PEM certificate"):
+        credentials_of(_secret(caFile="-----BEGIN CERTIFICATE-----\nbm90IERFUg==\n-----END CERTIFICATE-----"),
+                       "ns/git-auth")
