@@ -127,9 +127,11 @@ class HttpGitServer:
         self.thread.join(10)
 
 
-def serve_http(base: Path, username: str, password: str, *, tls: tuple[Path, Path] | None = None) -> HttpGitServer:
+def serve_http(base: Path, username: str, password: str, *, tls: tuple[Path, Path] | None = None,
+               client_ca: Path | None = None) -> HttpGitServer:
     """:class:`HttpGitServer` for the repositories under ``base``, accepting ``username``:``password``;
-    over https with ``tls`` (the server's certificate file and its key file)."""
+    over https with ``tls`` (the server's certificate file and its key file), and with ``client_ca``
+    only from clients whose certificate that CA issued (the TLS handshake refuses the others)."""
     import base64
     import ssl
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -181,6 +183,9 @@ def serve_http(base: Path, username: str, password: str, *, tls: tuple[Path, Pat
     if tls is not None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(*tls)
+        if client_ca is not None:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(client_ca)
         server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -5,7 +5,8 @@ argument or a file the controller was started with — and handed to the fetch r
 and files of that fetch alone. The keys are Flux's: `username` and `password`, or `bearerToken`
 (http/https); `identity` and `known_hosts` (ssh); `ca.crt` (or Flux's older `caFile`), the PEM
 certificate of a private certificate authority an https server's certificate is checked against
-besides the system's. Messages name the Secret and its keys, never a value.
+besides the system's, and `tls.crt` with `tls.key`, a client certificate for an https server that
+asks one. Messages name the Secret and its keys, never a value.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from reconciler.targets.base import ControllerAPI
 SECRET = Resource("", "v1", "Secret", "secrets")
 #: Secret key → GitCredentials field.
 KEYS = {"username": "username", "password": "password", "bearerToken": "bearer_token", "identity": "identity",
-        "known_hosts": "known_hosts", "ca.crt": "ca_cert"}
+        "known_hosts": "known_hosts", "ca.crt": "ca_cert", "tls.crt": "client_cert", "tls.key": "client_key"}
 #: Flux's older name of `ca.crt`, read when `ca.crt` is absent (as Flux does).
 CA_FILE_KEY = "caFile"
 
@@ -51,10 +52,16 @@ def credentials_of(secret: Mapping[str, Any], where: str) -> GitCredentials:
         if key not in data:
             continue
         values[name] = _decoded(data[key], f"Secret {where}: key {key!r}", text=True).decode()
-        if name == "ca_cert":
+        if name in ("ca_cert", "client_cert"):
             _check_certificates(values[name], f"Secret {where}: key {key!r}")
     if not values:
         raise ForgeError(f"Secret {where} holds none of the keys {', '.join(KEYS)}")
+    if ("client_cert" in values) != ("client_key" in values):
+        raise ForgeError(f"Secret {where}: key 'tls.crt' (a client certificate) and key 'tls.key' (its private key) "
+                         "go together; it holds one of them")
+    if "client_key" in values and "PRIVATE KEY-----" not in values["client_key"]:
+        raise ForgeError(f"Secret {where}: key 'tls.key' holds no PEM private key; expected a "
+                         "-----BEGIN … PRIVATE KEY----- block (the client certificate's key)")
     return GitCredentials(**values)
 
 
@@ -69,7 +76,7 @@ def _check_certificates(pem: str, what: str) -> None:
             loads = False
     if not loads:
         raise ForgeError(f"{what} holds no PEM certificate OpenSSL can load; expected one or more "
-                         "-----BEGIN CERTIFICATE----- blocks (the certificate authority's)")
+                         "-----BEGIN CERTIFICATE----- blocks")
 
 
 #: The key of the webhook's Secret (`webhook.secretRef`) that holds its secret.

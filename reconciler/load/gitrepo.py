@@ -452,7 +452,8 @@ class GitCredentials:
     """What a source's fetch authenticates with (from a Kubernetes Secret, never a spec): a user
     name and password or a bearer token for http(s), a private key and the server's known host
     keys for ssh; for https, the PEM certificates of a private certificate authority to trust
-    besides the system's (``ca_cert``). Never printed (``repr`` names which parts are set, not
+    besides the system's (``ca_cert``) and a client certificate with its key for a server that asks
+    one (``client_cert``, ``client_key``). Never printed (``repr`` names which parts are set, not
     their values)."""
 
     username: str | None = field(default=None, repr=False)
@@ -461,10 +462,24 @@ class GitCredentials:
     identity: str | None = field(default=None, repr=False)
     known_hosts: str | None = field(default=None, repr=False)
     ca_cert: str | None = field(default=None, repr=False)
+    client_cert: str | None = field(default=None, repr=False)
+    client_key: str | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
-        held = [n for n in ("username", "password", "bearer_token", "identity", "known_hosts", "ca_cert") if getattr(self, n)]
+        held = [n for n in ("username", "password", "bearer_token", "identity", "known_hosts", "ca_cert", "client_cert",
+                            "client_key") if getattr(self, n)]
         return f"GitCredentials({', '.join(held) or 'none'})"
+
+    def tls(self, folder: Path) -> list[tuple[str, str]]:
+        """git's configuration for this https fetch's TLS: the CA bundle (`http.sslCAInfo`) and the
+        client certificate and key (`http.sslCert`, `http.sslKey`), as 0600 files in ``folder``."""
+        config = [("http.sslCAInfo", str(_ca_bundle(self.ca_cert, folder)))] if self.ca_cert else []
+        if (self.client_cert is None) != (self.client_key is None):
+            raise GitError("a client certificate (tls.crt) needs its key (tls.key), and a key its certificate")
+        if self.client_cert is not None and self.client_key is not None:
+            config += [("http.sslCert", str(_private_file(folder / "tls.crt", self.client_cert))),
+                       ("http.sslKey", str(_private_file(folder / "tls.key", self.client_key)))]
+        return config
 
 
 def _private_file(path: Path, text: str) -> Path:
@@ -487,18 +502,19 @@ def _ca_bundle(ca_cert: str, folder: Path) -> Path:
 def _authenticated(scheme: str, credentials: GitCredentials, folder: Path) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """The configuration and environment that hand ``credentials`` to git for a fetch over
     ``scheme``: an `http.extraHeader` (Basic or Bearer) in the environment's GIT_CONFIG_*, and for
-    https a private CA as `http.sslCAInfo` (a bundle file in ``folder``), or an ssh command reading
-    the key and known hosts from files in ``folder`` (0600) — never in argv."""
-    if credentials.ca_cert is not None and scheme != "https":
-        raise GitError(f"a certificate authority (ca.crt) is for an https source, not {scheme}://")
+    https a private CA and a client certificate (:meth:`GitCredentials.tls`), or an ssh command
+    reading the key and known hosts from files in ``folder`` (0600) — never in argv."""
+    if (credentials.ca_cert or credentials.client_cert or credentials.client_key) and scheme != "https":
+        raise GitError(f"a certificate authority or client certificate (ca.crt, tls.crt) is for an https source, "
+                       f"not {scheme}://")
     if scheme in ("http", "https"):
-        config = [("http.sslCAInfo", str(_ca_bundle(credentials.ca_cert, folder)))] if credentials.ca_cert else []
+        config = credentials.tls(folder)
         if credentials.bearer_token:
             return [*config, ("http.extraHeader", f"Authorization: Bearer {credentials.bearer_token}")], {}
         if credentials.password is not None:
             pair = f"{credentials.username or 'git'}:{credentials.password}".encode()
             return [*config, ("http.extraHeader", f"Authorization: Basic {base64.b64encode(pair).decode()}")], {}
-        if config:  # a private CA alone: an https server that asks no credentials
+        if config:  # TLS alone: a private CA, or a client certificate as the credential
             return config, {}
         raise GitError(f"credentials for an {scheme} source need a password (with a username) or a bearerToken")
     if scheme == "ssh":

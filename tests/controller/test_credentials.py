@@ -106,6 +106,46 @@ def test_an_https_fetch_trusts_the_certificate_authority_of_the_secret(tmp_path:
         fetch_source(tmp_path / "plain", url.replace("https://", "http://"), "main", timeout=30, credentials=read)
 
 
+def test_an_https_server_asking_a_client_certificate_gets_the_secrets(tmp_path: Path) -> None:
+    from reconciler.controller.credentials import credentials_of
+
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_ca(pki, "ca", "forge-tests private CA")
+    issue_cert(pki, "ca", "server", "/CN=git.forge.test", server_sans="IP:127.0.0.1")
+    issue_cert(pki, "ca", "client", "/CN=forge-controller")
+    make_ca(pki, "other", "forge-tests other CA")
+    issue_cert(pki, "other", "stranger", "/CN=someone-else")
+    server = start_git_server(tmp_path)
+    https = serve_http(server.bare.parent, "forge", PASSWORD, tls=(pki / "server.crt", pki / "server.key"),
+                       client_ca=pki / "ca.crt")
+    try:
+        pushed = server.push("quick-start")
+        url = f"{https.url}/specs.git"
+        ca = (pki / "ca.crt").read_text()
+        with pytest.raises(GitError, match="unable to access"):  # no client certificate: the handshake fails
+            fetch_source(tmp_path / "none", url, "main", timeout=30, credentials=GitCredentials("forge", PASSWORD, ca_cert=ca))
+        with pytest.raises(GitError, match="unable to access"):  # one another CA issued
+            fetch_source(tmp_path / "stranger", url, "main", timeout=30, credentials=GitCredentials(
+                "forge", PASSWORD, ca_cert=ca, client_cert=(pki / "stranger.crt").read_text(),
+                client_key=(pki / "stranger.key").read_text()))
+        read = credentials_of(_secret(username="forge", password=PASSWORD, ca_crt=ca, tls_crt=(pki / "client.crt").read_text(),
+                                      tls_key=(pki / "client.key").read_text()), "ns/git-mtls")
+        assert "PRIVATE KEY" not in repr(read)
+        # the certificate alone passes the handshake: then the server's own Basic authentication asks
+        with pytest.raises(GitError, match="could not read Username"):
+            fetch_source(tmp_path / "no-password", url, "main", timeout=30, credentials=GitCredentials(
+                ca_cert=ca, client_cert=read.client_cert, client_key=read.client_key))
+        assert fetch_source(tmp_path / "cache", url, "main", timeout=30, credentials=read) == pushed
+    finally:
+        https.stop()
+        server.stop()
+    with pytest.raises(ForgeError, match="'tls.crt' .* and key 'tls.key' .* go together"):
+        credentials_of(_secret(tls_crt=(pki / "client.crt").read_text()), "ns/git-mtls")
+    with pytest.raises(ForgeError, match="key 'tls.key' holds no PEM private key"):
+        credentials_of(_secret(tls_crt=(pki / "client.crt").read_text(), tls_key="hunter2"), "ns/git-mtls")
+
+
 def test_ssh_credentials_reach_git_as_files_of_the_fetch_alone(tmp_path: Path) -> None:
     key = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----"
     config, env = _authenticated("ssh", GitCredentials(identity=key, known_hosts="git.example ssh-ed25519 AAAA"), tmp_path)
