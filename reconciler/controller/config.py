@@ -15,12 +15,12 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from reconciler.diagnostics import Diagnostic, ForgeError, SpecError
 from reconciler.load.gitrepo import ref_name_problem
+from reconciler.load.semverrange import SemverError, SemverRange
 from reconciler.load.yamlsource import parse_documents
 from specs import duration_seconds
 
@@ -43,8 +43,9 @@ class Source(_Model):
     branch: str = Field(default="main", min_length=1, max_length=255)
     tag: str | None = Field(default=None, min_length=1, max_length=255, description="A tag to apply instead of the branch.")
     semver: str | None = Field(default=None, min_length=1, max_length=255, description=(
-        "A version range over the repository's tags (`vX.Y.Z` or `X.Y.Z`), PEP 440 specifiers such as "
-        "`>=1.2,<2`: the highest tag in it is applied, instead of the branch."))
+        "A version range over the repository's tags (semantic versions, `vX.Y.Z` or `X.Y.Z`), read as Flux reads a "
+        "GitRepository's `ref.semver` (Masterminds/semver: `^1.2`, `~1.2.3`, `1.x`, `>=1.2.0 <2.0.0`, `1.2 - 1.4.5`, "
+        "`||`): the highest tag in it is applied, instead of the branch."))
     path: str = Field(default=".", min_length=1, max_length=4096, description="Folder of the specs in the repository.")
     environment: str = Field(pattern=_NAME, description="The Environment (of the specs) applied to.")
     namespace: str = Field(pattern=_NAME, description="Where the environment's objects and its Lease live.")
@@ -54,7 +55,8 @@ class Source(_Model):
     rollout_interval: str = Field(default="2s", pattern=_DURATION, description="How often the rollouts are walked.")
     secret_ref: str | None = Field(default=None, pattern=_NAME, description=(
         "A Secret in the controller's namespace holding the fetch's credentials: `username` and `password`, or "
-        "`bearerToken` (http/https); `identity` and `known_hosts` (ssh)."))
+        "`bearerToken` (http/https); `identity` and `known_hosts` (ssh); `ca.crt`, and `tls.crt` with `tls.key` "
+        "(https)."))
     push_writebacks: bool = Field(default=False, description=(
         "Push the branches of write-backs (a RolloutPolicy's or an experiment's `gitWriteback`) to the source's URL "
         "with the same credentials: made there or moved forward, never forced. Off, a write-back is skipped and "
@@ -70,9 +72,10 @@ class Source(_Model):
                 raise ValueError(f"{kind} {name!r} is not a git ref name: {problem}")
         if self.semver is not None:
             try:
-                SpecifierSet(self.semver)
-            except InvalidSpecifier:
-                raise ValueError(f"semver {self.semver!r} is not a version range (PEP 440 specifiers, e.g. `>=1.2,<2`)") from None
+                SemverRange.parse(self.semver)
+            except SemverError as e:
+                raise ValueError(f"semver {self.semver!r} is not a version range as Flux reads one ({e}); expected e.g. "
+                                 "`^1.2`, `~1.2.3`, `1.x` or `>=1.2.0 <2.0.0`") from None
         return self
 
     @property

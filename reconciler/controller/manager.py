@@ -52,7 +52,8 @@ from reconciler.controller.syncstatus import (
 from reconciler.controller.watch import Controllers, controllers_for, prometheus_for, reconcile_pass
 from reconciler.diagnostics import ForgeError, SpecError
 from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TargetError
-from reconciler.load.gitrepo import GitCredentials, fetch_source, highest_tag, remote_tags
+from reconciler.load.gitrepo import GitCredentials, fetch_source, remote_tags
+from reconciler.load.semverrange import highest_admitted
 from reconciler.plan.session import TargetOptions, open_target
 from reconciler.resources import BY_KIND, EVENT, SYNC
 from reconciler.rollout.controller import RolloutState
@@ -254,7 +255,7 @@ class Worker:
             tag = self.source.tag
             if self.source.semver is not None:
                 tags = remote_tags(self.cache, self.source.url, timeout=self.source.timeout_seconds, credentials=credentials)
-                tag = highest_tag(tags, self.source.semver)
+                tag = highest_admitted(tags, self.source.semver)
                 if tag is None:
                     raise ForgeError(f"no tag is in the range {self.source.semver} (tags: {', '.join(tags[-10:]) or 'none'})")
             revision = fetch_source(self.cache, self.source.url, self.source.branch, timeout=self.source.timeout_seconds,

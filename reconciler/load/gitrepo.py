@@ -34,9 +34,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from reconciler.diagnostics import ForgeError, printable
 
 #: Seconds one git command may take; a hang (a FIFO git opened) ends as a GitError.
@@ -608,21 +605,6 @@ def push_branch(cache: Path, url: str, branch: str, *, timeout: float, credentia
     ref = f"refs/heads/{_ref_name('branch', branch)}"
     _remote(cache, url, credentials, timeout, f"pushing branch {printable(branch)} to {printable(url)}",
             "push", "--quiet", "--no-verify", "--recurse-submodules=no", "--", url, f"{ref}:{ref}")
-
-
-def highest_tag(tags: list[str], semver: str) -> str | None:
-    """The tag of the highest version ``semver`` admits among ``tags`` (`v1.2.0` or `1.2.0`; a
-    tag that is no version is skipped; pre-releases only when the range names one), or None."""
-    spec = SpecifierSet(semver)
-    best: tuple[Version, str] | None = None
-    for tag in tags:
-        try:
-            version = Version(tag.removeprefix("v"))
-        except InvalidVersion:
-            continue
-        if spec.contains(version, prereleases=bool(spec.prereleases)) and (best is None or version > best[0]):
-            best = (version, tag)
-    return best[1] if best else None
 
 
 #: What `git check-ref-format` refuses anywhere in a name (git's refs.c, `check_refname_component`).

@@ -320,16 +320,16 @@ def test_the_webhooks_secret_comes_from_a_secret_made_after_the_start(kube_clust
 
 
 def test_a_semver_source_applies_the_highest_tag_in_its_range(kube_cluster, namespace, git_server, tmp_path) -> None:
-    """A source following `semver: '>=1.0,<2'`: the branch's head is not applied, the highest tag in
+    """A source following `semver: '^1.0'` (a Flux range): the branch's head is not applied, the highest tag in
     the range is; a tag outside it (v2.0.0) is not; with no tag in range the Sync says so."""
     kubeconfig = kube_cluster.kubeconfig
     git_server.push("quick-start, untagged")
-    made = Controllers(tmp_path, kubeconfig, namespace, git_server.url, interval="2s", semver=">=1.0,<2")
+    made = Controllers(tmp_path, kubeconfig, namespace, git_server.url, interval="2s", semver="^1.0")
     try:
         made.start("a")
         status = wait_until(lambda: (s := sync_status(kubeconfig, namespace)) and ready(s).get("reason") == "FetchFailed" and s,
                             timeout=60, what="no tag in the range yet")
-        assert "no tag is in the range >=1.0,<2" in ready(status)["message"], ready(status)
+        assert "no tag is in the range ^1.0" in ready(status)["message"], ready(status)
         v1 = git_server.tag("v1.0.0", annotated=True)
         wait_until(lambda: applied(kubeconfig, namespace, v1), timeout=120, what="v1.0.0 applied")
         git_server.edit("model.yaml", "learningRate: 0.002", "learningRate: 0.003")
@@ -342,7 +342,7 @@ def test_a_semver_source_applies_the_highest_tag_in_its_range(kube_cluster, name
         time.sleep(5)  # two intervals: v2.0.0 is outside the range
         assert sync_status(kubeconfig, namespace)["lastAppliedRevision"] == v11
         sync = json.loads(kubectl(kubeconfig, "-n", namespace, "get", f"sync/{SOURCE}", "-o", "json").stdout)
-        assert sync["spec"]["semver"] == ">=1.0,<2" and "tag" not in sync["spec"], sync["spec"]
+        assert sync["spec"]["semver"] == "^1.0" and "tag" not in sync["spec"], sync["spec"]
     finally:
         made.close()
 

@@ -68,7 +68,7 @@ def test_a_webhook_takes_its_secret_from_one_place(tmp_path: Path) -> None:
 
 
 def test_a_source_follows_one_of_branch_tag_or_semver_each_a_ref_name(tmp_path: Path) -> None:
-    from reconciler.load.gitrepo import highest_tag
+    from reconciler.load.semverrange import highest_admitted
 
     path = tmp_path / "controller.yaml"
     for extra, says in (("    tag: v1.0.0\n    semver: '>=1'\n", "tag and semver are both set"),
@@ -81,10 +81,13 @@ def test_a_source_follows_one_of_branch_tag_or_semver_each_a_ref_name(tmp_path: 
         assert any(f"{path}:4:" in d.text() and says in d.text() for d in err.value.diagnostics), [d.text() for d in err.value.diagnostics]
     path.write_text(GOOD + "    semver: '>=1.2,<2'\n")
     assert load_config(path).sources[0].ref == "semver >=1.2,<2"
-    tags = ["v1.0.0", "v1.2.0", "1.3.1", "v1.10.0rc1", "v2.0.0", "release-7", "v1.9.9"]
-    assert highest_tag(tags, ">=1.2,<2") == "v1.9.9"  # 1.10.0rc1 is a pre-release; release-7 no version
-    assert highest_tag(tags, ">=1.10.0rc1,<2") == "v1.10.0rc1"
-    assert highest_tag(tags, ">=3") is None
+    path.write_text(GOOD + "    semver: '^1.2'\n")
+    assert load_config(path).sources[0].ref == "semver ^1.2"
+    tags = ["v1.0.0", "v1.2.0", "1.3.1", "v1.10.0-rc.1", "v1.10.0rc1", "v2.0.0", "release-7", "v1.9.9"]
+    # 1.10.0-rc.1 is a pre-release; 1.10.0rc1 and release-7 are no semantic versions (Flux skips them)
+    assert highest_admitted(tags, ">=1.2,<2") == highest_admitted(tags, "^1.2") == "v1.9.9"
+    assert highest_admitted(tags, ">=1.10.0-rc.1, <2") == "v1.10.0-rc.1"
+    assert highest_admitted(tags, ">=3") is None
 
 
 def test_two_sources_on_one_environment_are_refused(tmp_path: Path) -> None:

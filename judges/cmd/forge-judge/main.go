@@ -5,6 +5,8 @@
 //	forge-judge pytorchjob-validate  PyTorchJob (or an array)           -> {ok, errors, warnings}
 //	forge-judge pod-security         objects (or {level, version, …})    -> {ok, errors, pods} each
 //	                                 (the Pod Security admission's evaluator; see podsecurity.go)
+//	forge-judge semver               {ranges, tags}                     -> [{range, error, admits}]
+//	                                 (the tags a Flux GitRepository's ref.semver admits; semver.go)
 //
 // Each subcommand reads one JSON document on stdin and writes one JSON document on stdout.
 // A verdict (valid or not) exits 0; exit 1 means the judge itself could not run (bad input).
@@ -31,7 +33,7 @@ type verdict struct {
 
 func main() {
 	if len(os.Args) != 2 {
-		fail("usage: forge-judge argo-validate|argo-expr|pytorchjob-validate|pod-security < input.json")
+		fail("usage: forge-judge argo-validate|argo-expr|pytorchjob-validate|pod-security|semver < input.json")
 	}
 	in, err := io.ReadAll(os.Stdin)
 	if err != nil {
@@ -48,6 +50,8 @@ func main() {
 	case "pod-security":
 		out = podSecurity(in)
 		runCleanups()
+	case "semver":
+		out = judgeSemver(in)
 	default:
 		fail("unknown subcommand %q", os.Args[1])
 	}

@@ -81,6 +81,13 @@ def _judge(subcommand: str, payload: Any) -> Any:
     return json.loads(proc.stdout)
 
 
+def flux_semver(ranges: Sequence[str], tags: Sequence[str]) -> list[dict[str, Any]]:
+    """For each range, what Masterminds/semver v3 says of it as Flux's source-controller reads a
+    GitRepository's `ref.semver`: ``{"range", "error"}`` when it refuses the range, else
+    ``{"range", "admits"}``, the tags (in the order given) that are versions and in the range."""
+    return list(_judge("semver", {"ranges": list(ranges), "tags": list(tags)}))
+
+
 def argo_validate_many(manifests: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     """:func:`argo_validate` for many Workflows in one process; one error list per manifest."""
     if not manifests:
