@@ -52,7 +52,7 @@ from reconciler.controller.syncstatus import (
 from reconciler.controller.watch import Controllers, controllers_for, prometheus_for, reconcile_pass
 from reconciler.diagnostics import ForgeError, SpecError
 from reconciler.errors import ConflictError, LeaseLost, LockHeldError, TargetError
-from reconciler.load.gitrepo import GitCredentials, fetch_source, remote_tags
+from reconciler.load.gitrepo import GitCredentials, fetch_source, newest_tag, remote_tags
 from reconciler.load.semverrange import highest_admitted
 from reconciler.plan.session import TargetOptions, open_target
 from reconciler.resources import BY_KIND, EVENT, SYNC
@@ -255,9 +255,11 @@ class Worker:
             tag = self.source.tag
             if self.source.semver is not None:
                 tags = remote_tags(self.cache, self.source.url, timeout=self.source.timeout_seconds, credentials=credentials)
-                tag = highest_admitted(tags, self.source.semver)
-                if tag is None:
+                highest = highest_admitted(tags, self.source.semver)
+                if not highest:
                     raise ForgeError(f"no tag is in the range {self.source.semver} (tags: {', '.join(tags[-10:]) or 'none'})")
+                tag = highest[0] if len(highest) == 1 else newest_tag(
+                    self.cache, self.source.url, highest, timeout=self.source.timeout_seconds, credentials=credentials)
             revision = fetch_source(self.cache, self.source.url, self.source.branch, timeout=self.source.timeout_seconds,
                                     credentials=credentials, tag=tag)
         except ForgeError as exc:

@@ -578,6 +578,20 @@ def remote_tags(cache: Path, url: str, *, timeout: float, credentials: GitCreden
                   if "\trefs/tags/" in line)
 
 
+def newest_tag(cache: Path, url: str, tags: Sequence[str], *, timeout: float,
+               credentials: GitCredentials | None = None) -> str:
+    """Of ``tags`` (one version's, which semver cannot order), the one whose commit's committer
+    date is the newest, as Flux's source-controller orders them (the greater name on equal dates):
+    each fetched like :func:`fetch_source`."""
+    dated = []
+    for tag in tags:
+        commit = fetch_source(cache, url, "main", timeout=timeout, credentials=credentials, tag=tag)
+        out = open_repository(cache, needed_by="the controller's fetch").run(
+            "show", "--no-patch", "--format=%ct", commit, "--", what=f"reading the date of tag {printable(tag)}")
+        dated.append((int(out.decode().strip() or 0), tag))
+    return max(dated)[1]
+
+
 def mirror_branch(cache: Path, url: str, branch: str, *, timeout: float,
                   credentials: GitCredentials | None = None) -> str | None:
     """Make ``refs/heads/BRANCH`` of the cache repository what ``url`` has on that branch (fetched

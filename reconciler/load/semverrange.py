@@ -341,16 +341,21 @@ class SemverRange:
         return any(all(c.check(version, with_pre) for c in group) for group, with_pre in zip(self.groups, self.pre_groups))
 
 
-def highest_admitted(tags: Iterable[str], semver: str) -> str | None:
-    """The tag of the highest version ``semver`` admits among ``tags`` (tags that are no version
-    skipped; of equal versions, which differ in build metadata or a `v`, the greatest tag name),
-    or None."""
+def highest_admitted(tags: Iterable[str], semver: str) -> list[str]:
+    """The tags of the highest version ``semver`` admits among ``tags`` (tags that are no version
+    skipped), sorted by name: more than one when tags differ only in build metadata or a `v`,
+    which Flux tells apart by their commits' dates (the caller's to read); empty when none is in
+    the range."""
     spec = SemverRange.parse(semver)
-    best: tuple[Version, str] | None = None
+    best: Version | None = None
+    tied: list[str] = []
     for tag in tags:
         version = tag_version(tag)
         if version is None or not spec.admits(version):
             continue
-        if best is None or (d := version.compare(best[0])) > 0 or (d == 0 and tag > best[1]):
-            best = (version, tag)
-    return best[1] if best else None
+        d = 1 if best is None else version.compare(best)
+        if d > 0:
+            best, tied = version, [tag]
+        elif d == 0:
+            tied.append(tag)
+    return sorted(tied)

@@ -85,9 +85,9 @@ def test_a_source_follows_one_of_branch_tag_or_semver_each_a_ref_name(tmp_path: 
     assert load_config(path).sources[0].ref == "semver ^1.2"
     tags = ["v1.0.0", "v1.2.0", "1.3.1", "v1.10.0-rc.1", "v1.10.0rc1", "v2.0.0", "release-7", "v1.9.9"]
     # 1.10.0-rc.1 is a pre-release; 1.10.0rc1 and release-7 are no semantic versions (Flux skips them)
-    assert highest_admitted(tags, ">=1.2,<2") == highest_admitted(tags, "^1.2") == "v1.9.9"
-    assert highest_admitted(tags, ">=1.10.0-rc.1, <2") == "v1.10.0-rc.1"
-    assert highest_admitted(tags, ">=3") is None
+    assert highest_admitted(tags, ">=1.2,<2") == highest_admitted(tags, "^1.2") == ["v1.9.9"]
+    assert highest_admitted(tags, ">=1.10.0-rc.1, <2") == ["v1.10.0-rc.1"]
+    assert highest_admitted(tags, ">=3") == []
 
 
 def test_two_sources_on_one_environment_are_refused(tmp_path: Path) -> None:
@@ -216,3 +216,29 @@ def test_a_fetch_returns_the_branch_commit_into_a_cache_of_forges_own(tmp_path: 
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [".git"]
     with pytest.raises(GitError, match="fetching main of file://"):
         fetch_source(tmp_path / "cache", (tmp_path / "missing").as_uri(), "main", timeout=30)
+
+
+def test_of_one_versions_tags_the_newest_commits_is_taken_as_flux_takes_it(tmp_path: Path) -> None:
+    """`v1.2.0` and `1.2.0+b` are one version to semver; Flux takes the tag whose commit is newer,
+    whatever the names (here the older commit has the greater name)."""
+    from devkit.gitserver import start_git_server
+    from reconciler.load.gitrepo import newest_tag, remote_tags
+    from reconciler.load.semverrange import highest_admitted
+
+    server = start_git_server(tmp_path)
+    try:
+        older = server.push("quick-start")
+        server.tag("v1.2.0")
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(server.work), "GIT_CONFIG_NOSYSTEM": "1",
+               "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@forge.invalid", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@forge.invalid", "GIT_COMMITTER_DATE": "2030-01-01T00:00:00Z"}
+        subprocess.run(["git", "commit", "--quiet", "--allow-empty", "-m", "later"], cwd=server.work, env=env, check=True)
+        subprocess.run(["git", "push", "--quiet", "origin", "HEAD:main"], cwd=server.work, env=env, check=True)
+        newer = server.tag("1.2.0+b")
+        assert newer != older
+        tags = remote_tags(tmp_path / "cache", server.url, timeout=30)
+        tied = highest_admitted(tags, "^1")
+        assert tied == ["1.2.0+b", "v1.2.0"]
+        assert newest_tag(tmp_path / "cache", server.url, tied, timeout=30) == "1.2.0+b"
+    finally:
+        server.stop()

@@ -232,7 +232,7 @@ def test_upstreams_parse_expectations(text: str, ors: int, count: int, refused: 
 
 def test_the_highest_admitted_tag() -> None:
     tags = ["v1.2.0", "v1.9.9", "v1.10.0-rc.1", "v2.0.0", "release-7", "1.10.0rc1", "v1.4.6+b", "v1.4.6+a"]
-    assert highest_admitted(tags, "^1.2") == "v1.9.9"  # 1.10.0-rc.1 is a pre-release, the range names none
-    assert highest_admitted(tags, ">=1.10.0-rc.1 <2") == "v1.10.0-rc.1"
-    assert highest_admitted(tags, "~1.4") == "v1.4.6+b"  # equal versions: the greatest tag name
-    assert highest_admitted(tags, ">=3") is None
+    assert highest_admitted(tags, "^1.2") == ["v1.9.9"]  # 1.10.0-rc.1 is a pre-release, the range names none
+    assert highest_admitted(tags, ">=1.10.0-rc.1 <2") == ["v1.10.0-rc.1"]
+    assert highest_admitted(tags, "~1.4") == ["v1.4.6+a", "v1.4.6+b"]  # one version: the commits' dates decide
+    assert highest_admitted(tags, ">=3") == []
