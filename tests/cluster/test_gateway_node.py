@@ -278,9 +278,11 @@ def test_an_ab_experiment_keeps_each_caller_key_in_one_arm_and_splits_keys_by_th
         assert route is not None and any(r["name"].startswith("sticky-") for r in route["spec"]["rules"])
         t0 = time.monotonic()
         apply_route(target, target.get, route, timeout=60)
-        probe = keys[0]
-        wait_until(lambda: arm_of(probe) == owner[bucket_of(probe)], 30, "the gateway to route a key to its arm",
-                   ignore=(OSError,))
+        # a key of each arm: Traefik learns each arm's Service endpoints on its own (a 503 until then)
+        probes = {owner[bucket_of(k)]: k for k in reversed(keys)}
+        assert set(probes) == set(AB_ARMS), probes
+        wait_until(lambda: all(arm_of(k) == arm for arm, k in probes.items()), 30,
+                   "the gateway to route a key of each arm to it", ignore=(OSError,))
         numbers["routed_s"] = round(time.monotonic() - t0, 3)
 
         before = _served(core, name, tuple(AB_ARMS))
